@@ -1,0 +1,7 @@
+"""``python -m nbtorch``: the nanoBragg-compatible command line."""
+
+import sys
+
+from nbtorch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,362 @@
+"""nanoBragg's command line -> :class:`SimulationConfig`.
+
+Flags are single-dash, matched exactly (the C's substring matching is not
+reproduced, except where it changes the image and ``-c_parity`` is given: see
+``docs/c-parity.md``).  Units are the C's: mm for distances, sizes and beam
+centres, A for wavelength and cell, degrees for angles, mrad for divergence,
+percent for dispersion, um for sensor thickness, attenuation depth and water,
+metres for ``-pix0_vector``.
+
+Pivot and convention follow the C's order rules: the last flag that sets the
+convention wins; every detector-vector flag switches to CUSTOM; the last
+pivot-setting flag wins (BEAM: ``-distance -Xbeam -Ybeam -mosflm -adxv -denzo
+-dials -pivot beam``; SAMPLE: ``-close_distance -twotheta -twotheta_axis
+-Xclose -Yclose -ORGX -ORGY -xds -pivot sample``), and the convention may force
+a pivot afterwards (:mod:`nbtorch.setup`).
+
+Every problem is an :class:`~nbtorch.errors.InputError` naming the flag.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from nbtorch.config import SimulationConfig
+from nbtorch.errors import InputError
+
+
+def _num(flag: str, token: str, kind: type = float) -> float:
+    try:
+        value = float(token)
+    except ValueError:
+        raise InputError(f"{flag}: expected a number, got {token!r}") from None
+    if math.isnan(value):
+        raise InputError(f"{flag}: value is NaN")
+    if kind is int:
+        if not math.isfinite(value) or value != int(value):
+            raise InputError(f"{flag}: expected an integer, got {token!r}")
+        return int(value)
+    return value
+
+
+# flag -> (number of values, setter(config, values))
+Setter = Callable[[SimulationConfig, list], None]
+_FLAGS: dict[str, tuple[int, Setter | None]] = {}
+
+
+def _flag(names: str, nvals: int = 0, kind: type = float):
+    def deco(fn: Setter) -> Setter:
+        for name in names.split():
+            _FLAGS[name] = (nvals, fn, kind)  # type: ignore[assignment]
+        return fn
+
+    return deco
+
+
+def _simple(name: str, field: str, kind: type = float, nvals: int = 1, pivot: str | None = None, scale: float = 1.0):
+    def fn(cfg: SimulationConfig, vals: list) -> None:
+        if nvals == 1:
+            value = vals[0] * scale if (kind is float and scale != 1.0) else vals[0]
+        else:
+            value = tuple(vals)
+        setattr(cfg, field, value)
+        if pivot:
+            cfg.pivot = pivot
+
+    _FLAGS[name] = (nvals, fn, kind)  # type: ignore[assignment]
+
+
+def _switch(name: str, field: str, value) -> None:
+    def fn(cfg: SimulationConfig, vals: list) -> None:
+        setattr(cfg, field, value)
+
+    _FLAGS[name] = (0, fn, float)  # type: ignore[assignment]
+
+
+# --- crystal -----------------------------------------------------------------------
+_simple("-Na", "N_a", int)
+_simple("-Nb", "N_b", int)
+_simple("-Nc", "N_c", int)
+
+
+@_flag("-N", 1, int)
+def _n(cfg, vals):
+    cfg.N_a = cfg.N_b = cfg.N_c = vals[0]
+
+
+_simple("-mat", "mat_file", str)
+_simple("-fudge", "fudge")
+_switch("-round_xtal", "shape", "round")
+_switch("-square_xtal", "shape", "square")
+_switch("-gauss_xtal", "shape", "gauss")
+_switch("-tophat_spots", "shape", "tophat")
+_switch("-binary_spots", "shape", "tophat")
+_simple("-mosaic", "mosaic_spread_deg")
+_simple("-mosaic_spread", "mosaic_spread_deg")
+_simple("-mosaic_dom", "mosaic_domains", int)
+_simple("-mosaic_domains", "mosaic_domains", int)
+_simple("-mosaic_seed", "mosaic_seed", int)
+_simple("-misset_seed", "misset_seed", int)
+_simple("-phi", "phi_deg")
+_simple("-osc", "osc_deg")
+_simple("-phistep", "phistep_deg")
+_simple("-phisteps", "phisteps", int)
+_simple("-hkl", "hkl_file", str)
+_simple("-default_F", "default_F")
+_switch("-interpolate", "interpolate", True)
+_switch("-nointerpolate", "interpolate", False)
+
+# --- beam ----------------------------------------------------------------------------
+_simple("-lambda", "wavelength_A")
+_simple("-wavelength", "wavelength_A")
+
+
+@_flag("-energy", 1)
+def _energy(cfg, vals):
+    if vals[0] <= 0:
+        raise InputError(f"-energy: must be positive, got {vals[0]:g} eV")
+    cfg.wavelength_A = 12398.42 / vals[0]
+
+
+_simple("-dispersion", "dispersion_pct")
+_simple("-dispsteps", "dispsteps", int)
+
+
+@_flag("-divergence", 1)
+def _divergence(cfg, vals):
+    cfg.hdivrange_mrad = cfg.vdivrange_mrad = vals[0]
+
+
+_simple("-hdivrange", "hdivrange_mrad")
+_simple("-vdivrange", "vdivrange_mrad")
+_simple("-hdivstep", "hdivstep_mrad")
+_simple("-vdivstep", "vdivstep_mrad")
+_simple("-hdivsteps", "hdivsteps", int)
+_simple("-vdivsteps", "vdivsteps", int)
+
+
+@_flag("-divsteps", 1, int)
+def _divsteps(cfg, vals):
+    cfg.hdivsteps = cfg.vdivsteps = vals[0]
+
+
+_switch("-round_div", "round_div", True)
+_switch("-square_div", "round_div", False)
+_simple("-sourcefile", "source_file", str)
+_simple("-source_distance", "source_distance_mm")
+_simple("-polar", "polarization")
+_switch("-nopolar", "nopolar", True)
+_simple("-fluence", "fluence")
+_simple("-flux", "flux")
+_simple("-exposure", "exposure_s")
+_simple("-beamsize", "beamsize_mm")
+
+# --- detector ------------------------------------------------------------------------
+for _name, _conv, _piv in (
+    ("-mosflm", "mosflm", "beam"),
+    ("-xds", "xds", "sample"),
+    ("-adxv", "adxv", "beam"),
+    ("-denzo", "denzo", "beam"),
+    ("-dials", "dials", "beam"),
+):
+
+    def _conv_fn(cfg, vals, _conv=_conv, _piv=_piv):
+        cfg.convention = _conv
+        cfg.pivot = _piv
+
+    _FLAGS[_name] = (0, _conv_fn, float)  # type: ignore[assignment]
+
+for _name, _field in (
+    ("-fdet_vector", "fdet_vector"),
+    ("-sdet_vector", "sdet_vector"),
+    ("-odet_vector", "odet_vector"),
+    ("-beam_vector", "beam_vector"),
+    ("-polar_vector", "polar_vector"),
+    ("-spindle_axis", "spindle_axis"),
+    ("-pix0_vector", "pix0_vector_m"),
+):
+
+    def _vec_fn(cfg, vals, _field=_field):
+        cfg.convention = "custom"
+        setattr(cfg, _field, tuple(vals))
+
+    _FLAGS[_name] = (3, _vec_fn, float)  # type: ignore[assignment]
+
+
+@_flag("-pix0_vector_mm", 3)
+def _pix0_mm(cfg, vals):
+    cfg.convention = "custom"
+    cfg.pix0_vector_m = tuple(v / 1000.0 for v in vals)
+
+
+@_flag("-twotheta_axis", 3)
+def _twotheta_axis(cfg, vals):
+    cfg.convention = "custom"
+    cfg.twotheta_axis = tuple(vals)
+    cfg.pivot = "sample"
+    if cfg.c_parity:  # the C's substring match also reads it as -twotheta <first component>
+        cfg.twotheta_deg = vals[0]
+
+
+_simple("-distance", "distance_mm", pivot="beam")
+_simple("-close_distance", "close_distance_mm", pivot="sample")
+_simple("-Xbeam", "Xbeam_mm", pivot="beam")
+_simple("-Ybeam", "Ybeam_mm", pivot="beam")
+_simple("-Xclose", "Xclose_mm", pivot="sample")
+_simple("-Yclose", "Yclose_mm", pivot="sample")
+_simple("-ORGX", "ORGX", pivot="sample")
+_simple("-ORGY", "ORGY", pivot="sample")
+_simple("-twotheta", "twotheta_deg", pivot="sample")
+_simple("-detector_rotx", "detector_rotx_deg")
+_simple("-detector_roty", "detector_roty_deg")
+_simple("-detector_rotz", "detector_rotz_deg")
+_simple("-pixel", "pixel_mm")
+
+
+@_flag("-detpixels", 1, int)
+def _detpixels(cfg, vals):
+    cfg.fpixels = cfg.spixels = vals[0]
+
+
+_simple("-detpixels_f", "fpixels", int)
+_simple("-detpixels_x", "fpixels", int)
+_simple("-detpixels_s", "spixels", int)
+_simple("-detpixels_y", "spixels", int)
+
+
+@_flag("-detsize", 1)
+def _detsize(cfg, vals):
+    cfg.detsize_f_mm = cfg.detsize_s_mm = vals[0]
+
+
+_simple("-detsize_f", "detsize_f_mm")
+_simple("-detsize_s", "detsize_s_mm")
+_switch("-point_pixel", "point_pixel", True)
+_simple("-oversample", "oversample", int)
+_switch("-oversample_thick", "oversample_thick", True)
+_switch("-oversample_polar", "oversample_polar", True)
+_switch("-oversample_omega", "oversample_omega", True)
+_simple("-detector_thick", "detector_thick_um")
+_simple("-detector_thicksteps", "detector_thicksteps", int)
+_simple("-thicksteps", "detector_thicksteps", int)
+_simple("-roi", "roi", int, nvals=4)
+_simple("-dmin", "dmin_A")
+_simple("-water", "water_um")
+
+# --- outputs and run control -----------------------------------------------------------
+_simple("-floatfile", "floatfile", str)
+_simple("-floatimage", "floatfile", str)
+_simple("-intfile", "intfile", str)
+_simple("-intimage", "intfile", str)
+_simple("-noisefile", "noisefile", str)
+_simple("-noiseimage", "noisefile", str)
+_simple("-pgmfile", "pgmfile", str)
+_simple("-pgmimage", "pgmfile", str)
+_simple("-h5file", "h5file", str)
+_simple("-scale", "scale")
+_simple("-adc", "adc")
+_simple("-seed", "seed", int)
+_switch("-nonoise", "nonoise", True)
+_switch("-nopgm", "nopgm", True)
+_switch("-noprogress", "progress", False)
+_switch("-progress", "progress", True)
+_switch("-printout", "printout", True)
+_simple("-printout_pixel", "printout_pixel", int, nvals=2)
+_switch("-c_parity", "c_parity", True)
+_simple("-dtype", "dtype", str)
+_simple("-device", "device", str)
+
+
+@_flag("-pgmscale", 1)
+def _pgmscale(cfg, vals):
+    cfg.pgmscale = vals[0]
+    cfg.nopgm = False
+
+
+def _is_value(token: str) -> bool:
+    """A token that is a value, not a flag (negative numbers are values)."""
+    if not token.startswith("-"):
+        return True
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def config_from_args(argv: Sequence[str]) -> SimulationConfig:
+    """Parse nanoBragg-style arguments (without the program name).
+
+    Raises:
+        InputError: unknown flag, missing or malformed value (one line, naming the flag).
+    """
+    argv = list(argv)
+    cfg = SimulationConfig()
+    cfg.c_parity = "-c_parity" in argv  # some parsing quirks depend on it
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("-") or _is_value(tok):
+            raise InputError(f"unexpected argument {tok!r} (not a flag, and no flag takes it)")
+        i += 1
+        if tok == "-cell":
+            vals = []
+            while i < len(argv) and _is_value(argv[i]) and len(vals) < 6:
+                vals.append(_num(tok, argv[i]))
+                i += 1
+            if not vals:
+                raise InputError("-cell: expected 1 to 6 numbers (a b c alpha beta gamma)")
+            a = vals[0]
+            full = [a, a, a, 90.0, 90.0, 90.0]
+            full[: len(vals)] = vals
+            cfg.cell = tuple(full)  # type: ignore[assignment]
+            continue
+        if tok == "-misset":
+            if i < len(argv) and argv[i].lower().startswith("rand"):
+                cfg.misset_random = True
+                i += 1
+                continue
+            vals = argv[i : i + 3]
+            if len(vals) < 3 or not all(_is_value(v) for v in vals):
+                raise InputError("-misset: expected three angles in degrees or 'random'")
+            cfg.misset_deg = tuple(_num(tok, v) for v in vals)  # type: ignore[assignment]
+            cfg.misset_random = False
+            i += 3
+            continue
+        if tok == "-pivot":
+            if i >= len(argv) or argv[i] not in ("beam", "sample"):
+                raise InputError("-pivot: expected 'beam' or 'sample'")
+            cfg.pivot = argv[i]
+            i += 1
+            continue
+        if tok == "-curved_det":
+            cfg.curved_det = True
+            if i < len(argv) and _is_value(argv[i]):
+                i += 1  # the C needs a (meaningless) argument here
+            continue
+        if tok == "-detector_abs":
+            if i >= len(argv):
+                raise InputError("-detector_abs: expected an attenuation depth in um or 'inf'")
+            token = argv[i]
+            i += 1
+            if token.lower().startswith("inf"):
+                cfg.detector_abs_um = math.inf
+            else:
+                cfg.detector_abs_um = _num(tok, token)
+            continue
+        spec = _FLAGS.get(tok)
+        if spec is None:
+            raise InputError(f"unknown flag {tok}")
+        nvals, fn, kind = spec  # type: ignore[misc]
+        raw = argv[i : i + nvals]
+        if len(raw) < nvals or not all(kind is str or _is_value(v) for v in raw):
+            what = "a value" if nvals == 1 else f"{nvals} values"
+            raise InputError(f"{tok}: expected {what}")
+        if kind is str:
+            vals = raw
+        else:
+            vals = [_num(tok, v, kind) for v in raw]
+        fn(cfg, vals)
+        i += nvals
+    return cfg

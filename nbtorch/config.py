@@ -1,0 +1,128 @@
+"""SimulationConfig: every nanoBragg setting, in the units of its command-line flag.
+
+A field left at ``None`` means "not given": the C program's automatic rule
+applies (see :mod:`nbtorch.setup`, which resolves the config into tensors).
+Units are in the field names (``_mm``, ``_A``, ``_deg``, ``_mrad``, ``_um``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+CONVENTIONS = ("mosflm", "xds", "dials", "adxv", "denzo", "custom")
+SHAPES = ("square", "round", "gauss", "tophat")
+
+
+@dataclass
+class SimulationConfig:
+    """All inputs of a simulation (flag units; ``None`` = C default rule)."""
+
+    # crystal
+    cell: tuple[float, float, float, float, float, float] | None = None  # A, deg
+    mat_file: str | None = None
+    misset_deg: tuple[float, float, float] | None = None
+    misset_random: bool = False
+    misset_seed: int | None = None
+    N_a: float = 1.0
+    N_b: float = 1.0
+    N_c: float = 1.0
+    shape: str = "square"
+    fudge: float = 1.0
+    mosaic_spread_deg: float | None = None
+    mosaic_domains: int | None = None
+    mosaic_seed: int | None = None  # as given to -mosaic_seed (C stores -value)
+    phi_deg: float = 0.0
+    osc_deg: float | None = None
+    phistep_deg: float | None = None
+    phisteps: int | None = None
+    spindle_axis: tuple[float, float, float] | None = None
+    # structure factors
+    hkl_file: str | None = None
+    default_F: float = 0.0
+    interpolate: bool | None = None
+    # beam
+    wavelength_A: float = 1.0
+    dispersion_pct: float | None = None
+    dispsteps: int | None = None
+    hdivrange_mrad: float | None = None
+    vdivrange_mrad: float | None = None
+    hdivstep_mrad: float | None = None
+    vdivstep_mrad: float | None = None
+    hdivsteps: int | None = None
+    vdivsteps: int | None = None
+    round_div: bool = True
+    source_file: str | None = None
+    source_distance_mm: float = 10000.0
+    polarization: float = 0.0  # Kahn factor K
+    nopolar: bool = False
+    polar_vector: tuple[float, float, float] | None = None
+    beam_vector: tuple[float, float, float] | None = None
+    fluence: float | None = None  # photons/m^2
+    flux: float = 0.0  # photons/s
+    exposure_s: float = 1.0
+    beamsize_mm: float = 0.1
+    # detector
+    convention: str = "mosflm"
+    pivot: str | None = None  # the pivot the flags selected (C rules; the convention may force one)
+    fdet_vector: tuple[float, float, float] | None = None
+    sdet_vector: tuple[float, float, float] | None = None
+    odet_vector: tuple[float, float, float] | None = None
+    twotheta_axis: tuple[float, float, float] | None = None
+    pix0_vector_m: tuple[float, float, float] | None = None
+    distance_mm: float = 100.0
+    close_distance_mm: float | None = None
+    Xbeam_mm: float | None = None
+    Ybeam_mm: float | None = None
+    Xclose_mm: float | None = None
+    Yclose_mm: float | None = None
+    ORGX: float | None = None
+    ORGY: float | None = None
+    detector_rotx_deg: float = 0.0
+    detector_roty_deg: float = 0.0
+    detector_rotz_deg: float = 0.0
+    twotheta_deg: float = 0.0
+    pixel_mm: float = 0.1
+    fpixels: int | None = None
+    spixels: int | None = None
+    detsize_f_mm: float = 102.4
+    detsize_s_mm: float = 102.4
+    point_pixel: bool = False
+    curved_det: bool = False
+    oversample: int | None = None
+    oversample_thick: bool = False
+    oversample_polar: bool = False
+    oversample_omega: bool = False
+    detector_thick_um: float = 0.0
+    detector_abs_um: float | None = None  # attenuation depth; None = thickness; inf/0 = off
+    detector_thicksteps: int | None = None
+    roi: tuple[int, int, int, int] | None = None  # xmin xmax ymin ymax, inclusive
+    dmin_A: float = 0.0
+    water_um: float = 0.0
+    # outputs and run control (used by the CLI)
+    floatfile: str | None = None
+    intfile: str | None = None
+    noisefile: str | None = None
+    pgmfile: str | None = None
+    h5file: str | None = None
+    scale: float = 0.0
+    pgmscale: float = 0.0
+    adc: float = 40.0
+    seed: int | None = None
+    nonoise: bool = False
+    nopgm: bool = False
+    progress: bool = True
+    printout: bool = False
+    printout_pixel: tuple[int, int] | None = None
+    c_parity: bool = False
+    dtype: str = "float64"
+    device: str = "cpu"
+    # flags accepted for compatibility that change nothing we compute
+    ignored_flags: tuple[str, ...] = field(default_factory=tuple)
+
+    def replace(self, **changes) -> "SimulationConfig":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))

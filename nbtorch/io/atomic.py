@@ -1,0 +1,141 @@
+"""Atomic file output.
+
+Every writer in :mod:`nbtorch.io` goes through this module, so that an output
+file either appears complete or not at all:
+
+1. the data are written to a hidden temporary file in the *same directory* as
+   the target (``.<name>.<random>.tmp``), so the final rename cannot cross a
+   file system;
+2. the temporary file is flushed and ``fsync``-ed;
+3. it is renamed over the target with :func:`os.replace` (atomic on POSIX and
+   Windows);
+4. if anything raises before step 3, the temporary file is removed and the
+   exception propagates unchanged; an existing target is left untouched.
+
+The new file gets the usual permissions (``0o666`` minus the umask), not the
+``0o600`` that :func:`tempfile.mkstemp` would leave.
+
+Use :func:`atomic_write` for a file object, or :func:`atomic_output_path` when a
+library (h5py) wants a file name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from nbtorch.errors import InputError
+
+__all__ = ["atomic_write", "atomic_output_path"]
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _make_temp(path: Path) -> tuple[int, Path]:
+    directory = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"{path}: cannot write file: it is a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except FileNotFoundError:
+        raise InputError(f"{path}: cannot write file: directory {directory} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write file: {exc.strerror or exc}") from None
+    try:
+        os.chmod(tmp, 0o666 & ~_current_umask())
+    except OSError:  # pragma: no cover - best effort only
+        pass
+    return fd, Path(tmp)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Best-effort fsync of a directory so the rename itself is durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(tmp: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise InputError(f"{path}: cannot write file: {exc.strerror or exc}") from None
+    _fsync_directory(path.parent if str(path.parent) else Path("."))
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb", encoding: str = "utf-8") -> Iterator[IO]:
+    """Open a temporary file beside ``path``; on success rename it to ``path``.
+
+    ``mode`` is one of ``'wb'``, ``'w+b'``, ``'w'`` or ``'w+'``; text modes use
+    ``encoding`` and ``'\\n'`` line endings on every platform.  If the body of
+    the ``with`` block raises, the temporary file is deleted and nothing is
+    written.  A directory that does not exist raises
+    :class:`~nbtorch.errors.InputError`.
+    """
+    if mode not in ("wb", "w+b", "w", "w+"):
+        raise ValueError(f"atomic_write: unsupported mode {mode!r}")
+    path = Path(path)
+    fd, tmp = _make_temp(path)
+    try:
+        if "b" in mode:
+            handle = os.fdopen(fd, mode)
+        else:
+            handle = os.fdopen(fd, mode, encoding=encoding, newline="\n")
+    except BaseException:
+        os.close(fd)
+        _remove_quietly(tmp)
+        raise
+    try:
+        with handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    _commit(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_output_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it to ``path``.
+
+    For libraries that open the file themselves (e.g. ``h5py.File``).  The
+    caller must have closed the file before the ``with`` block ends.  On an
+    exception the temporary file is removed and nothing is written.
+    """
+    path = Path(path)
+    fd, tmp = _make_temp(path)
+    os.close(fd)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    _commit(tmp, path)

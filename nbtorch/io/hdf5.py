@@ -1,0 +1,225 @@
+"""HDF5 images in a NeXus NXmx-style layout (needs ``h5py``, imported lazily).
+
+Layout written by :func:`write_h5`::
+
+    /                              @default="entry", plus the ``attrs`` dict
+    /entry                         @NX_class=NXentry, @default="data"
+    /entry/definition              "NXmx"
+    /entry/data                    @NX_class=NXdata, @signal="data"
+    /entry/data/data               the image: (slow, fast) or (frame, slow, fast)
+    /entry/instrument              @NX_class=NXinstrument
+    /entry/instrument/detector     @NX_class=NXdetector
+        distance                   float64, @units="mm"
+        beam_center_x              float64, @units="mm"  (along fast, from the corner of pixel (0,0))
+        beam_center_y              float64, @units="mm"  (along slow)
+        x_pixel_size, y_pixel_size float64, @units="mm"  (fast, slow)
+    /entry/instrument/beam         @NX_class=NXbeam
+        incident_wavelength        float64, @units="angstrom"
+    /entry/nbtorch                 @NX_class=NXcollection; every ``geometry`` item as an attribute
+
+Geometry keys that fill the NXmx fields (any subset): ``distance_mm``,
+``beam_center_x_mm``, ``beam_center_y_mm``, ``pixel_size_mm`` (both axes) or
+``x_pixel_size_mm`` / ``y_pixel_size_mm``, ``wavelength_A``.  Every geometry
+item (numbers, strings, booleans, 1-D/2-D number sequences) is also stored on
+``/entry/nbtorch``; ``None`` values are omitted.
+
+:func:`read_h5_image` returns the image and a dict with the same ``*_mm`` /
+``wavelength_A`` keys (converted from the units found in the file: m, mm, um,
+or pixels for beam centres, reported as ``beam_center_x_px``), plus ``nbtorch``
+(the attributes of ``/entry/nbtorch``), ``attrs`` (root attributes),
+``dataset`` and ``shape``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import atomic_output_path
+
+__all__ = ["write_h5", "read_h5_image"]
+
+_DETECTOR_FIELDS = {
+    "distance_mm": "distance",
+    "beam_center_x_mm": "beam_center_x",
+    "beam_center_y_mm": "beam_center_y",
+    "x_pixel_size_mm": "x_pixel_size",
+    "y_pixel_size_mm": "y_pixel_size",
+}
+_LENGTH_TO_MM = {"m": 1000.0, "metre": 1000.0, "meter": 1000.0, "mm": 1.0, "millimetre": 1.0, "millimeter": 1.0,
+                 "um": 1e-3, "micron": 1e-3, "microns": 1e-3, "micrometre": 1e-3, "nm": 1e-6}
+_WAVELENGTH_TO_A = {"angstrom": 1.0, "angstroms": 1.0, "a": 1.0, "å": 1.0, "nm": 10.0, "m": 1e10}
+
+
+def _h5py(path: str | os.PathLike[str]) -> Any:
+    try:
+        import h5py
+    except ImportError:
+        raise InputError(f"{path}: HDF5 files need the h5py package: pip install h5py") from None
+    return h5py
+
+
+def _attr_value(path: str | os.PathLike[str], key: str, value: Any) -> Any:
+    if isinstance(value, (str, bool, np.bool_, int, float, np.integer, np.floating)):
+        return value
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.dtype.kind not in "biuf" or arr.ndim > 2:
+        raise InputError(f"{path}: geometry/attr {key!r} has unsupported type {type(value).__name__}")
+    return arr
+
+
+def write_h5(
+    path: str | os.PathLike[str],
+    image: np.ndarray,
+    attrs: Mapping[str, Any] | None = None,
+    geometry: Mapping[str, Any] | None = None,
+    compression: str | None = None,
+) -> None:
+    """Write a (slow, fast) or (frame, slow, fast) image as NXmx-style HDF5 (see module docstring). Atomic.
+
+    ``attrs`` become root attributes (e.g. program, version, command line);
+    ``geometry`` fills the NXmx detector/beam fields and ``/entry/nbtorch``.
+    ``compression`` is passed to h5py (e.g. ``"gzip"``).
+    """
+    h5py = _h5py(path)
+    arr = np.asarray(image)
+    if arr.ndim not in (2, 3) or arr.size == 0 or arr.dtype.kind not in "biuf":
+        raise InputError(f"{path}: HDF5 image must be a non-empty 2-D or 3-D numeric array, got {arr.dtype} {arr.shape}")
+    geometry = {k: v for k, v in (geometry or {}).items() if v is not None}
+    attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
+    geo_attrs = {k: _attr_value(path, k, v) for k, v in geometry.items()}
+    root_attrs = {k: _attr_value(path, k, v) for k, v in attrs.items()}
+    fields: dict[str, float] = {}
+    if "pixel_size_mm" in geometry:
+        fields["x_pixel_size"] = fields["y_pixel_size"] = float(geometry["pixel_size_mm"])
+    for key, field in _DETECTOR_FIELDS.items():
+        if key in geometry:
+            try:
+                fields[field] = float(geometry[key])
+            except (TypeError, ValueError):
+                raise InputError(f"{path}: geometry {key!r} must be a number, got {geometry[key]!r}") from None
+    wavelength = geometry.get("wavelength_A")
+    try:
+        wavelength = None if wavelength is None else float(wavelength)
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: geometry 'wavelength_A' must be a number, got {wavelength!r}") from None
+    with atomic_output_path(path) as tmp:
+        try:
+            _write_layout(h5py, tmp, arr, root_attrs, geo_attrs, fields, wavelength, compression)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot write HDF5 file: {str(exc).splitlines()[0]}") from None
+
+
+def _write_layout(h5py: Any, tmp: os.PathLike[str], arr: np.ndarray, root_attrs: Mapping[str, Any],
+                  geo_attrs: Mapping[str, Any], fields: Mapping[str, float], wavelength: float | None,
+                  compression: str | None) -> None:
+    chunks = (1, *arr.shape[1:]) if arr.ndim == 3 and compression else None
+    with h5py.File(tmp, "w") as f:
+        f.attrs["default"] = "entry"
+        for key, value in root_attrs.items():
+            f.attrs[key] = value
+        entry = f.create_group("entry")
+        entry.attrs["NX_class"] = "NXentry"
+        entry.attrs["default"] = "data"
+        entry.create_dataset("definition", data="NXmx")
+        data = entry.create_group("data")
+        data.attrs["NX_class"] = "NXdata"
+        data.attrs["signal"] = "data"
+        data.create_dataset("data", data=arr, compression=compression, chunks=chunks)
+        instrument = entry.create_group("instrument")
+        instrument.attrs["NX_class"] = "NXinstrument"
+        detector = instrument.create_group("detector")
+        detector.attrs["NX_class"] = "NXdetector"
+        for field, value in fields.items():
+            detector.create_dataset(field, data=value).attrs["units"] = "mm"
+        beam = instrument.create_group("beam")
+        beam.attrs["NX_class"] = "NXbeam"
+        if wavelength is not None:
+            beam.create_dataset("incident_wavelength", data=wavelength).attrs["units"] = "angstrom"
+        extra = entry.create_group("nbtorch")
+        extra.attrs["NX_class"] = "NXcollection"
+        for key, value in geo_attrs.items():
+            extra.attrs[key] = value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.dtype.kind in "OSU" else value
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _scalar_with_units(path: str, node: Any, name: str, table: Mapping[str, float], default_unit: str) -> tuple[float, str]:
+    try:
+        value = float(np.asarray(node[()]).reshape(-1)[0])
+    except (TypeError, ValueError, IndexError):
+        raise InputError(f"{path}: {node.name} is not a number") from None
+    unit = str(_plain(node.attrs.get("units", default_unit))).strip().lower()
+    if unit in ("pixel", "pixels"):
+        return value, "px"
+    if unit not in table:
+        raise InputError(f"{path}: {node.name} has unsupported units {unit!r}")
+    return value * table[unit], name
+
+
+def read_h5_image(
+    path: str | os.PathLike[str], dataset: str = "/entry/data/data", frame: int | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Read an image (and NXmx geometry) from HDF5; return ``(image (slow, fast), meta)``.
+
+    For 3-D data ``(frame, slow, fast)`` give ``frame`` (it may be omitted
+    when there is a single frame).
+    """
+    h5py = _h5py(path)
+    name = str(path)
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise InputError(f"{name}: HDF5 file not found") from None
+    except OSError as exc:
+        raise InputError(f"{name}: cannot open as HDF5: {str(exc).splitlines()[0]}") from None
+    with f:
+        node = f.get(dataset)
+        if node is None or not isinstance(node, h5py.Dataset):
+            raise InputError(f"{name}: no dataset {dataset!r}")
+        shape = tuple(node.shape)
+        if len(shape) == 2:
+            if frame not in (None, 0):
+                raise InputError(f"{name}: {dataset} is 2-D; frame {frame} does not exist")
+            image = node[()]
+        elif len(shape) == 3:
+            if frame is None:
+                if shape[0] != 1:
+                    raise InputError(f"{name}: {dataset} holds {shape[0]} frames; choose one with frame=")
+                frame = 0
+            if not -shape[0] <= frame < shape[0]:
+                raise InputError(f"{name}: frame {frame} out of range for {dataset} with {shape[0]} frames")
+            image = node[frame]
+        else:
+            raise InputError(f"{name}: {dataset} has {len(shape)} dimensions, expected 2 or 3")
+        meta: dict[str, Any] = {"dataset": dataset, "shape": shape}
+        detector = f.get("/entry/instrument/detector")
+        if detector is not None:
+            for key, field in _DETECTOR_FIELDS.items():
+                if field in detector:
+                    value, unit = _scalar_with_units(name, detector[field], key, _LENGTH_TO_MM, "mm")
+                    meta[key if unit != "px" else key.replace("_mm", "_px")] = value
+        beam = f.get("/entry/instrument/beam")
+        if beam is not None and "incident_wavelength" in beam:
+            value, _ = _scalar_with_units(name, beam["incident_wavelength"], "wavelength_A", _WAVELENGTH_TO_A,
+                                          "angstrom")
+            meta["wavelength_A"] = value
+        extra = f.get("/entry/nbtorch")
+        meta["nbtorch"] = {k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"} if extra is not None else {}
+        meta["attrs"] = {k: _plain(v) for k, v in f.attrs.items() if k != "default"}
+    return np.asarray(image), meta

@@ -1,0 +1,164 @@
+"""Detector geometry: bases, pivots, pix0 and pixel positions.
+
+Frame: lab frame of the convention (MOSFLM: beam along +x; XDS/DIALS/ADXV:
+beam along +z; CUSTOM: user vectors).  Lengths in metres, angles in radians.
+
+* ``f``, ``s``, ``o``: unit vectors of increasing fast and slow pixel index and
+  the detector normal (sample -> detector);
+* ``pix0``: vector from the sample to the **corner** of pixel (0, 0) (not its
+  centre); the centre of pixel (slow j, fast i) is at
+  ``pix0 + (i + 1/2) p f + (j + 1/2) p s``;
+* ``Fbeam, Sbeam``: where the direct beam meets the detector, along f and s
+  from pix0 (BEAM pivot); ``Fclose, Sclose``: the foot of the perpendicular from
+  the sample (SAMPLE pivot); ``close_distance``: sample-to-plane distance.
+
+Rotations: the detector is rotated about lab X, Y, Z (``rotx, roty, rotz``)
+and then about the two-theta axis.  BEAM pivot keeps the direct-beam spot
+fixed on the detector; SAMPLE pivot rotates the detector origin with it.
+``ratio = b . o'`` (o' rotated by rotx/y/z only, as the C does); ``close =
+|ratio distance|`` and the beam distance is ``close / ratio``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nbtorch.physics.rotation import rotate_axis, rotation_matrix_xyz
+
+
+@dataclass(frozen=True)
+class DetectorGeometry:
+    """Resolved detector geometry (all tensors, metres)."""
+
+    pix0: Tensor  # (3,) sample -> corner of pixel (0, 0)
+    fdet: Tensor  # (3,)
+    sdet: Tensor  # (3,)
+    odet: Tensor  # (3,)
+    beam: Tensor  # (3,) unit propagation direction
+    close_distance: Tensor  # () pix0 . odet
+    distance: Tensor  # () close_distance / ratio (beam-path distance to the plane)
+    Fbeam: Tensor  # () direct-beam spot along f from pix0
+    Sbeam: Tensor  # ()
+    Fclose: Tensor  # () foot of the normal along f from pix0
+    Sclose: Tensor  # ()
+
+
+def _unit(v: Tensor) -> Tensor:
+    return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+
+
+def detector_geometry(
+    fdet0: Tensor,
+    sdet0: Tensor,
+    odet0: Tensor,
+    beam: Tensor,
+    twotheta_axis: Tensor,
+    pivot: str,
+    distance: Tensor,
+    Fbeam: Tensor,
+    Sbeam: Tensor,
+    Fclose: Tensor,
+    Sclose: Tensor,
+    rotx: Tensor,
+    roty: Tensor,
+    rotz: Tensor,
+    twotheta: Tensor,
+) -> DetectorGeometry:
+    """Place and orient the detector (nanoBragg's pivot logic).
+
+    Arguments:
+        fdet0, sdet0, odet0, beam, twotheta_axis: (3,) unit vectors before rotation.
+        pivot: ``"beam"`` (Fbeam/Sbeam fixed) or ``"sample"`` (Fclose/Sclose fixed).
+        distance: sample to detector plane along the beam (m).
+        Fbeam, Sbeam, Fclose, Sclose: beam spot / near point from pix0 (m).
+        rotx, roty, rotz, twotheta: rotations (rad).
+    """
+    rot = rotation_matrix_xyz(rotx, roty, rotz).to(fdet0)
+    f1, s1, o1 = rot @ fdet0, rot @ sdet0, rot @ odet0
+    ratio = (beam * o1).sum()
+    tiny = torch.finfo(ratio.dtype).tiny
+    ratio = torch.where(ratio == 0, torch.full_like(ratio, tiny), ratio)
+    close = torch.abs(ratio * distance)
+    f = rotate_axis(f1, twotheta_axis, twotheta)
+    s = rotate_axis(s1, twotheta_axis, twotheta)
+    o = rotate_axis(o1, twotheta_axis, twotheta)
+    if pivot == "sample":
+        p0 = -Fclose * fdet0 - Sclose * sdet0 + close * odet0
+        pix0 = rotate_axis(rot @ p0, twotheta_axis, twotheta)
+    elif pivot == "beam":
+        pix0 = -Fbeam * f - Sbeam * s + (close / ratio) * beam
+    else:
+        raise ValueError(f"pivot must be 'beam' or 'sample', not {pivot!r}")
+    close_final = (pix0 * o).sum()
+    dist_final = close_final / ratio
+    hit = dist_final * beam - pix0
+    return DetectorGeometry(
+        pix0=pix0,
+        fdet=f,
+        sdet=s,
+        odet=o,
+        beam=beam,
+        close_distance=close_final,
+        distance=dist_final,
+        Fbeam=(hit * f).sum(),
+        Sbeam=(hit * s).sum(),
+        Fclose=-(pix0 * f).sum(),
+        Sclose=-(pix0 * s).sum(),
+    )
+
+
+def subpixel_positions(
+    geom: DetectorGeometry,
+    fast_index: Tensor,
+    slow_index: Tensor,
+    pixel_size: Tensor,
+    oversample: int,
+    layer_offsets: Tensor,
+    curved: bool = False,
+    c_parity: bool = False,
+) -> Tensor:
+    """Lab positions (m) of every sub-pixel of the given pixels.
+
+    Arguments:
+        fast_index, slow_index: (P,) integer pixel indices (any dtype).
+        pixel_size: pixel edge (m).
+        oversample: sub-pixels per pixel edge.
+        layer_offsets: (T,) sensor-layer depths along the normal (m).
+        curved: place sub-pixels on a sphere of radius ``distance`` (``-curved_det``).
+        c_parity: for the curved detector, reproduce the C's construction
+            (rotations by the lab y and z components of the flat position);
+            otherwise arc lengths along f and s from the beam spot.
+
+    Returns:
+        (P, T, oversample**2, 3); sub-pixel order is slow-major (subS, subF),
+        the C loop order.
+    """
+    dtype = geom.pix0.dtype
+    sub = torch.arange(oversample, dtype=dtype, device=geom.pix0.device)
+    sub_size = pixel_size / oversample
+    fd = (fast_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2  # (P, os)
+    sd = (slow_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2
+    fd = fd[:, None, :].expand(-1, oversample, -1).reshape(fd.shape[0], -1)  # (P, os*os) subF fastest
+    sd = sd[:, :, None].expand(-1, -1, oversample).reshape(sd.shape[0], -1)
+    flat = geom.pix0 + fd[..., None] * geom.fdet + sd[..., None] * geom.sdet  # (P, S, 3)
+    if not curved:
+        return flat[:, None] + layer_offsets[None, :, None, None] * geom.odet
+    dist = geom.distance
+    if c_parity:
+        # the C curves the flat position (layer offset included) using its lab y, z components
+        flat = flat[:, None] + layer_offsets[None, :, None, None] * geom.odet  # (P, T, S, 3)
+        start = (dist * geom.beam).expand_as(flat)
+        v = rotate_axis(start, geom.sdet, flat[..., 1] / dist)
+        return rotate_axis(v, geom.fdet, flat[..., 2] / dist)
+    b = geom.beam
+    axis_f = _unit(torch.linalg.cross(b, geom.fdet, dim=-1))
+    axis_s = _unit(torch.linalg.cross(b, geom.sdet, dim=-1))
+    start = (dist * b).expand(fd.shape + (3,))
+    v = rotate_axis(start, axis_f, (fd - geom.Fbeam) / dist)
+    pos = rotate_axis(v, axis_s, (sd - geom.Sbeam) / dist)  # (P, S, 3), |pos| = distance
+    # sensor layers lie along the local normal, which points at the sample
+    scale = 1.0 + layer_offsets / dist
+    return pos[:, None] * scale[None, :, None, None]

@@ -1,0 +1,99 @@
+"""Lattice (crystal shape) transforms F_latt.
+
+Shapes (nanoBragg ``-square_xtal`` default, ``-round_xtal``, ``-gauss_xtal``,
+``-tophat_spots``):
+
+* ``square``: ``prod_i sincg(pi h_i, N_i)``, sincg(x, N) = sin(N x)/sin(x), N at x = 0;
+* ``round``: ``Na Nb Nc 0.723601254558268 sinc3(pi sqrt(fudge hrad^2))`` with
+  ``hrad^2 = sum (h_i - h0_i)^2 N_i^2``;
+* ``gauss``: ``Na Nb Nc exp(-rad*^2 fudge / 0.63)``;
+* ``tophat``: ``Na Nb Nc [rad*^2 fudge < 0.3969]``,
+  with ``rad*^2 = |dh a* + dk b* + dl c*|^2 (Na Nb Nc)^2`` (a* in 1/A, as the C).
+
+The image uses F_latt^2, so only |F_latt| matters.  ``sincg`` is evaluated
+on the argument reduced to the nearest lattice point (``delta = pi (h - h0)``),
+``|sin(N delta)/sin(delta)|`` equals the C's value for integer N, is accurate
+for large h, and is smooth in both h and N: for non-integer N it is the
+natural continuation used for gradients (see ``docs/gradients.md``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+_SPHERE_CUBE = 0.723601254558268
+SHAPES = ("square", "round", "gauss", "tophat")
+
+
+def nearest_index(h: Tensor) -> Tensor:
+    """Nearest integer as the C rounds it: ``ceil(h - 0.5)`` (ties go down)."""
+    return torch.ceil(h - 0.5)
+
+
+def sincg(delta: Tensor, n: Tensor) -> Tensor:
+    """``sin(n delta) / sin(delta)`` with the limit ``n`` at ``delta = 0``.
+
+    ``delta`` should be reduced to [-pi/2, pi/2] (``pi (h - h0)``).  Gradients are
+    finite everywhere, including ``delta = 0`` and ``n = 1``.
+    """
+    small = delta.abs() < 1e-4
+    safe = torch.where(small, torch.ones_like(delta), delta)
+    exact = torch.sin(n * safe) / torch.sin(safe)
+    d2 = delta * delta
+    # Taylor series of sin(n d)/sin(d) about d = 0 (error O(d^4 n^5))
+    series = n * (1.0 - (n * n - 1.0) * d2 / 6.0)
+    return torch.where(small, series, exact)
+
+
+def sinc3_from_sq(x2: Tensor) -> Tensor:
+    """``sinc3(x) = 3 (sin x - x cos x) / x^3`` given ``x^2`` (>= 0); 1 at 0, smooth there."""
+    small = x2 < 1e-6
+    safe2 = torch.where(small, torch.ones_like(x2), x2)
+    x = torch.sqrt(safe2)
+    exact = 3.0 * (torch.sin(x) - x * torch.cos(x)) / (x * safe2)
+    series = 1.0 - x2 / 10.0 + x2 * x2 / 280.0
+    return torch.where(small, series, exact)
+
+
+def lattice_factor(
+    hkl: Tensor,
+    hkl0: Tensor,
+    n_cells: Tensor,
+    shape: str,
+    recip: Tensor | None = None,
+    fudge: float | Tensor = 1.0,
+) -> Tensor:
+    """F_latt for fractional indices.
+
+    Arguments:
+        hkl: (..., 3) fractional Miller indices.
+        hkl0: (..., 3) nearest integers (``nearest_index(hkl)``).
+        n_cells: (3,) Na, Nb, Nc (continuous values allowed).
+        shape: one of ``square, round, gauss, tophat``.
+        recip: (3, 3) reciprocal basis rows in 1/A (gauss and tophat only).
+        fudge: the ``-fudge`` factor.
+
+    Returns:
+        (...) lattice factor (its square is the lattice intensity).
+    """
+    dh = hkl - hkl0
+    if shape == "square":
+        delta = math.pi * dh
+        f = sincg(delta, n_cells)
+        return f[..., 0] * f[..., 1] * f[..., 2]
+    nnn = n_cells[0] * n_cells[1] * n_cells[2]
+    if shape == "round":
+        hrad2 = (dh * dh * n_cells * n_cells).sum(-1)
+        return nnn * _SPHERE_CUBE * sinc3_from_sq((math.pi**2) * fudge * hrad2)
+    if recip is None:
+        raise ValueError(f"shape {shape!r} needs the reciprocal basis")
+    drs = dh @ recip  # (..., 3) in 1/A
+    rad2 = (drs * drs).sum(-1) * nnn * nnn
+    if shape == "gauss":
+        return nnn * torch.exp(-rad2 * fudge / 0.63)
+    if shape == "tophat":
+        return nnn * (rad2 * fudge < 0.3969).to(hkl.dtype)
+    raise ValueError(f"unknown crystal shape {shape!r}; expected one of {SHAPES}")

@@ -1,0 +1,275 @@
+"""Simulator: a thin ``nn.Module`` that owns the canonical parameters and calls the physics.
+
+``Simulator(config)(**overrides)`` returns the image (slow, fast) in photons per
+pixel.  Overrides replace canonical parameters for one call by name (see
+:data:`nbtorch.setup.PARAMETER_NAMES`, units in :mod:`nbtorch.setup`) and may be
+tensors that require grad; ``F_grid`` replaces the structure-factor table.
+Pixels outside ``-roi`` are zero, as in the C program.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from nbtorch.config import SimulationConfig
+from nbtorch.errors import InputError
+from nbtorch.physics.crystal import crystal_real_and_reciprocal
+from nbtorch.physics.detector import DetectorGeometry, detector_geometry, subpixel_positions
+from nbtorch.physics.kernel import KernelInputs, KernelOptions, accumulate_pixels
+from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
+from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def beam_centre_to_detector(convention: str, beam_x: Tensor, beam_y: Tensor, pixel: Tensor, detsize_s: Tensor):
+    """Canonical beam centre (m) -> (Fbeam, Sbeam, Fclose, Sclose) in metres along f and s from pix0."""
+    half = pixel / 2.0
+    if convention == "mosflm":
+        fb, sb = beam_y + half, beam_x + half
+        return fb, sb, fb, sb
+    if convention == "denzo":
+        return beam_y, beam_x, beam_y, beam_x
+    if convention == "adxv":
+        return beam_x, detsize_s - beam_y, beam_x, detsize_s - beam_y
+    if convention in ("xds", "dials"):
+        fc, sc = beam_x - half, beam_y - half
+        return fc, sc, fc, sc
+    return beam_x, beam_y, beam_x, beam_y  # custom
+
+
+def phi_angles(phi0: Tensor, phistep: float, phisteps: int, c_parity: bool, first_evaluation: bool = False) -> Tensor:
+    """Spindle angles (rad) of each phi step: ``phi0 + k * phistep``.
+
+    C parity: a step whose angle is exactly 0 reuses the rotation the loop
+    applied last (the previous step, or the last step of the previous
+    evaluation): the C only rotates when ``phi != 0``.  ``first_evaluation``:
+    the angles the C's very first evaluation uses (nothing rotated yet).
+    """
+    k = torch.arange(phisteps, dtype=phi0.dtype, device=phi0.device)
+    phi = phi0 + k * phistep
+    if not c_parity or phisteps < 2:
+        return phi
+    out = []
+    carried = torch.zeros_like(phi0) if first_evaluation else phi[-1]
+    for j in range(phisteps):
+        eff = torch.where(phi[j] == 0, carried, phi[j])
+        out.append(eff)
+        carried = eff
+    return torch.stack(out)
+
+
+class Simulator(nn.Module):
+    """nanoBragg as a differentiable module.
+
+    Arguments:
+        config: a :class:`SimulationConfig` (e.g. from :func:`nbtorch.config_from_args`).
+        dtype: ``torch.float64`` (default, parity) or ``torch.float32``.
+        device: ``"cpu"`` or ``"cuda[:N]"``.
+        max_evals_per_tile: memory bound: pixels are processed in tiles of at most
+            this many (pixel x sub-pixel x source x phi x mosaic) evaluations.
+    """
+
+    def __init__(
+        self,
+        config: SimulationConfig,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        max_evals_per_tile: int = 1 << 20,
+    ) -> None:
+        super().__init__()
+        if isinstance(dtype, str):
+            dtype = _DTYPES[dtype]
+        self.setup: Setup = resolve(config)
+        self.config = config
+        self.dtype = dtype or _DTYPES[config.dtype]
+        dev = torch.device(device or config.device)
+        self.max_evals_per_tile = int(max_evals_per_tile)
+        for name, value in self.setup.params.items():
+            self.register_buffer(name, torch.tensor(value, dtype=torch.float64, device=dev))
+        s = self.setup
+        if s.F_grid is not None:
+            self.register_buffer("F_grid", torch.as_tensor(s.F_grid, dtype=torch.float64, device=dev))
+        else:
+            self.F_grid = None
+        self.options = KernelOptions(
+            shape=s.shape,
+            interpolate=s.interpolate,
+            nopolar=config.nopolar,
+            point_pixel=config.point_pixel,
+            curved=config.curved_det,
+            c_parity=s.c_parity,
+            oversample_thick=config.oversample_thick,
+            oversample_polar=config.oversample_polar,
+            oversample_omega=config.oversample_omega,
+            has_thickness=s.has_thickness,
+            has_water=s.water_F2N > 0,
+            use_dmin=s.dmin_A > 0,
+        )
+
+    # ------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Image shape (slow, fast)."""
+        return (self.setup.spixels, self.setup.fpixels)
+
+    @property
+    def device(self) -> torch.device:
+        return self.cell_a.device
+
+    def _t(self, value) -> Tensor:
+        return torch.as_tensor(value, dtype=self.dtype, device=self.device)
+
+    def parameters_dict(self, **overrides) -> dict[str, Tensor]:
+        """Canonical parameters for one call (buffers, replaced by overrides), in self.dtype."""
+        unknown = set(overrides) - set(PARAMETER_NAMES) - {"F_grid"}
+        if unknown:
+            raise InputError(f"unknown parameter name(s): {', '.join(sorted(unknown))}; expected {', '.join(PARAMETER_NAMES)}")
+        out = {}
+        for name in PARAMETER_NAMES:
+            v = overrides.get(name, getattr(self, name))
+            v = torch.as_tensor(v, device=self.device)
+            out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
+        return out
+
+    def geometry(self, p: dict[str, Tensor]) -> DetectorGeometry:
+        """Resolved detector geometry for parameters ``p`` (from :meth:`parameters_dict`)."""
+        s = self.setup
+        t = self._t
+        deg = math.pi / 180.0
+        pixel = t(s.pixel_m)
+        fb, sb, fc, sc = beam_centre_to_detector(
+            s.convention, p["beam_x"] / 1000.0, p["beam_y"] / 1000.0, pixel, t(s.detsize_s_m)
+        )
+        return detector_geometry(
+            t(s.fdet), t(s.sdet), t(s.odet), t(s.beam), t(s.twotheta_axis), s.pivot,
+            p["distance"] / 1000.0, fb, sb, fc, sc,
+            p["detector_rotx"] * deg, p["detector_roty"] * deg, p["detector_rotz"] * deg, p["twotheta"] * deg,
+        )
+
+    def crystal(self, p: dict[str, Tensor], first_evaluation: bool = False) -> tuple[Tensor, Tensor]:
+        """``(real_A (Φ, M, 3, 3), recip (3, 3))``: crystal vectors per phi step and mosaic domain."""
+        s = self.setup
+        t = self._t
+        deg = math.pi / 180.0
+        cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
+                            p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
+        misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
+        orientation = misset @ t(s.orientation0)
+        real, recip = crystal_real_and_reciprocal(cell, orientation, s.cell_quirk)
+        phi = phi_angles(p["phi0"] * deg, s.phistep_deg * deg, s.phisteps, s.c_parity, first_evaluation)
+        r_phi = rotation_matrix_axis_angle(t(s.spindle).expand(len(phi), 3), phi)  # (Φ, 3, 3)
+        angles = p["mosaic_spread"] * deg * t(s.mosaic_fractions)
+        u_mos = rotation_matrix_axis_angle(t(s.mosaic_axes), angles)  # (M, 3, 3)
+        total = u_mos[None] @ r_phi[:, None]  # (Φ, M, 3, 3): U_m R_phi
+        real_A = real @ total.transpose(-1, -2)
+        return real_A, recip
+
+    def kernel_inputs(self, p: dict[str, Tensor], geom: DetectorGeometry, F_grid: Tensor | None) -> KernelInputs:
+        s = self.setup
+        t = self._t
+        real_A, recip = self.crystal(p)
+        return KernelInputs(
+            incident=t(s.incident),
+            wavelength_A=p["wavelength"] * t(s.wavelength_factor),
+            real_A=real_A,
+            recip_per_A=recip,
+            n_cells=torch.stack([p["N_a"], p["N_b"], p["N_c"]]),
+            fudge=t(s.fudge),
+            F_grid=F_grid,
+            hkl_min=None if s.hkl_min is None else t(s.hkl_min),
+            hkl_max=None if s.hkl_max is None else t(s.hkl_max),
+            default_F=p["default_F"],
+            polar_axis=t(s.polar_axis),
+            kahn=p["polarization"],
+            odet=geom.odet,
+            close_distance_m=geom.close_distance,
+            pixel_m=t(s.pixel_m),
+            mu_per_m=t(s.mu_per_m),
+            layer_thickness_m=t(s.layer_thickness_m),
+            dmin_A=t(s.dmin_A),
+            fluence=p["fluence"],
+            steps=t(float(s.steps)),
+            water_F2N=t(s.water_F2N),
+        )
+
+    def _pixel_indices(self, roi=None) -> tuple[Tensor, Tensor]:
+        x0, x1, y0, y1 = roi or self.setup.roi
+        slow = torch.arange(y0, y1 + 1, device=self.device)
+        fast = torch.arange(x0, x1 + 1, device=self.device)
+        ss, ff = torch.meshgrid(slow, fast, indexing="ij")
+        return ss.reshape(-1), ff.reshape(-1)
+
+    def evaluations_per_pixel(self) -> int:
+        s = self.setup
+        return s.thicksteps * s.oversample**2 * len(s.incident) * s.phisteps * len(s.mosaic_fractions)
+
+    def render(self, roi=None, progress: bool = False, **overrides) -> tuple[Tensor, dict[str, Tensor]]:
+        """Image of the ROI (rows slow, columns fast) and diagnostics tensors.
+
+        ``roi`` = (xmin, xmax, ymin, ymax) inclusive, default the config's ROI.
+        ``progress`` shows a tqdm bar over the tiles (stderr).
+        """
+        s = self.setup
+        F_grid = overrides.pop("F_grid", self.F_grid)
+        if F_grid is not None:
+            F_grid = torch.as_tensor(F_grid, device=self.device).to(self.dtype)
+        p = self.parameters_dict(**overrides)
+        geom = self.geometry(p)
+        inp = self.kernel_inputs(p, geom, F_grid)
+        slow, fast = self._pixel_indices(roi)
+        t = self._t
+        layers = torch.arange(s.thicksteps, dtype=self.dtype, device=self.device) * t(s.layer_thickness_m)
+        tile = max(1, self.max_evals_per_tile // self.evaluations_per_pixel())
+        real_first = None
+        if s.c_parity and s.phisteps > 1:
+            real_first, _ = self.crystal(p, first_evaluation=True)
+        pieces = []
+        diags = []
+        starts = range(0, slow.numel(), tile)
+        if progress:
+            from tqdm import tqdm
+
+            starts = tqdm(starts, desc="nbtorch", unit="tile", file=sys.stderr)
+        for start in starts:
+            sl, fa = slow[start:start + tile], fast[start:start + tile]
+            pos = subpixel_positions(geom, fa, sl, t(s.pixel_m), s.oversample, layers,
+                                     curved=self.options.curved, c_parity=s.c_parity)
+            values, diag = accumulate_pixels(pos, inp, self.options,
+                                             real_first_A=real_first if start == 0 else None)
+            pieces.append(values)
+            diags.append(diag)
+        values = torch.cat(pieces)
+        x0, x1, y0, y1 = roi or s.roi
+        image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
+        return image, _merge_diagnostics(diags, image)
+
+    def forward(self, **overrides) -> Tensor:
+        """Full detector image (slow, fast) in photons per pixel; zero outside the ROI."""
+        roi_image, _ = self.render(**overrides)
+        x0, x1, y0, y1 = self.setup.roi
+        if roi_image.shape == self.shape:
+            return roi_image
+        full = roi_image.new_zeros(self.shape)
+        full[y0:y1 + 1, x0:x1 + 1] = roi_image
+        return full
+
+
+def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor) -> dict[str, Tensor]:
+    n_eval = sum(d["n_eval"] for d in diags)
+    n_def = sum(d["n_default_F"] for d in diags)
+    with torch.no_grad():
+        img = image.detach()
+        return {
+            "fraction_default_F": n_def / n_eval,
+            "hkl0_min": torch.stack([d["hkl0_min"] for d in diags]).amin(0),
+            "hkl0_max": torch.stack([d["hkl0_max"] for d in diags]).amax(0),
+            "image_max": img.max(),
+            "image_mean": img.mean(),
+            "image_sum": img.sum(),
+        }

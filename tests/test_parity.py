@@ -1,0 +1,88 @@
+"""C parity: every golden case in shared/golden, through the Python API and the command.
+
+Acceptance (float64): max|diff| <= 1e-5 max(C) and |sum diff| / sum C <= 1e-6.
+float32: correlation with the C image >= 0.99999.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GOLDEN, golden_args, golden_cases, golden_image
+from nbtorch import Simulator, config_from_args
+
+CASES = golden_cases()
+pytestmark = pytest.mark.skipif(not CASES, reason=f"no golden cases under {GOLDEN}")
+
+
+def _simulate(case: str, dtype: torch.dtype) -> np.ndarray:
+    old = os.getcwd()
+    os.chdir(GOLDEN / case)  # args name input files relative to the case folder; nothing is written
+    try:
+        sim = Simulator(config_from_args(golden_args(case) + ["-c_parity"]), dtype=dtype)
+        with torch.no_grad():
+            return sim().double().numpy()
+    finally:
+        os.chdir(old)
+
+
+def _assert_parity(img: np.ndarray, ref: np.ndarray, case: str) -> None:
+    assert ref.max() > 0, f"{case}: golden image is empty"
+    dmax = np.abs(img - ref).max() / ref.max()
+    dsum = abs(img.sum() - ref.sum()) / ref.sum()
+    assert dmax <= 1e-5, f"{case}: max|diff|/max = {dmax:.3g}"
+    assert dsum <= 1e-6, f"{case}: |sum diff|/sum = {dsum:.3g}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_float64(case):
+    img = _simulate(case, torch.float64)
+    _assert_parity(img, golden_image(case, img.shape), case)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "large_1024"])
+def test_parity_float32_correlation(case):
+    img = _simulate(case, torch.float32)
+    ref = golden_image(case, img.shape)
+    corr = np.corrcoef(img.ravel(), ref.ravel())[0, 1]
+    assert corr >= 0.99999, f"{case}: float32 correlation {corr:.7f}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity_through_command(case, case_copy):
+    """The nbtorch command in a temporary copy of the case: float, int and noise files."""
+    from nbtorch.cli import main
+
+    folder = case_copy(case)
+    args = golden_args(case)
+    args = [a for a in args]  # output names as in args.txt, written into the copy
+    ref = np.fromfile(GOLDEN / case / "float.bin", "<f4")
+    (folder / "float.bin").unlink()
+    for name in ("int.img", "noise.img"):
+        if (folder / name).exists():
+            (folder / name).unlink()
+    assert main(args + ["-c_parity", "-nopgm"]) == 0
+    img = np.fromfile(folder / "float.bin", "<f4").astype(np.float64)
+    _assert_parity(img, ref.astype(np.float64), case)
+    for name in ("int.img", "noise.img"):
+        if (GOLDEN / case / name).exists():
+            assert (folder / name).read_bytes() == (GOLDEN / case / name).read_bytes(), f"{case}: {name} differs"
+
+
+def test_console_script_runs(case_copy):
+    """The installed `nbtorch` entry point (a real subprocess) reproduces simple_cubic."""
+    if "simple_cubic" not in CASES:
+        pytest.skip("simple_cubic golden case missing")
+    folder = case_copy("simple_cubic")
+    (folder / "float.bin").unlink()
+    cmd = [sys.executable, "-m", "nbtorch", *golden_args("simple_cubic"), "-c_parity"]
+    out = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    img = np.fromfile(folder / "float.bin", "<f4").astype(np.float64)
+    _assert_parity(img, golden_image("simple_cubic", img.shape).reshape(-1).astype(np.float64), "simple_cubic")
