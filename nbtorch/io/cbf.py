@@ -81,7 +81,10 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 def decode_byte_offset(data: bytes | np.ndarray, n_elements: int, source: str = "<data>") -> np.ndarray:
     """Decode ``n_elements`` byte-offset-compressed values; return int64 array."""
-    raw = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        raw = np.frombuffer(data, dtype=np.uint8)
+    else:
+        raw = np.asarray(data, dtype=np.uint8).reshape(-1)
     size = int(raw.size)
     buf = np.concatenate([raw, np.zeros(16, dtype=np.uint8)])
     cand = np.flatnonzero(raw == 0x80)
@@ -94,6 +97,8 @@ def decode_byte_offset(data: bytes | np.ndarray, n_elements: int, source: str = 
         length = np.where(lo16 != 0x8000, 3, np.where(word32 != 0x80000000, 7, 15)).astype(np.int64)
         # successor of each candidate: the first candidate at or after the end of its element
         succ = np.append(np.searchsorted(cand, cand + length, side="left"), m)
+        # The real escapes are the chain 0 -> succ[0] -> ...  Pointer doubling: after
+        # step k, `on` holds the first 2**k chain links and `succ` jumps 2**k links.
         on = np.zeros(m + 1, dtype=bool)
         on[0] = True  # the first 0x80 byte is always a real escape
         count = 1
@@ -132,7 +137,7 @@ def decode_byte_offset(data: bytes | np.ndarray, n_elements: int, source: str = 
 
 
 def encode_byte_offset(values: np.ndarray) -> bytes:
-    """Byte-offset-compress a 1-D integer array (int64 range)."""
+    """Byte-offset-compress a 1-D integer array (successive differences must fit in int64)."""
     v = np.asarray(values, dtype=np.int64).reshape(-1)
     d = np.diff(v, prepend=np.int64(0))
     length = np.full(d.shape, 15, dtype=np.int64)

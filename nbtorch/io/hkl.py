@@ -121,7 +121,7 @@ def _parse_hkl_line(path: str, lineno: int, text: str) -> tuple[int, int, int, f
     indices = []
     for name, value in zip("hkl", values[:3]):
         if not math.isfinite(value) or value != round(value) or abs(value) > _MAX_INDEX:
-            raise InputError(f"{path} line {lineno}: Miller index {name} must be an integer, got {value:g}")
+            raise InputError(f"{path} line {lineno}: Miller index {name} must be an integer (|index| < 2^31), got {value:g}")
         indices.append(int(value))
     F = values[3]
     if not math.isfinite(F):

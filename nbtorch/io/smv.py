@@ -193,9 +193,11 @@ def write_smv(path: str | os.PathLike[str], image: np.ndarray, header: Mapping[s
     ``uint16`` is written as ``unsigned_short`` (nanoBragg's type), ``int32`` as
     ``signed_int``, ``uint32`` as ``unsigned_int`` and float32/float64 as
     ``float`` (4-byte IEEE, rounded to float32).  Data are little-endian.
-    ``header`` (e.g. from :func:`smv_header_from_geometry`) supplies the other
-    keys, in order; if it holds any of HEADER_BYTES, DIM, BYTE_ORDER, TYPE,
-    SIZE1, SIZE2 they must agree with the image, else :class:`InputError`.
+    ``header`` (e.g. from :func:`smv_header_from_geometry` or :func:`read_smv`)
+    supplies the other keys, in order.  HEADER_BYTES, DIM, BYTE_ORDER and TYPE
+    describe the encoding and are always set by the writer (a header read from
+    a big-endian file can be reused); SIZE1/SIZE2, if given, must agree with
+    the image, else :class:`InputError`.
     """
     arr = np.asarray(image)
     if arr.ndim != 2 or arr.size == 0:
@@ -213,7 +215,7 @@ def write_smv(path: str | os.PathLike[str], image: np.ndarray, header: Mapping[s
     for key, value in (header or {}).items():
         if key in fixed:
             given = _format_value(key, value)
-            if given != fixed[key]:
+            if key in ("SIZE1", "SIZE2") and given != fixed[key]:
                 raise InputError(f"{path}: header {key}={given} does not match the image ({key}={fixed[key]})")
             continue
         merged[key] = value

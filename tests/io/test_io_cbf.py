@@ -55,6 +55,17 @@ def test_real_thaumatin_image() -> None:
     assert header["binary"]["X-Binary-Number-of-Elements"] == "6224001"
 
 
+
+@needs_real
+def test_real_header_can_be_written_back(tmp_path: Path) -> None:
+    _, header = read_cbf(THAU)
+    write_cbf(tmp_path / "small.cbf", np.zeros((4, 5), np.int32), header)
+    _, back = read_cbf(tmp_path / "small.cbf")
+    for key, value in header.items():
+        if key not in ("pilatus", "binary"):
+            assert back[key] == value, key
+
+
 @needs_real
 def test_real_image_decodes_fast() -> None:
     data = bz2.decompress(THAU.read_bytes())

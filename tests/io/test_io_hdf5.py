@@ -96,6 +96,11 @@ def test_read_errors(tmp_path: Path) -> None:
         f["entry/instrument/detector/distance"] = 1.0
         f["entry/instrument/detector/distance"].attrs["units"] = "furlong"
     _error(tmp_path / "odd.h5", fragments=("1 dimensions",))
+    with h5py.File(tmp_path / "units.h5", "w") as f:
+        f["entry/data/data"] = np.zeros((2, 2))
+        f["entry/instrument/detector/distance"] = 1.0
+        f["entry/instrument/detector/distance"].attrs["units"] = "furlong"
+    _error(tmp_path / "units.h5", fragments=("unsupported units", "furlong"))
 
 
 def test_write_errors_leave_nothing(tmp_path: Path) -> None:

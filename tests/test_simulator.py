@@ -1,0 +1,96 @@
+"""Simulator behaviour: tiling, ROI, overrides, dtype/device neutrality, memory bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nbtorch import InputError, Simulator, config_from_args
+
+BASE = "-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1 -default_F 100 -distance 100 -detpixels 48 -pixel 0.4"
+
+
+def make(extra: str = "", **kw) -> Simulator:
+    return Simulator(config_from_args((BASE + " " + extra).split()), dtype=torch.float64, **kw)
+
+
+def test_tiled_equals_untiled():
+    extra = "-mosaic 0.3 -mosaic_dom 4 -phi 1 -osc 0.5 -phisteps 2 -oversample 2"
+    whole = make(extra, max_evals_per_tile=1 << 30)()
+    tiled = make(extra, max_evals_per_tile=97)()  # many small, uneven tiles
+    assert whole.max() > 0
+    assert torch.equal(whole, tiled)
+
+
+def test_roi_is_the_same_physics():
+    full = make()()
+    roi = make("-roi 5 30 10 40")()
+    assert torch.equal(roi[10:41, 5:31], full[10:41, 5:31])
+    outside = roi.clone()
+    outside[10:41, 5:31] = 0
+    assert outside.abs().max() == 0
+
+
+def test_render_single_pixel_matches_full_image():
+    sim = make()
+    full = sim()
+    j, i = np.unravel_index(int(full.argmax()), full.shape)
+    one, _ = sim.render(roi=(int(i), int(i), int(j), int(j)))
+    assert torch.equal(one[0, 0], full[j, i])
+
+
+def test_override_equals_config_value():
+    a = make()(cell_a=torch.tensor(71.0, dtype=torch.float64))
+    b = Simulator(config_from_args(BASE.replace("-cell 70", "-cell 71").split()), dtype=torch.float64)()
+    assert torch.allclose(a, b, rtol=1e-12, atol=0)
+
+
+def test_unknown_override_is_an_error():
+    with pytest.raises(InputError, match="unknown parameter"):
+        make()(cell_x=1.0)
+
+
+def test_float32_matches_float64():
+    img64 = make()().numpy()
+    img32 = Simulator(config_from_args(BASE.split()), dtype=torch.float32)().double().numpy()
+    assert np.corrcoef(img64.ravel(), img32.ravel())[0, 1] > 0.99999
+
+
+def test_diagnostics_report_lookups(tmp_path):
+    hkl = tmp_path / "small.hkl"
+    hkl.write_text("\n".join(f"{h} {k} {l} 10" for h in range(-1, 2) for k in range(-1, 2) for l in range(-1, 2)))
+    sim = Simulator(config_from_args((BASE + f" -hkl {hkl}").split()), dtype=torch.float64)
+    _, diag = sim.render()
+    frac = float(diag["fraction_default_F"])
+    assert 0.0 < frac < 1.0  # some lookups land in the tiny table, most fall outside
+    assert (diag["hkl0_max"] >= diag["hkl0_min"]).all()
+
+
+def test_memory_bound_tile_size():
+    """A 2048^2 detector with 10 mosaic domains x 5 phi steps is processed in tiles that fit the bound."""
+    sim = Simulator(
+        config_from_args("-cell 100 100 100 90 90 90 -N 5 -default_F 100 -lambda 1 -detpixels 2048 "
+                         "-mosaic 0.5 -mosaic_dom 10 -phi 0 -osc 1 -phisteps 5 -oversample 1".split()),
+        dtype=torch.float32,
+    )
+    per_pixel = sim.evaluations_per_pixel()
+    assert per_pixel == 50
+    tile_pixels = sim.max_evals_per_tile // per_pixel
+    assert tile_pixels * per_pixel <= sim.max_evals_per_tile < 2048 * 2048 * per_pixel
+
+
+@pytest.mark.slow
+def test_memory_2048_heavy_under_2GB():
+    import resource
+
+    sim = Simulator(
+        config_from_args("-cell 100 100 100 90 90 90 -N 5 -default_F 100 -lambda 1 -detpixels 2048 "
+                         "-mosaic 0.5 -mosaic_dom 10 -mosaic_seed 1 -phi 0 -osc 1 -phisteps 5 -oversample 1".split()),
+        dtype=torch.float32,
+    )
+    with torch.no_grad():
+        img = sim()
+    assert img.max() > 0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert peak_mb < 2048, f"peak RSS {peak_mb:.0f} MB"
