@@ -5,13 +5,15 @@ Public API::
     config_from_args(argv) -> SimulationConfig     # nanoBragg command-line flags
     Simulator(config, dtype=, device=)             # nn.Module; forward(**overrides) -> image
     SimulationConfig, InputError, PARAMETER_NAMES
+    eager()                                        # context: no torch.compile inside (gradcheck-safe)
 """
 
 from nbtorch.args import config_from_args
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
+from nbtorch.runtime import eager
 from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 
-__all__ = ["config_from_args", "SimulationConfig", "InputError", "PARAMETER_NAMES", "Simulator"]
+__all__ = ["config_from_args", "SimulationConfig", "InputError", "PARAMETER_NAMES", "Simulator", "eager"]
 __version__ = "0.1.0"

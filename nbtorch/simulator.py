@@ -9,6 +9,7 @@ Pixels outside ``-roi`` are zero, as in the C program.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 
@@ -16,7 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nbtorch import runtime
 from nbtorch.config import SimulationConfig
+from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
 from nbtorch.physics.detector import DetectorGeometry, detector_geometry, subpixel_positions
@@ -25,6 +28,7 @@ from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix
 from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+log = logging.getLogger(__name__)
 
 
 def beam_centre_to_detector(convention: str, beam_x: Tensor, beam_y: Tensor, pixel: Tensor, detsize_s: Tensor):
@@ -73,6 +77,15 @@ class Simulator(nn.Module):
         device: ``"cpu"`` or ``"cuda[:N]"``.
         max_evals_per_tile: memory bound: pixels are processed in tiles of at most
             this many (pixel x sub-pixel x source x phi x mosaic) evaluations.
+        compile: ``True``/``False`` force or forbid ``torch.compile``; ``None``
+            follows ``NANOBRAGG_DISABLE_COMPILE`` / ``NANOBRAG_DISABLE_COMPILE``
+            (see :mod:`nbtorch.runtime`).  Inside ``nbtorch.eager()`` it is always eager.
+
+    Attributes:
+        compile_mode: ``"compiled"`` or ``"eager"`` (what actually runs).
+        compile_reason: why (the rule that chose it, or the compile error).
+        diagnostics: :class:`~nbtorch.diagnostics.DiagnosticsHooks`; subscribers get
+            each render's diagnostics tensors, outside the compiled region.
     """
 
     def __init__(
@@ -81,8 +94,18 @@ class Simulator(nn.Module):
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         max_evals_per_tile: int = 1 << 20,
+        compile: bool | None = None,
     ) -> None:
         super().__init__()
+        use_compile = runtime.compile_requested(compile)
+        self.compile_mode = "compiled" if use_compile else "eager"
+        if runtime.in_eager_block():
+            self.compile_reason = "created inside nbtorch.eager()"
+        elif compile is not None:
+            self.compile_reason = f"compile={compile} argument"
+        else:
+            self.compile_reason = "environment variable" if not use_compile else "default (compile on)"
+        self.diagnostics = DiagnosticsHooks()
         if isinstance(dtype, str):
             dtype = _DTYPES[dtype]
         self.setup: Setup = resolve(config)
@@ -228,26 +251,67 @@ class Simulator(nn.Module):
         tile = max(1, self.max_evals_per_tile // self.evaluations_per_pixel())
         real_first = None
         if s.c_parity and s.phisteps > 1:
-            real_first, _ = self.crystal(p, first_evaluation=True)
+            deg = math.pi / 180.0
+            phi = phi_angles(p["phi0"].detach() * deg, s.phistep_deg * deg, s.phisteps, False)
+            if bool((phi == 0).any()):
+                real_first, _ = self.crystal(p, first_evaluation=True)
         pieces = []
         diags = []
-        starts = range(0, slow.numel(), tile)
+        n_pix = slow.numel()
+        tile = min(tile, n_pix)
+        starts = range(0, n_pix, tile)
         if progress:
             from tqdm import tqdm
 
             starts = tqdm(starts, desc="nbtorch", unit="tile", file=sys.stderr)
+        kernel = self._kernel_for(tile, real_first is not None)
         for start in starts:
             sl, fa = slow[start:start + tile], fast[start:start + tile]
+            n = sl.numel()
+            if n < tile:  # pad the last tile so every call has the same (static) shape
+                sl = torch.cat([sl, sl[-1:].expand(tile - n)])
+                fa = torch.cat([fa, fa[-1:].expand(tile - n)])
             pos = subpixel_positions(geom, fa, sl, t(s.pixel_m), s.oversample, layers,
                                      curved=self.options.curved, c_parity=s.c_parity)
-            values, diag = accumulate_pixels(pos, inp, self.options,
-                                             real_first_A=real_first if start == 0 else None)
+            first = real_first if start == 0 else None
+            values, diag = self._run_kernel(kernel, pos, inp, first)
+            if n < tile:
+                values = values[:n]
             pieces.append(values)
             diags.append(diag)
         values = torch.cat(pieces)
         x0, x1, y0, y1 = roi or s.roi
         image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
-        return image, _merge_diagnostics(diags, image)
+        merged = _merge_diagnostics(diags, image)
+        self.diagnostics.emit(merged)
+        return image, merged
+
+    # --- compiled / eager kernel ---------------------------------------------------
+    def _kernel_key(self, tile: int, with_first: bool) -> tuple:
+        s = self.setup
+        dev = self.device
+        return (
+            dev.type, dev.index, str(self.dtype), self.options, tile, s.thicksteps, s.oversample,
+            len(s.incident), s.phisteps, len(s.mosaic_fractions),
+            None if s.F_grid is None else tuple(s.F_grid.shape), with_first,
+        )
+
+    def _kernel_for(self, tile: int, with_first: bool):
+        if self.compile_mode != "compiled" or runtime.in_eager_block():
+            return None
+        return runtime.compiled_kernel(self._kernel_key(tile, with_first), accumulate_pixels)
+
+    def _run_kernel(self, kernel, pos, inp, first):
+        if kernel is None or self.compile_mode != "compiled" or runtime.in_eager_block():
+            return accumulate_pixels(pos, inp, self.options, real_first_A=first)
+        try:
+            return kernel(pos, inp, self.options, real_first_A=first)
+        except Exception as exc:  # compilation problems surface here, on first use
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning("torch.compile failed, falling back to eager for this simulator: %s", reason)
+            self.compile_mode = "eager"
+            self.compile_reason = f"compile failed: {reason}"
+            return accumulate_pixels(pos, inp, self.options, real_first_A=first)
 
     def forward(self, **overrides) -> Tensor:
         """Full detector image (slow, fast) in photons per pixel; zero outside the ROI."""

@@ -154,11 +154,16 @@ def subpixel_positions(
         v = rotate_axis(start, geom.sdet, flat[..., 1] / dist)
         return rotate_axis(v, geom.fdet, flat[..., 2] / dist)
     b = geom.beam
+    # true direct-beam intercept (geom.distance/Fbeam/Sbeam are the C's values, which
+    # ignore two-theta): the sphere has the beam-path distance as its radius
+    dist = (geom.pix0 * geom.odet).sum() / (b * geom.odet).sum()
+    hit = dist * b - geom.pix0
+    f_beam, s_beam = (hit * geom.fdet).sum(), (hit * geom.sdet).sum()
     axis_f = _unit(torch.linalg.cross(b, geom.fdet, dim=-1))
     axis_s = _unit(torch.linalg.cross(b, geom.sdet, dim=-1))
     start = (dist * b).expand(fd.shape + (3,))
-    v = rotate_axis(start, axis_f, (fd - geom.Fbeam) / dist)
-    pos = rotate_axis(v, axis_s, (sd - geom.Sbeam) / dist)  # (P, S, 3), |pos| = distance
+    v = rotate_axis(start, axis_f, (fd - f_beam) / dist)
+    pos = rotate_axis(v, axis_s, (sd - s_beam) / dist)  # (P, S, 3), |pos| = distance
     # sensor layers lie along the local normal, which points at the sample
     scale = 1.0 + layer_offsets / dist
     return pos[:, None] * scale[None, :, None, None]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nbtorch.physics.lattice import lattice_factor, nearest_index
+from nbtorch.physics.lattice import lattice_factor_components, nearest_index
 from nbtorch.physics.polarization import kahn_polarization
 from nbtorch.physics.structure import (
     interpolation_safe,
@@ -158,18 +158,24 @@ def accumulate_pixels(
 
     # --- Miller indices for every phi step and mosaic domain -------------------------
     real = inp.real_A  # (Φ, M, 3, 3)
-    n_phi, n_mos = real.shape[0], real.shape[1]
-    hkl = (scatter.reshape(-1, 3) @ real.reshape(-1, 3).transpose(0, 1)).reshape(
-        P, T, S, scatter.shape[3], n_phi, n_mos, 3
-    )
+    h, k, l = _miller_indices(scatter, real)  # each (P, T, S, Q, Φ, M)
     if real_first_A is not None:
+        # replace the evaluation at (pixel 0, layer 0, sub-pixel 0, first valid source); no
+        # data-dependent indexing, so the kernel still compiles into one graph
         q = torch.argmax(valid[0, 0, 0].to(torch.int8))
-        first = (scatter[0, 0, 0, q] @ real_first_A.reshape(-1, 3).transpose(0, 1)).reshape(n_phi, n_mos, 3)
-        hkl = hkl.clone()
-        hkl[0, 0, 0, q] = first
-    hkl0 = nearest_index(hkl)
+        first = _miller_indices(scatter[0, 0, 0], real_first_A)  # each (Q, Φ, M)
+        dev = pos_m.device
+        at = (
+            (torch.arange(P, device=dev) == 0)[:, None, None, None]
+            & (torch.arange(T, device=dev) == 0)[None, :, None, None]
+            & (torch.arange(S, device=dev) == 0)[None, None, :, None]
+            & (torch.arange(scatter.shape[3], device=dev) == q)[None, None, None, :]
+        )[..., None, None]
+        h, k, l = (torch.where(at, f, x) for f, x in zip(first, (h, k, l)))
+    hkl = (h, k, l)
+    hkl0 = tuple(nearest_index(x) for x in hkl)
 
-    f_latt = lattice_factor(hkl, hkl0, inp.n_cells, opt.shape, inp.recip_per_A, inp.fudge)
+    f_latt = lattice_factor_components(hkl, hkl0, inp.n_cells, opt.shape, inp.recip_per_A, inp.fudge)
     if structure_mode is None:
         f_cell = structure_factor(
             hkl, hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F, opt.interpolate
@@ -180,7 +186,8 @@ def accumulate_pixels(
         f_cell = torch.where(structure_mode == 1, tri, torch.where(structure_mode == 2, inp.default_F, near))
     term = (f_cell * f_latt) ** 2  # (P, T, S, Q, Φ, M)
     valid6 = valid[..., None, None]
-    term = torch.where(valid6, term, torch.zeros_like(term))
+    if opt.use_dmin:
+        term = torch.where(valid6, term, torch.zeros_like(term))
 
     scale = R_E_SQR * inp.fluence / inp.steps
     water_c = R_E_SQR * inp.fluence * inp.water_F2N if opt.has_water else None
@@ -195,6 +202,17 @@ def accumulate_pixels(
 
     diag = _diagnostics(hkl0, valid6, inp)
     return image, diag
+
+
+def _miller_indices(scatter: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``h_i = a_i . S`` for every phi/mosaic orientation: (..., 3) x (Φ, M, 3, 3) -> 3 x (..., Φ, M).
+
+    Written as broadcast multiply-adds on separate components (no matmul, no
+    trailing axis of 3) so a compiler fuses and vectorises it together with the
+    lattice factor and the reduction instead of materialising it.
+    """
+    sx, sy, sz = (scatter[..., j, None, None] for j in range(3))
+    return tuple(sx * real[..., i, 0] + sy * real[..., i, 1] + sz * real[..., i, 2] for i in range(3))
 
 
 def _first_valid(values: Tensor, valid: Tensor) -> Tensor:
@@ -245,18 +263,21 @@ def _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, op
     return out
 
 
-def _diagnostics(hkl0: Tensor, valid6: Tensor, inp: KernelInputs) -> dict[str, Tensor]:
+def _diagnostics(hkl0: tuple[Tensor, Tensor, Tensor], valid6: Tensor, inp: KernelInputs) -> dict[str, Tensor]:
     with torch.no_grad():
-        flat = hkl0.reshape(-1, 3)
-        n_eval = torch.tensor(flat.shape[0], dtype=torch.float64, device=hkl0.device)
+        h0 = hkl0[0]
+        n_eval = torch.tensor(float(h0.numel()), dtype=torch.float64, device=h0.device)
         if inp.F_grid is None:
             outside = n_eval
         else:
-            inside = ((hkl0 >= inp.hkl_min) & (hkl0 <= inp.hkl_max)).all(-1)
+            inside = None
+            for x, lo, hi in zip(hkl0, inp.hkl_min.unbind(-1), inp.hkl_max.unbind(-1)):
+                ok = (x >= lo) & (x <= hi)
+                inside = ok if inside is None else inside & ok
             outside = (~inside).sum().to(torch.float64)
         return {
             "n_eval": n_eval,
             "n_default_F": outside,
-            "hkl0_min": flat.amin(0),
-            "hkl0_max": flat.amax(0),
+            "hkl0_min": torch.stack([x.amin() for x in hkl0]),
+            "hkl0_max": torch.stack([x.amax() for x in hkl0]),
         }

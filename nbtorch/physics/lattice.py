@@ -49,12 +49,16 @@ def sincg(delta: Tensor, n: Tensor) -> Tensor:
 
 
 def sinc3_from_sq(x2: Tensor) -> Tensor:
-    """``sinc3(x) = 3 (sin x - x cos x) / x^3`` given ``x^2`` (>= 0); 1 at 0, smooth there."""
-    small = x2 < 1e-6
+    """``sinc3(x) = 3 (sin x - x cos x) / x^3`` given ``x^2`` (>= 0); 1 at 0, smooth there.
+
+    Below ``x^2 = 1`` the closed form cancels badly (relative error ~eps/x^2), so
+    a Taylor series is used there (error < 1e-15 relative for x^2 < 1).
+    """
+    small = x2 < 1.0
     safe2 = torch.where(small, torch.ones_like(x2), x2)
     x = torch.sqrt(safe2)
     exact = 3.0 * (torch.sin(x) - x * torch.cos(x)) / (x * safe2)
-    series = 1.0 - x2 / 10.0 + x2 * x2 / 280.0
+    series = 1.0 - x2 * (1 / 10 - x2 * (1 / 280 - x2 * (1 / 15120 - x2 * (1 / 1330560 - x2 * (1 / 172972800 - x2 / 31135104000)))))
     return torch.where(small, series, exact)
 
 
@@ -79,21 +83,36 @@ def lattice_factor(
     Returns:
         (...) lattice factor (its square is the lattice intensity).
     """
-    dh = hkl - hkl0
+    return lattice_factor_components(hkl.unbind(-1), hkl0.unbind(-1), n_cells, shape, recip, fudge)
+
+
+def lattice_factor_components(
+    hkl: tuple[Tensor, Tensor, Tensor],
+    hkl0: tuple[Tensor, Tensor, Tensor],
+    n_cells: Tensor,
+    shape: str,
+    recip: Tensor | None = None,
+    fudge: float | Tensor = 1.0,
+) -> Tensor:
+    """:func:`lattice_factor` on separate (h, k, l) tensors (no trailing axis: vectorises well)."""
+    dh = [x - x0 for x, x0 in zip(hkl, hkl0)]
     if shape == "square":
-        delta = math.pi * dh
-        f = sincg(delta, n_cells)
-        return f[..., 0] * f[..., 1] * f[..., 2]
+        return (
+            sincg(math.pi * dh[0], n_cells[0])
+            * sincg(math.pi * dh[1], n_cells[1])
+            * sincg(math.pi * dh[2], n_cells[2])
+        )
     nnn = n_cells[0] * n_cells[1] * n_cells[2]
     if shape == "round":
-        hrad2 = (dh * dh * n_cells * n_cells).sum(-1)
+        hrad2 = sum(d * d * n * n for d, n in zip(dh, n_cells.unbind(-1)))
         return nnn * _SPHERE_CUBE * sinc3_from_sq((math.pi**2) * fudge * hrad2)
     if recip is None:
         raise ValueError(f"shape {shape!r} needs the reciprocal basis")
-    drs = dh @ recip  # (..., 3) in 1/A
-    rad2 = (drs * drs).sum(-1) * nnn * nnn
+    # |dh a* + dk b* + dl c*|^2 with a* etc. the rows of recip (1/A)
+    comps = [dh[0] * recip[0, j] + dh[1] * recip[1, j] + dh[2] * recip[2, j] for j in range(3)]
+    rad2 = (comps[0] * comps[0] + comps[1] * comps[1] + comps[2] * comps[2]) * nnn * nnn
     if shape == "gauss":
         return nnn * torch.exp(-rad2 * fudge / 0.63)
     if shape == "tophat":
-        return nnn * (rad2 * fudge < 0.3969).to(hkl.dtype)
+        return nnn * (rad2 * fudge < 0.3969).to(rad2.dtype)
     raise ValueError(f"unknown crystal shape {shape!r}; expected one of {SHAPES}")

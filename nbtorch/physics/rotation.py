@@ -58,8 +58,11 @@ def rotate_axis(v: Tensor, axis: Tensor, angle: Tensor) -> Tensor:
 
 def rotation_matrix_xyz(rx: Tensor, ry: Tensor, rz: Tensor) -> Tensor:
     """``Rz @ Ry @ Rx`` for angles in radians (scalars or broadcastable tensors)."""
+    ref = next((v for v in (rx, ry, rz) if isinstance(v, Tensor)), None)
+    dtype = ref.dtype if ref is not None else torch.get_default_dtype()
+    device = ref.device if ref is not None else None
     rx, ry, rz = torch.broadcast_tensors(
-        torch.as_tensor(rx), torch.as_tensor(ry), torch.as_tensor(rz)
+        *(torch.as_tensor(v, dtype=dtype, device=device) for v in (rx, ry, rz))
     )
     one = torch.ones_like(rx)
     zero = torch.zeros_like(rx)

@@ -18,15 +18,23 @@ import torch
 from torch import Tensor
 
 
+def _components(x: Tensor | tuple) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(x) if isinstance(x, (tuple, list)) else x.unbind(-1)  # type: ignore[return-value]
+
+
 def in_grid(hkl0: Tensor, hkl_min: Tensor, hkl_max: Tensor) -> Tensor:
     """Whether integer indices (..., 3) lie inside [min, max] in every direction."""
     return ((hkl0 >= hkl_min) & (hkl0 <= hkl_max)).all(-1)
 
 
-def interpolation_safe(hkl: Tensor, hkl_min: Tensor, hkl_max: Tensor) -> Tensor:
-    """Where the tricubic stencil of fractional ``hkl`` (..., 3) lies inside the grid (C's test)."""
+def interpolation_safe(hkl, hkl_min: Tensor, hkl_max: Tensor) -> Tensor:
+    """Where the tricubic stencil of fractional ``hkl`` ((..., 3) or a tuple) lies inside the grid (C's test)."""
     span = hkl_max - hkl_min + 1
-    return (~(((hkl - hkl_min + 3) > span) | (hkl - 2 < hkl_min))).all(-1)
+    ok = None
+    for x, lo, n in zip(_components(hkl), hkl_min.unbind(-1), span.unbind(-1)):
+        inside = ~(((x - lo + 3) > n) | (x - 2 < lo))
+        ok = inside if ok is None else ok & inside
+    return ok
 
 
 def _gather(grid: Tensor, idx: Tensor) -> Tensor:
@@ -39,11 +47,20 @@ def _gather(grid: Tensor, idx: Tensor) -> Tensor:
     return grid.reshape(-1)[flat]
 
 
-def nearest_structure_factor(hkl0: Tensor, grid: Tensor, hkl_min: Tensor, hkl_max: Tensor, default_F: Tensor) -> Tensor:
-    """Nearest-neighbour F for integer indices hkl0 (..., 3, floating dtype)."""
-    inside = in_grid(hkl0, hkl_min, hkl_max)
-    idx = (hkl0 - hkl_min).long()
-    return torch.where(inside, _gather(grid, idx), default_F)
+def nearest_structure_factor(hkl0, grid: Tensor, hkl_min: Tensor, hkl_max: Tensor, default_F: Tensor) -> Tensor:
+    """Nearest-neighbour F for integer indices hkl0: (..., 3) or an (h0, k0, l0) tuple (floating dtype)."""
+    h0, k0, l0 = _components(hkl0)
+    inside = (
+        (h0 >= hkl_min[0]) & (h0 <= hkl_max[0])
+        & (k0 >= hkl_min[1]) & (k0 <= hkl_max[1])
+        & (l0 >= hkl_min[2]) & (l0 <= hkl_max[2])
+    )
+    nh, nk, nl = grid.shape
+    i = (h0 - hkl_min[0]).long().clamp(0, nh - 1)
+    j = (k0 - hkl_min[1]).long().clamp(0, nk - 1)
+    k = (l0 - hkl_min[2]).long().clamp(0, nl - 1)
+    values = grid.reshape(-1)[(i * nk + j) * nl + k]
+    return torch.where(inside, values, default_F)
 
 
 def _lagrange_weights(t: Tensor) -> Tensor:
@@ -60,8 +77,10 @@ def _lagrange_weights(t: Tensor) -> Tensor:
     )
 
 
-def tricubic_structure_factor(hkl: Tensor, grid: Tensor, hkl_min: Tensor) -> Tensor:
-    """Tricubic-interpolated F at fractional hkl (..., 3); the caller checks the stencil is inside."""
+def tricubic_structure_factor(hkl, grid: Tensor, hkl_min: Tensor) -> Tensor:
+    """Tricubic-interpolated F at fractional hkl ((..., 3) or a tuple); the caller checks the stencil is inside."""
+    if isinstance(hkl, (tuple, list)):
+        hkl = torch.stack(tuple(hkl), -1)
     base = torch.floor(hkl)
     w = _lagrange_weights(hkl - base)  # (..., 3, 4)
     origin = (base - hkl_min).long() - 1  # (..., 3)
@@ -78,8 +97,8 @@ def tricubic_structure_factor(hkl: Tensor, grid: Tensor, hkl_min: Tensor) -> Ten
 
 
 def structure_factor(
-    hkl: Tensor,
-    hkl0: Tensor,
+    hkl,
+    hkl0,
     grid: Tensor | None,
     hkl_min: Tensor | None,
     hkl_max: Tensor | None,
@@ -89,7 +108,7 @@ def structure_factor(
     """F_cell for each evaluation.
 
     Arguments:
-        hkl, hkl0: (..., 3) fractional and nearest-integer indices.
+        hkl, hkl0: (..., 3) fractional and nearest-integer indices (or (h, k, l) tuples).
         grid: (nh, nk, nl) table or None (no HKL file: every F is default_F).
         hkl_min, hkl_max: (3,) index bounds of the grid (same dtype as hkl).
         default_F: F for reflections outside (or missing from) the table.
@@ -98,7 +117,8 @@ def structure_factor(
             by the caller).
     """
     if grid is None:
-        return default_F.expand(hkl.shape[:-1])
+        h = _components(hkl)[0]
+        return default_F.expand(h.shape)
     if not interpolate:
         return nearest_structure_factor(hkl0, grid, hkl_min, hkl_max, default_F)
     safe = interpolation_safe(hkl, hkl_min, hkl_max)

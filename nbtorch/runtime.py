@@ -1,0 +1,131 @@
+"""Runtime: the one place that decides between eager and ``torch.compile``.
+
+Decision, per :class:`~nbtorch.Simulator` instance (never at import time):
+
+1. inside :func:`eager` (e.g. gradient tests): eager, always;
+2. an explicit ``compile=True/False`` argument wins;
+3. otherwise ``NANOBRAGG_DISABLE_COMPILE=1`` or ``NANOBRAG_DISABLE_COMPILE=1``
+   (both spellings) selects eager, on CPU and CUDA alike; ``0`` or unset means
+   compiled.  Any other value is an error naming the variable.
+
+Compiled kernels are shared across simulators: :func:`compiled_kernel` keeps
+one ``torch.compile(fullgraph=True, dynamic=False)`` wrapper per key (device
+type and index, dtype, the kernel's static options, tile shape ...), never per
+parameter value, so a second simulator with the same key compiles nothing and
+changing parameter values (tensors) between calls triggers no recompile.
+
+If compilation fails the caller falls back to eager once, logs one warning and
+records why (``Simulator.compile_mode``, ``Simulator.compile_reason``).
+
+Inductor's on-disk cache makes a second process start fast: it lives in
+``$NBTORCH_CACHE_DIR/inductor`` (default ``~/.cache/nbtorch/inductor``) unless
+``TORCHINDUCTOR_CACHE_DIR`` is already set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from nbtorch.errors import InputError
+
+log = logging.getLogger(__name__)
+
+ENV_VARS = ("NANOBRAGG_DISABLE_COMPILE", "NANOBRAG_DISABLE_COMPILE")
+_state = threading.local()
+_KERNELS: dict[tuple, Callable] = {}
+_LOCK = threading.Lock()
+
+
+def _eager_depth() -> int:
+    return getattr(_state, "eager_depth", 0)
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Force eager execution for every simulator created or run inside the block.
+
+    gradcheck/gradgradcheck must never meet a compiled graph: the gradient tests
+    run under ``with nbtorch.eager():``.
+    """
+    _state.eager_depth = _eager_depth() + 1
+    try:
+        yield
+    finally:
+        _state.eager_depth = _eager_depth() - 1
+
+
+def in_eager_block() -> bool:
+    return _eager_depth() > 0
+
+
+def env_disables_compile() -> bool:
+    """True when either spelling of the disable variable is ``1``; error for other values."""
+    disabled = False
+    for name in ENV_VARS:
+        raw = os.environ.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        value = raw.strip()
+        if value == "1":
+            disabled = True
+        elif value != "0":
+            raise InputError(f"environment variable {name}={raw!r}: expected 1 (disable torch.compile) or 0")
+    return disabled
+
+
+def compile_requested(explicit: bool | None = None) -> bool:
+    """Whether a simulator should use torch.compile (see the module docstring for the rules)."""
+    if in_eager_block():
+        return False
+    if explicit is not None:
+        return bool(explicit)
+    return not env_disables_compile()
+
+
+def configure_inductor_cache() -> Path:
+    """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = Path(os.environ.get("NBTORCH_CACHE_DIR", Path.home() / ".cache" / "nbtorch"))
+    path = base / "inductor"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only home: keep torch's default
+        log.debug("cannot create %s (%s); using torch's default Inductor cache", path, exc)
+        return path
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return path
+
+
+def compiled_kernel(key: tuple, fn: Callable) -> Callable:
+    """The shared compiled wrapper of ``fn`` for ``key`` (created on first use)."""
+    with _LOCK:
+        kernel = _KERNELS.get(key)
+        if kernel is None:
+            configure_inductor_cache()
+            # one code object serves every key: allow enough guarded entries
+            limit = max(64, getattr(torch._dynamo.config, "cache_size_limit", 8))
+            torch._dynamo.config.cache_size_limit = limit
+            if hasattr(torch._dynamo.config, "recompile_limit"):
+                torch._dynamo.config.recompile_limit = limit
+            kernel = torch.compile(fn, fullgraph=True, dynamic=False)
+            _KERNELS[key] = kernel
+        return kernel
+
+
+def forget_kernel(key: tuple) -> None:
+    """Drop a cached kernel (after a failed compilation)."""
+    with _LOCK:
+        _KERNELS.pop(key, None)
+
+
+def cached_kernel_keys() -> list[tuple]:
+    with _LOCK:
+        return list(_KERNELS)

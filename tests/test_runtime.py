@@ -1,0 +1,155 @@
+"""Compile guard, shared compiled kernels and Dynamo-safe diagnostics."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import nbtorch
+from nbtorch import InputError, Simulator, config_from_args, runtime
+
+SMALL = "-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1 -default_F 100 -distance 100 -detpixels 24 -pixel 0.6".split()
+
+
+def make(**kw) -> Simulator:
+    return Simulator(config_from_args(SMALL), dtype=torch.float32, **kw)
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    for name in runtime.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def compile_spy(monkeypatch):
+    calls = []
+
+    def spy(fn, **kw):
+        calls.append(kw)
+        return fn  # behaves like eager, but records that compile was asked for
+
+    monkeypatch.setattr(runtime.torch, "compile", spy)
+    monkeypatch.setattr(runtime, "_KERNELS", {})
+    return calls
+
+
+@pytest.mark.parametrize("name", runtime.ENV_VARS)
+@pytest.mark.parametrize("value, expected", [("1", "eager"), ("0", "compiled"), (None, "compiled")])
+def test_env_spellings_select_path(no_env, compile_spy, name, value, expected):
+    if value is not None:
+        no_env.setenv(name, value)
+    sim = make()
+    assert sim.compile_mode == expected
+    sim()
+    if expected == "eager":
+        assert compile_spy == [], "torch.compile must not be called in eager mode"
+    else:
+        assert compile_spy and compile_spy[0]["fullgraph"] is True
+
+
+@pytest.mark.parametrize("name", runtime.ENV_VARS)
+def test_bad_env_value_is_an_error(no_env, name):
+    no_env.setenv(name, "yes")
+    with pytest.raises(InputError, match=name):
+        make()
+
+
+def test_explicit_argument_wins(no_env, compile_spy):
+    no_env.setenv("NANOBRAGG_DISABLE_COMPILE", "1")
+    assert make(compile=True).compile_mode == "compiled"
+    no_env.delenv("NANOBRAGG_DISABLE_COMPILE")
+    assert make(compile=False).compile_mode == "eager"
+
+
+def test_eager_context_forces_eager(no_env, compile_spy):
+    with nbtorch.eager():
+        sim = make(compile=True)
+        assert sim.compile_mode == "eager"
+        sim()
+    assert compile_spy == []
+    # a compiled simulator run inside eager() also runs eagerly
+    sim = make(compile=True)
+    with nbtorch.eager():
+        sim()
+    assert compile_spy == []
+
+
+def test_compile_failure_falls_back_once(no_env, monkeypatch, caplog):
+    def broken(key, fn):
+        def kernel(*a, **k):
+            raise RuntimeError("inductor exploded")
+
+        return kernel
+
+    monkeypatch.setattr(runtime, "compiled_kernel", broken)
+    sim = make(compile=True)
+    with caplog.at_level(logging.WARNING, logger="nbtorch.simulator"):
+        img = sim()
+        sim()
+    assert sim.compile_mode == "eager"
+    assert "inductor exploded" in sim.compile_reason
+    warnings = [r for r in caplog.records if "falling back to eager" in r.getMessage()]
+    assert len(warnings) == 1
+    assert torch.equal(img, make(compile=False)())
+
+
+def test_diagnostics_hooks_rate_limited_and_noop_by_default():
+    sim = make(compile=False)
+    assert len(sim.diagnostics) == 0
+    sim()  # no subscriber: nothing happens
+    got = []
+    sim.diagnostics.subscribe(got.append, every=2)
+    for _ in range(4):
+        sim()
+    assert len(got) == 2
+    d = got[0]
+    assert {"fraction_default_F", "hkl0_min", "hkl0_max", "image_max"} <= set(d)
+    assert float(d["image_max"]) > 0
+
+
+# --- real compilation (one small problem; each graph compiles once per session) ----------
+@pytest.fixture(scope="module")
+def compiled_pair():
+    torch._dynamo.reset()
+    runtime._KERNELS.clear()
+    sim_c = Simulator(config_from_args(SMALL), dtype=torch.float32, compile=True)
+    got = []
+    sim_c.diagnostics.subscribe(got.append)
+    img_c = sim_c()
+    sim_e = Simulator(config_from_args(SMALL), dtype=torch.float32, compile=False)
+    return sim_c, img_c, sim_e(), got
+
+
+def test_compiled_matches_eager(compiled_pair):
+    sim_c, img_c, img_e, _ = compiled_pair
+    assert sim_c.compile_mode == "compiled", sim_c.compile_reason
+    assert img_e.max() > 0
+    corr = np.corrcoef(img_c.double().numpy().ravel(), img_e.double().numpy().ravel())[0, 1]
+    assert corr >= 0.999999
+
+
+def test_hook_receives_values_with_fullgraph(compiled_pair):
+    _, img_c, _, got = compiled_pair
+    assert got and float(got[0]["image_max"]) == pytest.approx(float(img_c.max()))
+
+
+def test_shared_kernel_no_recompile(compiled_pair):
+    from torch._dynamo.utils import counters
+
+    sim_c = compiled_pair[0]
+    before = counters["stats"]["unique_graphs"]
+    t0 = time.perf_counter()
+    sim2 = Simulator(config_from_args(SMALL), dtype=torch.float32, compile=True)
+    construct = time.perf_counter() - t0
+    sim2()
+    sim2(cell_a=torch.tensor(70.5), distance=torch.tensor(101.0))  # new values, same graph
+    sim_c(misset_x=torch.tensor(11.0))
+    assert counters["stats"]["unique_graphs"] == before, "a parameter change or a same-key simulator recompiled"
+    assert construct <= 0.05, f"constructing a same-key simulator took {construct:.3f} s"
+    assert sim2._kernel_key(24 * 24, False) in runtime.cached_kernel_keys()
