@@ -3,7 +3,9 @@
 ``Simulator(config)(**overrides)`` returns the image (slow, fast) in photons per
 pixel.  Overrides replace canonical parameters for one call by name (see
 :data:`nbtorch.setup.PARAMETER_NAMES`, units in :mod:`nbtorch.setup`) and may be
-tensors that require grad; ``F_grid`` replaces the structure-factor table.
+tensors that require grad; ``F_grid`` replaces the structure-factor table, and ``orient_x, orient_y,
+orient_z`` (deg, default 0) add a small crystal rotation about the lab axes on
+top of the misset orientation (what a refinement of the orientation moves).
 Pixels outside ``-roi`` are zero, as in the C program.
 """
 
@@ -26,6 +28,10 @@ from nbtorch.physics.detector import DetectorGeometry, detector_geometry, subpix
 from nbtorch.physics.kernel import KernelInputs, KernelOptions, accumulate_pixels
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
+
+#: refinement helpers beside the canonical names: a small extra crystal rotation (deg)
+#: about lab x, y, z applied on top of the misset orientation (0 by default)
+ORIENTATION_DELTAS = ("orient_x", "orient_y", "orient_z")
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 log = logging.getLogger(__name__)
@@ -115,6 +121,8 @@ class Simulator(nn.Module):
         self.max_evals_per_tile = int(max_evals_per_tile)
         for name, value in self.setup.params.items():
             self.register_buffer(name, torch.tensor(value, dtype=torch.float64, device=dev))
+        for name in ORIENTATION_DELTAS:
+            self.register_buffer(name, torch.tensor(0.0, dtype=torch.float64, device=dev))
         s = self.setup
         if s.F_grid is not None:
             self.register_buffer("F_grid", torch.as_tensor(s.F_grid, dtype=torch.float64, device=dev))
@@ -150,11 +158,11 @@ class Simulator(nn.Module):
 
     def parameters_dict(self, **overrides) -> dict[str, Tensor]:
         """Canonical parameters for one call (buffers, replaced by overrides), in self.dtype."""
-        unknown = set(overrides) - set(PARAMETER_NAMES) - {"F_grid"}
+        unknown = set(overrides) - set(PARAMETER_NAMES) - set(ORIENTATION_DELTAS) - {"F_grid"}
         if unknown:
             raise InputError(f"unknown parameter name(s): {', '.join(sorted(unknown))}; expected {', '.join(PARAMETER_NAMES)}")
         out = {}
-        for name in PARAMETER_NAMES:
+        for name in PARAMETER_NAMES + ORIENTATION_DELTAS:
             v = overrides.get(name, getattr(self, name))
             v = torch.as_tensor(v, device=self.device)
             out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
@@ -183,7 +191,8 @@ class Simulator(nn.Module):
         cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
                             p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
         misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
-        orientation = misset @ t(s.orientation0)
+        delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
+        orientation = delta @ misset @ t(s.orientation0)
         real, recip = crystal_real_and_reciprocal(cell, orientation, s.cell_quirk)
         phi = phi_angles(p["phi0"] * deg, s.phistep_deg * deg, s.phisteps, s.c_parity, first_evaluation)
         r_phi = rotation_matrix_axis_angle(t(s.spindle).expand(len(phi), 3), phi)  # (Φ, 3, 3)
