@@ -14,6 +14,13 @@ pivot-setting flag wins (BEAM: ``-distance -Xbeam -Ybeam -mosflm -adxv -denzo
 -Xclose -Yclose -ORGX -ORGY -xds -pivot sample``), and the convention may force
 a pivot afterwards (:mod:`nbtorch.setup`).
 
+The headers of ``-mask FILE`` and then ``-img FILE`` (SMV) are applied before
+any other flag, as the C reads them first, so explicit flags override them
+(:func:`apply_smv_header`).  Conflicting flags (``-nonoise`` with
+``-noisefile``, ``-nopgm`` with ``-pgmfile``/``-pgmscale``) are errors rather
+than "the later one wins".  Every flag is listed in ``docs/cli.md``
+(:func:`flag_names`).
+
 Every problem is an :class:`~nbtorch.errors.InputError` naming the flag.
 """
 
@@ -103,6 +110,7 @@ _simple("-osc", "osc_deg")
 _simple("-phistep", "phistep_deg")
 _simple("-phisteps", "phisteps", int)
 _simple("-hkl", "hkl_file", str)
+_simple("-dump", "dump_file", str)
 _simple("-default_F", "default_F")
 _switch("-interpolate", "interpolate", True)
 _switch("-nointerpolate", "interpolate", False)
@@ -243,6 +251,8 @@ _simple("-thicksteps", "detector_thicksteps", int)
 _simple("-roi", "roi", int, nvals=4)
 _simple("-dmin", "dmin_A")
 _simple("-water", "water_um")
+_simple("-img", "img_file", str)  # header applied before every other flag (see config_from_args)
+_simple("-mask", "mask_file", str)
 
 # --- outputs and run control -----------------------------------------------------------
 _simple("-floatfile", "floatfile", str)
@@ -262,16 +272,20 @@ _switch("-nopgm", "nopgm", True)
 _switch("-noprogress", "progress", False)
 _switch("-progress", "progress", True)
 _switch("-printout", "printout", True)
-_simple("-printout_pixel", "printout_pixel", int, nvals=2)
+
+
+@_flag("-printout_pixel", 2, int)
+def _printout_pixel(cfg, vals):
+    cfg.printout_pixel = (vals[0], vals[1])  # fast, slow
+    cfg.printout = True  # as in the C, where "-printout_pixel" also matches "-printout"
+
+
 _switch("-c_parity", "c_parity", True)
 _simple("-dtype", "dtype", str)
 _simple("-device", "device", str)
 
 
-@_flag("-pgmscale", 1)
-def _pgmscale(cfg, vals):
-    cfg.pgmscale = vals[0]
-    cfg.nopgm = False
+_simple("-pgmscale", "pgmscale")
 
 
 def _is_value(token: str) -> bool:
@@ -285,15 +299,91 @@ def _is_value(token: str) -> bool:
         return False
 
 
+#: flags parsed by hand in :func:`config_from_args` (not in the table)
+_SPECIAL_FLAGS = ("-cell", "-misset", "-pivot", "-curved_det", "-detector_abs")
+
+
+def flag_names() -> list[str]:
+    """Every flag :func:`config_from_args` accepts (sorted)."""
+    return sorted(set(_FLAGS) | set(_SPECIAL_FLAGS))
+
+
+def apply_smv_header(cfg: SimulationConfig, path: str, flag: str) -> set[str]:
+    """Seed ``cfg`` from the header of the SMV file given to ``-img`` or ``-mask``, as the C does.
+
+    Keys (found like the C's ``ValueOf``, see :func:`nbtorch.io.smv.header_value`):
+    SIZE1/SIZE2 -> detector pixels; PIXEL_SIZE (mm); DISTANCE, CLOSE_DISTANCE (mm);
+    WAVELENGTH (A); BEAM_CENTER_X/Y (mm; for ``-mask`` Ybeam = detsize_s - BEAM_CENTER_Y,
+    the C's flip); ORGX/ORGY (pixels); PHI, OSC_RANGE, TWOTHETA (deg).  No pivot is
+    set.  Returns the names of the config fields it set.
+    """
+    from nbtorch.io.smv import header_value, read_smv
+
+    try:
+        image, header = read_smv(path)
+    except InputError as exc:
+        raise InputError(f"{flag} {exc}") from None
+    slow, fast = image.shape
+    cfg.fpixels, cfg.spixels = int(fast), int(slow)
+    changed = {"fpixels", "spixels"}
+
+    def get(key: str, positive: bool = False):
+        value = header_value(path, header, key)
+        if value is not None and positive and not value > 0:
+            raise InputError(f"{flag} {path}: SMV header {key}={value:g} must be positive")
+        return value
+
+    pixel = get("PIXEL_SIZE", positive=True)
+    if pixel is not None:
+        cfg.pixel_mm = pixel
+        changed.add("pixel_mm")
+    detsize_s_mm = cfg.pixel_mm * slow
+    for key, field, positive in (
+        ("DISTANCE", "distance_mm", True),
+        ("CLOSE_DISTANCE", "close_distance_mm", True),
+        ("WAVELENGTH", "wavelength_A", True),
+        ("BEAM_CENTER_X", "Xbeam_mm", False),
+        ("BEAM_CENTER_Y", "Ybeam_mm", False),
+        ("ORGX", "ORGX", False),
+        ("ORGY", "ORGY", False),
+        ("PHI", "phi_deg", False),
+        ("OSC_RANGE", "osc_deg", False),
+        ("TWOTHETA", "twotheta_deg", False),
+    ):
+        value = get(key, positive)
+        if value is None:
+            continue
+        if key == "BEAM_CENTER_Y" and flag == "-mask":
+            value = detsize_s_mm - value
+        setattr(cfg, field, value)
+        changed.add(field)
+    return changed
+
+
+def _conflicts(cfg: SimulationConfig, seen: set[str]) -> None:
+    if "-nonoise" in seen and seen & {"-noisefile", "-noiseimage"}:
+        raise InputError("-nonoise and -noisefile both given: -nonoise writes no noise image; drop one")
+    if "-nopgm" in seen and seen & {"-pgmfile", "-pgmimage", "-pgmscale"}:
+        given = sorted(seen & {"-pgmfile", "-pgmimage", "-pgmscale"})[0]
+        raise InputError(f"-nopgm and {given} both given: -nopgm writes no PGM image; drop one")
+
+
 def config_from_args(argv: Sequence[str]) -> SimulationConfig:
     """Parse nanoBragg-style arguments (without the program name).
 
+    Like the C, the headers of ``-mask`` and then ``-img`` files are applied
+    first, so every other flag overrides them (whatever its position); a
+    command-line ``-distance`` also drops a header's CLOSE_DISTANCE (the C keeps
+    it, and does so under ``-c_parity``).
+
     Raises:
-        InputError: unknown flag, missing or malformed value (one line, naming the flag).
+        InputError: unknown flag, missing or malformed value, conflicting flags,
+            unreadable ``-img``/``-mask`` file (one line, naming the flag or file).
     """
     argv = list(argv)
     cfg = SimulationConfig()
     cfg.c_parity = "-c_parity" in argv  # some parsing quirks depend on it
+    ops: list[tuple[str, Callable[[SimulationConfig], None]]] = []
     i = 0
     while i < len(argv):
         tok = argv[i]
@@ -310,28 +400,33 @@ def config_from_args(argv: Sequence[str]) -> SimulationConfig:
             a = vals[0]
             full = [a, a, a, 90.0, 90.0, 90.0]
             full[: len(vals)] = vals
-            cfg.cell = tuple(full)  # type: ignore[assignment]
+            ops.append((tok, lambda c, full=tuple(full): setattr(c, "cell", full)))
             continue
         if tok == "-misset":
             if i < len(argv) and argv[i].lower().startswith("rand"):
-                cfg.misset_random = True
+                ops.append((tok, lambda c: setattr(c, "misset_random", True)))
                 i += 1
                 continue
             vals = argv[i : i + 3]
             if len(vals) < 3 or not all(_is_value(v) for v in vals):
                 raise InputError("-misset: expected three angles in degrees or 'random'")
-            cfg.misset_deg = tuple(_num(tok, v) for v in vals)  # type: ignore[assignment]
-            cfg.misset_random = False
+            angles = tuple(_num(tok, v) for v in vals)
+
+            def _misset(c, angles=angles):
+                c.misset_deg = angles
+                c.misset_random = False
+
+            ops.append((tok, _misset))
             i += 3
             continue
         if tok == "-pivot":
             if i >= len(argv) or argv[i] not in ("beam", "sample"):
                 raise InputError("-pivot: expected 'beam' or 'sample'")
-            cfg.pivot = argv[i]
+            ops.append((tok, lambda c, v=argv[i]: setattr(c, "pivot", v)))
             i += 1
             continue
         if tok == "-curved_det":
-            cfg.curved_det = True
+            ops.append((tok, lambda c: setattr(c, "curved_det", True)))
             if i < len(argv) and _is_value(argv[i]):
                 i += 1  # the C needs a (meaningless) argument here
             continue
@@ -340,10 +435,8 @@ def config_from_args(argv: Sequence[str]) -> SimulationConfig:
                 raise InputError("-detector_abs: expected an attenuation depth in um or 'inf'")
             token = argv[i]
             i += 1
-            if token.lower().startswith("inf"):
-                cfg.detector_abs_um = math.inf
-            else:
-                cfg.detector_abs_um = _num(tok, token)
+            value = math.inf if token.lower().startswith("inf") else _num(tok, token)
+            ops.append((tok, lambda c, v=value: setattr(c, "detector_abs_um", v)))
             continue
         spec = _FLAGS.get(tok)
         if spec is None:
@@ -357,6 +450,23 @@ def config_from_args(argv: Sequence[str]) -> SimulationConfig:
             vals = raw
         else:
             vals = [_num(tok, v, kind) for v in raw]
-        fn(cfg, vals)
+        ops.append((tok, lambda c, fn=fn, vals=vals: fn(c, vals)))
         i += nvals
+
+    seen = {tok for tok, _ in ops}
+    _conflicts(cfg, seen)
+    # headers first, mask then img (the C's order), then the flags in command-line order
+    from_header: set[str] = set()
+    for flag, field in (("-mask", "mask_file"), ("-img", "img_file")):
+        for tok, op in ops:
+            if tok == flag:
+                op(cfg)
+        path = getattr(cfg, field)
+        if path is not None:
+            from_header |= apply_smv_header(cfg, path, flag)
+    for tok, op in ops:
+        op(cfg)
+    if ("close_distance_mm" in from_header and "-distance" in seen and "-close_distance" not in seen
+            and not cfg.c_parity):
+        cfg.close_distance_mm = None  # an explicit -distance beats the header's CLOSE_DISTANCE
     return cfg

@@ -1,18 +1,22 @@
 """The ``nbtorch`` command: a drop-in for the C ``nanoBragg`` program.
 
 Takes nanoBragg's flags (see ``docs/cli.md``), plus ``-c_parity``, ``-dtype``,
-``-device`` and ``-h5file``.  Like the C program it writes ``floatimage.bin``,
-``intimage.img``, ``image.pgm`` (unless ``-nopgm``) and ``noiseimage.img``
-(unless ``-nonoise``) by default; ``-floatfile/-intfile/-pgmfile/-noisefile``
-rename them.  Every file is written atomically.  Bad input prints one line
-``nbtorch: error: ...`` and exits with status 2, writing nothing.
+``-device``, ``-h5file`` and ``-pix0_vector_mm``.  Like the C program it writes
+``floatimage.bin``, ``intimage.img``, ``image.pgm`` (unless ``-nopgm``) and
+``noiseimage.img`` (unless ``-nonoise``) by default;
+``-floatfile/-intfile/-pgmfile/-noisefile`` rename them, ``-h5file`` adds an
+NXmx HDF5 file and ``-dump`` (with ``-hkl``) a structure-factor cache.  Every
+file is written atomically (temporary file + rename).  Bad input prints one
+line ``nbtorch: error: ...`` and exits with status 2, writing nothing.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -22,18 +26,75 @@ from nbtorch.args import config_from_args
 from nbtorch.errors import InputError
 
 
-def _stats(image: np.ndarray, roi) -> dict[str, float]:
+def say(*args, **kwargs) -> None:
+    """print() that survives a closed stdout (``nbtorch ... | head``): the run still writes its files."""
+    try:
+        print(*args, **kwargs)
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+
+
+def image_statistics(image: np.ndarray, roi, mask: np.ndarray | None, c_parity: bool,
+                     pixel_m: float, oversample: int) -> dict[str, float]:
+    """The C's end-of-run statistics of a (slow, fast) photon image.
+
+    Values are taken as float32 (the C's image) and summed in pixel order in
+    double (squares for ``rms`` rounded to float, as the C computes them).  ``max`` (0 if no pixel is positive, as the C starts from 0) and its
+    position ``max_x, max_y`` in metres along fast and slow from pixel (0, 0)'s
+    corner: the pixel centre, or under C parity the C's last sub-pixel of that
+    pixel.  ``mean`` and ``rms = sqrt(sum v^2 / (n - 1))`` over the simulated
+    (ROI, unmasked) pixels; ``rmsd`` about the mean over the same pixels, or under
+    C parity over the whole ROI, masked pixels (0) included, as the C.
+    """
     x0, x1, y0, y1 = roi
-    v = image[y0:y1 + 1, x0:x1 + 1].astype(np.float64).ravel()
-    n = max(v.size, 2)
-    mean = v.sum() / max(v.size, 1)
-    return {
-        "max": float(v.max()),
-        "mean": float(mean),
-        "rms": math.sqrt(float((v * v).sum()) / (n - 1)),
-        "rmsd": math.sqrt(float(((v - mean) ** 2).sum()) / (n - 1)),
-        "sum": float(v.sum()),
-    }
+    sub = image[y0:y1 + 1, x0:x1 + 1].astype(np.float32).astype(np.float64)
+    keep = np.ones(sub.shape, dtype=bool) if mask is None else np.asarray(mask)[y0:y1 + 1, x0:x1 + 1]
+    v = sub[keep]
+    n = v.size
+    total = float(np.cumsum(v)[-1]) if n else 0.0
+    mean = total / max(n, 1)
+    v32 = v.astype(np.float32)
+    sumsq = float(np.cumsum((v32 * v32).astype(np.float64))[-1]) if n else 0.0  # the C squares in float
+    rms = math.sqrt(sumsq / (max(n, 2) - 1))
+    w = sub.ravel() if c_parity else v
+    dev = float(np.cumsum((w - mean) ** 2)[-1]) if w.size else 0.0
+    rmsd = math.sqrt(dev / (max(w.size, 2) - 1))
+    max_I, max_x, max_y = 0.0, 0.0, 0.0
+    if n and v.max() > 0.0:
+        masked = np.where(keep, sub, -np.inf)
+        j, i = np.unravel_index(int(np.argmax(masked)), sub.shape)  # first maximum, C order
+        max_I = float(sub[j, i])
+        f, s = x0 + i, y0 + j
+        if c_parity:
+            sub_size = pixel_m / oversample
+            max_x = sub_size * (f * oversample + oversample - 1) + sub_size / 2.0
+            max_y = sub_size * (s * oversample + oversample - 1) + sub_size / 2.0
+        else:
+            max_x, max_y = (f + 0.5) * pixel_m, (s + 0.5) * pixel_m
+    return {"max": max_I, "max_x": max_x, "max_y": max_y, "mean": mean, "rms": rms, "rmsd": rmsd,
+            "sum": total, "n": n}
+
+
+def noise_image(image: np.ndarray, seed: int, adc: float, roi_mask: np.ndarray, c_parity: bool):
+    """The ``-noisefile`` pixels: Poisson deviates of the photon image plus ``adc``, clipped at 65535.
+
+    C parity: the C's own generator (:func:`nbtorch.crng.poisson_noise_image`), bit
+    for bit.  Spec: numpy's Poisson generator seeded with ``seed`` (deterministic
+    for a seed; negative photon counts are taken as 0).  Pixels outside
+    ``roi_mask`` are 0.  Returns ``(uint16 image, photons, overloads)``.
+    """
+    if c_parity:
+        from nbtorch.crng import poisson_noise_image
+
+        noise, info = poisson_noise_image(image.astype(np.float32), seed, adc=adc, roi_mask=roi_mask)
+        return noise, float(info["photons"]), int(info["overloads"])
+    rng = np.random.default_rng(seed)
+    lam = np.where(roi_mask, np.clip(image.astype(np.float32).astype(np.float64), 0.0, None), 0.0)
+    counts = rng.poisson(lam).astype(np.float64)
+    raw = counts + adc
+    overloads = int((roi_mask & (raw > 65535.0)).sum())
+    noise = np.where(roi_mask, np.clip(raw, 0.0, 65535.0), 0.0).astype(np.uint16)
+    return noise, float(counts.sum()), overloads
 
 
 def header_values(sim) -> dict:
@@ -67,82 +128,174 @@ def header_values(sim) -> dict:
     )
 
 
+def h5_metadata(sim, argv: Sequence[str]) -> tuple[dict, dict]:
+    """(root attributes, geometry) for :func:`nbtorch.io.hdf5.write_h5`.
+
+    NXmx fields: ``distance`` (beam-path distance), ``beam_center_x/y`` (the
+    direct-beam spot along fast/slow from the corner of pixel (0, 0), i.e. Fbeam
+    and Sbeam), ``x/y_pixel_size`` (mm) and ``incident_wavelength`` (A).  Every
+    resolved quantity is also stored on ``/entry/nbtorch``.
+    """
+    s, cfg = sim.setup, sim.config
+    hv = header_values(sim)
+    with torch.no_grad():
+        g = sim.geometry(sim.parameters_dict())
+        vec = {k: getattr(g, k).double().cpu().numpy() for k in ("pix0", "fdet", "sdet", "odet", "beam")}
+        fbeam, sbeam = float(g.Fbeam) * 1000, float(g.Sbeam) * 1000
+        fclose, sclose = float(g.Fclose) * 1000, float(g.Sclose) * 1000
+    geometry = {
+        "distance_mm": hv["distance_mm"], "beam_center_x_mm": fbeam, "beam_center_y_mm": sbeam,
+        "pixel_size_mm": s.pixel_m * 1000, "wavelength_A": s.params["wavelength"],
+        "close_distance_mm": hv["close_distance_mm"], "Fbeam_mm": fbeam, "Sbeam_mm": sbeam,
+        "Fclose_mm": fclose, "Sclose_mm": sclose, "Xbeam_mm": hv["beam_center_x_mm"],
+        "Ybeam_mm": hv["beam_center_y_mm"], "xds_orgx": hv["xds_orgx"], "xds_orgy": hv["xds_orgy"],
+        "dials_origin_mm": np.array(hv["dials_origin"]),
+        "pix0_vector_m": vec["pix0"], "fdet_vector": vec["fdet"], "sdet_vector": vec["sdet"],
+        "odet_vector": vec["odet"], "beam_vector": vec["beam"], "polar_vector": s.polar_axis,
+        "spindle_axis": s.spindle, "twotheta_axis": s.twotheta_axis,
+        "convention": s.convention, "pivot": s.pivot, "fpixels": s.fpixels, "spixels": s.spixels,
+        "roi": np.array(s.roi), "oversample": s.oversample, "phisteps": s.phisteps,
+        "phistep_deg": s.phistep_deg, "osc_range_deg": hv["osc_range_deg"], "sources": len(s.incident),
+        "mosaic_domains": len(s.mosaic_fractions), "thicksteps": s.thicksteps, "steps": s.steps,
+    }
+    from nbtorch import __version__
+
+    attrs = {"program": "nbtorch", "version": __version__, "command_line": " ".join(argv), "mode": "c_parity" if s.c_parity else "spec",
+             "c_parity": bool(s.c_parity), "dtype": cfg.dtype, "units": "photons per pixel"}
+    attrs.update({k: v for k, v in s.params.items()})  # canonical parameters (units: README)
+    return attrs, geometry
+
+
 def run(argv: Sequence[str]) -> int:
     """Parse, simulate, write the outputs.  Returns the exit status."""
     from nbtorch.simulator import Simulator
-    from nbtorch.io import atomic  # noqa: F401  (fail early if io is broken)
     from nbtorch.io.raw import write_raw_float
     from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, write_smv, roi_mask_from_bounds
-    from nbtorch.io.pgm import default_pgm_scale, write_pgm
+    from nbtorch.io.pgm import write_pgm
 
     cfg = config_from_args(argv)
+    check_outputs(cfg)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"-device {cfg.device}: CUDA is not available on this machine")
     t0 = time.perf_counter()
     sim = Simulator(cfg, dtype=dtype, device=cfg.device)
     s = sim.setup
-    print(f"nbtorch ({'C-parity' if s.c_parity else 'spec'} mode, {cfg.dtype} on {cfg.device}): "
+    say(f"nbtorch ({'C-parity' if s.c_parity else 'spec'} mode, {cfg.dtype} on {cfg.device}): "
           f"{s.fpixels}x{s.spixels} pixels, oversample {s.oversample}, {len(s.incident)} sources, "
           f"{len(s.mosaic_fractions)} mosaic domains, {s.phisteps} phi steps, {s.thicksteps} sensor layers")
     for note in s.notes:
-        print(f"note: {note}")
-    progress = cfg.progress and sys.stderr.isatty()
+        say(f"note: {note}")
+    mask = s.pixel_mask
+    if mask is not None:
+        say(f"  skipping zero-flagged pixels in {cfg.mask_file}")
+    progress = use_progress(cfg)
     with torch.no_grad():
         image_t, diag = sim.render(progress=progress)
         full = image_t.new_zeros(sim.shape)
         x0, x1, y0, y1 = s.roi
         full[y0:y1 + 1, x0:x1 + 1] = image_t
     image = full.double().cpu().numpy()
-    st = _stats(image, s.roi)
-    print(f"max_I = {st['max']:g}  mean= {st['mean']:g} rms= {st['rms']:g} rmsd= {st['rmsd']:g}")
-    print(f"fraction of structure-factor lookups outside the HKL table: {float(diag['fraction_default_F']):.3g}")
+    if mask is not None:
+        image[~mask] = 0.0  # the C skips these pixels (the simulator may already have)
     roi_mask = roi_mask_from_bounds(image.shape, x0, x1, y0, y1)
 
+    if cfg.printout:
+        from nbtorch.printout import format_report, pixel_reports, roi_pixels
+
+        pixels = [tuple(cfg.printout_pixel)] if cfg.printout_pixel is not None else roi_pixels(s.roi, mask)
+        for report in pixel_reports(sim, pixels, image):
+            say(format_report(report))
+        say()
+    from nbtorch.printout import solid_angle_sum
+
+    omega = solid_angle_sum(sim, mask)
+    say(f"solid angle subtended by detector = {omega:g} steradian ( {100 * omega / 4 / math.pi:g}% sphere)")
+    say(f"fraction of structure-factor lookups outside the HKL table: {float(diag['fraction_default_F']):.3g}")
+    st = image_statistics(image, s.roi, mask, s.c_parity, s.pixel_m, s.oversample)
+
     floatfile = cfg.floatfile or "floatimage.bin"
+    say(f"writing {floatfile} as {image.size} 4-byte floats")
     write_raw_float(floatfile, image.astype(np.float32))
-    print(f"writing {floatfile} as {image.size} 4-byte floats")
+    say(f"max_I = {st['max']:g}  at {st['max_x']:g} {st['max_y']:g}")
+    say(f"mean= {st['mean']:g} rms= {st['rms']:g} rmsd= {st['rmsd']:g}")
     header = smv_header_from_geometry(**header_values(sim))
-    intimage, scale = intfile_from_float(image, scale=cfg.scale if cfg.scale > 0 else None, adc=cfg.adc, roi_mask=roi_mask)
+    scale = cfg.scale if cfg.scale > 0 else (55000.0 / st["max"] if st["max"] > 0 else 1.0)
+    intimage, scale = intfile_from_float(image, scale=scale, adc=cfg.adc, roi_mask=roi_mask)
     intfile = cfg.intfile or "intimage.img"
+    say(f"intfile_scale = {scale:g}")
+    say(f"writing {intfile} as 2-byte integers")
     write_smv(intfile, intimage, header)
-    print(f"intfile_scale = {scale:g}\nwriting {intfile} as 2-byte integers")
     if not cfg.nopgm:
         pgmfile = cfg.pgmfile or "image.pgm"
-        pscale = cfg.pgmscale if cfg.pgmscale > 0 else default_pgm_scale(image, roi_mask=roi_mask, intfile_scale=scale)
+        pscale = cfg.pgmscale if cfg.pgmscale > 0 else (250.0 / (5.0 * st["rmsd"]) if st["rmsd"] > 0 else scale)
+        say(f"pgm_scale = {pscale:g}")
+        say(f"writing {pgmfile} as 1-byte integers")
         write_pgm(pgmfile, image, pscale, roi_mask=roi_mask)
-        print(f"pgm_scale = {pscale:g}\nwriting {pgmfile}")
     if not cfg.nonoise:
         seed = cfg.seed if cfg.seed is not None else int(time.time())
-        if s.c_parity:
-            from nbtorch.crng import poisson_noise_image
-
-            noise, info = poisson_noise_image(image.astype(np.float32), seed, adc=cfg.adc, roi_mask=roi_mask)
-            photons, overloads = info["photons"], info["overloads"]
-        else:
-            rng = np.random.default_rng(seed)
-            counts = rng.poisson(np.where(roi_mask, np.clip(image, 0, None), 0.0)).astype(np.float64)
-            photons = counts.sum()
-            raw = counts + cfg.adc
-            overloads = int((raw > 65535).sum())
-            noise = np.where(roi_mask, np.clip(raw, 0, 65535), 0).astype(np.uint16)
+        noise, photons, overloads = noise_image(image, seed, cfg.adc, roi_mask, s.c_parity)
         noisefile = cfg.noisefile or "noiseimage.img"
+        say(f"{photons:.0f} photons on noise image ({overloads} overloads)")
+        say(f"writing {noisefile} as 2-byte integers (seed {seed})")
         write_smv(noisefile, noise, header)
-        print(f"{photons:.0f} photons on noise image ({overloads} overloads)\nwriting {noisefile} (seed {seed})")
     if cfg.h5file:
         from nbtorch.io.hdf5 import write_h5
 
-        hv = header_values(sim)
-        geometry = {
-            "distance": hv["distance_mm"], "beam_center_x": hv["beam_center_x_mm"], "beam_center_y": hv["beam_center_y_mm"],
-            "x_pixel_size": s.pixel_m * 1000, "y_pixel_size": s.pixel_m * 1000, "incident_wavelength": s.params["wavelength"],
-        }
-        attrs = {**{k: v for k, v in s.params.items()}, "convention": s.convention, "pivot": s.pivot,
-                 "c_parity": int(s.c_parity), "oversample": s.oversample, "steps": s.steps}
+        attrs, geometry = h5_metadata(sim, argv)
+        say(f"writing {cfg.h5file} (NXmx HDF5)")
         write_h5(cfg.h5file, image.astype(np.float32), attrs, geometry)
-        print(f"writing {cfg.h5file}")
-    print(f"done in {time.perf_counter() - t0:.2f} s")
+    if cfg.dump_file and cfg.hkl_file and s.F_grid is not None:
+        from nbtorch.io.hkl import write_fdump
+
+        say(f"writing dump file for next time: {cfg.dump_file}")
+        write_fdump(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))
+    say(f"done in {time.perf_counter() - t0:.2f} s")
     return 0
+
+
+def output_files(cfg) -> list[tuple[str, str]]:
+    """``(flag, path)`` of every file this run will write, defaults included."""
+    out = [("-floatfile", cfg.floatfile or "floatimage.bin"), ("-intfile", cfg.intfile or "intimage.img")]
+    if not cfg.nopgm:
+        out.append(("-pgmfile", cfg.pgmfile or "image.pgm"))
+    if not cfg.nonoise:
+        out.append(("-noisefile", cfg.noisefile or "noiseimage.img"))
+    if cfg.h5file:
+        out.append(("-h5file", cfg.h5file))
+    if cfg.dump_file and cfg.hkl_file:
+        out.append(("-dump", cfg.dump_file))
+    return out
+
+
+def check_outputs(cfg) -> None:
+    """Fail before simulating if an output cannot be written (so a failed run writes nothing)."""
+    seen: dict[str, str] = {}
+    inputs = {os.path.abspath(path): flag for flag, path in (
+        ("-hkl", cfg.hkl_file), ("-mat", cfg.mat_file), ("-sourcefile", cfg.source_file),
+        ("-img", cfg.img_file), ("-mask", cfg.mask_file)) if path}
+    if cfg.dump_file and not cfg.hkl_file:
+        inputs[os.path.abspath(cfg.dump_file)] = "-dump"
+    for flag, path in output_files(cfg):
+        if os.path.abspath(path) in inputs:
+            raise InputError(f"{flag} {path}: would overwrite the {inputs[os.path.abspath(path)]} input file")
+        p = Path(path)
+        key = os.path.abspath(path)
+        if key in seen:
+            raise InputError(f"{seen[key]} and {flag} both write {path}: give them different names")
+        seen[key] = flag
+        parent = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise InputError(f"{flag} {path}: is a directory")
+        if not parent.is_dir():
+            raise InputError(f"{flag} {path}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise InputError(f"{flag} {path}: directory {parent} is not writable")
+
+
+def use_progress(cfg) -> bool:
+    """Whether to show the tqdm bar: ``-progress`` (default) on, no ``-printout``, stderr a terminal."""
+    return bool(cfg.progress and not cfg.printout and sys.stderr.isatty())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

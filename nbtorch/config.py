@@ -38,6 +38,7 @@ class SimulationConfig:
     spindle_axis: tuple[float, float, float] | None = None
     # structure factors
     hkl_file: str | None = None
+    dump_file: str | None = None  # -dump: with -hkl write the F cache here, without -hkl read F from it
     default_F: float = 0.0
     interpolate: bool | None = None
     # beam
@@ -98,6 +99,8 @@ class SimulationConfig:
     roi: tuple[int, int, int, int] | None = None  # xmin xmax ymin ymax, inclusive
     dmin_A: float = 0.0
     water_um: float = 0.0
+    img_file: str | None = None  # -img: SMV whose header seeded the detector settings (read at parse time)
+    mask_file: str | None = None  # -mask: SMV whose zero pixels are skipped (header read at parse time too)
     # outputs and run control (used by the CLI)
     floatfile: str | None = None
     intfile: str | None = None

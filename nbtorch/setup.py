@@ -98,6 +98,9 @@ class Setup:
     dmin_A: float
     steps: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: ``-mask``: bool (spixels, fpixels), True = simulate the pixel, False = skip it (value 0,
+    #: as the C's zero mask pixels); None without ``-mask``.
+    pixel_mask: np.ndarray | None = None
 
 
 def _unit(v) -> np.ndarray:
@@ -342,6 +345,13 @@ def resolve(cfg: SimulationConfig) -> Setup:
             raise InputError(f"-roi {x0} {x1} {y0} {y1}: outside the {fpixels} x {spixels} detector or empty (xmin xmax ymin ymax, inclusive)")
         roi = (x0, x1, y0, y1)
 
+    if cfg.printout_pixel is not None:
+        pf, ps = cfg.printout_pixel
+        if not (roi[0] <= pf <= roi[1] and roi[2] <= ps <= roi[3]):
+            raise InputError(f"-printout_pixel {pf} {ps}: not inside the rendered pixels "
+                             f"(fast {roi[0]}..{roi[1]}, slow {roi[2]}..{roi[3]})")
+    pixel_mask = _read_mask(cfg.mask_file, fpixels, spixels) if cfg.mask_file is not None else None
+
     beam, f, s, o, tt, polar, spindle = _bases(cfg)
     conv = cfg.convention
     pivot = _FORCED_PIVOT.get(conv, cfg.pivot or "beam")
@@ -437,10 +447,19 @@ def resolve(cfg: SimulationConfig) -> Setup:
 
         table = read_hkl(cfg.hkl_file)
         F_grid, mins = table.to_grid(cfg.default_F)
-        hkl_min = np.array(mins, dtype=np.float64)
-        hkl_max = hkl_min + np.array(F_grid.shape) - 1
+    elif cfg.dump_file is not None:  # -dump without -hkl: read the cache (never a stray Fdump.bin)
+        from nbtorch.io.hkl import read_fdump
+
+        try:
+            F_grid, mins = read_fdump(cfg.dump_file)
+        except InputError as exc:
+            raise InputError(f"-dump {exc}") from None
+        notes.append(f"structure factors read from {cfg.dump_file}")
     elif cfg.default_F == 0.0:
         notes.append("no -hkl file and -default_F 0: every structure factor is zero")
+    if F_grid is not None:
+        hkl_min = np.array(mins, dtype=np.float64)
+        hkl_max = hkl_min + np.array(F_grid.shape) - 1
     interpolate = cfg.interpolate if cfg.interpolate is not None else min(n_cells) <= 2
     if F_grid is None:
         interpolate = False
@@ -482,8 +501,24 @@ def resolve(cfg: SimulationConfig) -> Setup:
         mosaic_fractions=np.asarray(fractions, dtype=np.float64), orientation0=orientation0,
         cell_quirk=cell_quirk, F_grid=F_grid, hkl_min=hkl_min, hkl_max=hkl_max, interpolate=bool(interpolate),
         shape=cfg.shape, fudge=cfg.fudge, water_F2N=water_F2N, dmin_A=cfg.dmin_A, steps=steps,
-        notes=tuple(notes),
+        notes=tuple(notes), pixel_mask=pixel_mask,
     )
+
+
+def _read_mask(path: str, fpixels: int, spixels: int) -> np.ndarray:
+    """``-mask``: True where the SMV pixel is non-zero (simulated), False where it is 0 (skipped)."""
+    from nbtorch.io.smv import read_smv
+
+    try:
+        image, _ = read_smv(path)
+    except InputError as exc:
+        raise InputError(f"-mask {exc}") from None
+    if image.shape != (spixels, fpixels):
+        raise InputError(f"-mask {path}: mask is {image.shape[1]} x {image.shape[0]} pixels but the detector is "
+                         f"{fpixels} x {spixels} (fast x slow)")
+    mask = np.asarray(image != 0)
+    mask.setflags(write=False)
+    return mask
 
 
 def _rotxyz(rx: float, ry: float, rz: float) -> np.ndarray:

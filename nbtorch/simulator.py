@@ -230,12 +230,20 @@ class Simulator(nn.Module):
             water_F2N=t(s.water_F2N),
         )
 
-    def _pixel_indices(self, roi=None) -> tuple[Tensor, Tensor]:
+    def _pixel_indices(self, roi=None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(slow, fast) indices of the ROI pixels to simulate, and their flat positions in
+        the ROI (None when every ROI pixel is simulated; ``-mask`` zeros skip pixels)."""
         x0, x1, y0, y1 = roi or self.setup.roi
         slow = torch.arange(y0, y1 + 1, device=self.device)
         fast = torch.arange(x0, x1 + 1, device=self.device)
         ss, ff = torch.meshgrid(slow, fast, indexing="ij")
-        return ss.reshape(-1), ff.reshape(-1)
+        ss, ff = ss.reshape(-1), ff.reshape(-1)
+        mask = getattr(self.setup, "pixel_mask", None)
+        if mask is None:
+            return ss, ff, None
+        keep = torch.as_tensor(np.array(mask[y0:y1 + 1, x0:x1 + 1], dtype=bool).reshape(-1), device=self.device)
+        where = torch.nonzero(keep).reshape(-1)
+        return ss[where], ff[where], where
 
     def evaluations_per_pixel(self) -> int:
         s = self.setup
@@ -254,7 +262,7 @@ class Simulator(nn.Module):
         p = self.parameters_dict(**overrides)
         geom = self.geometry(p)
         inp = self.kernel_inputs(p, geom, F_grid)
-        slow, fast = self._pixel_indices(roi)
+        slow, fast, where = self._pixel_indices(roi)
         t = self._t
         layers = torch.arange(s.thicksteps, dtype=self.dtype, device=self.device) * t(s.layer_thickness_m)
         tile = max(1, self.max_evals_per_tile // self.evaluations_per_pixel())
@@ -267,7 +275,7 @@ class Simulator(nn.Module):
         pieces = []
         diags = []
         n_pix = slow.numel()
-        tile = min(tile, n_pix)
+        tile = max(1, min(tile, n_pix))
         starts = range(0, n_pix, tile)
         if progress:
             from tqdm import tqdm
@@ -288,8 +296,10 @@ class Simulator(nn.Module):
                 values = values[:n]
             pieces.append(values)
             diags.append(diag)
-        values = torch.cat(pieces)
         x0, x1, y0, y1 = roi or s.roi
+        values = torch.cat(pieces) if pieces else layers.new_zeros(0)
+        if where is not None:  # masked pixels stay exactly 0 and are never computed
+            values = values.new_zeros((y1 - y0 + 1) * (x1 - x0 + 1)).index_put((where,), values)
         image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
         merged = _merge_diagnostics(diags, image)
         self.diagnostics.emit(merged)
@@ -334,6 +344,9 @@ class Simulator(nn.Module):
 
 
 def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor) -> dict[str, Tensor]:
+    if not diags:  # every pixel masked
+        z = image.new_zeros(3)
+        diags = [{"n_eval": image.new_ones(()), "n_default_F": image.new_zeros(()), "hkl0_min": z, "hkl0_max": z}]
     n_eval = sum(d["n_eval"] for d in diags)
     n_def = sum(d["n_default_F"] for d in diags)
     with torch.no_grad():

@@ -29,6 +29,7 @@ from nbtorch.io.raw import read_file_bytes, read_raw_float, read_text_lines, wri
 from nbtorch.io.smv import (
     SMV_HEADER_BYTES,
     format_smv_header,
+    header_value,
     intfile_from_float,
     read_smv,
     roi_mask_from_bounds,
@@ -57,6 +58,7 @@ __all__ = [
     "write_smv",
     "read_smv",
     "intfile_from_float",
+    "header_value",
     "roi_mask_from_bounds",
     "write_pgm",
     "read_pgm",

@@ -46,6 +46,7 @@ __all__ = [
     "read_smv",
     "intfile_from_float",
     "roi_mask_from_bounds",
+    "header_value",
 ]
 
 SMV_HEADER_BYTES = 512
@@ -300,6 +301,34 @@ def read_smv(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, str]]:
         )
     image = np.frombuffer(data, dtype=dtype, offset=header_bytes).reshape(slow, fast)
     return image.astype(dtype.newbyteorder("=")), header
+
+
+_LEADING_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def header_value(path: str | os.PathLike[str], header: Mapping[str, str], keyword: str) -> float | None:
+    """A number from an SMV header, found the way nanoBragg's ``ValueOf`` finds it; None if absent.
+
+    The key equal to ``keyword`` if there is one, else the last key that
+    contains it (so ``ORGX`` finds ``XDS_ORGX``, as the C's substring search
+    does).  The value's leading number is read (``atof``); a value that does
+    not start with a number raises :class:`InputError` (the C would read 0).
+    """
+    if keyword in header:
+        key = keyword
+    else:
+        matches = [k for k in header if keyword in k]
+        if not matches:
+            return None
+        key = matches[-1]
+    text = header[key]
+    match = _LEADING_NUMBER.match(text)
+    if match is None:
+        raise InputError(f"{path}: SMV header {key}={text!r} is not a number")
+    value = float(match.group(0))
+    if not math.isfinite(value):
+        raise InputError(f"{path}: SMV header {key}={text!r} is not finite")
+    return value
 
 
 def roi_mask_from_bounds(shape: tuple[int, int], fmin: int, fmax: int, smin: int, smax: int) -> np.ndarray:
