@@ -281,6 +281,8 @@ def _printout_pixel(cfg, vals):
 
 
 _switch("-c_parity", "c_parity", True)
+_switch("-compile", "compile", True)
+_switch("-nocompile", "compile", False)
 _simple("-dtype", "dtype", str)
 _simple("-device", "device", str)
 

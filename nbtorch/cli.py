@@ -166,6 +166,22 @@ def h5_metadata(sim, argv: Sequence[str]) -> tuple[dict, dict]:
     return attrs, geometry
 
 
+#: one-shot runs below this many evaluations stay eager: compiling costs ~20 s on a CPU
+COMPILE_THRESHOLD_EVALUATIONS = 50_000_000
+
+
+def choose_compile(sim, cfg) -> None:
+    """``-compile``/``-nocompile`` win; otherwise compile only big jobs, if the environment allows."""
+    from nbtorch import runtime
+
+    if cfg.compile is not None or runtime.env_disables_compile():
+        return  # the Simulator already followed the flag or the environment
+    x0, x1, y0, y1 = sim.setup.roi
+    evaluations = (x1 - x0 + 1) * (y1 - y0 + 1) * sim.evaluations_per_pixel()
+    big = evaluations >= COMPILE_THRESHOLD_EVALUATIONS
+    sim.set_compile(big, f"command line: {evaluations:.3g} evaluations {'>=' if big else '<'} {COMPILE_THRESHOLD_EVALUATIONS:.3g}")
+
+
 def run(argv: Sequence[str]) -> int:
     """Parse, simulate, write the outputs.  Returns the exit status."""
     from nbtorch.simulator import Simulator
@@ -179,11 +195,13 @@ def run(argv: Sequence[str]) -> int:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"-device {cfg.device}: CUDA is not available on this machine")
     t0 = time.perf_counter()
-    sim = Simulator(cfg, dtype=dtype, device=cfg.device)
+    sim = Simulator(cfg, dtype=dtype, device=cfg.device, compile=cfg.compile if cfg.compile is not None else False)
+    choose_compile(sim, cfg)
     s = sim.setup
     say(f"nbtorch ({'C-parity' if s.c_parity else 'spec'} mode, {cfg.dtype} on {cfg.device}): "
           f"{s.fpixels}x{s.spixels} pixels, oversample {s.oversample}, {len(s.incident)} sources, "
-          f"{len(s.mosaic_fractions)} mosaic domains, {s.phisteps} phi steps, {s.thicksteps} sensor layers")
+          f"{len(s.mosaic_fractions)} mosaic domains, {s.phisteps} phi steps, {s.thicksteps} sensor layers; "
+          f"{sim.compile_mode} ({sim.compile_reason})")
     for note in s.notes:
         say(f"note: {note}")
     mask = s.pixel_mask

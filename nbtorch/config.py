@@ -117,6 +117,7 @@ class SimulationConfig:
     printout: bool = False
     printout_pixel: tuple[int, int] | None = None
     c_parity: bool = False
+    compile: bool | None = None  # -compile / -nocompile; None = size rule (CLI) or environment
     dtype: str = "float64"
     device: str = "cpu"
     # flags accepted for compatibility that change nothing we compute

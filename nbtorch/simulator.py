@@ -306,6 +306,11 @@ class Simulator(nn.Module):
         return image, merged
 
     # --- compiled / eager kernel ---------------------------------------------------
+    def set_compile(self, enabled: bool, reason: str) -> None:
+        """Switch this simulator between compiled and eager (``nbtorch.eager()`` still wins)."""
+        self.compile_mode = "compiled" if enabled and not runtime.in_eager_block() else "eager"
+        self.compile_reason = reason
+
     def _kernel_key(self, tile: int, with_first: bool) -> tuple:
         s = self.setup
         dev = self.device
