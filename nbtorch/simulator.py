@@ -275,7 +275,10 @@ class Simulator(nn.Module):
         pieces = []
         diags = []
         n_pix = slow.numel()
-        tile = max(1, min(tile, n_pix))
+        # tiles hold a multiple of 16 pixels (the last one padded): with the pixel axis
+        # innermost, vectorised math then never meets a scalar tail, so every pixel gets
+        # the same bits whatever the tile size or its position in a tile
+        tile = -(-max(1, min(tile, n_pix)) // 16) * 16
         starts = range(0, n_pix, tile)
         if progress:
             from tqdm import tqdm

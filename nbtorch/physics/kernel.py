@@ -157,21 +157,26 @@ def accumulate_pixels(
         polar = kahn_polarization(inc, diffracted[..., None, :], inp.polar_axis, inp.kahn)  # (P,T,S,Q)
 
     # --- Miller indices for every phi step and mosaic domain -------------------------
+    # Layout (Φ, M, T, S, Q, P): the pixel axis is innermost, so a compiler vectorises
+    # along pixels and reduces over the orientations in registers.
     real = inp.real_A  # (Φ, M, 3, 3)
-    h, k, l = _miller_indices(scatter, real)  # each (P, T, S, Q, Φ, M)
+    Q = scatter.shape[3]
+    sc = scatter.permute(1, 2, 3, 0, 4)  # (T, S, Q, P, 3)
+    valid_l = valid.permute(1, 2, 3, 0)  # (T, S, Q, P)
+    h, k, l = _miller_indices(sc, real)  # each (Φ, M, T, S, Q, P)
     if real_first_A is not None:
         # replace the evaluation at (pixel 0, layer 0, sub-pixel 0, first valid source); no
         # data-dependent indexing, so the kernel still compiles into one graph
         q = torch.argmax(valid[0, 0, 0].to(torch.int8))
-        first = _miller_indices(scatter[0, 0, 0], real_first_A)  # each (Q, Φ, M)
+        first = _miller_indices(scatter[0, 0, 0], real_first_A)  # each (Φ, M, Q)
         dev = pos_m.device
         at = (
-            (torch.arange(P, device=dev) == 0)[:, None, None, None]
-            & (torch.arange(T, device=dev) == 0)[None, :, None, None]
-            & (torch.arange(S, device=dev) == 0)[None, None, :, None]
-            & (torch.arange(scatter.shape[3], device=dev) == q)[None, None, None, :]
-        )[..., None, None]
-        h, k, l = (torch.where(at, f, x) for f, x in zip(first, (h, k, l)))
+            (torch.arange(T, device=dev) == 0)[:, None, None, None]
+            & (torch.arange(S, device=dev) == 0)[None, :, None, None]
+            & (torch.arange(Q, device=dev) == q)[None, None, :, None]
+            & (torch.arange(P, device=dev) == 0)[None, None, None, :]
+        )
+        h, k, l = (torch.where(at, f[:, :, None, None, :, None], x) for f, x in zip(first, (h, k, l)))
     hkl = (h, k, l)
     hkl0 = tuple(nearest_index(x) for x in hkl)
 
@@ -181,20 +186,23 @@ def accumulate_pixels(
             hkl, hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F, opt.interpolate
         )
     else:
+        mode = structure_mode.permute(4, 5, 1, 2, 3, 0) if structure_mode.dim() == 6 else structure_mode
         near = nearest_structure_factor(hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F)
         tri = tricubic_structure_factor(hkl, inp.F_grid, inp.hkl_min)
-        f_cell = torch.where(structure_mode == 1, tri, torch.where(structure_mode == 2, inp.default_F, near))
-    term = (f_cell * f_latt) ** 2  # (P, T, S, Q, Φ, M)
-    valid6 = valid[..., None, None]
+        f_cell = torch.where(mode == 1, tri, torch.where(mode == 2, inp.default_F, near))
+    term = (f_cell * f_latt) ** 2  # (Φ, M, T, S, Q, P)
     if opt.use_dmin:
-        term = torch.where(valid6, term, torch.zeros_like(term))
+        term = torch.where(valid_l, term, torch.zeros_like(term))
+    valid6 = valid_l
 
     scale = R_E_SQR * inp.fluence / inp.steps
     water_c = R_E_SQR * inp.fluence * inp.water_F2N if opt.has_water else None
 
     if not opt.c_parity:
         weight = (omega * capture)[..., None] * polar  # (P, T, S, Q)
-        image = scale * (term.sum((-1, -2)) * weight).sum((1, 2, 3))
+        # one reduced axis, summed in order: the same bits whatever the tile size
+        summed = term.reshape(-1, T, S, Q, P).sum(0).permute(3, 0, 1, 2)  # (P, T, S, Q)
+        image = scale * (summed * weight).sum((1, 2, 3))
         if opt.has_water:
             image = image + R_E_SQR * inp.fluence * inp.water_F2N * weight.mean((2, 3)).sum(1)
     else:
@@ -205,14 +213,19 @@ def accumulate_pixels(
 
 
 def _miller_indices(scatter: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``h_i = a_i . S`` for every phi/mosaic orientation: (..., 3) x (Φ, M, 3, 3) -> 3 x (..., Φ, M).
+    """``h_i = a_i . S`` for every phi/mosaic orientation: (..., 3) x (Φ, M, 3, 3) -> 3 x (Φ, M, ...).
 
     Written as broadcast multiply-adds on separate components (no matmul, no
     trailing axis of 3) so a compiler fuses and vectorises it together with the
     lattice factor and the reduction instead of materialising it.
     """
-    sx, sy, sz = (scatter[..., j, None, None] for j in range(3))
-    return tuple(sx * real[..., i, 0] + sy * real[..., i, 1] + sz * real[..., i, 2] for i in range(3))
+    extra = scatter.dim() - 1
+    sx, sy, sz = (scatter[..., j] for j in range(3))
+    out = []
+    for i in range(3):
+        a = [real[..., i, j].reshape(real.shape[:2] + (1,) * extra) for j in range(3)]
+        out.append(sx * a[0] + sy * a[1] + sz * a[2])
+    return tuple(out)
 
 
 def _first_valid(values: Tensor, valid: Tensor) -> Tensor:
@@ -226,8 +239,11 @@ def _first_valid(values: Tensor, valid: Tensor) -> Tensor:
 
 
 def _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, opt: KernelOptions) -> Tensor:
-    """nanoBragg's per-pixel accumulation, quirks included (see module docstring)."""
-    P = term.shape[0]
+    """nanoBragg's per-pixel accumulation, quirks included (see module docstring).
+
+    ``term`` and ``f_latt`` come in the kernel's layout (Φ, M, T, S, Q, P).
+    """
+    P = term.shape[-1]
     I_bg = water_c if water_c is not None else torch.zeros((), dtype=term.dtype, device=term.device)
     omega_q = omega[..., None].expand_as(polar)
     capture_q = capture[..., None].expand_as(polar)
@@ -235,8 +251,10 @@ def _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, op
     omega_first = omega[:, 0, 0]
     capture_last = capture[:, -1, 0]
     if not opt.running_sum_quirk:
-        total = I_bg + term.sum((1, 2, 3, 4, 5))
+        total = I_bg + term.reshape(-1, term.shape[-1]).sum(0)
         return scale * total * capture_last * polar_first * omega_first
+    term = term.permute(5, 2, 3, 4, 0, 1)  # (P, T, S, Q, Φ, M): the C's loop order per pixel
+    f_latt = f_latt.permute(5, 2, 3, 4, 0, 1)
     # running sum: I = (I + t_k) * g_k for every evaluation k, in loop order
     g = torch.ones_like(polar)
     if opt.oversample_thick:
