@@ -89,6 +89,7 @@ class Setup:
     orientation0: np.ndarray  # (3, 3) U0: identity for -cell, the matrix's rotation for -mat
     cell_quirk: bool  # the C's triclinic formula applies (C parity with -cell)
     F_grid: np.ndarray | None
+    F_present: np.ndarray | None  # bool, entries listed in the HKL file (others follow default_F)
     hkl_min: np.ndarray | None
     hkl_max: np.ndarray | None
     interpolate: bool
@@ -441,12 +442,14 @@ def resolve(cfg: SimulationConfig) -> Setup:
         n_layers, dz, mu = 1, 0.0, max(mu, 0.0)
 
     # --- structure factors -----------------------------------------------------------------
-    F_grid = hkl_min = hkl_max = None
+    F_grid = hkl_min = hkl_max = F_present = None
     if cfg.hkl_file is not None:
         from nbtorch.io.hkl import read_hkl
 
         table = read_hkl(cfg.hkl_file)
-        F_grid, mins = table.to_grid(cfg.default_F)
+        F_grid, mins = table.to_grid(np.nan)
+        F_present = ~np.isnan(F_grid)  # reflections listed in the file
+        F_grid = np.where(F_present, F_grid, cfg.default_F)
     elif cfg.dump_file is not None:  # -dump without -hkl: read the cache (never a stray Fdump.bin)
         from nbtorch.io.hkl import read_fdump
 
@@ -499,7 +502,7 @@ def resolve(cfg: SimulationConfig) -> Setup:
         has_thickness=thick > 0, phisteps=phisteps, phistep_deg=phistep,
         incident=incident, wavelength_factor=wl_factor, mosaic_axes=np.asarray(axes, dtype=np.float64),
         mosaic_fractions=np.asarray(fractions, dtype=np.float64), orientation0=orientation0,
-        cell_quirk=cell_quirk, F_grid=F_grid, hkl_min=hkl_min, hkl_max=hkl_max, interpolate=bool(interpolate),
+        cell_quirk=cell_quirk, F_grid=F_grid, F_present=F_present, hkl_min=hkl_min, hkl_max=hkl_max, interpolate=bool(interpolate),
         shape=cfg.shape, fudge=cfg.fudge, water_F2N=water_F2N, dmin_A=cfg.dmin_A, steps=steps,
         notes=tuple(notes), pixel_mask=pixel_mask,
     )

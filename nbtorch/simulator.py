@@ -3,7 +3,8 @@
 ``Simulator(config)(**overrides)`` returns the image (slow, fast) in photons per
 pixel.  Overrides replace canonical parameters for one call by name (see
 :data:`nbtorch.setup.PARAMETER_NAMES`, units in :mod:`nbtorch.setup`) and may be
-tensors that require grad; ``F_grid`` replaces the structure-factor table, and ``orient_x, orient_y,
+tensors that require grad; ``F_grid`` replaces the structure-factor table (entries
+missing from the HKL file always follow ``default_F``), and ``orient_x, orient_y,
 orient_z`` (deg, default 0) add a small crystal rotation about the lab axes on
 top of the misset orientation (what a refinement of the orientation moves).
 Pixels outside ``-roi`` are zero, as in the C program.
@@ -128,6 +129,10 @@ class Simulator(nn.Module):
             self.register_buffer("F_grid", torch.as_tensor(s.F_grid, dtype=torch.float64, device=dev))
         else:
             self.F_grid = None
+        if s.F_present is not None and not bool(np.all(s.F_present)):
+            self.register_buffer("F_present", torch.as_tensor(np.array(s.F_present), device=dev))
+        else:
+            self.F_present = None
         self.options = KernelOptions(
             shape=s.shape,
             interpolate=s.interpolate,
@@ -260,6 +265,9 @@ class Simulator(nn.Module):
         if F_grid is not None:
             F_grid = torch.as_tensor(F_grid, device=self.device).to(self.dtype)
         p = self.parameters_dict(**overrides)
+        if F_grid is not None and self.F_present is not None:
+            # reflections missing from the HKL file follow the (differentiable) default_F
+            F_grid = torch.where(self.F_present, F_grid, p["default_F"])
         geom = self.geometry(p)
         inp = self.kernel_inputs(p, geom, F_grid)
         slow, fast, where = self._pixel_indices(roi)
