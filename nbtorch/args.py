@@ -281,6 +281,16 @@ def _printout_pixel(cfg, vals):
 
 
 _switch("-c_parity", "c_parity", True)
+
+
+@_flag("-phi_carryover_mode", 1, str)
+def _phi_carryover(cfg, vals):
+    mode = vals[0].lower().replace("_", "-")
+    if mode not in ("spec", "c-parity"):
+        raise InputError(f"-phi_carryover_mode: expected 'spec' or 'c-parity', got {vals[0]!r}")
+    cfg.phi_carryover = mode
+
+
 _switch("-compile", "compile", True)
 _switch("-nocompile", "compile", False)
 _simple("-dtype", "dtype", str)

@@ -117,6 +117,7 @@ class SimulationConfig:
     printout: bool = False
     printout_pixel: tuple[int, int] | None = None
     c_parity: bool = False
+    phi_carryover: str | None = None  # -phi_carryover_mode spec|c-parity; None = follow c_parity
     compile: bool | None = None  # -compile / -nocompile; None = size rule (CLI) or environment
     dtype: str = "float64"
     device: str = "cpu"

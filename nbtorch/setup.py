@@ -88,6 +88,7 @@ class Setup:
     mosaic_fractions: np.ndarray  # (M,) angle = spread * fraction; domain 0 has 0
     orientation0: np.ndarray  # (3, 3) U0: identity for -cell, the matrix's rotation for -mat
     cell_quirk: bool  # the C's triclinic formula applies (C parity with -cell)
+    phi_quirk: bool  # the C's phi=0 stale rotation (C parity, or -phi_carryover_mode c-parity)
     F_grid: np.ndarray | None
     F_present: np.ndarray | None  # bool, entries listed in the HKL file (others follow default_F)
     hkl_min: np.ndarray | None
@@ -502,7 +503,7 @@ def resolve(cfg: SimulationConfig) -> Setup:
         has_thickness=thick > 0, phisteps=phisteps, phistep_deg=phistep,
         incident=incident, wavelength_factor=wl_factor, mosaic_axes=np.asarray(axes, dtype=np.float64),
         mosaic_fractions=np.asarray(fractions, dtype=np.float64), orientation0=orientation0,
-        cell_quirk=cell_quirk, F_grid=F_grid, F_present=F_present, hkl_min=hkl_min, hkl_max=hkl_max, interpolate=bool(interpolate),
+        cell_quirk=cell_quirk, phi_quirk=(cfg.phi_carryover == "c-parity") if cfg.phi_carryover else c_parity, F_grid=F_grid, F_present=F_present, hkl_min=hkl_min, hkl_max=hkl_max, interpolate=bool(interpolate),
         shape=cfg.shape, fudge=cfg.fudge, water_F2N=water_F2N, dmin_A=cfg.dmin_A, steps=steps,
         notes=tuple(notes), pixel_mask=pixel_mask,
     )

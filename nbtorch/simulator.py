@@ -199,7 +199,7 @@ class Simulator(nn.Module):
         delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
         orientation = delta @ misset @ t(s.orientation0)
         real, recip = crystal_real_and_reciprocal(cell, orientation, s.cell_quirk)
-        phi = phi_angles(p["phi0"] * deg, s.phistep_deg * deg, s.phisteps, s.c_parity, first_evaluation)
+        phi = phi_angles(p["phi0"] * deg, s.phistep_deg * deg, s.phisteps, s.phi_quirk, first_evaluation)
         r_phi = rotation_matrix_axis_angle(t(s.spindle).expand(len(phi), 3), phi)  # (Φ, 3, 3)
         angles = p["mosaic_spread"] * deg * t(s.mosaic_fractions)
         u_mos = rotation_matrix_axis_angle(t(s.mosaic_axes), angles)  # (M, 3, 3)
@@ -275,7 +275,7 @@ class Simulator(nn.Module):
         layers = torch.arange(s.thicksteps, dtype=self.dtype, device=self.device) * t(s.layer_thickness_m)
         tile = max(1, self.max_evals_per_tile // self.evaluations_per_pixel())
         real_first = None
-        if s.c_parity and s.phisteps > 1:
+        if s.phi_quirk and s.phisteps > 1:
             deg = math.pi / 180.0
             phi = phi_angles(p["phi0"].detach() * deg, s.phistep_deg * deg, s.phisteps, False)
             if bool((phi == 0).any()):

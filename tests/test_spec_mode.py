@@ -204,3 +204,24 @@ def test_float32_matches_float64_spec(args):
     corr = np.corrcoef(a64.ravel(), a32.ravel())[0, 1]
     assert corr >= 0.99999
     assert abs(a32.sum() / a64.sum() - 1.0) < 1e-4
+
+
+def test_phi_carryover_mode_alias():
+    """-phi_carryover_mode selects the phi=0 behaviour on its own (the seeds' name for the quirk)."""
+    import torch as _torch
+
+    from nbtorch import Simulator as _Sim, config_from_args as _cfa
+
+    # an orthorhombic cell: spec and C parity differ only by the phi quirk here
+    base = ("-cell 70 80 90 90 90 90 -misset 10 20 30 -N 5 -lambda 1 -default_F 100 -distance 100 "
+            "-detpixels 32 -pixel 0.8 -oversample 1 -phi 0 -osc 1 -phisteps 5").split()
+
+    def img(*extra):
+        return _Sim(_cfa(base + list(extra)), dtype=_torch.float64, compile=False)()
+
+    spec, quirk = img(), img("-c_parity")
+    assert not _torch.allclose(spec, quirk)
+    assert _torch.allclose(img("-phi_carryover_mode", "c-parity"), img("-c_parity", "-phi_carryover_mode", "c-parity"), rtol=1e-12, atol=0)
+    assert _torch.allclose(img("-phi_carryover_mode", "c-parity"), quirk, rtol=1e-12, atol=0)
+    assert _torch.equal(img("-c_parity", "-phi_carryover_mode", "spec"), img("-c_parity", "-phi", "0", "-phi_carryover_mode", "spec"))
+    assert _torch.allclose(img("-c_parity", "-phi_carryover_mode", "spec"), spec, rtol=1e-12, atol=0)
