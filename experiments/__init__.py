@@ -1,4 +1,10 @@
 """Experiments run from the checkout (``python -m experiments.<name>``); nothing imports them.
 
-* ``parity_report``: every golden C case through the simulator, with errors and timings.
+* ``parity_report``: every golden C case through the simulator, with errors and timings;
+* ``stage_a_mapping``: the Stage-A debug phases (forward sanity, raw <-> physical mapping and
+  gradients, eager and compiled Adam runs, their trajectories compared);
+* ``sweep``: optuna hyper-parameter sweeps of the refinement (``workload`` and ``imagefile``
+  are their helpers: the refinement input and a minimal PNG writer).
+
+See docs/experiments.md.
 """
