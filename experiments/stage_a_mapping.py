@@ -161,10 +161,9 @@ def phase2(w: Workload, outdir: Path, h: float = 1e-4, tol: float = 2e-3) -> dic
 def _run(w: Workload, outdir: Path, label: str, compile: bool | None, steps: int, lr: float, coarse: bool) -> dict:
     from torch._dynamo.utils import counters
 
-    from refine import Adam, Convergence, TensorBoardCallback, refine, stage_a
+    from refine import Adam, TensorBoardCallback, refine, stage_a
 
-    stages = stage_a(Adam(lr=lr, schedule="constant"), max_steps=steps, coarse=coarse,
-                     final_tolerance=Convergence(max_steps=steps))
+    stages = stage_a(Adam(lr=lr, schedule="constant"), max_steps=steps, final_steps=steps, coarse=coarse)
     sim = w.simulator(compile=compile)
     seen: list[float] = []
     sim.diagnostics.subscribe(lambda d: seen.append(float(d["fraction_default_F"])))

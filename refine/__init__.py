@@ -1,30 +1,60 @@
-"""The refinement layer: fitting simulator parameters to observed images.
+"""The refinement layer: fit simulator parameters to an observed still image.
 
-At present this package provides only the parameter transforms of
-:mod:`refine.transforms` (unconstrained raw tensor <-> physical value, with a
-per-parameter scale, and :func:`default_transform` for the canonical simulator
-parameters).  The losses live in the separate :mod:`losses` package.  There is
-no optimizer loop here yet.
+Front door::
+
+    from refine import refine, make_problem
+    result = refine(make_problem("cubic_mosflm", size=64))      # synthetic problem with known truth
+    result = refine(simulator, observed, symmetry="tetragonal", fixed=("distance",))
+    save_json(result, "result.json"); save_h5(result, "result.h5")
+
+Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
+``strategies``, ``stages``, ``uncertainty``, ``results``, ``checkpoint``,
+``callbacks``, ``problems``, ``transforms``; see docs/refinement-api.md):
+
+* :func:`refine`, :class:`RefinementResult`, :class:`RefinementInterrupted`, :func:`save_json`,
+  :func:`save_h5`, :func:`load_h5`;
+* stages and step rules: :class:`Stage`, :func:`stage_a`, :func:`single_stage`,
+  :func:`coarse_to_fine`, :class:`LBFGS`, :class:`Adam`, :class:`Convergence`, :class:`Status`,
+  :func:`minimise` (the loop on any ``raw -> loss`` function);
+* parameters: :class:`ParameterSpace`, :class:`ParameterMap`, :data:`GROUPS`, :data:`SYMMETRIES`,
+  :data:`UNITS`; transforms :class:`Transform`, :class:`Identity`, :class:`Positive`,
+  :class:`LogPositive`, :class:`Bounded`, :class:`Multiplicative`, :func:`default_transform`;
+* uncertainties: :func:`estimate_uncertainties`, :class:`Uncertainties`;
+* callbacks: :class:`Callback`, :class:`AbstractCallback`, :class:`NullCallback`,
+  :class:`ProgressCallback`, :class:`TensorBoardCallback`, :class:`StepState`, :class:`RunInfo`;
+* checkpoints: :func:`read_checkpoint`, :func:`write_checkpoint`;
+* problems: :func:`make_problem`, :data:`PROBLEMS`, :class:`Problem`;
+* the loss: :func:`poisson_deviance`.
 """
 
 from __future__ import annotations
 
-from refine.transforms import (
-    TRANSFORM_NAMES,
-    Bounded,
-    Identity,
-    LogPositive,
-    Positive,
-    Transform,
-    default_transform,
+from refine.callbacks import (
+    AbstractCallback, Callback, NullCallback, ProgressCallback, RunInfo, StepState, TensorBoardCallback,
 )
+from refine.checkpoint import read_checkpoint, write_checkpoint
+from refine.loop import Convergence, Status, minimise
+from refine.objective import poisson_deviance
+from refine.parameters import GROUPS, SYMMETRIES, UNITS, ParameterMap, ParameterSpace
+from refine.problems import PROBLEMS, Problem, make_problem
+from refine.results import RefinementResult, load_h5, save_h5, save_json
+from refine.runner import RefinementInterrupted, refine
+from refine.stages import Stage, coarse_to_fine, single_stage, stage_a
+from refine.strategies import LBFGS, Adam
+from refine.transforms import (
+    TRANSFORM_NAMES, Bounded, Identity, LogPositive, Multiplicative, Positive, Transform, default_transform,
+)
+from refine.uncertainty import Uncertainties, estimate_uncertainties
 
 __all__ = [
-    "Transform",
-    "Identity",
-    "Positive",
-    "LogPositive",
-    "Bounded",
-    "default_transform",
+    "refine", "RefinementResult", "RefinementInterrupted", "save_json", "save_h5", "load_h5",
+    "Stage", "stage_a", "single_stage", "coarse_to_fine", "LBFGS", "Adam", "Convergence", "Status", "minimise",
+    "ParameterSpace", "ParameterMap", "GROUPS", "SYMMETRIES", "UNITS",
+    "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative", "default_transform",
     "TRANSFORM_NAMES",
+    "estimate_uncertainties", "Uncertainties",
+    "Callback", "AbstractCallback", "NullCallback", "ProgressCallback", "TensorBoardCallback", "StepState", "RunInfo",
+    "read_checkpoint", "write_checkpoint",
+    "make_problem", "PROBLEMS", "Problem",
+    "poisson_deviance",
 ]

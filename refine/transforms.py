@@ -8,14 +8,20 @@ refinement step.  All are elementwise and work on any shape and floating dtype;
 ``forward(inverse(v)) == v`` to ~1e-12 relative in float64 for ``v`` inside the
 domain.
 
-=====================  =====================================  ==================
-transform              value = forward(raw)                   domain of value
-=====================  =====================================  ==================
-``Identity(s, o)``     ``o + s * raw``                        all reals
-``Positive(s)``        ``s * softplus(raw)``                  ``> 0``
-``LogPositive(s)``     ``s * exp(raw)``                       ``> 0``
-``Bounded(lo, hi)``    ``lo + (hi - lo) * sigmoid(raw)``      ``(lo, hi)``
-=====================  =====================================  ==================
+=========================  =====================================  ==================
+transform                  value = forward(raw)                   domain of value
+=========================  =====================================  ==================
+``Identity(s, o)``         ``o + s * raw``                        all reals
+``Positive(s)``            ``s * softplus(raw)``                  ``> 0``
+``LogPositive(s)``         ``s * exp(raw)``                       ``> 0``
+``Bounded(lo, hi)``        ``lo + (hi - lo) * sigmoid(raw)``      ``(lo, hi)``
+``Multiplicative(r, s)``   ``r * exp(s * raw)``                   ``> 0``
+=========================  =====================================  ==================
+
+``Multiplicative(reference, step)`` is the refiner's transform for positive
+quantities (:mod:`refine.parameters`): raw 0 is the reference (starting)
+value and a raw step of 1 multiplies the value by ``e^step`` (about
+``1 + step``), so ``step = 0.01`` makes one raw unit a 1% change.
 
 ``softplus(x) = log(1 + e^x)`` and its inverse ``log(e^y - 1)`` are computed
 in overflow-free forms (``max(x, 0) + log1p(e^-|x|)`` and
@@ -71,7 +77,10 @@ from torch import Tensor, nn
 
 from nbtorch.errors import InputError
 
-__all__ = ["Transform", "Identity", "Positive", "LogPositive", "Bounded", "default_transform", "TRANSFORM_NAMES"]
+__all__ = [
+    "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative",
+    "default_transform", "TRANSFORM_NAMES",
+]
 
 
 def _finite(name: str, value: float) -> float:
@@ -201,6 +210,32 @@ class Bounded(Transform):
 
     def extra_repr(self) -> str:
         return f"low={self.low}, high={self.high}"
+
+
+class Multiplicative(Transform):
+    """``value = reference * exp(step * raw)`` (> 0); ``raw = log(value / reference) / step``.
+
+    A raw step of 1 multiplies the value by ``e^step``; ``scale = reference * step``
+    (the change per raw unit at raw = 0).
+    """
+
+    def __init__(self, reference: float, step: float = 0.01) -> None:
+        super().__init__()
+        self.reference = _positive("reference", reference)
+        self.step = _positive("step", step)
+        self.scale = self.reference * self.step
+
+    def forward(self, raw: Tensor) -> Tensor:
+        return self.reference * torch.exp(self.step * _floating("raw", raw))
+
+    def inverse(self, value: Tensor) -> Tensor:
+        value = _floating("value", value)
+        if not bool((value > 0).all()):
+            raise InputError("value: Multiplicative.inverse needs values > 0")
+        return torch.log(value / self.reference) / self.step
+
+    def extra_repr(self) -> str:
+        return f"reference={self.reference}, step={self.step}"
 
 
 _POSITIVE = ("cell_a", "cell_b", "cell_c", "N_a", "N_b", "N_c", "distance", "wavelength")

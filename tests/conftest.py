@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the golden C images live, and small helpers."""
+"""Shared fixtures for the whole test suite."""
 
 from __future__ import annotations
 
@@ -6,29 +6,13 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(os.environ.get("NBTORCH_GOLDEN", ROOT.parent / "shared" / "golden"))
+from golden import GOLDEN
 
-# gradient tests and gradcheck must never meet a compiled graph
+# gradient tests and gradcheck must never meet a compiled graph; tests that want
+# torch.compile ask for it explicitly (Simulator(compile=True))
 os.environ.setdefault("NANOBRAGG_DISABLE_COMPILE", "1")
-
-
-def golden_cases() -> list[str]:
-    """Every case folder under shared/golden that has args.txt and float.bin."""
-    if not GOLDEN.is_dir():
-        return []
-    return sorted(p.name for p in GOLDEN.iterdir() if (p / "args.txt").is_file() and (p / "float.bin").is_file())
-
-
-def golden_args(case: str) -> list[str]:
-    return (GOLDEN / case / "args.txt").read_text().split()
-
-
-def golden_image(case: str, shape) -> np.ndarray:
-    return np.fromfile(GOLDEN / case / "float.bin", "<f4").reshape(shape)
 
 
 @pytest.fixture

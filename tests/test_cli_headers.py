@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import GOLDEN, golden_cases
+from golden import GOLDEN, golden_cases
 from nbtorch import Simulator, config_from_args
 from nbtorch.cli import main
 from nbtorch.io import read_raw_float, read_smv, write_smv

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import GOLDEN, golden_args, golden_cases
+from golden import GOLDEN, golden_args, golden_cases
 from nbtorch import Simulator, config_from_args
 from nbtorch import cli
 from nbtorch.cli import main

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GOLDEN, golden_args, golden_cases, golden_image
+from golden import GOLDEN, golden_args, golden_cases, golden_image
 from nbtorch import Simulator, config_from_args
 
 CASES = golden_cases()

@@ -9,7 +9,7 @@ import torch
 
 import refine
 from nbtorch.setup import PARAMETER_NAMES
-from refine import TRANSFORM_NAMES, Bounded, Identity, LogPositive, Positive, default_transform
+from refine import TRANSFORM_NAMES, Bounded, Identity, LogPositive, Multiplicative, Positive, default_transform
 
 F64 = torch.float64
 
@@ -179,8 +179,26 @@ def test_default_transform_errors() -> None:
 
 
 def test_package_exports() -> None:
-    assert set(refine.__all__) == {"Transform", "Identity", "Positive", "LogPositive", "Bounded",
-                                   "default_transform", "TRANSFORM_NAMES"}
+    transforms = {"Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative",
+                  "default_transform", "TRANSFORM_NAMES"}
+    assert transforms <= set(refine.__all__)
+    assert {"refine", "RefinementResult", "Stage", "stage_a", "LBFGS", "Adam", "Status", "make_problem",
+            "TensorBoardCallback", "estimate_uncertainties"} <= set(refine.__all__)
     for name in refine.__all__:
         assert getattr(refine, name) is not None
-    assert all(issubclass(c, refine.Transform) for c in (Identity, Positive, LogPositive, Bounded))
+    assert all(issubclass(c, refine.Transform) for c in (Identity, Positive, LogPositive, Bounded, Multiplicative))
+
+
+def test_multiplicative() -> None:
+    tr = Multiplicative(50.0, 0.01)
+    assert tr.scale == pytest.approx(0.5)
+    assert tr(t(0.0)).item() == 50.0
+    assert tr(t(1.0)).item() == pytest.approx(50.0 * math.exp(0.01), rel=1e-15)
+    values = t([1e-3, 49.0, 50.0, 1e4])
+    assert torch.allclose(tr(tr.inverse(values)), values, rtol=1e-12)
+    raw = t([-2.0, 0.5], requires_grad=True)
+    assert torch.autograd.gradcheck(tr, (raw,))
+    with pytest.raises(ValueError, match="value: Multiplicative"):
+        tr.inverse(t(0.0))
+    with pytest.raises(ValueError, match="step"):
+        Multiplicative(1.0, 0.0)

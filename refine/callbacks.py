@@ -1,0 +1,263 @@
+"""Callbacks: observe a refinement from outside the compiled region; the default does nothing.
+
+The loop calls every callback at fixed points with plain Python numbers and
+detached tensors, after the loss and gradients of a step are complete, so a
+callback can never break or re-trigger a compiled graph:
+
+* ``on_run_start(info)``: :class:`RunInfo` (stages, free names, hyper-parameters);
+* ``on_stage_start(stage, index)``;
+* ``on_step(state)``: :class:`StepState` after the start point of each stage and after every step;
+* ``on_stage_end(stage, index, status, message)``;
+* ``on_run_end(result)``: the :class:`~refine.results.RefinementResult`.
+
+Implement :class:`Callback` (a ``Protocol``) or subclass :class:`AbstractCallback`
+(every method a no-op).  Provided: :class:`NullCallback` (the default),
+:class:`ProgressCallback` (a tqdm bar: stage, step, loss, status) and
+:class:`TensorBoardCallback` (scalars, histograms, images and hyper-parameters;
+``torch.utils.tensorboard`` is imported only when it starts).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from refine.loop import Status
+    from refine.results import RefinementResult
+    from refine.stages import Stage
+
+__all__ = ["RunInfo", "StepState", "Callback", "AbstractCallback", "NullCallback", "ProgressCallback",
+           "TensorBoardCallback", "CallbackList"]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run is about to do.
+
+    Attributes:
+        stages: the stages' settings (``Stage.describe()``), in order.
+        names: every name refined in some stage.
+        hparams: flat hyper-parameters (strategy, symmetry, loss, ...).
+        max_steps: sum of the stages' step limits (a progress-bar total).
+        first_step: global step the run starts at (> 0 when resuming).
+    """
+
+    stages: tuple[dict, ...]
+    names: tuple[str, ...]
+    hparams: dict
+    max_steps: int
+    first_step: int = 0
+
+
+@dataclass(frozen=True)
+class StepState:
+    """The state after one step (or at a stage's start), outside any compiled region.
+
+    Attributes:
+        stage: stage name; ``stage_index`` its position.
+        step: global step (one per history row, monotonic over the run).
+        stage_step: steps taken in this stage (0 = its start point).
+        loss: loss of this stage's view.
+        grad_norm: largest gradient component (raw units).
+        params: free name -> physical value (units: :data:`refine.parameters.UNITS`).
+        grads: free name -> d loss / d raw.
+        canonical: every canonical parameter (and nuisance) with the orientation folded into the misset.
+        model, observed: this stage's (binned) view of model and observed photons, detached;
+            ``weights`` marks the bins used (1) and unused (0).
+    """
+
+    stage: str
+    stage_index: int
+    step: int
+    stage_step: int
+    loss: float
+    grad_norm: float
+    params: dict
+    grads: dict
+    canonical: dict
+    model: Tensor | None = None
+    observed: Tensor | None = None
+    weights: Tensor | None = None
+
+
+@runtime_checkable
+class Callback(Protocol):
+    """What the loop calls (see the module docstring)."""
+
+    def on_run_start(self, info: RunInfo) -> None: ...
+    def on_stage_start(self, stage: "Stage", index: int) -> None: ...
+    def on_step(self, state: StepState) -> None: ...
+    def on_stage_end(self, stage: "Stage", index: int, status: "Status", message: str) -> None: ...
+    def on_run_end(self, result: "RefinementResult") -> None: ...
+
+
+class AbstractCallback:
+    """Base class with every callback method a no-op."""
+
+    def on_run_start(self, info: RunInfo) -> None:
+        pass
+
+    def on_stage_start(self, stage: "Stage", index: int) -> None:
+        pass
+
+    def on_step(self, state: StepState) -> None:
+        pass
+
+    def on_stage_end(self, stage: "Stage", index: int, status: "Status", message: str) -> None:
+        pass
+
+    def on_run_end(self, result: "RefinementResult") -> None:
+        pass
+
+
+class NullCallback(AbstractCallback):
+    """Does nothing (the default)."""
+
+
+@dataclass
+class CallbackList(AbstractCallback):
+    """Calls each callback in turn."""
+
+    callbacks: list = field(default_factory=list)
+
+    def on_run_start(self, info: RunInfo) -> None:
+        for c in self.callbacks:
+            c.on_run_start(info)
+
+    def on_stage_start(self, stage: "Stage", index: int) -> None:
+        for c in self.callbacks:
+            c.on_stage_start(stage, index)
+
+    def on_step(self, state: StepState) -> None:
+        for c in self.callbacks:
+            c.on_step(state)
+
+    def on_stage_end(self, stage: "Stage", index: int, status: "Status", message: str) -> None:
+        for c in self.callbacks:
+            c.on_stage_end(stage, index, status, message)
+
+    def on_run_end(self, result: "RefinementResult") -> None:
+        for c in self.callbacks:
+            c.on_run_end(result)
+
+
+class ProgressCallback(AbstractCallback):
+    """A tqdm progress bar on stderr showing stage, step, loss and status.
+
+    Arguments:
+        quiet: no bar at all (for scripts); ``None`` = quiet unless stderr is a terminal.
+        file: stream for the bar (default ``sys.stderr``).
+    """
+
+    def __init__(self, quiet: bool | None = None, file: Any = None) -> None:
+        self.file = file if file is not None else sys.stderr
+        self.quiet = (not getattr(self.file, "isatty", lambda: False)()) if quiet is None else bool(quiet)
+        self.bar = None
+        self._stage = ""
+
+    def on_run_start(self, info: RunInfo) -> None:
+        if self.quiet:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=info.max_steps, desc="refine", unit="step", file=self.file, dynamic_ncols=True)
+
+    def on_stage_start(self, stage: "Stage", index: int) -> None:
+        self._stage = stage.name
+
+    def on_step(self, state: StepState) -> None:
+        if self.bar is None:
+            return
+        if state.stage_step > 0:
+            self.bar.update(1)
+        self.bar.set_postfix_str(f"{state.stage} step {state.stage_step} loss {state.loss:.6g} running", refresh=False)
+
+    def on_stage_end(self, stage: "Stage", index: int, status: "Status", message: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{stage.name} {status.value}")
+
+    def on_run_end(self, result: "RefinementResult") -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {result.loss_final:.6g} {result.status.value}")
+            self.bar.close()
+            self.bar = None
+
+
+class TensorBoardCallback(AbstractCallback):
+    """Write a TensorBoard log: scalars every step, histograms and images every ``every`` steps.
+
+    Tags: ``loss``, ``grad_norm``, ``stage`` (index), ``params/<name>`` for every free
+    name (canonical names; with the orientation free also ``params/misset_x/y/z``),
+    ``grads/<name>``; every ``every`` steps the histogram ``residuals`` and the images
+    ``images/observed``, ``images/model``, ``images/residual`` (observed - model, 0.5 = zero);
+    at the end ``add_hparams`` with the run's hyper-parameters and ``hparam/loss_final``,
+    ``hparam/steps``.  The global step is :attr:`StepState.step`.
+
+    Arguments:
+        logdir: directory of the event files.
+        every: period (steps) of histograms and images (0 = never).
+        writer: an existing ``SummaryWriter``-like object instead of creating one.
+    """
+
+    def __init__(self, logdir: str | None = None, every: int = 10, writer: Any = None) -> None:
+        self.logdir = logdir
+        self.every = int(every)
+        self.writer = writer
+        self._own = writer is None
+        self._hparams: dict = {}
+
+    def on_run_start(self, info: RunInfo) -> None:
+        if self.writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise ImportError("TensorBoardCallback needs tensorboard: pip install tensorboard") from exc
+            self.writer = SummaryWriter(log_dir=self.logdir)
+        self._hparams = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in info.hparams.items()}
+
+    def on_step(self, state: StepState) -> None:
+        w = self.writer
+        if w is None:
+            return
+        s = state.step
+        w.add_scalar("loss", state.loss, s)
+        w.add_scalar("grad_norm", state.grad_norm, s)
+        w.add_scalar("stage", state.stage_index, s)
+        for name, value in state.params.items():
+            w.add_scalar(f"params/{name}", value, s)
+            w.add_scalar(f"grads/{name}", state.grads.get(name, 0.0), s)
+        if any(n.startswith("orient_") for n in state.params):
+            for name in ("misset_x", "misset_y", "misset_z"):
+                w.add_scalar(f"params/{name}", state.canonical[name], s)
+        if self.every > 0 and s % self.every == 0 and state.model is not None and state.observed is not None:
+            model = state.model.detach().cpu().double()
+            obs = state.observed.detach().cpu().double()
+            used = state.weights.detach().cpu() > 0 if state.weights is not None else None
+            resid = obs - model
+            w.add_histogram("residuals", resid[used] if used is not None else resid, s)
+            w.add_image("images/observed", _unit_range(obs), s, dataformats="HW")
+            w.add_image("images/model", _unit_range(model), s, dataformats="HW")
+            scale = float(resid.abs().max()) or 1.0
+            w.add_image("images/residual", (0.5 + 0.5 * resid / scale).clamp(0, 1), s, dataformats="HW")
+
+    def on_run_end(self, result: "RefinementResult") -> None:
+        w = self.writer
+        if w is None:
+            return
+        metrics = {"hparam/loss_final": float(result.loss_final), "hparam/steps": float(result.steps)}
+        hp = dict(self._hparams)
+        hp["status"] = result.status.value
+        w.add_hparams(hp, metrics, run_name=".")
+        w.flush()
+        if self._own:
+            w.close()
+            self.writer = None
+
+
+def _unit_range(x: Tensor) -> Tensor:
+    lo, hi = float(x.min()), float(x.max())
+    return ((x - lo) / (hi - lo)).clamp(0, 1) if hi > lo else x * 0.0

@@ -1,0 +1,124 @@
+"""Checkpoints: the state of a staged refinement in one HDF5 file, written atomically.
+
+A checkpoint is written every ``checkpoint_every`` steps, at the end of every
+stage and on Ctrl-C, always at a step boundary, so ``refine(..., resume=path)``
+continues with exactly the numbers an uninterrupted run would have used and
+ends with the same result.
+
+Layout (``format = "nbtorch-refine-checkpoint"``, ``version = 1``)::
+
+    attrs    stage_index, stage_name, stage_step, step (global), elapsed_s, loss_initial, fingerprint (JSON)
+    raw      (P,) raw parameters of the current stage (absent at a stage boundary)
+    names    (P,) their names
+    state    uint8 bytes of ``torch.save`` of the full state: plain containers and tensors only,
+             read back with ``torch.load(weights_only=True)``
+
+The full state holds the stage's starting values, the loop state (raw
+parameters, loss, gradient, the optimiser's ``state_dict``, counters), the
+run history so far, the finished stages' summaries, the initial values and
+loss, and a fingerprint of the problem (image shape and checksum, stage
+names, free names) that :func:`read_checkpoint`'s caller checks before resuming.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import atomic_output_path
+
+__all__ = ["RunCheckpoint", "write_checkpoint", "read_checkpoint", "FORMAT", "VERSION"]
+
+FORMAT = "nbtorch-refine-checkpoint"
+VERSION = 1
+
+
+@dataclass
+class RunCheckpoint:
+    """The state of a run at a step boundary.
+
+    Attributes:
+        stage_index: the stage being run (or about to start, when ``loop`` is None).
+        stage_values: every base value at that stage's start.
+        loop: :meth:`refine.loop.LoopState.to_dict` of the stage, or None at a stage boundary.
+        history: run history so far (column -> list).
+        summaries: finished stages (``StageSummary.to_dict()`` plus ``names``).
+        initial_values: every base value at the run's start.
+        loss_initial: loss of the full image at the start.
+        elapsed_s: wall time spent so far.
+        fingerprint: identifies the problem and the plan (checked on resume).
+        names: free names of the current stage.
+        precond: the stage's preconditioner ``{"raw0": (P,), "A": (P, P)}`` (None at a stage boundary).
+    """
+
+    stage_index: int
+    stage_values: dict
+    loop: dict | None
+    history: dict
+    summaries: list
+    initial_values: dict
+    loss_initial: float
+    elapsed_s: float
+    fingerprint: dict
+    names: list = field(default_factory=list)
+    precond: dict | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def write_checkpoint(path: str | Path, ckpt: RunCheckpoint) -> Path:
+    """Write ``ckpt`` to ``path`` atomically (an existing file is replaced only when complete)."""
+    import h5py
+
+    path = Path(path)
+    buf = io.BytesIO()
+    torch.save(ckpt.to_dict(), buf)
+    blob = np.frombuffer(buf.getvalue(), dtype=np.uint8)
+    loop = ckpt.loop
+    with atomic_output_path(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["format"] = FORMAT
+            h5.attrs["version"] = VERSION
+            h5.attrs["stage_index"] = ckpt.stage_index
+            h5.attrs["stage_step"] = -1 if loop is None else int(loop["step"])
+            h5.attrs["step"] = len(ckpt.history.get("step", [])) - 1
+            h5.attrs["elapsed_s"] = float(ckpt.elapsed_s)
+            h5.attrs["loss_initial"] = float(ckpt.loss_initial)
+            h5.attrs["fingerprint"] = json.dumps(ckpt.fingerprint)
+            if loop is not None:
+                h5.create_dataset("raw", data=loop["raw"].detach().cpu().numpy())
+                h5.create_dataset("names", data=np.array([n.encode() for n in ckpt.names]))
+            h5.create_dataset("state", data=blob)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> RunCheckpoint:
+    """Read a checkpoint written by :func:`write_checkpoint`.
+
+    Raises:
+        InputError: the file is missing, not a checkpoint, or of another version.
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: checkpoint file not found")
+    try:
+        with h5py.File(path, "r") as h5:
+            if h5.attrs.get("format") != FORMAT:
+                raise InputError(f"{path}: not an nbtorch refinement checkpoint")
+            if int(h5.attrs.get("version", -1)) != VERSION:
+                raise InputError(f"{path}: checkpoint version {h5.attrs.get('version')} is not {VERSION}")
+            blob = h5["state"][()].tobytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read checkpoint: {exc}") from None
+    d = torch.load(io.BytesIO(blob), weights_only=True)
+    return RunCheckpoint(**d)

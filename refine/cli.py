@@ -1,0 +1,759 @@
+"""The ``nbtorch-refine`` command: refine a nanoBragg model against a measured or synthetic still image.
+
+::
+
+    nbtorch-refine --image OBS --model "<nanoBragg flags of the starting model>" [--config run.toml]
+                   [--refine cell,orientation,beam_x,beam_y,mosaic,scale,background | --stages stage_a]
+                   [--symmetry NAME] [--fix distance] [--start cell_a=57.8,cell_c=150]
+                   [--optimizer lbfgs|adam] [--loss poisson|gaussian|mse|...] [--max-steps N]
+                   [--roi X0 X1 Y0 Y1] [--dmin D] [--dmax D] [--subsample F] [--spots FILE|find]
+                   [--out result.h5] [--json result.json] [--logdir runs/NAME] [--resume]
+                   [--device cpu|cuda] [--dtype float64|float32] [--quiet]
+    nbtorch-refine --problem tetragonal_mosflm --size 64 ...      # a synthetic problem with known truth
+
+Every option is documented in ``docs/refinement.md`` and by ``--help``.  Bad input
+(a missing file, an image whose shape is not the model's detector, an unknown
+parameter name, an all-masked image, NaN pixels, a bad option) prints one line
+``nbtorch-refine: error: ...`` on stderr and exits with status 2 before anything
+is written.  A refinement that ends diverged or failed still writes its files and
+exits with status 1; Ctrl-C writes the checkpoint and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from nbtorch.errors import InputError
+
+__all__ = ["main", "build_parser", "parse_args", "run"]
+
+PROG = "nbtorch-refine"
+_STAGE_KEYS = ("name", "free", "optimizer", "lr", "max_steps", "roi_fraction", "bin", "n_factor", "ftol", "xtol")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one-line :class:`InputError` (exit status 2 in :func:`main`)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(message)
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (``--help`` text)."""
+    p = _Parser(prog=PROG, description="Refine a nanoBragg model against a measured still image.",
+                epilog="Tutorial and every option: docs/refinement.md", allow_abbrev=False)
+    g = p.add_argument_group("input")
+    g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
+                                   "HDF5/NeXus (.h5, .nxs) or raw (.bin, with --shape)")
+    g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
+    g.add_argument("--dataset", default="/entry/data/data", help="HDF5 dataset of the image (default %(default)s)")
+    g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
+    g.add_argument("--raw-dtype", default="<f4", help="element type of a raw image (numpy, default %(default)s)")
+    g.add_argument("--mask", help="mask file (any image format, same shape; nonzero = use the pixel)")
+    g.add_argument("--saturation", type=float, help="mask pixels >= this (default: the header's count cutoff)")
+    g.add_argument("--mask-nan", action="store_true", help="mask NaN/Inf pixels instead of refusing the image")
+    g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
+                                   "the image header fills in wavelength, distance, beam centre, pixel size and "
+                                   "detector size that the flags leave out")
+    g.add_argument("--problem", help="refine a synthetic problem of the bank instead of --image (refine.PROBLEMS)")
+    g.add_argument("--size", type=int, default=64, help="detector pixels per side of --problem (default %(default)s)")
+    g.add_argument("--config", help="TOML file of options (keys = long option names; command-line flags win)")
+    g = p.add_argument_group("what to refine")
+    g.add_argument("--refine", type=_csv, help="one stage refining these canonical names and groups (comma-separated): "
+                                               "cell orientation mosaic detector beam_centre wavelength scale "
+                                               "background, or names such as beam_x, mosaic_spread, N, distance")
+    g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
+    g.add_argument("--fix", type=_csv, help="names or groups never refined (e.g. distance)")
+    g.add_argument("--start", type=_csv, help="starting values overriding the model: name=value,... "
+                                              "(cell values tied by --symmetry follow)")
+    g.add_argument("--symmetry", help="crystal system: triclinic (default), monoclinic, orthorhombic, tetragonal, "
+                                      "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
+    g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
+    g.add_argument("--bounds", type=_csv, help="name=low:high,... refine inside open intervals")
+    g = p.add_argument_group("optimiser")
+    g.add_argument("--optimizer", default="lbfgs", choices=("lbfgs", "adam"), help="step rule (default %(default)s)")
+    g.add_argument("--lr", type=float, help="step length (LBFGS, default 1) or learning rate (Adam, default 0.1)")
+    g.add_argument("--loss", default="poisson", help="poisson (default), gaussian, mse, huber, log, ncc")
+    g.add_argument("--max-steps", type=int, help="steps per stage (stage_a: per coarse stage, the final one 5x; "
+                                                 "--refine: default 200)")
+    g.add_argument("--bin", type=int, default=1, help="bin model and observed KxK in the --refine stage (default 1)")
+    g.add_argument("--coarse", action="store_true", help="precede the --refine stage by binned, low-resolution copies")
+    g.add_argument("--time-budget", type=float, help="wall-clock budget of the refinement (s)")
+    g = p.add_argument_group("pixels (speed)")
+    g.add_argument("--roi", type=int, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
+                   help="fit only this rectangle (inclusive fast x and slow y pixel bounds)")
+    g.add_argument("--dmin", type=float, help="high-resolution limit (Å): mask pixels with d < dmin")
+    g.add_argument("--dmax", type=float, help="low-resolution limit (Å): mask pixels with d > dmax")
+    g.add_argument("--subsample", type=float, help="fit a random fraction of the pixels (with --spot-window: of "
+                                                   "the pixels outside the spot windows)")
+    g.add_argument("--spots", help="observed spots: a text file (x y ... per line, pixels, centres at i+0.5) or "
+                                   "'find'; reports the rms spot offset before and after")
+    g.add_argument("--spot-window", type=int, help="fit the pixels within this many pixels of a spot "
+                                                   "(plus --subsample of the others)")
+    g.add_argument("--seed", type=int, default=0, help="seed of --subsample (default %(default)s)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default="result.h5", help="result HDF5 file (default %(default)s)")
+    g.add_argument("--json", help="result JSON file (default: --out with .json)")
+    g.add_argument("--logdir", help="TensorBoard log directory (default: no logs)")
+    g.add_argument("--tb-every", type=int, default=10, help="TensorBoard images every N steps (default %(default)s)")
+    g.add_argument("--checkpoint", help="checkpoint file (default: --out with .ckpt.h5)")
+    g.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint period in steps (default %(default)s)")
+    g.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    g.add_argument("--no-esds", action="store_true", help="skip the uncertainty estimate")
+    g.add_argument("--esd-extra", type=_csv, help="also report esds and correlations of these fixed parameters "
+                                                  "at the refined point (e.g. distance)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar and no printing (errors only)")
+    g = p.add_argument_group("compute")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
+    g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="default %(default)s")
+    g.add_argument("--compile", dest="compile", action="store_const", const=True,
+                   help="torch.compile the simulator kernel (default: only for big jobs)")
+    g.add_argument("--no-compile", dest="compile", action="store_const", const=False, help="never compile")
+    return p
+
+
+# ------------------------------------------------------------------------------ config file
+
+
+def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str], list | None]:
+    """Command-line tokens equivalent to a TOML config, and its ``[[stages]]`` tables (None if absent)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise InputError(f"--config {path}: reading TOML needs Python 3.11 or: pip install tomli") from None
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"--config {path}: file not found") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"--config {path}: {exc}") from None
+    actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    tokens: list[str] = []
+    stages = None
+    for key, value in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if key == "stages" and isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            stages = value
+            continue
+        if flag in ("--config", "--help") or flag not in actions:
+            raise InputError(f"--config {path}: unknown option {key!r}")
+        action = actions[flag]
+        if isinstance(value, bool):
+            if action.nargs == 0:
+                if value:
+                    tokens.append(flag)
+                continue
+            value = str(value).lower()
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, list):
+            if action.nargs in (2, 4):
+                tokens += [flag, *(str(v) for v in value)]
+            else:
+                tokens += [flag, ",".join(str(v) for v in value)]
+        else:
+            tokens += [flag, str(value)]
+    return tokens, stages
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` after the options of ``--config`` (the command line wins)."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    args.stage_tables = None
+    args.argv = list(argv)
+    if args.config:
+        tokens, stages = _config_tokens(args.config, parser)
+        args = parser.parse_args(tokens + list(argv))
+        args.stage_tables = stages
+        args.argv = list(argv)
+    return args
+
+
+# ------------------------------------------------------------------------------ building blocks
+
+#: space-group names accepted by --symmetry, mapped to crystal systems (a few common ones; any system name works)
+_SPACE_GROUPS = {
+    "P1": "triclinic", "P2": "monoclinic", "P21": "monoclinic", "C2": "monoclinic",
+    "P222": "orthorhombic", "P212121": "orthorhombic", "C2221": "orthorhombic", "I222": "orthorhombic",
+    "P4": "tetragonal", "P41": "tetragonal", "P42": "tetragonal", "P43": "tetragonal", "I4": "tetragonal",
+    "P422": "tetragonal", "P4212": "tetragonal", "P4122": "tetragonal", "P41212": "tetragonal",
+    "P4222": "tetragonal", "P42212": "tetragonal", "P4322": "tetragonal", "P43212": "tetragonal",
+    "I422": "tetragonal", "I4122": "tetragonal",
+    "P3": "trigonal", "P31": "trigonal", "P32": "trigonal", "P321": "trigonal", "P3121": "trigonal",
+    "P3221": "trigonal", "P312": "trigonal", "R3": "rhombohedral", "R32": "rhombohedral",
+    "P6": "hexagonal", "P61": "hexagonal", "P65": "hexagonal", "P622": "hexagonal", "P6122": "hexagonal",
+    "P6522": "hexagonal", "P23": "cubic", "P213": "cubic", "I23": "cubic", "F23": "cubic", "P432": "cubic",
+    "P4132": "cubic", "P4332": "cubic", "I432": "cubic", "F432": "cubic",
+}
+
+
+def crystal_system(name: str | None) -> str | None:
+    """``--symmetry``: a crystal system name, or a space-group symbol mapped to its system."""
+    from refine.parameters import SYMMETRIES
+
+    if name is None:
+        return None
+    key = name.strip()
+    if key.lower() in SYMMETRIES:
+        return key.lower()
+    compact = key.replace(" ", "").replace("_", "").upper()
+    if compact in _SPACE_GROUPS:
+        return _SPACE_GROUPS[compact]
+    raise InputError(f"--symmetry: unknown crystal system or space group {name!r}; "
+                     f"crystal systems: {', '.join(SYMMETRIES)}")
+
+
+def _pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise InputError(f"{what}: expected name=value, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def start_values(items: Sequence[str] | None) -> dict[str, float]:
+    """``--start name=value,...`` as floats, names checked."""
+    from refine.parameters import BASE_NAMES
+
+    out: dict[str, float] = {}
+    for name, text in _pairs(items, "--start").items():
+        if name not in BASE_NAMES:
+            raise InputError(f"--start: unknown parameter {name!r}; valid: {', '.join(BASE_NAMES)}")
+        try:
+            out[name] = float(text)
+        except ValueError:
+            raise InputError(f"--start {name}: not a number: {text!r}") from None
+        if not math.isfinite(out[name]):
+            raise InputError(f"--start {name}: must be finite, got {text!r}")
+    return out
+
+
+def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
+    """``--bounds name=low:high,...``."""
+    out = {}
+    for name, text in _pairs(items, "--bounds").items():
+        lo, sep, hi = text.partition(":")
+        try:
+            out[name] = (float(lo), float(hi))
+        except ValueError:
+            raise InputError(f"--bounds {name}: expected low:high, got {text!r}") from None
+        if not sep:
+            raise InputError(f"--bounds {name}: expected low:high, got {text!r}")
+    return out
+
+
+_TIES = {"cell_b": "cell_a", "cell_c": "cell_a", "cell_alpha": None, "cell_beta": "cell_alpha",
+         "cell_gamma": "cell_alpha"}
+
+
+def tie_start_cell(symmetry: str, model: dict, start: dict) -> dict[str, float]:
+    """Starting cell values implied by ``symmetry``: the model's cell, overridden by ``start``, with tied values
+    following their free partner (``cell_b = cell_a`` for tetragonal, angles 90 ...).
+
+    A tied value given in ``start`` (or coming from the model while its partner does too) must agree within
+    1 % (lengths) or 1 degree (angles): otherwise the cell does not belong to the crystal system.
+    """
+    from refine.parameters import CELL, constrained_cell
+
+    base = {n: float(start.get(n, model[n])) for n in CELL}
+    implied = {n: float(v) for n, v in constrained_cell(symmetry, base).items()}
+    for n in CELL:
+        diff = abs(implied[n] - base[n])
+        tol = 0.01 * abs(base[n]) if n in ("cell_a", "cell_b", "cell_c") else 1.0
+        partner = _TIES.get(n)
+        follows = partner is not None and partner in start and n not in start
+        if diff > tol and not follows:
+            src = "--start" if n in start else "the model"
+            raise InputError(f"{src}: {n}={base[n]:g} does not fit the {symmetry} cell (expected {implied[n]:g}); "
+                             "fix the starting cell or --symmetry")
+    return implied
+
+
+def _strategy(name: str, lr: float | None):
+    from refine.strategies import LBFGS, Adam
+
+    if name == "adam":
+        return Adam(lr=lr) if lr is not None else Adam()
+    return LBFGS(lr=lr) if lr is not None else LBFGS()
+
+
+def build_stages(args: argparse.Namespace):
+    """The stages of the run: ``--refine`` (one stage, ``--coarse`` adds coarse copies), ``[[stages]]`` tables
+    from ``--config``, or ``--stages stage_a``; None = the core's default (stage_a with ``--optimizer``)."""
+    from refine.loop import Convergence
+    from refine.stages import Stage, coarse_to_fine, stage_a
+
+    strategy = _strategy(args.optimizer, args.lr)
+    if args.refine and args.stages:
+        raise InputError("--refine and --stages both given: --refine makes one stage, --stages names a schedule; "
+                         "drop one")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise InputError(f"--max-steps: must be >= 1, got {args.max_steps}")
+    if args.bin < 1:
+        raise InputError(f"--bin: must be >= 1, got {args.bin}")
+    if args.refine:
+        stage = Stage("refine", tuple(args.refine), strategy,
+                      Convergence(max_steps=args.max_steps or 200), bin=args.bin)
+        return coarse_to_fine(stage) if args.coarse else (stage,)
+    if args.stage_tables:
+        stages = []
+        for i, table in enumerate(args.stage_tables):
+            unknown = set(table) - set(_STAGE_KEYS)
+            if unknown:
+                raise InputError(f"--config [[stages]] #{i + 1}: unknown key(s) {', '.join(sorted(unknown))}; "
+                                 f"valid: {', '.join(_STAGE_KEYS)}")
+            if "free" not in table:
+                raise InputError(f"--config [[stages]] #{i + 1}: 'free' (names and groups) is required")
+            free = _csv(table["free"]) if isinstance(table["free"], str) else [str(v) for v in table["free"]]
+            conv = Convergence(max_steps=int(table.get("max_steps", args.max_steps or 100)),
+                               ftol=float(table.get("ftol", 1e-6 if i == len(args.stage_tables) - 1 else 1e-3)),
+                               xtol=float(table.get("xtol", 1e-4 if i == len(args.stage_tables) - 1 else 1e-3)))
+            stages.append(Stage(str(table.get("name", f"stage{i + 1}")), tuple(free),
+                                _strategy(str(table.get("optimizer", args.optimizer)), table.get("lr", args.lr)),
+                                conv, float(table.get("roi_fraction", 1.0)), int(table.get("bin", 1)),
+                                float(table.get("n_factor", 1.0))))
+        return tuple(stages)
+    if args.stages not in (None, "stage_a"):
+        raise InputError(f"--stages: unknown schedule {args.stages!r}; valid: stage_a (or give --refine, "
+                         "or [[stages]] tables in --config)")
+    if args.stages is None and args.max_steps is None and args.optimizer == "lbfgs" and args.lr is None:
+        return None
+    return stage_a(strategy, max_steps=args.max_steps)
+
+
+def _check_loss(name: str) -> None:
+    if name == "poisson":
+        return
+    from losses import LOSSES
+
+    if name not in LOSSES:
+        raise InputError(f"--loss: unknown loss {name!r}; valid: poisson, {', '.join(sorted(LOSSES))}")
+
+
+def _check_outputs(paths: dict[str, str | None]) -> None:
+    seen: dict[str, str] = {}
+    for flag, path in paths.items():
+        if not path:
+            continue
+        p = Path(path)
+        key = os.path.abspath(path)
+        if key in seen:
+            raise InputError(f"{seen[key]} and {flag} both name {path}: give them different names")
+        seen[key] = flag
+        if flag == "--logdir":  # a directory, created (or appended to) by TensorBoard
+            if p.exists() and not p.is_dir():
+                raise InputError(f"{flag} {path}: exists and is not a directory")
+            continue
+        if p.is_dir():
+            raise InputError(f"{flag} {path}: is a directory")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(f"{flag} {path}: directory {parent} does not exist")
+
+
+def _default_compile(sim, n_pixels: int) -> bool:
+    """Compile when one model evaluation is big enough for the ~1 min compile to pay off over a refinement."""
+    from nbtorch import runtime
+
+    if runtime.env_disables_compile():
+        return False
+    return n_pixels * sim.evaluations_per_pixel() >= 200_000
+
+
+class _EagerForEsds:
+    """Switch a compiled simulator to eager when the last stage ends: the esds differentiate twice
+    (``create_graph=True``), which a compiled backward does not support."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.n_stages = 0
+
+    def on_run_start(self, info) -> None:
+        self.n_stages = len(info.stages)
+
+    def on_stage_start(self, stage, index) -> None:
+        pass
+
+    def on_step(self, state) -> None:
+        pass
+
+    def on_stage_end(self, stage, index, status, message) -> None:
+        if index + 1 >= self.n_stages or not status.ok:
+            self.sim.set_compile(False, "eager for the uncertainty estimate")
+
+    def on_run_end(self, result) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if hasattr(obj, "value") and not isinstance(obj, (str, int, float)):
+        return obj.value
+    return obj
+
+
+def _decimals(esd: float | None) -> int:
+    if esd is None or not math.isfinite(esd) or esd <= 0:
+        return 4
+    return int(min(8, max(2, 1 - math.floor(math.log10(esd)))))
+
+
+def _num(v: float | None, dec: int) -> str:
+    if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    if abs(v) >= 1e6:
+        return f"{v:.6g}"
+    return f"{v:.{dec}f}"
+
+
+def results_table(result, truth: dict | None = None) -> str:
+    """Start / refined / esd (and truth) of every parameter that was refined or follows a refined one."""
+    from nbtorch.setup import PARAMETER_NAMES
+    from refine.parameters import NUISANCE
+
+    rows = []
+    changed = {n for n in result.params if n in result.initial_params
+               and result.params[n] != result.initial_params[n]}
+    for n in PARAMETER_NAMES + NUISANCE:
+        if n in result.params and (n in result.esds or n in result.free or n in changed):
+            rows.append(n)
+    head = ["parameter", "unit"] + (["truth"] if truth else []) + ["start", "refined", "esd"]
+    body = []
+    for n in rows:
+        e = result.esds.get(n)
+        d = _decimals(e)
+        line = [n, result.units.get(n, "")]
+        if truth:
+            line.append(_num(truth.get(n), d))
+        line += [_num(result.initial_params.get(n), d), _num(result.params.get(n), d),
+                 f"{e:.2g}" if e is not None and math.isfinite(e) else "-"]
+        body.append(line)
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+def write_outputs(result, h5_path: str, json_path: str, extra: dict) -> None:
+    """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both."""
+    from nbtorch.io.atomic import atomic_output_path, atomic_write
+    from refine.results import save_h5
+
+    doc = result.to_json_dict()
+    doc.update(extra)
+    text = json.dumps(_plain(doc), indent=2, allow_nan=False)
+    with atomic_output_path(h5_path) as tmp:
+        save_h5(result, tmp)
+        import h5py
+
+        with h5py.File(tmp, "a") as h5:
+            if "truth" in extra:
+                t = h5.create_group("truth")
+                for name, v in extra["truth"].items():
+                    t.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
+            if "spots" in extra:
+                s = h5.create_group("spots")
+                for key in ("observed", "predicted_start", "predicted_final"):
+                    if key in extra["spots"]:
+                        s.create_dataset(key, data=np.asarray(extra["spots"][key], dtype=np.float64))
+            del h5["result_json"]
+            h5.create_dataset("result_json", data=text)
+    with atomic_write(json_path, "w") as fh:
+        fh.write(text + "\n")
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+class _Say:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, *parts: Any) -> None:
+        if self.quiet:
+            return
+        try:
+            print(*parts, flush=True)
+        except BrokenPipeError:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+            self.quiet = True
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
+    import torch
+
+    from nbtorch import Simulator, config_from_args
+    from refine.callbacks import TensorBoardCallback
+    from refine.data import load_image
+    from refine.model import model_config
+    from refine.parameters import ParameterSpace
+    from refine.runner import refine
+    from refine.selection import check_roi, resolution_mask, restrict_simulator, roi_mask, subsample_mask
+
+    say = _Say(args.quiet)
+    t0 = time.monotonic()
+    # ---- checks that need no data ------------------------------------------------------------
+    if bool(args.image) == bool(args.problem):
+        raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
+    if args.image and not args.model:
+        raise InputError("--model: the starting model's nanoBragg flags are required with --image "
+                         '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
+    symmetry = crystal_system(args.symmetry)
+    stages = build_stages(args)
+    _check_loss(args.loss)
+    start = start_values(args.start)
+    bounds = bounds_values(args.bounds)
+    if args.subsample is not None and not 0 < args.subsample <= 1:
+        raise InputError(f"--subsample: fraction must be in (0, 1], got {args.subsample:g}")
+    if args.spot_window is not None and args.spot_window < 0:
+        raise InputError(f"--spot-window: must be >= 0 pixels, got {args.spot_window}")
+    if args.spot_window is not None and not args.spots:
+        raise InputError("--spot-window needs --spots (a spot list or 'find')")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        raise InputError(f"--device: expected cpu or cuda[:N], got {args.device!r}")
+    if Path(args.out).is_dir() or not Path(args.out).name or Path(args.out).name in (".", ".."):
+        raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
+    json_path = args.json or str(Path(args.out).with_suffix(".json"))
+    ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
+    _check_outputs({"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path, "--logdir": args.logdir})
+    if args.resume and not Path(ckpt_path).is_file():
+        raise InputError(f"--resume: checkpoint {ckpt_path} not found (run once without --resume, or give --checkpoint)")
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+
+    # ---- observed image and starting model ----------------------------------------------------------
+    truth = None
+    extra: dict[str, Any] = {"command": " ".join([PROG, *getattr(args, "argv", [])])}
+    if args.problem:
+        from refine.problems import make_problem
+
+        problem = make_problem(args.problem, size=args.size)
+        say(f"{PROG}: problem {problem.name}: {problem.description}")
+        cfg = config_from_args(list(problem.args))
+        observed = problem.observed
+        mask = np.ones(observed.shape, dtype=bool)
+        truth = {k: v for k, v in problem.truth.items()}
+        start = {**problem.start, **start}
+        symmetry = symmetry or problem.symmetry
+        free_default, fixed = problem.free, tuple(args.fix) if args.fix is not None else problem.fixed
+        extra["input"] = {"problem": problem.name, "size": problem.size, "model": list(problem.args)}
+        extra["truth"] = truth
+        if args.roi:
+            cfg = cfg.replace(roi=tuple(check_roi(args.roi, observed.shape)))
+    else:
+        obs = load_image(args.image, frame=args.frame, shape=args.shape, dtype=args.raw_dtype, dataset=args.dataset,
+                         mask=args.mask, saturation=args.saturation, nonfinite="mask" if args.mask_nan else "error")
+        say(f"{PROG}: {obs.describe()}")
+        roi = check_roi(args.roi, obs.shape) if args.roi else None
+        cfg, tokens, notes = model_config(args.model, obs, roi)
+        for note in notes:
+            say(f"  {note}")
+        observed, mask = obs.image, obs.mask
+        free_default, fixed = None, tuple(args.fix or ())
+        extra["input"] = {"image": obs.path, "format": obs.format, "frame": args.frame, "geometry": obs.geometry,
+                          "masked": obs.masked, "model": tokens}
+    if args.dtype != cfg.dtype:
+        cfg = cfg.replace(dtype=args.dtype)
+    sim = Simulator(cfg, dtype=dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)
+    if tuple(sim.shape) != tuple(observed.shape):
+        raise InputError(f"{args.image}: image is {observed.shape[1]} x {observed.shape[0]} pixels (fast x slow) but "
+                         f"the model's detector is {sim.shape[1]} x {sim.shape[0]}; fix -detpixels_f/-detpixels_s "
+                         "in --model")
+    if symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
+        start.update(tie_start_cell(symmetry, sim.setup.params, start))
+    # early check of names (the run's space decides groups such as 'cell')
+    space = ParameterSpace(symmetry=symmetry or "triclinic", background=args.background,
+                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (args.refine or []) + list(fixed)))
+    for label, names in (("--refine", args.refine), ("--fix", fixed), ("--esd-extra", args.esd_extra)):
+        if names:
+            try:
+                space.expand(names)
+            except InputError as exc:
+                raise InputError(f"{label}: {exc}") from None
+
+    # ---- pixels ---------------------------------------------------------------------------------------
+    x0, x1, y0, y1 = sim.setup.roi
+    use = mask & roi_mask(observed.shape, (x0, x1, y0, y1))
+    if args.dmin is not None or args.dmax is not None:
+        use &= resolution_mask(sim, args.dmin, args.dmax, (x0, x1, y0, y1))
+    spots = None
+    if args.spots:
+        from refine.spots import find_spots, read_spot_list, window_mask
+
+        if args.spots == "find":
+            spots = find_spots(observed, use, roi=(x0, x1, y0, y1))
+        else:
+            spots = read_spot_list(args.spots)
+        sx, sy = np.floor(spots[:, 0]).astype(int), np.floor(spots[:, 1]).astype(int)
+        inside = (sx >= x0) & (sx <= x1) & (sy >= y0) & (sy <= y1)
+        inside &= use[np.clip(sy, 0, use.shape[0] - 1), np.clip(sx, 0, use.shape[1] - 1)]
+        spots = spots[inside]
+        if len(spots) == 0:
+            raise InputError(f"--spots {args.spots}: no spot inside the fitted region")
+        say(f"  {len(spots)} observed spots in the fitted region")
+        if args.spot_window is not None:
+            win = window_mask(observed.shape, spots, int(args.spot_window))
+            rest = subsample_mask(use & ~win, args.subsample, args.seed) if args.subsample else np.zeros_like(use)
+            use = (use & win) | rest
+    if args.subsample and args.spot_window is None:
+        use = subsample_mask(use, args.subsample, args.seed)
+    n_used = int(use.sum())
+    if n_used == 0:
+        raise InputError("no pixel left to fit: the mask, --roi, --dmin/--dmax and --subsample exclude every pixel")
+    if n_used < use.size:
+        restrict_simulator(sim, use)
+    compile_on = args.compile if args.compile is not None else _default_compile(sim, n_used)
+    if compile_on:
+        sim.set_compile(True, "nbtorch-refine --compile" if args.compile else "nbtorch-refine: big job")
+    say(f"  fitting {n_used} of {use.size} pixels ({100.0 * n_used / use.size:.3g}%), "
+        f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, {args.dtype} on {args.device}")
+
+    # ---- starting scale and background of a measured image --------------------------------------------
+    if args.image and not ({"scale", "background"} <= set(start)) and not args.resume:
+        from refine.model import fit_scale_background
+
+        vals0 = {n: float(v) for n, v in sim.setup.params.items()}
+        vals0.update({k: v for k, v in start.items() if k in vals0})
+        s0, b0 = fit_scale_background(sim, vals0, observed, use)
+        start.setdefault("scale", s0)
+        start.setdefault("background", b0)
+        say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
+            "(Poisson fit of the starting model)")
+
+    # ---- spots before -------------------------------------------------------------------------------
+    def offsets(values: dict) -> Any:
+        from nbtorch import eager
+        from refine.spots import spot_offsets
+
+        with eager():
+            return spot_offsets(sim, values, spots)
+
+    spots_before = None
+    if spots is not None:
+        vals0 = {n: float(v) for n, v in sim.setup.params.items()}
+        vals0.update({k: v for k, v in start.items() if k in vals0})
+        spots_before = offsets(vals0)
+
+    # ---- refine ----------------------------------------------------------------------------------------
+    callbacks = []
+    if args.logdir:
+        callbacks.append(TensorBoardCallback(args.logdir, every=args.tb_every))
+        say(f"  TensorBoard logs: {args.logdir}")
+    if sim.compile_mode == "compiled" and not args.no_esds:
+        callbacks.append(_EagerForEsds(sim))
+    progress = False if args.quiet else None
+    result = refine(sim, observed, start=start, free=free_default if args.refine is None else None, fixed=fixed, symmetry=symmetry, bounds=bounds, mask=use, stages=stages,
+                    strategy=args.optimizer, background=args.background, loss=args.loss, callbacks=callbacks,
+                    progress=progress, time_budget_s=args.time_budget, checkpoint=ckpt_path,
+                    checkpoint_every=args.checkpoint_every, resume=ckpt_path if args.resume else None,
+                    esds=not args.no_esds)
+
+    # ---- after -------------------------------------------------------------------------------------------
+    if spots is not None:
+        after = offsets(dict(result.params))
+        both = spots_before.matched & after.matched
+        extra["spots"] = {
+            "source": args.spots, "n": int(len(spots)),
+            "matched_start": int(spots_before.matched.sum()), "matched_final": int(after.matched.sum()),
+            "rms_px_start": spots_before.rms(), "rms_px_final": after.rms(),
+            "rms_px_start_common": spots_before.rms(both), "rms_px_final_common": after.rms(both),
+            "n_common": int(both.sum()), "mean_px_final": after.mean(),
+            "observed": spots, "predicted_start": spots_before.predicted, "predicted_final": after.predicted,
+        }
+    if args.esd_extra:
+        from refine.degeneracy import extended_uncertainties
+
+        from nbtorch import eager
+
+        with eager():  # second derivatives: never through a compiled graph
+            u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
+        extra["esd_extra"] = {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation,
+                              "condition": u.condition}
+    write_outputs(result, args.out, json_path, extra)
+
+    # ---- report --------------------------------------------------------------------------------------------
+    say(f"status: {result.status.value} ({result.message})")
+    say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
+        f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
+    say(results_table(result, truth))
+    if spots is not None:
+        s = extra["spots"]
+        say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "
+            f"{s['n_common']} spots matched before and after ({s['matched_start']} -> {s['matched_final']} of "
+            f"{s['n']} matched)")
+    if args.esd_extra:
+        e = extra["esd_extra"]
+        names = e["names"]
+        corr = np.asarray(e["correlation"])
+        for x in [n for n in names if n not in result.free]:
+            i = names.index(x)
+            pairs = ", ".join(f"{n} {corr[i, names.index(n)]:+.3f}" for n in names if n != x and
+                              (n.startswith("cell_") or n in ("wavelength", "distance")))
+            say(f"{x} (fixed) esd if refined: {e['esds'][x]:.3g}; correlation with {pairs}")
+        freed = [n for n in names if n not in result.free]
+        widened = ", ".join(f"{n} {e['esds'][n]:.2g}" for n in e["esds"] if n.startswith("cell_") and n in result.esds)
+        if widened:
+            say(f"esds with {', '.join(freed)} refined as well: {widened}")
+    say(f"wrote {args.out} and {json_path} ({time.monotonic() - t0:.1f} s in all)")
+    if args.logdir:
+        say(f"TensorBoard logs: {os.path.abspath(args.logdir)}  (view: tensorboard --logdir {args.logdir})")
+    return 0 if result.status.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``nbtorch-refine``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+        return run(args)
+    except InputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        from refine.runner import RefinementInterrupted
+
+        where = ""
+        if isinstance(exc, RefinementInterrupted) and exc.checkpoint is not None:
+            where = f"; continue with the same command and --resume (checkpoint {exc.checkpoint})"
+        print(f"{PROG}: interrupted{where}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+"""Measured images for refinement: read any supported file, build the mask, report the header geometry.
+
+:func:`load_image` is the front door::
+
+    obs = load_image("thau_3_2_0003.cbf.bz2")            # Pilatus mini-CBF, bzip2-compressed
+    obs = load_image("run.nxs", frame=3)                 # HDF5 / NeXus NXmx, one frame
+    obs = load_image("float.bin", shape=(512, 512))      # headerless float32
+    obs.image, obs.mask, obs.geometry                    # float64 (slow, fast), bool, dict
+
+Formats (told by the first bytes, then by the name):
+
+==========  ==========================================  =====================================
+format      recognised by                               geometry read from the header
+==========  ==========================================  =====================================
+SMV         first byte ``{`` (``.img``, ``.smv``)       PIXEL_SIZE, DISTANCE, WAVELENGTH, beam
+                                                        centre (below), SATURATED_VALUE
+mini-CBF    ``.cbf``, ``.cbf.bz2``, ``.cbf.gz``, or a   Wavelength, Detector_distance,
+            CBF header (plain, bzip2 or gzip)           Beam_xy, Pixel_size, Count_cutoff
+HDF5/NeXus  HDF5 signature (``.h5``, ``.nxs``,          NXmx ``detector/{distance,
+            ``.hdf5``); image ``/entry/data/data``,     beam_center_x/y, x_pixel_size,
+            2-D or (frame, slow, fast)                  saturation_value, pixel_mask}``,
+                                                        ``beam/incident_wavelength``
+raw         anything else, with ``shape`` given         none
+            (``.bin``, ``.raw``; element type ``dtype``,
+            default little-endian float32)
+==========  ==========================================  =====================================
+
+Geometry (:attr:`MeasuredImage.geometry`, only the keys the file states):
+``wavelength_A``; ``distance_mm``; ``pixel_mm``; ``beam_x_px``, ``beam_y_px``: the
+direct-beam spot along fast and slow in pixels from the **corner** of pixel (0, 0)
+(pixel centres at ``i + 0.5``; multiply by ``pixel_mm`` for nanoBragg's ``Fbeam``/``Sbeam``
+in mm); ``saturation`` (counts).  SMV beam centres: ``DENZO_Y_BEAM``/``DENZO_X_BEAM``
+(mm along fast/slow, what nanoBragg writes) when present, else ``MOSFLM_CENTER_Y/X`` plus
+half a pixel, else ADSC's ``BEAM_CENTER_Y``/``BEAM_CENTER_X`` (fast = Y, slow = X, as DIALS
+reads ADSC headers).  Pilatus ``Beam_xy`` is already (fast, slow) pixels from the corner.
+
+Mask (:attr:`MeasuredImage.mask`, True = use the pixel) is the AND of:
+
+* **value masks**: pixels < 0 (Pilatus module gaps -1, bad pixels -2) and pixels
+  ``>= saturation`` (``saturation=`` if given, else the header's count cutoff /
+  saturated value / NXmx ``saturation_value``; an unsigned 16-bit SMV saturates at 65535);
+* NXmx ``detector/pixel_mask`` (nonzero = bad) when the file has one;
+* a mask file (``mask=``: any of the formats above, same shape; **nonzero = use**);
+* non-finite pixels: an error (:class:`~nbtorch.errors.InputError`) unless
+  ``nonfinite="mask"``, because NaN in a measured image usually means a broken conversion.
+
+Every problem is an :class:`~nbtorch.errors.InputError` with a one-line message naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from nbtorch.errors import InputError
+
+__all__ = ["MeasuredImage", "load_image", "load_mask", "detect_format", "FORMATS"]
+
+FORMATS = ("smv", "cbf", "hdf5", "raw")
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_CBF_NAMES = (".cbf", ".cbf.bz2", ".cbf.gz")
+_H5_NAMES = (".h5", ".hdf5", ".nxs", ".hdf", ".nx5")
+_SMV_NAMES = (".img", ".smv")
+_RAW_NAMES = (".bin", ".raw", ".f32", ".float")
+
+
+@dataclass(frozen=True)
+class MeasuredImage:
+    """A measured image ready for refinement.
+
+    Attributes:
+        path: the file read.
+        format: one of :data:`FORMATS`.
+        image: (slow, fast) float64 counts; masked pixels keep their file values (NaN stays NaN).
+        mask: (slow, fast) bool, True = use the pixel.
+        geometry: header geometry (module docstring): ``wavelength_A``, ``distance_mm``,
+            ``pixel_mm``, ``beam_x_px``, ``beam_y_px``, ``saturation``, when the file states them.
+        header: the reader's raw header (format specific).
+        masked: why pixels were masked: reason -> count (``negative``, ``saturated``,
+            ``nonfinite``, ``pixel_mask``, ``mask_file``).
+    """
+
+    path: str
+    format: str
+    image: np.ndarray = field(repr=False)
+    mask: np.ndarray = field(repr=False)
+    geometry: dict
+    header: dict = field(repr=False)
+    masked: dict
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(slow, fast)."""
+        return tuple(self.image.shape)  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        """One line: file, format, shape, usable pixels and the mask reasons."""
+        slow, fast = self.shape
+        used = int(self.mask.sum())
+        why = ", ".join(f"{n} {k}" for k, n in self.masked.items() if n) or "none"
+        return (f"{self.path}: {self.format}, {fast} x {slow} pixels (fast x slow), "
+                f"{used} used ({100.0 * used / self.mask.size:.1f}%); masked: {why}")
+
+
+def _lower_name(path: str | os.PathLike[str]) -> str:
+    return os.path.basename(str(path)).lower()
+
+
+def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = None) -> str:
+    """The format of ``path`` (one of :data:`FORMATS`), from its first bytes and then its name."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{path}: image file not found")
+    if p.is_dir():
+        raise InputError(f"{path}: is a directory, not an image file")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read image file: {exc.strerror or exc}") from None
+    name = _lower_name(p)
+    if head.startswith(_HDF5_MAGIC) or name.endswith(_H5_NAMES):
+        return "hdf5"
+    if name.endswith(_CBF_NAMES):
+        return "cbf"
+    if head.startswith(b"{"):
+        return "smv"
+    if head.startswith((b"###CBF", b"BZh", b"\x1f\x8b")) and shape is None:
+        return "cbf"
+    if name.endswith(_SMV_NAMES):
+        return "smv"
+    if shape is not None or name.endswith(_RAW_NAMES):
+        return "raw"
+    raise InputError(f"{path}: cannot tell the image format (not SMV, CBF or HDF5); "
+                     "for a headerless raw image give its shape (--shape SLOW FAST)")
+
+
+# ------------------------------------------------------------------------------ readers
+
+
+def _float(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if np.isfinite(v) else None
+
+
+def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
+    from nbtorch.io.smv import header_value, read_smv
+
+    image, header = read_smv(path)
+    geo: dict[str, float] = {}
+    pixel = header_value(path, header, "PIXEL_SIZE") if "PIXEL_SIZE" in header else None
+    for key, name in (("PIXEL_SIZE", "pixel_mm"), ("DISTANCE", "distance_mm"), ("WAVELENGTH", "wavelength_A")):
+        if key in header:
+            v = header_value(path, header, key)
+            if v is not None and v > 0:
+                geo[name] = v
+    if pixel:
+        if "DENZO_X_BEAM" in header and "DENZO_Y_BEAM" in header:
+            fast_mm = header_value(path, header, "DENZO_Y_BEAM")
+            slow_mm = header_value(path, header, "DENZO_X_BEAM")
+        elif "MOSFLM_CENTER_X" in header and "MOSFLM_CENTER_Y" in header:
+            fast_mm = header_value(path, header, "MOSFLM_CENTER_Y") + 0.5 * pixel
+            slow_mm = header_value(path, header, "MOSFLM_CENTER_X") + 0.5 * pixel
+        elif "BEAM_CENTER_X" in header and "BEAM_CENTER_Y" in header:
+            fast_mm = header_value(path, header, "BEAM_CENTER_Y")
+            slow_mm = header_value(path, header, "BEAM_CENTER_X")
+        else:
+            fast_mm = slow_mm = None
+        if fast_mm is not None and slow_mm is not None:
+            geo["beam_x_px"], geo["beam_y_px"] = fast_mm / pixel, slow_mm / pixel
+    sat = None
+    for key in ("SATURATED_VALUE", "OVERLOAD", "CCD_IMAGE_SATURATION"):
+        if key in header:
+            sat = _float(header_value(path, header, key))
+            if sat:
+                break
+    if sat is None and image.dtype == np.uint16:
+        sat = 65535.0
+    if sat is not None:
+        geo["saturation"] = sat
+    return image, geo, dict(header)
+
+
+def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
+    from nbtorch.io.cbf import read_cbf
+
+    image, header = read_cbf(path)
+    geo: dict[str, float] = {}
+    for src, dst in (("wavelength_A", "wavelength_A"), ("distance_mm", "distance_mm"), ("pixel_size_mm", "pixel_mm"),
+                     ("beam_x_px", "beam_x_px"), ("beam_y_px", "beam_y_px"), ("count_cutoff", "saturation")):
+        v = _float(header.get(src))
+        if v is not None:
+            geo[dst] = v
+    return image, geo, header
+
+
+def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, dict, dict, np.ndarray | None]:
+    from nbtorch.io.hdf5 import read_h5_image
+
+    image, meta = read_h5_image(path, dataset=dataset, frame=frame)
+    geo: dict[str, float] = {}
+    if "wavelength_A" in meta:
+        geo["wavelength_A"] = float(meta["wavelength_A"])
+    if "distance_mm" in meta:
+        geo["distance_mm"] = float(meta["distance_mm"])
+    pixel = meta.get("x_pixel_size_mm")
+    if pixel:
+        geo["pixel_mm"] = float(pixel)
+    for axis, key in (("x", "beam_x_px"), ("y", "beam_y_px")):
+        if f"beam_center_{axis}_px" in meta:
+            geo[key] = float(meta[f"beam_center_{axis}_px"])
+        elif f"beam_center_{axis}_mm" in meta and pixel:
+            size = meta.get(f"{axis}_pixel_size_mm", pixel)
+            geo[key] = float(meta[f"beam_center_{axis}_mm"]) / float(size)
+    pixel_mask = None
+    try:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            det = f.get("/entry/instrument/detector")
+            if det is not None and "saturation_value" in det:
+                sat = _float(np.asarray(det["saturation_value"][()]).reshape(-1)[0])
+                if sat is not None:
+                    geo["saturation"] = sat
+            if det is not None and "pixel_mask" in det:
+                pm = np.asarray(det["pixel_mask"][()])
+                if pm.ndim == 3:
+                    pm = pm[frame or 0]
+                if pm.shape == image.shape:
+                    pixel_mask = pm == 0
+    except (OSError, KeyError, ValueError, IndexError):  # optional extras: ignore a malformed one
+        pass
+    return image, geo, meta, pixel_mask
+
+
+def _read_raw(path: str, shape: Sequence[int] | None, dtype: str) -> tuple[np.ndarray, dict, dict]:
+    from nbtorch.io.raw import read_raw_float
+
+    if shape is None:
+        raise InputError(f"{path}: a raw image needs its shape (--shape SLOW FAST)")
+    if len(shape) != 2:
+        raise InputError(f"{path}: raw image shape must be (slow, fast), got {tuple(shape)}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise InputError(f"{path}: unknown raw element type {dtype!r}") from None
+    return read_raw_float(path, shape, dt.str), {}, {}
+
+
+def _read_any(path: str, frame: int | None, shape: Sequence[int] | None, dtype: str,
+              dataset: str) -> tuple[str, np.ndarray, dict, dict, np.ndarray | None]:
+    fmt = detect_format(path, shape)
+    if frame is not None and fmt != "hdf5" and frame != 0:
+        raise InputError(f"{path}: frame {frame} given, but a {fmt} file holds one image")
+    pixel_mask = None
+    if fmt == "smv":
+        image, geo, header = _read_smv(path)
+    elif fmt == "cbf":
+        image, geo, header = _read_cbf(path)
+    elif fmt == "hdf5":
+        image, geo, header, pixel_mask = _read_hdf5(path, frame, dataset)
+    else:
+        image, geo, header = _read_raw(path, shape, dtype)
+    image = np.asarray(image)
+    if image.ndim != 2 or image.size == 0:
+        raise InputError(f"{path}: expected a 2-D image, got shape {image.shape}")
+    if image.dtype.kind not in "biuf":
+        raise InputError(f"{path}: image has non-numeric type {image.dtype}")
+    if shape is not None and tuple(int(n) for n in shape) != tuple(image.shape):
+        raise InputError(f"{path}: image is {image.shape[0]} x {image.shape[1]} (slow x fast), "
+                         f"not the {tuple(shape)[0]} x {tuple(shape)[1]} given")
+    return fmt, image, geo, header, pixel_mask
+
+
+# ------------------------------------------------------------------------------ front door
+
+
+def load_mask(path: str | os.PathLike[str], shape: tuple[int, int], *, frame: int | None = None,
+              dtype: str = "<f4", dataset: str = "/entry/data/data") -> np.ndarray:
+    """A mask file as bool (slow, fast), **nonzero = use the pixel** (any image format; raw uses ``shape``).
+
+    Raises:
+        InputError: unreadable file, or its shape is not ``shape``.
+    """
+    name = str(path)
+    fmt = detect_format(name, shape)
+    _, values, _, _, _ = _read_any(name, frame, shape if fmt == "raw" else None, dtype, dataset)
+    if tuple(values.shape) != tuple(shape):
+        raise InputError(f"{name}: mask is {values.shape[0]} x {values.shape[1]} (slow x fast), "
+                         f"the image is {shape[0]} x {shape[1]}")
+    values = values.astype(np.float64)
+    return np.isfinite(values) & (values != 0)
+
+
+def load_image(
+    path: str | os.PathLike[str],
+    *,
+    frame: int | None = None,
+    shape: Sequence[int] | None = None,
+    dtype: str = "<f4",
+    dataset: str = "/entry/data/data",
+    mask: str | os.PathLike[str] | np.ndarray | None = None,
+    saturation: float | None = None,
+    nonfinite: str = "error",
+) -> MeasuredImage:
+    """Read a measured image, its header geometry and its mask.
+
+    Arguments:
+        path: SMV, mini-CBF (optionally ``.bz2``/``.gz``), HDF5/NeXus or raw file.
+        frame: frame index of a 3-D HDF5 dataset (may be omitted for one frame).
+        shape: (slow, fast) of a raw image (checked against the others when given).
+        dtype: element type of a raw image (numpy notation, default little-endian float32).
+        dataset: HDF5 path of the image.
+        mask: a mask file (nonzero = use) or a bool (slow, fast) array (True = use).
+        saturation: pixels ``>=`` this are masked (default: the header's, if any).
+        nonfinite: ``"error"`` (default) or ``"mask"`` for NaN/Inf pixels.
+
+    Returns:
+        :class:`MeasuredImage` (image float64 (slow, fast), mask, geometry, reasons).
+
+    Raises:
+        InputError: missing or unreadable file, unknown format, bad frame or shape, mask of the
+            wrong shape, NaN/Inf pixels (unless ``nonfinite="mask"``), no usable pixel.
+    """
+    name = str(path)
+    if nonfinite not in ("error", "mask"):
+        raise InputError(f"nonfinite: expected 'error' or 'mask', got {nonfinite!r}")
+    fmt, raw, geo, header, pixel_mask = _read_any(name, frame, shape, dtype, dataset)
+    image = raw.astype(np.float64)
+    finite = np.isfinite(image)
+    n_bad = int(image.size - finite.sum())
+    if n_bad and nonfinite == "error":
+        raise InputError(f"{name}: image has {n_bad} NaN/Inf pixel(s); mask them with --mask-nan "
+                         "(nonfinite='mask') or fix the file")
+    sat = float(saturation) if saturation is not None else geo.get("saturation")
+    masked: dict[str, int] = {}
+    keep = finite.copy()
+    masked["nonfinite"] = n_bad
+    with np.errstate(invalid="ignore"):
+        negative = finite & (image < 0)
+        masked["negative"] = int(negative.sum())
+        keep &= ~negative
+        if sat is not None:
+            over = finite & (image >= sat)
+            masked["saturated"] = int((over & keep).sum())
+            keep &= ~over
+    if pixel_mask is not None:
+        masked["pixel_mask"] = int((keep & ~pixel_mask).sum())
+        keep &= pixel_mask
+    if mask is not None:
+        if isinstance(mask, np.ndarray):
+            user = np.asarray(mask, dtype=bool)
+            if user.shape != image.shape:
+                raise InputError(f"{name}: mask shape {user.shape} does not match the image {image.shape}")
+        else:
+            user = load_mask(mask, image.shape, dtype=dtype)
+        masked["mask_file"] = int((keep & ~user).sum())
+        keep &= user
+    if not keep.any():
+        raise InputError(f"{name}: every pixel is masked ({', '.join(f'{n} {k}' for k, n in masked.items() if n)})")
+    if saturation is not None:
+        geo = {**geo, "saturation": float(saturation)}
+    return MeasuredImage(path=name, format=fmt, image=image, mask=keep, geometry=geo, header=header,
+                         masked={k: v for k, v in masked.items() if v})

@@ -1,0 +1,346 @@
+"""The one refinement loop: init -> step -> check -> stop, for any step rule.
+
+:func:`minimise` minimises ``fn(raw) -> (loss, aux)`` over a raw vector (P,)
+with a strategy from :mod:`refine.strategies`:
+
+1. **init**: evaluate the loss and gradient at the start (or take them from
+   the :class:`LoopState` being resumed);
+2. **step**: ``strategy.step`` (one Adam update, or one LBFGS iteration with its
+   line search), then evaluate at the new point (a cache keyed by the raw bytes
+   means the point the line search already evaluated costs nothing);
+3. **check**: non-finite loss, gradient or parameters stop the run with
+   :attr:`Status.DIVERGED` and restore the last finite point; an exception
+   from the model stops it with :attr:`Status.FAILED`; otherwise the
+   convergence tests of :class:`Convergence` are applied;
+4. **stop** with :attr:`Status.CONVERGED`, :attr:`Status.MAX_STEPS` or
+   :attr:`Status.TIME_BUDGET`.
+
+Convergence (all in raw units, where one unit is a typical step): the run has
+converged when the gradient's largest component is at most ``gtol``, or when
+for ``patience`` consecutive steps the loss changed by at most
+``ftol + rtol * |loss|`` **and** no raw parameter moved by more than ``xtol``.
+
+After every step ``on_step(state)`` is called with the :class:`LoopState`
+(outside any compiled region); every ``checkpoint_every`` steps
+``on_checkpoint(state)`` too.  Ctrl-C (``KeyboardInterrupt``) during a step
+restores the state at the end of the previous step and raises
+:class:`LoopInterrupted` carrying it, so a caller can checkpoint and a resumed
+run (``resume=state``) continues exactly where the last full step ended.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from refine.strategies import AbstractStrategy
+
+__all__ = ["Status", "Convergence", "LoopState", "LoopResult", "LoopInterrupted", "minimise"]
+
+log = logging.getLogger(__name__)
+
+
+class Status(enum.Enum):
+    """How a refinement (or one stage of it) ended; ``.message`` says it in words."""
+
+    CONVERGED = "converged"
+    MAX_STEPS = "max_steps"
+    TIME_BUDGET = "time_budget"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+
+    @property
+    def message(self) -> str:
+        return _MESSAGES[self]
+
+    @property
+    def ok(self) -> bool:
+        """True when the parameters are usable (converged, or stopped by a step or time limit)."""
+        return self in (Status.CONVERGED, Status.MAX_STEPS, Status.TIME_BUDGET)
+
+
+_MESSAGES = {
+    Status.CONVERGED: "converged: loss, parameter and gradient changes are below the tolerances",
+    Status.MAX_STEPS: "stopped at the maximum number of steps before converging",
+    Status.TIME_BUDGET: "stopped when the time budget ran out",
+    Status.DIVERGED: "stopped: the loss, gradient or parameters became NaN/Inf; the last finite point was kept",
+    Status.FAILED: "stopped: evaluating the model raised an error; the last good point was kept",
+}
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """Stopping rules of one loop (raw units).
+
+    Arguments:
+        max_steps: most optimiser steps.
+        time_budget_s: wall-clock limit in seconds (None = none).
+        ftol, rtol: absolute and relative loss-change tolerance (``|df| <= ftol + rtol |f|``).
+        xtol: largest raw-parameter change tolerated as "not moving".
+        gtol: gradient tolerance (largest raw component).
+        patience: consecutive small steps needed.
+    """
+
+    max_steps: int = 100
+    time_budget_s: float | None = None
+    ftol: float = 1e-6
+    rtol: float = 1e-10
+    xtol: float = 1e-4
+    gtol: float = 1e-8
+    patience: int = 2
+
+    def replace(self, **kw: Any) -> "Convergence":
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(kw)
+        return Convergence(**d)
+
+
+@dataclass
+class LoopState:
+    """Everything needed to continue a loop exactly (what a checkpoint holds).
+
+    Attributes:
+        step: steps taken.
+        raw: (P,) current raw parameters.
+        loss: loss at ``raw``.
+        grad: (P,) gradient at ``raw``.
+        optimizer: the optimiser's ``state_dict()``.
+        small_steps: consecutive steps that met the change tolerances.
+        evaluations: loss evaluations so far.
+        elapsed_s: wall time spent in this loop so far.
+        history: one dict per point (start and every step): step, loss, grad_norm, step_norm,
+            evaluations, lr, raw (list).
+        aux: the ``aux`` output of ``fn`` at ``raw`` (e.g. the model image); not checkpointed.
+    """
+
+    step: int
+    raw: Tensor
+    loss: float
+    grad: Tensor
+    optimizer: dict
+    small_steps: int = 0
+    evaluations: int = 0
+    elapsed_s: float = 0.0
+    history: list = field(default_factory=list)
+    aux: Any = None
+
+    @property
+    def grad_norm(self) -> float:
+        return float(self.grad.abs().max()) if self.grad.numel() else 0.0
+
+    def snapshot(self, history: bool = True) -> "LoopState":
+        """A deep copy (tensors cloned) that later steps cannot modify.
+
+        ``history=False`` shares the (append-only) history list instead of copying it.
+        """
+        return LoopState(self.step, self.raw.detach().clone(), self.loss, self.grad.detach().clone(),
+                         copy.deepcopy(self.optimizer), self.small_steps, self.evaluations, self.elapsed_s,
+                         [dict(h) for h in self.history] if history else self.history, self.aux)
+
+    def to_dict(self) -> dict:
+        """Plain containers and tensors only (``torch.save`` with ``weights_only`` loading)."""
+        return {"step": self.step, "raw": self.raw.detach().clone(), "loss": self.loss, "grad": self.grad.detach().clone(),
+                "optimizer": self.optimizer, "small_steps": self.small_steps, "evaluations": self.evaluations,
+                "elapsed_s": self.elapsed_s, "history": self.history}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoopState":
+        return cls(int(d["step"]), d["raw"], float(d["loss"]), d["grad"], d["optimizer"], int(d["small_steps"]),
+                   int(d["evaluations"]), float(d["elapsed_s"]), list(d["history"]))
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """Outcome of :func:`minimise`: final ``state`` (the last finite point), ``status`` and ``message``."""
+
+    status: Status
+    message: str
+    state: LoopState
+
+
+class LoopInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`minimise`; ``state`` is the loop state at the end of the last full step."""
+
+    def __init__(self, state: LoopState) -> None:
+        super().__init__("interrupted")
+        self.state = state
+
+
+class _NonFinite(Exception):
+    pass
+
+
+def _finite(t: Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
+def minimise(
+    fn: Callable[[Tensor], tuple[Tensor, Any]],
+    raw0: Tensor,
+    strategy: AbstractStrategy,
+    convergence: Convergence = Convergence(),
+    *,
+    on_step: Callable[[LoopState], None] | None = None,
+    on_checkpoint: Callable[[LoopState], None] | None = None,
+    checkpoint_every: int = 0,
+    resume: LoopState | None = None,
+) -> LoopResult:
+    """Minimise ``fn`` over a raw parameter vector with ``strategy`` (see the module docstring).
+
+    Arguments:
+        fn: ``raw (P,) -> (scalar loss tensor, aux)``; differentiable in ``raw``.
+        raw0: (P,) starting raw parameters (ignored when resuming).
+        strategy: the step rule (:class:`~refine.strategies.LBFGS`, :class:`~refine.strategies.Adam`).
+        convergence: stopping rules.
+        on_step: called with the state after the start evaluation and after every step.
+        on_checkpoint: called with the state every ``checkpoint_every`` steps (0 = never).
+        resume: a :class:`LoopState` to continue from (e.g. read from a checkpoint).
+
+    Returns:
+        :class:`LoopResult`; its state holds the last finite point.
+
+    Raises:
+        LoopInterrupted: on Ctrl-C, carrying the state at the end of the last full step.
+    """
+    t_start = time.monotonic()
+    x = (resume.raw if resume is not None else raw0).detach().clone().requires_grad_(True)
+    optimizer = strategy.init(x)
+    cache: dict[bytes, tuple[Tensor, Tensor, Any]] = {}
+    counter = {"evals": 0}
+
+    def evaluate() -> tuple[Tensor, Tensor, Any]:
+        key = x.detach().cpu().numpy().tobytes()
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        with torch.enable_grad():
+            xi = x.detach().clone().requires_grad_(True)
+            loss, aux = fn(xi)
+            if not _finite(loss.detach()):
+                raise _NonFinite(f"loss is {float(loss.detach())}")
+            (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
+            grad = torch.zeros_like(xi) if grad is None else grad
+        if not _finite(grad):
+            bad = int((~torch.isfinite(grad)).nonzero()[0, 0])
+            raise _NonFinite(f"gradient component {bad} is {float(grad[bad])}")
+        counter["evals"] += 1
+        entry = (loss.detach(), grad.detach(), aux)
+        if len(cache) >= 16:
+            cache.pop(next(iter(cache)))
+        cache[key] = entry
+        return entry
+
+    def closure() -> Tensor:
+        loss, grad, _ = evaluate()
+        x.grad = grad.clone()
+        return loss
+
+    # ---- init --------------------------------------------------------------------------
+    if resume is not None:
+        state = resume.snapshot()
+        optimizer.load_state_dict(copy.deepcopy(resume.optimizer))
+        counter["evals"] = state.evaluations
+        elapsed0 = state.elapsed_s
+    else:
+        elapsed0 = 0.0
+        try:
+            loss0, grad0, aux0 = evaluate()
+        except _NonFinite as exc:
+            state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
+            return LoopResult(Status.FAILED, f"the starting point is not usable: {exc}", state)
+        except Exception as exc:  # noqa: BLE001 - reported as a status
+            log.exception("evaluating the starting point failed")
+            state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
+            return LoopResult(Status.FAILED, f"evaluating the starting point raised {type(exc).__name__}: {exc}", state)
+        state = LoopState(0, x.detach().clone(), float(loss0), grad0.clone(), copy.deepcopy(optimizer.state_dict()),
+                          evaluations=counter["evals"], aux=aux0)
+        state.history.append(_record(state, 0.0, math.nan))
+        if on_step is not None:
+            try:
+                on_step(state)
+            except KeyboardInterrupt:
+                state.elapsed_s = time.monotonic() - t_start
+                raise LoopInterrupted(state.snapshot()) from None
+
+    def elapsed() -> float:
+        return elapsed0 + time.monotonic() - t_start
+
+    # ---- steps -------------------------------------------------------------------------
+    status, message = None, ""
+    if state.grad_norm <= convergence.gtol:
+        status, message = Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol at the start"
+    while status is None:
+        if state.step >= convergence.max_steps:
+            status, message = Status.MAX_STEPS, f"reached max_steps={convergence.max_steps}"
+            break
+        if convergence.time_budget_s is not None and elapsed() >= convergence.time_budget_s:
+            status, message = Status.TIME_BUDGET, f"time budget of {convergence.time_budget_s:g} s used"
+            break
+        good = state.snapshot(history=False)  # the history list is only appended to after a full step
+        n_history = len(state.history)
+        lr = getattr(strategy, "learning_rate", None)
+        lr_now = lr(state.step, convergence.max_steps) if lr is not None else float(getattr(strategy, "lr", math.nan))
+        try:
+            strategy.step(optimizer, closure, state.step, convergence.max_steps)
+            if not _finite(x.detach()):
+                raise _NonFinite("the parameters became NaN/Inf")
+            loss, grad, aux = evaluate()
+        except KeyboardInterrupt:
+            del good.history[n_history:]
+            good = good.snapshot()
+            good.elapsed_s = elapsed()
+            raise LoopInterrupted(good) from None
+        except _NonFinite as exc:
+            status = Status.DIVERGED
+            message = f"step {state.step + 1}: {exc}; parameters restored to step {state.step}"
+            state = good
+            del state.history[n_history:]
+            break
+        except Exception as exc:  # noqa: BLE001 - a failing model is a status, not a crash
+            log.exception("refinement step %d failed", state.step + 1)
+            status = Status.FAILED
+            message = f"step {state.step + 1} raised {type(exc).__name__}: {exc}; parameters restored to step {state.step}"
+            state = good
+            del state.history[n_history:]
+            break
+        new_raw = x.detach().clone()
+        df = abs(float(loss) - state.loss)
+        dx = float((new_raw - state.raw).abs().max()) if new_raw.numel() else 0.0
+        small = df <= convergence.ftol + convergence.rtol * abs(float(loss)) and dx <= convergence.xtol
+        state = LoopState(state.step + 1, new_raw, float(loss), grad.clone(), copy.deepcopy(optimizer.state_dict()),
+                          state.small_steps + 1 if small else 0, counter["evals"], elapsed(), state.history, aux)
+        state.history.append(_record(state, dx, lr_now))
+        # keep only the current point in the cache: the next step starts from it
+        key = new_raw.cpu().numpy().tobytes()
+        cache = {key: cache[key]} if key in cache else {}
+        try:  # the step is complete: an interrupt from here on keeps it
+            if on_step is not None:
+                on_step(state)
+            if on_checkpoint is not None and checkpoint_every > 0 and state.step % checkpoint_every == 0:
+                on_checkpoint(state.snapshot())
+        except KeyboardInterrupt:
+            done = state.snapshot()
+            done.elapsed_s = elapsed()
+            raise LoopInterrupted(done) from None
+        if state.grad_norm <= convergence.gtol:
+            status, message = Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g}"
+        elif state.small_steps >= convergence.patience:
+            status = Status.CONVERGED
+            message = (f"loss change {df:.3g} and parameter change {dx:.3g} below tolerances "
+                       f"for {state.small_steps} steps")
+    state.elapsed_s = elapsed()
+    state.evaluations = counter["evals"]
+    return LoopResult(status, message, state)
+
+
+def _record(state: LoopState, step_norm: float, lr: float) -> dict:
+    return {"step": state.step, "loss": state.loss, "grad_norm": state.grad_norm, "step_norm": step_norm,
+            "evaluations": state.evaluations, "lr": lr, "raw": [float(v) for v in state.raw]}

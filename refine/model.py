@@ -1,0 +1,210 @@
+"""The starting model of a refinement: nanoBragg flags, completed from the measured image's header.
+
+:func:`model_config` turns ``--model "<nanoBragg flags>"`` and a
+:class:`~refine.data.MeasuredImage` into a :class:`nbtorch.SimulationConfig`.
+
+Precedence (highest first):
+
+1. flags in the model string (``-lambda``, ``-distance``, ``-Xbeam`` ...);
+2. the image header (:attr:`MeasuredImage.geometry`): wavelength, distance, pixel size,
+   beam centre, and the image shape for the detector size;
+3. nanoBragg's defaults.
+
+A quantity counts as given by the model when any of its flags is present:
+
+============  ================================================================================
+quantity      model flags that set it (then the header value is not used)
+============  ================================================================================
+wavelength    ``-lambda -wavelength -energy -img``
+distance      ``-distance -close_distance -img``
+pixel size    ``-pixel -img``
+beam centre   ``-Xbeam -Ybeam -Xclose -Yclose -ORGX -ORGY -pix0_vector -pix0_vector_mm -img``
+detector      ``-detpixels -detpixels_f/_s/_x/_y -detsize -detsize_f -detsize_s -img``
+============  ================================================================================
+
+The header's beam centre (direct-beam spot ``Fbeam, Sbeam`` in mm along fast and
+slow from the corner of pixel (0, 0)) is written in the model's convention
+(``docs/conventions.md``): MOSFLM ``-Xbeam Sbeam-p/2 -Ybeam Fbeam-p/2``, DENZO
+``-Xbeam Sbeam -Ybeam Fbeam``, ADXV ``-Xbeam Fbeam -Ybeam detsize_s-Sbeam``,
+XDS/DIALS ``-ORGX Fbeam/p+1/2 -ORGY Sbeam/p+1/2`` (a detector normal to the beam),
+CUSTOM ``-Xbeam Fbeam -Ybeam Sbeam``.
+
+``@FILE`` tokens in the model string are replaced by the flags in FILE (an args
+file such as ``nanobragg_geometry_args_*.txt``); a relative input path inside it
+(``-mat -hkl -dump -sourcefile -img -mask``) that does not exist from the working
+directory is looked up beside FILE.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Sequence
+
+from nbtorch.args import config_from_args
+from nbtorch.config import SimulationConfig
+from nbtorch.errors import InputError
+from refine.data import MeasuredImage
+
+__all__ = ["expand_model_args", "header_flags", "model_config", "INPUT_FILE_FLAGS"]
+
+INPUT_FILE_FLAGS = ("-mat", "-hkl", "-dump", "-sourcefile", "-img", "-mask")
+_GIVEN = {
+    "wavelength": ("-lambda", "-wavelength", "-energy", "-img"),
+    "distance": ("-distance", "-close_distance", "-img"),
+    "pixel": ("-pixel", "-img"),
+    "beam": ("-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY", "-pix0_vector", "-pix0_vector_mm", "-img"),
+    "detector": ("-detpixels", "-detpixels_f", "-detpixels_s", "-detpixels_x", "-detpixels_y", "-detsize",
+                 "-detsize_f", "-detsize_s", "-img"),
+}
+
+
+def _split(model: str | Sequence[str]) -> list[str]:
+    if isinstance(model, str):
+        try:
+            return shlex.split(model, comments=False)
+        except ValueError as exc:
+            raise InputError(f"--model: cannot split the flags: {exc}") from None
+    return [str(t) for t in model]
+
+
+def expand_model_args(model: str | Sequence[str]) -> list[str]:
+    """Tokens of ``model`` with every ``@FILE`` replaced by FILE's flags (paths resolved beside FILE)."""
+    out: list[str] = []
+    for tok in _split(model):
+        if not (tok.startswith("@") and len(tok) > 1):
+            out.append(tok)
+            continue
+        path = Path(tok[1:])
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise InputError(f"--model {tok}: args file not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--model {tok}: cannot read args file: {exc}") from None
+        inner = shlex.split(text, comments=True)
+        for i, t in enumerate(inner):
+            if i > 0 and inner[i - 1] in INPUT_FILE_FLAGS and not os.path.isabs(t) and not os.path.exists(t):
+                beside = path.parent / t
+                if beside.exists():
+                    t = str(beside.resolve())
+            out.append(t)
+    return out
+
+
+def _has(tokens: Sequence[str], quantity: str) -> bool:
+    return any(t in _GIVEN[quantity] for t in tokens)
+
+
+def _fmt(v: float) -> str:
+    return repr(float(v))
+
+
+def header_flags(tokens: Sequence[str], image: MeasuredImage) -> tuple[list[str], list[str]]:
+    """Flags to add to ``tokens`` from ``image``'s header and shape, and one note per quantity filled in."""
+    geo = image.geometry
+    extra: list[str] = []
+    notes: list[str] = []
+    slow, fast = image.shape
+    if not _has(tokens, "detector"):
+        extra += ["-detpixels_f", str(fast), "-detpixels_s", str(slow)]
+        notes.append(f"detector {fast} x {slow} pixels from the image")
+    if not _has(tokens, "pixel") and "pixel_mm" in geo:
+        extra += ["-pixel", _fmt(geo["pixel_mm"])]
+        notes.append(f"pixel {geo['pixel_mm']:g} mm from the header")
+    if not _has(tokens, "wavelength") and "wavelength_A" in geo:
+        extra += ["-lambda", _fmt(geo["wavelength_A"])]
+        notes.append(f"wavelength {geo['wavelength_A']:g} A from the header")
+    if not _has(tokens, "distance") and "distance_mm" in geo:
+        extra += ["-distance", _fmt(geo["distance_mm"])]
+        notes.append(f"distance {geo['distance_mm']:g} mm from the header")
+    if not _has(tokens, "beam") and "beam_x_px" in geo and "beam_y_px" in geo:
+        cfg = config_from_args(list(tokens) + extra)  # convention and pixel size of the model
+        p = cfg.pixel_mm
+        f_mm, s_mm = geo["beam_x_px"] * p, geo["beam_y_px"] * p
+        conv = cfg.convention
+        if conv == "mosflm":
+            flags = ["-Xbeam", _fmt(s_mm - p / 2), "-Ybeam", _fmt(f_mm - p / 2)]
+        elif conv == "denzo":
+            flags = ["-Xbeam", _fmt(s_mm), "-Ybeam", _fmt(f_mm)]
+        elif conv == "adxv":
+            detsize_s = (cfg.spixels or slow) * p
+            flags = ["-Xbeam", _fmt(f_mm), "-Ybeam", _fmt(detsize_s - s_mm)]
+        elif conv in ("xds", "dials"):
+            flags = ["-ORGX", _fmt(f_mm / p + 0.5), "-ORGY", _fmt(s_mm / p + 0.5)]
+        else:
+            flags = ["-Xbeam", _fmt(f_mm), "-Ybeam", _fmt(s_mm)]
+        extra += flags
+        notes.append(f"beam centre ({geo['beam_x_px']:g}, {geo['beam_y_px']:g}) px (fast, slow) from the header "
+                     f"as {' '.join(flags)} ({conv} convention)")
+    return extra, notes
+
+
+def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
+                 roi: Sequence[int] | None = None) -> tuple[SimulationConfig, list[str], list[str]]:
+    """The starting model's config, its full flag list and notes on what came from the header.
+
+    Arguments:
+        model: nanoBragg flags (a string or tokens; ``@FILE`` tokens are expanded).
+        image: the measured image whose header fills in what the model leaves out (None: nothing).
+        roi: ``(x0, x1, y0, y1)`` inclusive fast/slow pixel bounds to simulate (replaces a model ``-roi``).
+
+    Raises:
+        InputError: a bad flag (one line, naming it).
+
+    The caller checks that the simulator's detector ``(spixels, fpixels)`` equals the image's shape.
+    """
+    tokens = expand_model_args(model)
+    extra, notes = header_flags(tokens, image) if image is not None else ([], [])
+    tokens = tokens + extra
+    if roi is not None:
+        tokens += ["-roi", *(str(int(v)) for v in roi)]
+    try:
+        cfg = config_from_args(tokens)
+    except InputError as exc:
+        raise InputError(f"--model: {exc}") from None
+    return cfg, tokens, notes
+
+
+def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, float]:
+    """Starting ``scale`` and ``background`` for ``model = scale * simulator + background``: the Poisson
+    maximum-likelihood pair for the starting model on the ``mask`` pixels (one eager simulation).
+
+    A measured image's scale is unknown by orders of magnitude (``-default_F``, fluence, exposure), and
+    a start far off makes the first steps of a refinement move the geometry to absorb it.
+
+    Arguments:
+        sim: the simulator; ``values``: canonical parameters (and ``orient_x/y/z``) of the start.
+        observed: (slow, fast) counts; ``mask``: (slow, fast) bool, True = pixel fitted.
+    """
+    import numpy as np
+    import torch
+
+    from nbtorch import eager
+    from nbtorch.setup import PARAMETER_NAMES
+
+    x0, x1, y0, y1 = sim.setup.roi
+    overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64) for n in PARAMETER_NAMES if n in values}
+    with torch.no_grad(), eager():
+        img, _ = sim.render(**overrides)
+    m_roi = np.asarray(mask, dtype=bool)[y0:y1 + 1, x0:x1 + 1]
+    model = img.detach().cpu().double().numpy()[m_roi]
+    obs = np.asarray(observed, dtype=np.float64)[y0:y1 + 1, x0:x1 + 1][m_roi]
+    ok = np.isfinite(obs) & (obs >= 0)
+    model, obs = model[ok], obs[ok]
+    if model.size == 0 or not model.max() > 0:
+        return 1.0, max(float(np.median(obs)) if obs.size else 1.0, 1e-3)
+    # least squares for a start, then the Poisson fixed point s <- s sum(w m)/sum(m), b <- b mean(w), w = k/mu
+    coef = np.linalg.lstsq(np.c_[model, np.ones_like(model)], obs, rcond=None)[0]
+    s = max(float(coef[0]), 1e-6 * max(float(obs.mean()), 1.0) / max(float(model.mean()), 1e-300))
+    b = max(float(coef[1]), 1e-3)
+    for _ in range(200):
+        mu = s * model + b
+        w = obs / mu
+        s_new, b_new = s * float(np.sum(w * model) / np.sum(model)), b * float(np.mean(w))
+        done = abs(s_new - s) <= 1e-10 * s and abs(b_new - b) <= 1e-10 * b
+        s, b = max(s_new, 1e-300), max(b_new, 1e-6)
+        if done:
+            break
+    return s, b

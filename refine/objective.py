@@ -1,0 +1,239 @@
+"""The image model and loss one refinement stage fits: which pixels, how binned, how broadened.
+
+Image model (photons per pixel, rows slow, columns fast)::
+
+    model = scale * simulator(**overrides) + background [+ background_x * (x - xc) + background_y * (y - yc)]
+
+with ``x, y`` the fast and slow pixel indices and ``xc, yc`` the image centre.
+A stage fits a :class:`View` of the detector: a rectangle (inclusive pixel
+bounds, as ``Simulator.render``'s ``roi``), a boolean mask inside it (the
+user's mask, finite non-negative observed pixels, and for a coarse stage the
+disc of low-resolution pixels around the direct beam), and a binning factor
+``bin``: model and observed are summed over ``bin x bin`` blocks of valid
+pixels, which keeps Poisson statistics exact and widens the capture range by
+``bin``.  ``n_factor < 1`` broadens every spot by simulating ``N * n_factor``
+unit cells (coarse stages only, while N is not refined).
+
+The default loss is the half Poisson deviance :func:`poisson_deviance`
+(``sum w (model - k + k log(k / model))``): its gradient is that of the Poisson
+negative log-likelihood, it is 0 for a perfect fit and about half the number of
+pixels for a correct model with Poisson noise, and a change of 0.5 is one
+standard deviation of a single parameter.  It is a pure tensor function with no
+data-dependent Python branches, so ``torch.compile(fullgraph=True)`` accepts it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
+
+__all__ = ["poisson_deviance", "View", "make_view", "beam_pixel", "ImageObjective", "LossFn", "resolve_loss"]
+
+LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (model, observed, weights) -> scalar
+
+
+def poisson_deviance(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:
+    """Half Poisson deviance ``sum w (m - k + k log(k / m))`` (scalar).
+
+    Arguments:
+        model: expected photons ``m`` (any shape S, > 0 where ``w > 0``).
+        observed: counts ``k`` (shape S, >= 0 where ``w > 0``).
+        weights: ``w`` (shape S, 0 = ignore the pixel; ignored pixels may hold anything finite).
+
+    Below ``m = 1e-12`` the log is continued by its tangent (finite loss and gradient).
+    """
+    eps = 1e-12
+    mc = torch.clamp(model, min=eps)
+    log_m = torch.where(model >= eps, torch.log(mc), math.log(eps) + (model - eps) / eps)
+    k = torch.where(weights > 0, observed, torch.zeros_like(observed))
+    per_pixel = model - k + torch.special.xlogy(k, k) - k * log_m
+    return (weights * per_pixel).sum()
+
+
+def resolve_loss(loss: str | LossFn) -> LossFn:
+    """``"poisson"`` (default, :func:`poisson_deviance`), another :func:`losses.get_loss` name (summed), or a callable."""
+    if callable(loss):
+        return loss
+    if loss == "poisson":
+        return poisson_deviance
+    from losses import get_loss
+
+    module = get_loss(loss, reduction="sum")
+
+    def fn(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:
+        return module(model, observed, mask=weights > 0)
+
+    fn.__name__ = f"{loss}_sum"
+    return fn
+
+
+@dataclass(frozen=True)
+class View:
+    """The pixels a stage fits.
+
+    Attributes:
+        roi: (x0, x1, y0, y1) inclusive fast/slow pixel bounds; both sizes are multiples of ``bin``.
+        mask: bool (y1 - y0 + 1, x1 - x0 + 1), True = pixel used.
+        bin: binning factor.
+        fraction: radius of the fitted disc as a fraction of the beam-to-farthest-corner distance (1 = all).
+    """
+
+    roi: tuple[int, int, int, int]
+    mask: Tensor
+    bin: int = 1
+    fraction: float = 1.0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        x0, x1, y0, y1 = self.roi
+        return (y1 - y0 + 1, x1 - x0 + 1)
+
+    @property
+    def binned_shape(self) -> tuple[int, int]:
+        return (self.shape[0] // self.bin, self.shape[1] // self.bin)
+
+    def crop(self, image: Tensor) -> Tensor:
+        """The ROI of a full (slow, fast) image."""
+        x0, x1, y0, y1 = self.roi
+        return image[..., y0:y1 + 1, x0:x1 + 1]
+
+    def pool(self, roi_image: Tensor) -> Tensor:
+        """Sum of valid pixels over ``bin x bin`` blocks: (h, w) -> (h / bin, w / bin)."""
+        x = torch.where(self.mask, roi_image, torch.zeros((), dtype=roi_image.dtype, device=roi_image.device))
+        if self.bin == 1:
+            return x
+        return F.avg_pool2d(x[None, None], self.bin)[0, 0] * float(self.bin * self.bin)
+
+    def weights(self, dtype: torch.dtype) -> Tensor:
+        """1 for bins with at least one valid pixel, else 0 (binned shape)."""
+        return (self.pool(self.mask.to(dtype)) > 0).to(dtype)
+
+
+def beam_pixel(sim: Simulator, values: Mapping[str, float]) -> tuple[float, float]:
+    """(fast, slow) pixel coordinates of the direct beam for ``values`` (pixel centres at integers)."""
+    with torch.no_grad():
+        p = sim.parameters_dict(**{n: float(values[n]) for n in PARAMETER_NAMES})
+        geom = sim.geometry(p)
+        pix = sim.setup.pixel_m
+        return float(geom.Fbeam) / pix - 0.5, float(geom.Sbeam) / pix - 0.5
+
+
+def make_view(sim: Simulator, values: Mapping[str, float], mask: Tensor, fraction: float = 1.0, bin: int = 1,
+              radius_px: float | None = None) -> View:
+    """The :class:`View` of a stage: the disc around the beam of radius ``min(fraction * r_max, radius_px)``, binned.
+
+    Arguments:
+        sim: the simulator (its ROI bounds every view).
+        values: current state (for the beam position).
+        mask: bool (slow, fast), True = usable pixel (user mask and valid observed values).
+        fraction: disc radius as a fraction of ``r_max``, the distance from the beam to the farthest
+            image corner (>= 1: no limit).
+        bin: binning factor (>= 1).
+        radius_px: cap on the disc radius in pixels (None: no cap).
+    """
+    if int(bin) != bin or bin < 1:
+        raise InputError(f"bin: expected an integer >= 1, got {bin!r}")
+    bin = int(bin)
+    if not fraction > 0:
+        raise InputError(f"roi_fraction: must be > 0, got {fraction!r}")
+    X0, X1, Y0, Y1 = sim.setup.roi
+    x0, x1, y0, y1 = X0, X1, Y0, Y1
+    ny, nx = sim.shape
+    bx, by = beam_pixel(sim, values)
+    corners = [(0.0, 0.0), (nx - 1.0, 0.0), (0.0, ny - 1.0), (nx - 1.0, ny - 1.0)]
+    r_max = max(math.hypot(cx - bx, cy - by) for cx, cy in corners)
+    radius = fraction * r_max
+    if radius_px is not None:
+        if not radius_px > 0:
+            raise InputError(f"roi_radius: must be > 0 pixels, got {radius_px!r}")
+        radius = min(radius, float(radius_px))
+    limited = radius < r_max
+    fraction = min(1.0, radius / r_max)
+    if limited:
+        x0, x1 = max(X0, math.floor(bx - radius)), min(X1, math.ceil(bx + radius))
+        y0, y1 = max(Y0, math.floor(by - radius)), min(Y1, math.ceil(by + radius))
+    # trim to whole bins, symmetrically
+    w, h = x1 - x0 + 1, y1 - y0 + 1
+    dw, dh = w % bin, h % bin
+    x0, x1 = x0 + dw // 2, x1 - (dw - dw // 2)
+    y0, y1 = y0 + dh // 2, y1 - (dh - dh // 2)
+    if x1 < x0 or y1 < y0:
+        raise InputError(f"view: no pixels left for roi_fraction={fraction} and bin={bin}")
+    m = mask[y0:y1 + 1, x0:x1 + 1].clone()
+    if limited:
+        ys = torch.arange(y0, y1 + 1, dtype=torch.float64)[:, None]
+        xs = torch.arange(x0, x1 + 1, dtype=torch.float64)[None, :]
+        m &= ((xs - bx) ** 2 + (ys - by) ** 2 <= radius * radius).to(m.device)
+    if not bool(m.any()):
+        raise InputError(f"view: every pixel is masked for roi_fraction={fraction} and bin={bin}")
+    return View(roi=(x0, x1, y0, y1), mask=m, bin=bin, fraction=float(fraction))
+
+
+class ImageObjective:
+    """``values -> (loss, binned model)`` for one view of the observed image.
+
+    Arguments:
+        sim: the simulator.
+        observed: (slow, fast) observed photons (same dtype/device as ``sim``).
+        view: the :class:`View` to fit.
+        loss: ``(model, observed, weights) -> scalar`` (e.g. :func:`poisson_deviance`).
+        n_factor: simulate ``N * n_factor`` (spot broadening; 1 = none).
+        compile_loss: wrap ``loss`` in ``torch.compile(fullgraph=True)``.
+    """
+
+    def __init__(self, sim: Simulator, observed: Tensor, view: View, loss: LossFn = poisson_deviance,
+                 n_factor: float = 1.0, compile_loss: bool = False) -> None:
+        self.sim = sim
+        self.view = view
+        self.n_factor = float(n_factor)
+        self.observed_full = observed
+        self.observed = view.pool(view.crop(observed))
+        self.weights = view.weights(observed.dtype)
+        self.loss_fn = torch.compile(loss, fullgraph=True) if compile_loss else loss
+        ny, nx = sim.shape
+        x0, x1, y0, y1 = view.roi
+        dt, dev = observed.dtype, observed.device
+        self._dx = (torch.arange(x0, x1 + 1, dtype=dt, device=dev) - (nx - 1) / 2.0)[None, :]
+        self._dy = (torch.arange(y0, y1 + 1, dtype=dt, device=dev) - (ny - 1) / 2.0)[:, None]
+
+    def rows(self, r0: int, r1: int) -> "ImageObjective":
+        """The same objective restricted to view rows ``r0:r1`` (unbinned views only)."""
+        if self.view.bin != 1:
+            raise InputError("rows: only unbinned views can be split into row blocks")
+        x0, x1, y0, y1 = self.view.roi
+        sub = View(roi=(x0, x1, y0 + r0, y0 + r1 - 1), mask=self.view.mask[r0:r1], bin=1, fraction=self.view.fraction)
+        out = ImageObjective(self.sim, self.observed_full, sub, n_factor=self.n_factor)
+        out.loss_fn = self.loss_fn
+        return out
+
+    def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
+        """Unbinned model photons on the view's ROI, shape ``view.shape``."""
+        overrides = {n: values[n] for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
+        if self.n_factor != 1.0:
+            for n in ("N_a", "N_b", "N_c"):
+                overrides[n] = overrides[n] * self.n_factor
+        image, _ = self.sim.render(roi=self.view.roi, **overrides)
+        model = values["scale"] * image + values["background"]
+        bx, by = values.get("background_x", 0.0), values.get("background_y", 0.0)
+        if isinstance(bx, Tensor) or bx != 0.0:
+            model = model + bx * self._dx
+        if isinstance(by, Tensor) or by != 0.0:
+            model = model + by * self._dy
+        return model
+
+    def model(self, values: Mapping[str, Tensor | float]) -> Tensor:
+        """Binned model photons, shape ``view.binned_shape``."""
+        return self.view.pool(self.full_model(values))
+
+    def __call__(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor]:
+        model = self.model(values)
+        return self.loss_fn(model, self.observed, self.weights), model

@@ -1,0 +1,253 @@
+"""Spot positions: read or find observed spots, locate the model's spots near them, and measure the offsets.
+
+The pixel-based refinement never looks at spots, but its result is judged by
+them: :func:`spot_offsets` compares observed spot centroids with the
+centroids of the simulated spots next to them, and the rms of those offsets
+(pixels) before and after a refinement says whether the model moved onto the
+data.
+
+Coordinates: ``(x, y)`` = (fast, slow) in **pixels from the corner of pixel (0, 0)**, so the
+centre of pixel index ``i`` is at ``i + 0.5`` (DIALS, the thaumatin spot lists and nanoBragg agree).
+
+* :func:`read_spot_list`: a whitespace table whose first two columns are x, y (``#`` comments);
+* :func:`find_spots`: a simple spot finder (local-mean background, threshold, 8-connected
+  components of at least ``min_pixels``, background-subtracted centroids);
+* :func:`window_mask`: the pixels within a square window around each spot (to simulate only those);
+* :func:`model_centroids`: for each observed spot, the peak of the model's Bragg image within
+  ``search`` pixels and the intensity-weighted centroid of the ``box`` around that peak;
+* :func:`spot_offsets` / :class:`SpotOffsets`: both together, with the rms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from nbtorch.errors import InputError
+
+__all__ = ["read_spot_list", "find_spots", "window_mask", "model_centroids", "spot_offsets", "SpotOffsets",
+           "render_pixels"]
+
+
+def read_spot_list(path: str) -> np.ndarray:
+    """Spots ``(n, 2)`` (x fast, y slow; pixel centres at ``i + 0.5``) from the first two columns of a text file."""
+    from nbtorch.io.raw import read_text_lines
+
+    rows = []
+    for number, line in enumerate(read_text_lines(path, "spot list"), 1):
+        body = line.split("#", 1)[0].split()
+        if not body:
+            continue
+        try:
+            x, y = float(body[0]), float(body[1])
+        except (ValueError, IndexError):
+            raise InputError(f"{path} line {number}: expected 'x y ...' (numbers), got {line.strip()!r}") from None
+        if not (math.isfinite(x) and math.isfinite(y)):
+            raise InputError(f"{path} line {number}: spot position is not finite")
+        rows.append((x, y))
+    if not rows:
+        raise InputError(f"{path}: no spots found in the file")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _box_sum(a: np.ndarray, k: int) -> np.ndarray:
+    """Sum over the (2k+1)^2 box around each pixel (edges clipped), via an integral image."""
+    c = np.pad(a, ((1, 0), (1, 0))).cumsum(0).cumsum(1)
+    ny, nx = a.shape
+    y0 = np.clip(np.arange(ny) - k, 0, ny)
+    y1 = np.clip(np.arange(ny) + k + 1, 0, ny)
+    x0 = np.clip(np.arange(nx) - k, 0, nx)
+    x1 = np.clip(np.arange(nx) + k + 1, 0, nx)
+    return c[y1][:, x1] - c[y0][:, x1] - c[y1][:, x0] + c[y0][:, x0]
+
+
+def _label(cand: np.ndarray) -> np.ndarray:
+    """8-connected components of a bool image: int labels (0 = background), by min-label propagation."""
+    ny, nx = cand.shape
+    big = np.iinfo(np.int64).max
+    lab = np.where(cand, np.arange(1, cand.size + 1, dtype=np.int64).reshape(ny, nx), big)
+    while True:
+        p = np.pad(lab, 1, constant_values=big)
+        best = lab.copy()
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                if dy or dx:
+                    np.minimum(best, p[1 + dy:1 + dy + ny, 1 + dx:1 + dx + nx], out=best)
+        best = np.where(cand, best, big)
+        if np.array_equal(best, lab):
+            break
+        lab = best
+    out = np.where(cand, lab, 0)
+    _, inv = np.unique(out, return_inverse=True)
+    return inv.reshape(ny, nx)
+
+
+def find_spots(image: np.ndarray, mask: np.ndarray | None = None, *, sigma: float = 5.0, min_counts: float = 3.0,
+               min_pixels: int = 3, background_box: int = 7, roi: Sequence[int] | None = None) -> np.ndarray:
+    """A simple spot finder: ``(n, 2)`` background-subtracted centroids (x fast, y slow, centres at ``i + 0.5``).
+
+    Arguments:
+        image: (slow, fast) counts.
+        mask: (slow, fast) bool, True = usable pixel (default: all).
+        sigma: a pixel is a candidate when ``counts > bg + sigma * sqrt(max(bg, 1))`` and ``counts - bg > min_counts``,
+            ``bg`` the mean of the usable pixels in the ``(2 background_box + 1)^2`` box around it.
+        min_pixels: smallest 8-connected component kept.
+        roi: ``(x0, x1, y0, y1)`` inclusive bounds to search (default: the whole image).
+    """
+    img = np.asarray(image, dtype=np.float64)
+    m = np.ones(img.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    x0, x1, y0, y1 = roi if roi is not None else (0, img.shape[1] - 1, 0, img.shape[0] - 1)
+    sub = np.where(m, img, 0.0)[y0:y1 + 1, x0:x1 + 1]
+    ms = m[y0:y1 + 1, x0:x1 + 1]
+    n = _box_sum(ms.astype(np.float64), background_box)
+    bg = _box_sum(sub, background_box) / np.maximum(n, 1.0)
+    excess = sub - bg
+    cand = ms & (excess > sigma * np.sqrt(np.maximum(bg, 1.0))) & (excess > min_counts)
+    if not cand.any():
+        return np.zeros((0, 2))
+    lab = _label(cand)
+    count = np.bincount(lab.ravel())
+    w = np.where(cand, excess, 0.0).ravel()
+    yy, xx = np.indices(lab.shape)
+    sw = np.bincount(lab.ravel(), weights=w)
+    sx = np.bincount(lab.ravel(), weights=w * (xx.ravel() + 0.5))
+    sy = np.bincount(lab.ravel(), weights=w * (yy.ravel() + 0.5))
+    keep = (np.arange(count.size) > 0) & (count >= min_pixels) & (sw > 0)
+    return np.stack([sx[keep] / sw[keep] + x0, sy[keep] / sw[keep] + y0], axis=1)
+
+
+def window_mask(shape: tuple[int, int], spots: np.ndarray, half: int) -> np.ndarray:
+    """Bool (slow, fast): True within ``half`` pixels (a square) of each spot's pixel."""
+    out = np.zeros(shape, dtype=bool)
+    ny, nx = shape
+    for x, y in np.asarray(spots).reshape(-1, 2):
+        i, j = int(math.floor(x)), int(math.floor(y))
+        out[max(j - half, 0):max(min(j + half + 1, ny), 0), max(i - half, 0):max(min(i + half + 1, nx), 0)] = True
+    return out
+
+
+def render_pixels(sim, values: Mapping[str, float], pixels: np.ndarray) -> np.ndarray:
+    """The simulator's Bragg image (photons, no scale or background) on the True pixels of ``pixels`` (0 elsewhere).
+
+    Only those pixels are computed (the simulator's pixel mask is replaced for the call, then restored).
+    """
+    from nbtorch.setup import PARAMETER_NAMES
+    from nbtorch.simulator import ORIENTATION_DELTAS
+
+    pixels = np.asarray(pixels, dtype=bool)
+    ys, xs = np.nonzero(pixels)
+    if ys.size == 0:
+        return np.zeros(pixels.shape)
+    roi = (int(xs.min()), int(xs.max()), int(ys.min()), int(ys.max()))
+    old = sim.setup
+    sim.setup = replace(old, pixel_mask=pixels)
+    try:
+        overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64)
+                     for n in PARAMETER_NAMES + ORIENTATION_DELTAS if n in values}
+        with torch.no_grad():
+            img, _ = sim.render(roi=roi, **overrides)
+    finally:
+        sim.setup = old
+    out = np.zeros(pixels.shape)
+    x0, x1, y0, y1 = roi
+    out[y0:y1 + 1, x0:x1 + 1] = img.detach().cpu().double().numpy()
+    return np.where(pixels, out, 0.0)
+
+
+def model_centroids(model: np.ndarray, spots: np.ndarray, *, search: int = 6, box: int = 2,
+                    min_peak: float = 0.0) -> np.ndarray:
+    """Model spot centroid ``(n, 2)`` next to each observed spot (NaN where the model has no spot there).
+
+    For observed spot ``(x, y)``: the local maxima of the model's Bragg image (pixels not below
+    any of their 8 neighbours) above ``min_peak`` within ``search`` pixels (a square); the one
+    nearest the observed spot, unless it lies on the border of the search window (then the
+    model's spot is really elsewhere); and the centroid of the ``(2 box + 1)^2`` pixels around it,
+    weighted by the model value.  ``model`` is the Bragg part only (no background) and must be
+    rendered ``search + box`` pixels around each spot (:func:`window_mask`).
+    """
+    model = np.asarray(model, dtype=np.float64)
+    ny, nx = model.shape
+    padded = np.pad(model, 1, constant_values=-np.inf)
+    peak = model > min_peak
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            if dy or dx:
+                peak &= model >= padded[1 + dy:1 + dy + ny, 1 + dx:1 + dx + nx]
+    out = np.full((len(spots), 2), np.nan)
+    for k, (x, y) in enumerate(np.asarray(spots).reshape(-1, 2)):
+        i, j = int(math.floor(x)), int(math.floor(y))
+        ya, yb, xa, xb = max(j - search, 0), min(j + search + 1, ny), max(i - search, 0), min(i + search + 1, nx)
+        if ya >= yb or xa >= xb:
+            continue
+        pj, pi = np.nonzero(peak[ya:yb, xa:xb])
+        if pj.size == 0:
+            continue
+        pj, pi = pj + ya, pi + xa
+        best = int(np.argmin((pi + 0.5 - x) ** 2 + (pj + 0.5 - y) ** 2))
+        pj, pi = int(pj[best]), int(pi[best])
+        if abs(pj - j) == search or abs(pi - i) == search:
+            continue  # on the window border: a neighbouring spot, not this one
+        sa, sb, ta, tb = max(pj - box, 0), min(pj + box + 1, ny), max(pi - box, 0), min(pi + box + 1, nx)
+        w = np.clip(model[sa:sb, ta:tb], 0.0, None)
+        if not w.sum() > 0:
+            continue
+        gy, gx = np.mgrid[sa:sb, ta:tb]
+        out[k] = ((w * (gx + 0.5)).sum() / w.sum(), (w * (gy + 0.5)).sum() / w.sum())
+    return out
+
+
+@dataclass(frozen=True)
+class SpotOffsets:
+    """Observed spots against the model's.
+
+    Attributes:
+        observed: (n, 2) observed centroids (px).
+        predicted: (n, 2) model centroids (px; NaN = no model spot within ``search``).
+        offsets: (n, 2) predicted - observed (px; NaN where unmatched).
+    """
+
+    observed: np.ndarray = field(repr=False)
+    predicted: np.ndarray = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
+
+    @property
+    def matched(self) -> np.ndarray:
+        """(n,) bool: a model spot was found."""
+        return np.isfinite(self.offsets).all(axis=1)
+
+    def rms(self, among: np.ndarray | None = None) -> float:
+        """rms offset ``sqrt(mean(dx^2 + dy^2))`` (px) over matched spots (and ``among``, a bool (n,), if given)."""
+        sel = self.matched if among is None else self.matched & among
+        if not sel.any():
+            return math.nan
+        d = self.offsets[sel]
+        return float(np.sqrt(np.mean((d ** 2).sum(axis=1))))
+
+    def mean(self, among: np.ndarray | None = None) -> tuple[float, float]:
+        """Mean offset (dx, dy) (px) over matched spots."""
+        sel = self.matched if among is None else self.matched & among
+        return (float(np.mean(self.offsets[sel, 0])), float(np.mean(self.offsets[sel, 1]))) if sel.any() else (math.nan,) * 2
+
+
+def spot_offsets(sim, values: Mapping[str, float], spots: np.ndarray, *, search: int = 6, box: int = 2,
+                 min_peak_fraction: float = 1e-3) -> SpotOffsets:
+    """Render the model around each observed spot and measure :class:`SpotOffsets`.
+
+    Arguments:
+        sim: the simulator (its ROI is ignored: only the windows around ``spots`` are computed).
+        values: canonical parameters (and ``orient_x/y/z``) of the model.
+        spots: (n, 2) observed centroids (x fast, y slow, px).
+        search, box: see :func:`model_centroids`.
+        min_peak_fraction: a model peak below this fraction of the brightest model peak near any spot
+            counts as no spot.
+    """
+    spots = np.asarray(spots, dtype=np.float64).reshape(-1, 2)
+    pixels = window_mask(sim.shape, spots, search + box + 1)
+    model = render_pixels(sim, values, pixels)
+    floor = min_peak_fraction * float(model.max()) if model.size else 0.0
+    pred = model_centroids(model, spots, search=search, box=box, min_peak=floor)
+    return SpotOffsets(observed=spots, predicted=pred, offsets=pred - spots)

@@ -1,0 +1,179 @@
+"""Staged refinement: which groups each stage frees, how it sees the image, and which step rule it uses.
+
+A :class:`Stage` frees a set of groups or names (:mod:`refine.parameters`) and
+runs the loop (:mod:`refine.loop`) with its own strategy and stopping rules on
+its own :class:`~refine.objective.View` of the image:
+
+* ``roi_fraction``: fit only the disc of pixels within this fraction of the
+  distance from the direct beam to the farthest corner (low-resolution pixels
+  first: a cell error moves a spot in proportion to its distance from the beam);
+* ``bin``: sum model and observed over ``bin x bin`` blocks (capture range x ``bin``);
+* ``n_factor``: simulate ``N * n_factor`` unit cells (spots ``1 / n_factor`` times
+  wider) while ``N`` is not refined.
+
+Why coarse-to-fine: a 0.5-1 % cell error (or a 2-pixel beam-centre error)
+moves high-order spots by more than their width; there the model and observed
+spots do not overlap, the loss is flat and its gradient vanishes.  Broad,
+binned, low-resolution views overlap from such starts, and each later stage
+starts inside the basin of the sharper one.
+
+:func:`stage_a` is the default schedule (each stage keeps the groups of the
+previous ones free; the whole image is used, ``roi_fraction`` 1):
+
+=============  ==============================================  ===
+stage          frees                                           bin
+=============  ==============================================  ===
+orientation    scale, background, orientation, beam_x, beam_y  8
+cell           + cell                                          4
+detector       + distance                                      2
+mosaic         + mosaic_spread, N                              1
+final          everything above, tight tolerances              1
+=============  ==============================================  ===
+
+The beam centre is refined from the first stage on: a beam-centre error is a
+rigid translation of the whole pattern, which no crystal rotation can absorb,
+so fitting the orientation without it drives the crystal to a wrong
+orientation.  Binning, not a small disc of low-resolution pixels, is the
+default coarse view: a disc holds too few spots to fix the orientation, and
+the whole image binned by 8 has a capture range of several pixels.  Spot
+broadening (``n_factor``) is available but not used by default: a broadened
+model fits the sharp observed spots with a biased cell.
+
+With LBFGS every stage is preconditioned with the Fisher matrix of its view
+(``precondition="full"``, :mod:`refine.precondition`): the stage then starts with
+the Gauss-Newton curvature, and the final stage converges in a handful of steps.
+Adam stages are not preconditioned (Adam normalises each coordinate itself,
+and in units of one standard deviation a parameter that must travel far,
+such as N, would need hundreds of steps).
+
+Groups a run holds fixed (``fixed=``) are removed from every stage; a stage
+left with nothing to refine is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from nbtorch.errors import InputError
+from refine.loop import Convergence
+from refine.strategies import AbstractStrategy, Adam, LBFGS, get_strategy
+
+__all__ = ["Stage", "stage_a", "single_stage", "coarse_to_fine"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a refinement.
+
+    Arguments:
+        name: label (history, TensorBoard, result files).
+        free: groups and/or names refined in this stage.
+        strategy: step rule (:class:`~refine.strategies.LBFGS` or :class:`~refine.strategies.Adam`).
+        convergence: stopping rules (:class:`~refine.loop.Convergence`).
+        roi_fraction: radius of the fitted disc around the beam, as a fraction of the
+            beam-to-farthest-corner distance (1 = the whole image).
+        bin: binning factor (1 = none).
+        n_factor: spot broadening, ``N * n_factor`` simulated (1 = none; only while N is fixed).
+        precondition: ``None``, ``"diagonal"`` or ``"full"``: rescale/whiten the raw parameters
+            with the Fisher matrix of this stage's view at its start (:mod:`refine.precondition`).
+        roi_radius: cap on the fitted disc's radius in pixels (None = no cap): the low-resolution
+            pixels of a large detector, whatever its size.
+    """
+
+    name: str
+    free: tuple[str, ...]
+    strategy: AbstractStrategy = field(default_factory=LBFGS)
+    convergence: Convergence = field(default_factory=Convergence)
+    roi_fraction: float = 1.0
+    bin: int = 1
+    n_factor: float = 1.0
+    precondition: str | None = None
+    roi_radius: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.free, str):
+            object.__setattr__(self, "free", (self.free,))
+        object.__setattr__(self, "free", tuple(self.free))
+        if self.roi_radius is not None and not self.roi_radius > 0:
+            raise InputError(f"stage {self.name}: roi_radius must be > 0 pixels, got {self.roi_radius!r}")
+        if not self.roi_fraction > 0:
+            raise InputError(f"stage {self.name}: roi_fraction must be > 0, got {self.roi_fraction!r}")
+        if int(self.bin) != self.bin or self.bin < 1:
+            raise InputError(f"stage {self.name}: bin must be an integer >= 1, got {self.bin!r}")
+        if not 0 < self.n_factor <= 1:
+            raise InputError(f"stage {self.name}: n_factor must be in (0, 1], got {self.n_factor!r}")
+        if self.precondition not in (None, "diagonal", "full"):
+            raise InputError(f"stage {self.name}: precondition must be None, 'diagonal' or 'full', "
+                             f"got {self.precondition!r}")
+
+    @property
+    def coarse(self) -> bool:
+        return self.roi_fraction < 1 or self.roi_radius is not None or self.bin > 1 or self.n_factor < 1
+
+    def describe(self) -> dict:
+        """Flat settings (for histories and result files)."""
+        return {"name": self.name, "free": list(self.free), "strategy": self.strategy.hparams(),
+                "max_steps": self.convergence.max_steps, "roi_fraction": self.roi_fraction, "bin": self.bin,
+                "n_factor": self.n_factor, "precondition": self.precondition or "none",
+                "roi_radius": self.roi_radius if self.roi_radius is not None else 0.0}
+
+
+def _steps(strategy: AbstractStrategy, lbfgs: int, adam: int) -> int:
+    return adam if isinstance(strategy, Adam) else lbfgs
+
+
+def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | None = None,
+            final_steps: int | None = None, coarse: bool = True,
+            precondition: str | None | bool = True) -> tuple[Stage, ...]:
+    """The default schedule (module docstring): orientation and beam centre, then cell, detector, mosaic and N.
+
+    Arguments:
+        strategy: ``"lbfgs"`` (default), ``"adam"`` or a strategy object for every stage.
+        max_steps: steps per coarse stage (default 25 for LBFGS, 100 for Adam).
+        final_steps: steps of the final stage (default 150 for LBFGS, 400 for Adam).
+        coarse: use the binned views (False: every stage on the full image).
+        precondition: True = the strategy's default (``"full"`` Fisher whitening for LBFGS,
+            none for Adam, whose per-parameter step normalisation works best in the
+            transforms' own units); or None / ``"diagonal"`` / ``"full"``.
+    """
+    strat = get_strategy(strategy)
+    adam = isinstance(strat, Adam)
+    n = max_steps if max_steps is not None else (100 if adam else 25)
+    nf = final_steps if final_steps is not None else (400 if adam else 150)
+    pre = (None if adam else "full") if precondition is True else (precondition or None)
+    loose = Convergence(max_steps=n, ftol=1e-2, rtol=1e-6 if adam else 1e-5, xtol=1e-3 if adam else 1e-2)
+    final = Convergence(max_steps=nf, ftol=1e-4, xtol=1e-4)
+    groups = [
+        ("orientation", ("scale", "background", "orientation", "beam_x", "beam_y"), 8, 64.0),
+        ("cell", ("cell",), 4, 128.0),
+        ("detector", ("distance",), 2, None),
+        ("mosaic", ("mosaic",), 1, None),
+    ]
+    stages = []
+    free: tuple[str, ...] = ()
+    for name, add, b, radius in groups:
+        free = free + add
+        if coarse:
+            stages.append(Stage(name, free, strat, loose, 1.0, b, 1.0, pre, radius))
+        else:
+            stages.append(Stage(name, free, strat, loose, precondition=pre))
+    stages.append(Stage("final", free, strat, final, precondition=pre))
+    return tuple(stages)
+
+
+def single_stage(free: tuple[str, ...] | list[str], strategy: str | AbstractStrategy | None = None,
+                 convergence: Convergence | None = None) -> tuple[Stage, ...]:
+    """One stage on the full image freeing ``free`` (no coarse-to-fine)."""
+    return (Stage("all", tuple(free), get_strategy(strategy), convergence or Convergence(max_steps=200)),)
+
+
+def coarse_to_fine(stage: Stage, levels: tuple[tuple[float, int, float], ...] = ((0.5, 4, 1.0), (0.75, 2, 1.0))) -> tuple[Stage, ...]:
+    """``stage`` preceded by coarse copies of itself, one per ``(roi_fraction, bin, n_factor)`` level.
+
+    The coarse copies use loose tolerances; ``n_factor`` only applies while N is fixed.
+    """
+    out = []
+    for i, (frac, b, nf) in enumerate(levels):
+        conv = stage.convergence.replace(ftol=max(stage.convergence.ftol, 1e-3), xtol=max(stage.convergence.xtol, 1e-3))
+        out.append(replace(stage, name=f"{stage.name}-coarse{i + 1}", convergence=conv, roi_fraction=frac, bin=b, n_factor=nf))
+    return tuple(out) + (stage,)

@@ -1,0 +1,30 @@
+"""Where the golden C images live, and helpers to read them (imported by the tests).
+
+A plain module, not ``conftest.py``: other test folders have conftests of their
+own, and ``from conftest import ...`` would pick whichever was imported first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(os.environ.get("NBTORCH_GOLDEN", ROOT.parent / "shared" / "golden"))
+
+
+def golden_cases() -> list[str]:
+    """Every case folder under shared/golden that has args.txt and float.bin."""
+    if not GOLDEN.is_dir():
+        return []
+    return sorted(p.name for p in GOLDEN.iterdir() if (p / "args.txt").is_file() and (p / "float.bin").is_file())
+
+
+def golden_args(case: str) -> list[str]:
+    return (GOLDEN / case / "args.txt").read_text().split()
+
+
+def golden_image(case: str, shape) -> np.ndarray:
+    return np.fromfile(GOLDEN / case / "float.bin", "<f4").reshape(shape)

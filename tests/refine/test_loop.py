@@ -1,0 +1,159 @@
+"""The loop on analytic functions: convergence, statuses, NaN handling, interrupts and exact resume."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from refine.loop import Convergence, LoopInterrupted, LoopState, Status, minimise
+from refine.strategies import LBFGS, Adam, get_strategy
+
+F64 = torch.float64
+
+
+def rosenbrock(x):
+    return 100.0 * (x[1] - x[0] ** 2) ** 2 + (1.0 - x[0]) ** 2, None
+
+
+def quadratic(x):
+    # badly scaled on purpose: curvatures 1 and 1e4
+    return 0.5 * (x[0] - 1.0) ** 2 + 5e3 * (x[1] + 2.0) ** 2, None
+
+
+START = torch.tensor([-1.2, 1.0], dtype=F64)
+
+
+def test_status_enum_has_messages():
+    assert {s.value for s in Status} == {"converged", "max_steps", "time_budget", "diverged", "failed"}
+    for s in Status:
+        assert isinstance(s.message, str) and len(s.message) > 10
+    assert Status.CONVERGED.ok and Status.MAX_STEPS.ok and not Status.DIVERGED.ok and not Status.FAILED.ok
+
+
+@pytest.mark.parametrize("strategy, fn, steps, target, tol", [
+    (LBFGS(), rosenbrock, 200, (1.0, 1.0), 1e-5),
+    (Adam(lr=0.1, lr_final=0.001), quadratic, 600, (1.0, -2.0), 1e-3),  # Adam ignores the bad scaling
+])
+def test_converges(strategy, fn, steps, target, tol):
+    res = minimise(fn, START, strategy, Convergence(max_steps=steps, ftol=1e-12, xtol=1e-6))
+    assert res.status in (Status.CONVERGED, Status.MAX_STEPS), res.message
+    assert torch.allclose(res.state.raw, torch.tensor(target, dtype=F64), atol=tol)
+    hist = res.state.history
+    assert hist[0]["step"] == 0 and hist[-1]["step"] == res.state.step == len(hist) - 1
+    assert hist[-1]["loss"] <= hist[0]["loss"]
+
+
+def test_lbfgs_one_step_per_iteration_and_cache():
+    calls = {"n": 0}
+
+    def f(x):
+        calls["n"] += 1
+        return quadratic(x)
+
+    res = minimise(f, START, LBFGS(), Convergence(max_steps=100))
+    assert res.status is Status.CONVERGED
+    # the post-step evaluation is cached, so evaluations count real calls only
+    assert res.state.evaluations == calls["n"]
+    assert torch.allclose(res.state.raw, torch.tensor([1.0, -2.0], dtype=F64), atol=1e-6)
+
+
+def test_max_steps_and_time_budget():
+    res = minimise(rosenbrock, START, Adam(lr=1e-3), Convergence(max_steps=5))
+    assert res.status is Status.MAX_STEPS and res.state.step == 5 and len(res.state.history) == 6
+
+    def slow(x):
+        time.sleep(0.02)
+        return rosenbrock(x)
+
+    res = minimise(slow, START, Adam(lr=1e-3), Convergence(max_steps=10_000, time_budget_s=0.2))
+    assert res.status is Status.TIME_BUDGET and 1 <= res.state.step < 50
+
+
+def test_gradient_tolerance():
+    res = minimise(quadratic, torch.tensor([1.0, -2.0], dtype=F64), LBFGS(), Convergence(gtol=1e-6))
+    assert res.status is Status.CONVERGED and res.state.step == 0 and "gtol" in res.message
+
+
+@pytest.mark.parametrize("strategy", [LBFGS(), Adam(lr=0.5)])
+def test_nan_stops_with_diverged_and_keeps_last_finite_point(strategy):
+    def f(x):
+        loss = quadratic(x)[0]
+        if float(x[0].detach()) > 0.5:  # the model breaks down beyond this point
+            loss = loss * float("nan")
+        return loss, None
+
+    res = minimise(f, torch.tensor([0.0, 0.0], dtype=F64), strategy, Convergence(max_steps=100))
+    assert res.status is Status.DIVERGED
+    assert "nan" in res.message.lower() and "restored" in res.message
+    assert torch.isfinite(res.state.raw).all() and float(res.state.raw[0]) <= 0.5
+    assert math.isfinite(res.state.loss)
+
+
+def test_nan_gradient_and_start_failures():
+    def bad_grad(x):
+        return torch.sqrt(x[0] - x[0]) + (x[1] ** 2), None  # d sqrt(0) = inf
+
+    res = minimise(bad_grad, START, LBFGS(), Convergence())
+    assert res.status is Status.FAILED and "starting point" in res.message
+
+    def raises(x):
+        if float(x[0].detach()) > -1.0:
+            raise RuntimeError("model exploded")
+        return quadratic(x)
+
+    res = minimise(raises, START, Adam(lr=0.5), Convergence(max_steps=20))
+    assert res.status is Status.FAILED and "model exploded" in res.message
+    assert float(res.state.raw[0]) <= -1.0
+
+
+def _interrupt_after(n_evals: int):
+    calls = {"n": 0}
+
+    def f(x):
+        calls["n"] += 1
+        if calls["n"] == n_evals:
+            raise KeyboardInterrupt
+        return rosenbrock(x)
+
+    return f
+
+
+@pytest.mark.parametrize("strategy", [LBFGS(history_size=5), Adam(lr=0.02, lr_final=0.01)])
+@pytest.mark.parametrize("at", [3, 17])
+def test_interrupt_then_resume_matches_uninterrupted(strategy, at):
+    conv = Convergence(max_steps=60)
+    full = minimise(rosenbrock, START, strategy, conv)
+    with pytest.raises(LoopInterrupted) as info:
+        minimise(_interrupt_after(at), START, strategy, conv)
+    saved = info.value.state
+    assert isinstance(info.value, KeyboardInterrupt)
+    # round trip through the checkpoint representation
+    restored = LoopState.from_dict(saved.to_dict())
+    done = minimise(rosenbrock, START, strategy, conv, resume=restored)
+    assert done.status == full.status and done.state.step == full.state.step
+    assert torch.equal(done.state.raw, full.state.raw)
+    assert [h["loss"] for h in done.state.history] == [h["loss"] for h in full.state.history]
+
+
+def test_on_step_and_checkpoint_hooks():
+    seen, saved = [], []
+    minimise(quadratic, START, LBFGS(), Convergence(max_steps=7, ftol=0, xtol=0, gtol=0),
+             on_step=lambda s: seen.append(s.step), on_checkpoint=lambda s: saved.append(s.step), checkpoint_every=3)
+    assert seen[0] == 0 and seen == list(range(len(seen)))
+    assert saved == [s for s in seen if s > 0 and s % 3 == 0]
+
+
+def test_get_strategy_and_settings():
+    assert isinstance(get_strategy(None), LBFGS) and isinstance(get_strategy("adam"), Adam)
+    with pytest.raises(ValueError, match="strategy"):
+        get_strategy("sgd")
+    with pytest.raises(ValueError, match="schedule"):
+        Adam(schedule="linear")
+    a = Adam(lr=0.1, schedule="cosine", lr_final=0.01)
+    assert a.learning_rate(0, 101) == pytest.approx(0.1) and a.learning_rate(100, 101) == pytest.approx(0.001)
+    assert Adam(lr=0.1, schedule="exponential", lr_final=0.01).learning_rate(50, 101) == pytest.approx(0.01)
+    hp = LBFGS().hparams()
+    assert hp["optimizer"] == "lbfgs" and hp["history_size"] == 20

@@ -1,0 +1,141 @@
+"""nbtorch-refine end to end on tiny problems: files, result.json keys, config files, resume, measured images."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from cli_helpers import CRYSTAL, simulate
+from nbtorch.io import write_cbf
+from nbtorch.setup import PARAMETER_NAMES
+
+TINY = ("--problem", "tetragonal_mosflm", "--size", "32")
+REQUIRED = ("params", "esds", "initial_params", "loss_initial", "loss_final", "steps", "status", "wall_s")
+
+
+def test_problem_run_writes_result_files(refine_cli):
+    r = refine_cli(*TINY, "--refine", "scale,background,cell,beam_x,beam_y", "--max-steps", "4",
+                   "--out", "res.h5", "--logdir", "runs/tiny")
+    assert r.code == 0, r.err
+    doc = r.json("res.json")
+    for key in REQUIRED:
+        assert key in doc, key
+    for name in PARAMETER_NAMES:  # every canonical parameter, fixed ones too
+        assert isinstance(doc["params"][name], float), name
+        assert isinstance(doc["initial_params"][name], float), name
+    assert {"N_a", "N_b", "N_c"} <= set(doc["params"])
+    assert doc["status"] in ("converged", "max_steps")
+    assert 0 < doc["steps"] <= 4 and doc["wall_s"] > 0
+    assert doc["loss_final"] < doc["loss_initial"]
+    assert set(doc["esds"]) >= {"cell_a", "cell_c", "beam_x", "beam_y", "scale", "background"}
+    assert doc["truth"]["cell_a"] == 46.0 and doc["input"]["problem"] == "tetragonal_mosflm"
+    with h5py.File(r.tmp / "res.h5", "r") as h5:
+        assert h5.attrs["status"] == doc["status"]
+        assert h5["images/observed"].shape == (32, 32)
+        assert float(h5["truth/cell_a"][()]) == 46.0
+        assert set(h5["params"]) >= set(PARAMETER_NAMES)
+    assert any(p.name.startswith("events.out.tfevents") for p in (r.tmp / "runs" / "tiny").rglob("*"))
+    # the table shows truth, start, refined and esd side by side, and says where the logs are
+    assert "truth" in r.out and "refined" in r.out and "esd" in r.out
+    assert "cell_a" in r.out and "TensorBoard logs:" in r.out and "runs/tiny" in r.out
+
+
+def test_esd_extra_reports_fixed_parameter_correlations(refine_cli):
+    r = refine_cli(*TINY, "--refine", "scale,background,cell", "--max-steps", "3", "--esd-extra", "distance")
+    assert r.code == 0, r.err
+    extra = r.json()["esd_extra"]
+    names = extra["names"]
+    assert "distance" in names and "cell_a" in names
+    corr = np.asarray(extra["correlation"])
+    assert corr.shape == (len(names), len(names))
+    np.testing.assert_allclose(np.diag(corr), 1.0)
+    assert extra["esds"]["distance"] > 0
+    assert "distance (fixed) esd if refined" in r.out and "esds with distance refined as well" in r.out
+
+
+def test_quiet_prints_nothing(refine_cli):
+    r = refine_cli(*TINY, "--refine", "scale,background", "--max-steps", "2", "--quiet", "--no-esds")
+    assert r.code == 0, r.err
+    assert r.out == "" and r.err == ""
+    assert (r.tmp / "result.h5").is_file() and (r.tmp / "result.json").is_file()
+
+
+def test_config_file_and_command_line_override(refine_cli, tmp_path):
+    (tmp_path / "run.toml").write_text(
+        'problem = "tetragonal_mosflm"\nsize = 32\nrefine = ["scale", "background"]\nmax_steps = 7\n'
+        'quiet = true\nno_esds = true\njson = "from_config.json"\n')
+    r = refine_cli("--config", "run.toml", "--max-steps", "1")
+    assert r.code == 0, r.err
+    doc = r.json("from_config.json")
+    assert doc["steps"] == 1 and doc["free"] == ["scale", "background"]
+
+
+def test_config_stage_tables(refine_cli, tmp_path):
+    (tmp_path / "stages.toml").write_text(
+        'problem = "tetragonal_mosflm"\nsize = 32\nquiet = true\nno_esds = true\n'
+        '[[stages]]\nname = "coarse"\nfree = ["scale", "background", "beam_centre"]\nbin = 4\nmax_steps = 2\n'
+        '[[stages]]\nname = "fine"\nfree = "scale,background,beam_centre,cell"\nmax_steps = 2\n')
+    r = refine_cli("--config", "stages.toml")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert [s["name"] for s in doc["stages"]] == ["coarse", "fine"]
+    assert doc["stages"][0]["settings"]["bin"] == 4
+
+
+def test_resume_continues_from_the_checkpoint(refine_cli):
+    args = (*TINY, "--refine", "scale,background,beam_centre", "--max-steps", "3", "--checkpoint-every", "1",
+            "--quiet", "--no-esds")
+    first = refine_cli(*args)
+    assert first.code == 0, first.err
+    assert (first.tmp / "result.ckpt.h5").is_file()
+    a = first.json()
+    again = refine_cli(*args, "--resume")
+    assert again.code == 0, again.err
+    b = again.json()
+    assert b["steps"] == a["steps"]
+    for name in ("beam_x", "beam_y", "scale", "background"):
+        assert b["params"][name] == pytest.approx(a["params"][name], rel=1e-12, abs=1e-12)
+    other = refine_cli(*TINY, "--refine", "scale,background", "--max-steps", "3", "--quiet", "--resume")
+    assert other.code == 2 and "another problem or plan" in other.err
+
+
+def test_measured_cbf_with_header_geometry(refine_cli, tmp_path):
+    """A measured image (CBF with Pilatus header) and a model that leaves the geometry to the header."""
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 32 -Xbeam 1.63 -Ybeam 1.58"
+    img = simulate(f"{CRYSTAL} -cell 30.3 30.3 40 90 90 90 {geometry}".replace("-cell 30 30 40 90 90 90 ", ""))
+    img[:, 10] = -1  # a module gap
+    write_cbf(tmp_path / "obs.cbf", img, {"wavelength_A": 1.0, "distance_mm": 40.0, "pixel_size_mm": 0.1,
+                                          "beam_x_px": (1.58 + 0.05) / 0.1, "beam_y_px": (1.63 + 0.05) / 0.1,
+                                          "count_cutoff": 10**6})
+    r = refine_cli("--image", "obs.cbf", "--model", CRYSTAL, "--symmetry", "P41212",
+                   "--refine", "scale,background,cell", "--max-steps", "6", "--subsample", "0.9",
+                   "--dmin", "1.5")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["input"]["geometry"]["distance_mm"] == 40.0
+    assert doc["input"]["masked"] == {"negative": 32}
+    assert "-distance" in doc["input"]["model"] and "-Xbeam" in doc["input"]["model"]
+    assert doc["params"]["cell_b"] == doc["params"]["cell_a"]  # tetragonal
+    assert doc["params"]["distance"] == 40.0 and doc["params"]["beam_x"] == pytest.approx(1.63)
+    with h5py.File(r.tmp / "result.h5", "r") as h5:
+        used = h5["images/mask"][()].astype(bool)
+    assert not used[:, 10].any() and used.sum() < 0.9 * 32 * 31 * 1.05
+    assert "distance 40 mm from the header" in r.out
+
+
+def test_spots_report(refine_cli, tmp_path):
+    """--spots find: rms spot offsets before and after, in the output and the json."""
+    crystal = "-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48"
+    img = simulate(f"{crystal} {geometry} -Xbeam 2.45 -Ybeam 2.45", background=1.0)
+    write_cbf(tmp_path / "obs.cbf", img, {"pixel_size_mm": 0.1})
+    r = refine_cli("--image", "obs.cbf", "--model", f"{crystal} {geometry} -Xbeam 2.5 -Ybeam 2.4",
+                   "--refine", "scale,background,beam_centre", "--max-steps", "10", "--spots", "find",
+                   "--spot-window", "3", "--subsample", "0.2", "--no-esds")
+    assert r.code == 0, r.err
+    s = r.json()["spots"]
+    assert s["n"] >= 10 and s["n_common"] >= 5
+    assert s["rms_px_final_common"] < s["rms_px_start_common"]
+    assert len(s["observed"]) == s["n"] and len(s["predicted_final"]) == s["n"]
+    assert "rms offset" in r.out

@@ -1,0 +1,82 @@
+"""nbtorch-refine: every bad input is one line on stderr, exit status 2, and no output file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cli_helpers import CRYSTAL, SMALL_MODEL
+from nbtorch.io import write_cbf, write_raw_float
+
+
+@pytest.fixture
+def images(tmp_path):
+    """A valid 32 x 32 CBF, an all-gap CBF, a float image with a NaN, and a 40 x 40 CBF."""
+    rng = np.random.default_rng(0)
+    write_cbf(tmp_path / "ok.cbf", rng.integers(0, 10, (32, 32)).astype(np.int32), {"pixel_size_mm": 0.1})
+    write_cbf(tmp_path / "gaps.cbf", -np.ones((32, 32), dtype=np.int32))
+    nan = rng.random((32, 32)).astype(np.float32)
+    nan[4, 5] = np.nan
+    write_raw_float(tmp_path / "nan.bin", nan)
+    write_cbf(tmp_path / "big.cbf", np.zeros((40, 40), dtype=np.int32))
+    return tmp_path
+
+
+CASES = {
+    "missing image": (["--image", "nope.cbf", "--model", SMALL_MODEL], "nope.cbf: image file not found"),
+    "shape mismatch": (["--image", "big.cbf", "--model", SMALL_MODEL], "image is 40 x 40 pixels (fast x slow) but the "
+                                                                        "model's detector is 32 x 32"),
+    "unknown parameter": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--refine", "cell,wobble"],
+                          "unknown parameter or group 'wobble'"),
+    "tied cell value": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--symmetry", "tetragonal", "--refine", "cell_b"],
+                        "cell_b is not a free cell value"),
+    "all masked": (["--image", "gaps.cbf", "--model", SMALL_MODEL], "every pixel is masked"),
+    "NaN pixels": (["--image", "nan.bin", "--shape", "32", "32", "--model", SMALL_MODEL], "1 NaN/Inf pixel(s)"),
+    "raw without shape": (["--image", "nan.bin", "--model", SMALL_MODEL], "needs its shape (--shape SLOW FAST)"),
+    "no model": (["--image", "ok.cbf"], "--model"),
+    "bad model flag": (["--image", "ok.cbf", "--model", CRYSTAL + " -frobnicate 3"], "-frobnicate"),
+    "image and problem": (["--image", "ok.cbf", "--problem", "cubic_mosflm"], "exactly one of --image"),
+    "unknown problem": (["--problem", "nonesuch"], "unknown name 'nonesuch'"),
+    "unknown start name": (["--problem", "cubic_mosflm", "--size", "16", "--start", "cell_q=3"],
+                           "unknown parameter 'cell_q'"),
+    "bad start value": (["--problem", "cubic_mosflm", "--size", "16", "--start", "cell_a=big"], "not a number"),
+    "unknown symmetry": (["--problem", "cubic_mosflm", "--size", "16", "--symmetry", "P99"], "unknown crystal system"),
+    "unknown loss": (["--problem", "cubic_mosflm", "--size", "16", "--loss", "chi9"], "unknown loss 'chi9'"),
+    "unknown option": (["--problem", "cubic_mosflm", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    "bad optimizer": (["--problem", "cubic_mosflm", "--optimizer", "sgd"], "invalid choice: 'sgd'"),
+    "refine and stages": (["--problem", "cubic_mosflm", "--refine", "cell", "--stages", "stage_a"], "drop one"),
+    "unknown schedule": (["--problem", "cubic_mosflm", "--stages", "stage_z"], "unknown schedule"),
+    "bad roi": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--roi", "0", "40", "0", "10"], "--roi 0 40 0 10"),
+    "bad subsample": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--subsample", "1.5"], "--subsample"),
+    "resume without checkpoint": (["--problem", "cubic_mosflm", "--resume"], "checkpoint result.ckpt.h5 not found"),
+    "missing config": (["--config", "none.toml"], "--config none.toml: file not found"),
+    "missing output directory": (["--problem", "cubic_mosflm", "--out", "no/such/dir/r.h5"], "does not exist"),
+    "logdir is a file": (["--problem", "cubic_mosflm", "--logdir", "ok.cbf"], "exists and is not a directory"),
+    "out is a directory": (["--problem", "cubic_mosflm", "--out", "."], "is a directory"),
+    "missing mask": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--mask", "m.img"], "m.img: image file not found"),
+    "dmin above dmax": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--dmin", "5", "--dmax", "2"], "--dmin 5"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_error_is_one_line_exit_2(refine_cli, images, case):
+    argv, expected = CASES[case]
+    r = refine_cli(*argv)
+    assert r.code == 2, (r.out, r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("nbtorch-refine: error: ")
+    assert expected in lines[0]
+    assert not (r.tmp / "result.h5").exists() and not (r.tmp / "result.json").exists()
+
+
+def test_bad_config_key(refine_cli, tmp_path):
+    (tmp_path / "c.toml").write_text('problem = "cubic_mosflm"\nwobble = 3\n')
+    r = refine_cli("--config", "c.toml")
+    assert r.code == 2 and r.err.count("\n") == 1 and "unknown option 'wobble'" in r.err
+
+
+def test_help_exits_0(refine_cli):
+    with pytest.raises(SystemExit) as info:
+        refine_cli("--help")
+    assert info.value.code == 0
