@@ -22,7 +22,6 @@ exits with status 1; Ctrl-C writes the checkpoint and exits with status 130.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -189,38 +188,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 # ------------------------------------------------------------------------------ building blocks
 
-#: space-group names accepted by --symmetry, mapped to crystal systems (a few common ones; any system name works)
-_SPACE_GROUPS = {
-    "P1": "triclinic", "P2": "monoclinic", "P21": "monoclinic", "C2": "monoclinic",
-    "P222": "orthorhombic", "P212121": "orthorhombic", "C2221": "orthorhombic", "I222": "orthorhombic",
-    "P4": "tetragonal", "P41": "tetragonal", "P42": "tetragonal", "P43": "tetragonal", "I4": "tetragonal",
-    "P422": "tetragonal", "P4212": "tetragonal", "P4122": "tetragonal", "P41212": "tetragonal",
-    "P4222": "tetragonal", "P42212": "tetragonal", "P4322": "tetragonal", "P43212": "tetragonal",
-    "I422": "tetragonal", "I4122": "tetragonal",
-    "P3": "trigonal", "P31": "trigonal", "P32": "trigonal", "P321": "trigonal", "P3121": "trigonal",
-    "P3221": "trigonal", "P312": "trigonal", "R3": "rhombohedral", "R32": "rhombohedral",
-    "P6": "hexagonal", "P61": "hexagonal", "P65": "hexagonal", "P622": "hexagonal", "P6122": "hexagonal",
-    "P6522": "hexagonal", "P23": "cubic", "P213": "cubic", "I23": "cubic", "F23": "cubic", "P432": "cubic",
-    "P4132": "cubic", "P4332": "cubic", "I432": "cubic", "F432": "cubic",
-}
-
-
-def crystal_system(name: str | None) -> str | None:
-    """``--symmetry``: a crystal system name, or a space-group symbol mapped to its system."""
-    from refine.parameters import SYMMETRIES
-
-    if name is None:
-        return None
-    key = name.strip()
-    if key.lower() in SYMMETRIES:
-        return key.lower()
-    compact = key.replace(" ", "").replace("_", "").upper()
-    if compact in _SPACE_GROUPS:
-        return _SPACE_GROUPS[compact]
-    raise InputError(f"--symmetry: unknown crystal system or space group {name!r}; "
-                     f"crystal systems: {', '.join(SYMMETRIES)}")
-
-
 def _pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items or ():
@@ -260,33 +227,6 @@ def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]
         if not sep:
             raise InputError(f"--bounds {name}: expected low:high, got {text!r}")
     return out
-
-
-_TIES = {"cell_b": "cell_a", "cell_c": "cell_a", "cell_alpha": None, "cell_beta": "cell_alpha",
-         "cell_gamma": "cell_alpha"}
-
-
-def tie_start_cell(symmetry: str, model: dict, start: dict) -> dict[str, float]:
-    """Starting cell values implied by ``symmetry``: the model's cell, overridden by ``start``, with tied values
-    following their free partner (``cell_b = cell_a`` for tetragonal, angles 90 ...).
-
-    A tied value given in ``start`` (or coming from the model while its partner does too) must agree within
-    1 % (lengths) or 1 degree (angles): otherwise the cell does not belong to the crystal system.
-    """
-    from refine.parameters import CELL, constrained_cell
-
-    base = {n: float(start.get(n, model[n])) for n in CELL}
-    implied = {n: float(v) for n, v in constrained_cell(symmetry, base).items()}
-    for n in CELL:
-        diff = abs(implied[n] - base[n])
-        tol = 0.01 * abs(base[n]) if n in ("cell_a", "cell_b", "cell_c") else 1.0
-        partner = _TIES.get(n)
-        follows = partner is not None and partner in start and n not in start
-        if diff > tol and not follows:
-            src = "--start" if n in start else "the model"
-            raise InputError(f"{src}: {n}={base[n]:g} does not fit the {symmetry} cell (expected {implied[n]:g}); "
-                             "fix the starting cell or --symmetry")
-    return implied
 
 
 def _strategy(name: str, lr: float | None):
@@ -405,97 +345,6 @@ class _EagerForEsds:
         pass
 
 
-# ------------------------------------------------------------------------------ output
-
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    if hasattr(obj, "value") and not isinstance(obj, (str, int, float)):
-        return obj.value
-    return obj
-
-
-def _decimals(esd: float | None) -> int:
-    if esd is None or not math.isfinite(esd) or esd <= 0:
-        return 4
-    return int(min(8, max(2, 1 - math.floor(math.log10(esd)))))
-
-
-def _num(v: float | None, dec: int) -> str:
-    if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return "-"
-    if abs(v) >= 1e6:
-        return f"{v:.6g}"
-    return f"{v:.{dec}f}"
-
-
-def results_table(result, truth: dict | None = None) -> str:
-    """Start / refined / esd (and truth) of every parameter that was refined or follows a refined one."""
-    from nbtorch.setup import PARAMETER_NAMES
-    from refine.parameters import NUISANCE
-
-    rows = []
-    changed = {n for n in result.params if n in result.initial_params
-               and result.params[n] != result.initial_params[n]}
-    for n in PARAMETER_NAMES + NUISANCE:
-        if n in result.params and (n in result.esds or n in result.free or n in changed):
-            rows.append(n)
-    head = ["parameter", "unit"] + (["truth"] if truth else []) + ["start", "refined", "esd"]
-    body = []
-    for n in rows:
-        e = result.esds.get(n)
-        d = _decimals(e)
-        line = [n, result.units.get(n, "")]
-        if truth:
-            line.append(_num(truth.get(n), d))
-        line += [_num(result.initial_params.get(n), d), _num(result.params.get(n), d),
-                 f"{e:.2g}" if e is not None and math.isfinite(e) else "-"]
-        body.append(line)
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
-
-
-def write_outputs(result, h5_path: str, json_path: str, extra: dict) -> None:
-    """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both."""
-    from nbtorch.io.atomic import atomic_output_path, atomic_write
-    from refine.results import save_h5
-
-    doc = result.to_json_dict()
-    doc.update(extra)
-    text = json.dumps(_plain(doc), indent=2, allow_nan=False)
-    with atomic_output_path(h5_path) as tmp:
-        save_h5(result, tmp)
-        import h5py
-
-        with h5py.File(tmp, "a") as h5:
-            if "truth" in extra:
-                t = h5.create_group("truth")
-                for name, v in extra["truth"].items():
-                    t.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
-            if "spots" in extra:
-                s = h5.create_group("spots")
-                for key in ("observed", "predicted_start", "predicted_final"):
-                    if key in extra["spots"]:
-                        s.create_dataset(key, data=np.asarray(extra["spots"][key], dtype=np.float64))
-            del h5["result_json"]
-            h5.create_dataset("result_json", data=text)
-    with atomic_write(json_path, "w") as fh:
-        fh.write(text + "\n")
-
-
 # ------------------------------------------------------------------------------ the run
 
 
@@ -521,7 +370,9 @@ def run(args: argparse.Namespace) -> int:
     from refine.callbacks import TensorBoardCallback
     from refine.data import load_image
     from refine.model import model_config
+    from refine.model import crystal_system, tie_start_cell
     from refine.parameters import ParameterSpace
+    from refine.report import results_table, write_outputs
     from refine.runner import refine
     from refine.selection import check_roi, resolution_mask, restrict_simulator, roi_mask, subsample_mask
 
@@ -554,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
     ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
     _check_outputs({"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path, "--logdir": args.logdir})
     if args.resume and not Path(ckpt_path).is_file():
-        raise InputError(f"--resume: checkpoint {ckpt_path} not found (run once without --resume, or give --checkpoint)")
+        raise InputError(f"--resume: checkpoint {ckpt_path} not found "
+                         "(run once without --resume, or give --checkpoint)")
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
 
     # ---- observed image and starting model ----------------------------------------------------------
@@ -642,7 +494,8 @@ def run(args: argparse.Namespace) -> int:
     if compile_on:
         sim.set_compile(True, "nbtorch-refine --compile" if args.compile else "nbtorch-refine: big job")
     say(f"  fitting {n_used} of {use.size} pixels ({100.0 * n_used / use.size:.3g}%), "
-        f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, {args.dtype} on {args.device}")
+        f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
+        f"{args.dtype} on {args.device}")
 
     # ---- starting scale and background of a measured image --------------------------------------------
     if args.image and not ({"scale", "background"} <= set(start)) and not args.resume:
@@ -678,7 +531,8 @@ def run(args: argparse.Namespace) -> int:
     if sim.compile_mode == "compiled" and not args.no_esds:
         callbacks.append(_EagerForEsds(sim))
     progress = False if args.quiet else None
-    result = refine(sim, observed, start=start, free=free_default if args.refine is None else None, fixed=fixed, symmetry=symmetry, bounds=bounds, mask=use, stages=stages,
+    result = refine(sim, observed, start=start, free=free_default if args.refine is None else None, fixed=fixed,
+                    symmetry=symmetry, bounds=bounds, mask=use, stages=stages,
                     strategy=args.optimizer, background=args.background, loss=args.loss, callbacks=callbacks,
                     progress=progress, time_budget_s=args.time_budget, checkpoint=ckpt_path,
                     checkpoint_every=args.checkpoint_every, resume=ckpt_path if args.resume else None,
@@ -727,7 +581,8 @@ def run(args: argparse.Namespace) -> int:
                               (n.startswith("cell_") or n in ("wavelength", "distance")))
             say(f"{x} (fixed) esd if refined: {e['esds'][x]:.3g}; correlation with {pairs}")
         freed = [n for n in names if n not in result.free]
-        widened = ", ".join(f"{n} {e['esds'][n]:.2g}" for n in e["esds"] if n.startswith("cell_") and n in result.esds)
+        widened = ", ".join(f"{n} {e['esds'][n]:.2g}" for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
+                                                                 "cell_gamma") if n in e["esds"] and n in result.esds)
         if widened:
             say(f"esds with {', '.join(freed)} refined as well: {widened}")
     say(f"wrote {args.out} and {json_path} ({time.monotonic() - t0:.1f} s in all)")

@@ -29,6 +29,10 @@ slow from the corner of pixel (0, 0)) is written in the model's convention
 XDS/DIALS ``-ORGX Fbeam/p+1/2 -ORGY Sbeam/p+1/2`` (a detector normal to the beam),
 CUSTOM ``-Xbeam Fbeam -Ybeam Sbeam``.
 
+:func:`fit_scale_background` gives a measured image's starting scale and background;
+:func:`crystal_system` maps ``--symmetry`` (a crystal system or a space-group symbol such as
+``P41212``) to a crystal system, and :func:`tie_start_cell` makes the starting cell obey it.
+
 ``@FILE`` tokens in the model string are replaced by the flags in FILE (an args
 file such as ``nanobragg_geometry_args_*.txt``); a relative input path inside it
 (``-mat -hkl -dump -sourcefile -img -mask``) that does not exist from the working
@@ -47,7 +51,8 @@ from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
 from refine.data import MeasuredImage
 
-__all__ = ["expand_model_args", "header_flags", "model_config", "INPUT_FILE_FLAGS"]
+__all__ = ["expand_model_args", "header_flags", "model_config", "fit_scale_background", "crystal_system",
+           "tie_start_cell", "INPUT_FILE_FLAGS"]
 
 INPUT_FILE_FLAGS = ("-mat", "-hkl", "-dump", "-sourcefile", "-img", "-mask")
 _GIVEN = {
@@ -208,3 +213,62 @@ def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, floa
         if done:
             break
     return s, b
+
+
+#: space-group names accepted by --symmetry, mapped to crystal systems (a few common ones; any system name works)
+_SPACE_GROUPS = {
+    "P1": "triclinic", "P2": "monoclinic", "P21": "monoclinic", "C2": "monoclinic",
+    "P222": "orthorhombic", "P212121": "orthorhombic", "C2221": "orthorhombic", "I222": "orthorhombic",
+    "P4": "tetragonal", "P41": "tetragonal", "P42": "tetragonal", "P43": "tetragonal", "I4": "tetragonal",
+    "P422": "tetragonal", "P4212": "tetragonal", "P4122": "tetragonal", "P41212": "tetragonal",
+    "P4222": "tetragonal", "P42212": "tetragonal", "P4322": "tetragonal", "P43212": "tetragonal",
+    "I422": "tetragonal", "I4122": "tetragonal",
+    "P3": "trigonal", "P31": "trigonal", "P32": "trigonal", "P321": "trigonal", "P3121": "trigonal",
+    "P3221": "trigonal", "P312": "trigonal", "R3": "rhombohedral", "R32": "rhombohedral",
+    "P6": "hexagonal", "P61": "hexagonal", "P65": "hexagonal", "P622": "hexagonal", "P6122": "hexagonal",
+    "P6522": "hexagonal", "P23": "cubic", "P213": "cubic", "I23": "cubic", "F23": "cubic", "P432": "cubic",
+    "P4132": "cubic", "P4332": "cubic", "I432": "cubic", "F432": "cubic",
+}
+
+
+def crystal_system(name: str | None) -> str | None:
+    """``--symmetry``: a crystal system name, or a space-group symbol mapped to its system."""
+    from refine.parameters import SYMMETRIES
+
+    if name is None:
+        return None
+    key = name.strip()
+    if key.lower() in SYMMETRIES:
+        return key.lower()
+    compact = key.replace(" ", "").replace("_", "").upper()
+    if compact in _SPACE_GROUPS:
+        return _SPACE_GROUPS[compact]
+    raise InputError(f"--symmetry: unknown crystal system or space group {name!r}; "
+                     f"crystal systems: {', '.join(SYMMETRIES)}")
+
+
+_TIES = {"cell_b": "cell_a", "cell_c": "cell_a", "cell_alpha": None, "cell_beta": "cell_alpha",
+         "cell_gamma": "cell_alpha"}
+
+
+def tie_start_cell(symmetry: str, model: dict, start: dict) -> dict[str, float]:
+    """Starting cell values implied by ``symmetry``: the model's cell, overridden by ``start``, with tied values
+    following their free partner (``cell_b = cell_a`` for tetragonal, angles 90 ...).
+
+    A tied value given in ``start`` (or coming from the model while its partner does too) must agree within
+    1 % (lengths) or 1 degree (angles): otherwise the cell does not belong to the crystal system.
+    """
+    from refine.parameters import CELL, constrained_cell
+
+    base = {n: float(start.get(n, model[n])) for n in CELL}
+    implied = {n: float(v) for n, v in constrained_cell(symmetry, base).items()}
+    for n in CELL:
+        diff = abs(implied[n] - base[n])
+        tol = 0.01 * abs(base[n]) if n in ("cell_a", "cell_b", "cell_c") else 1.0
+        partner = _TIES.get(n)
+        follows = partner is not None and partner in start and n not in start
+        if diff > tol and not follows:
+            src = "--start" if n in start else "the model"
+            raise InputError(f"{src}: {n}={base[n]:g} does not fit the {symmetry} cell (expected {implied[n]:g}); "
+                             "fix the starting cell or --symmetry")
+    return implied

@@ -25,6 +25,8 @@ and ``result_json`` (the JSON document).  Both files are written atomically
 
 from __future__ import annotations
 
+import enum
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,19 +146,22 @@ class RefinementResult:
         return "\n".join(lines)
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types for a nested structure: numpy scalars and arrays, enums; NaN/Inf -> None."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
+        return jsonable(obj.tolist())
     if isinstance(obj, (np.floating, float)):
         v = float(obj)
         return v if np.isfinite(v) else None  # JSON has no NaN/Inf
     if isinstance(obj, (np.integer,)):
         return int(obj)
-    if isinstance(obj, Status):
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, enum.Enum):
         return obj.value
     return obj
 
@@ -164,7 +169,7 @@ def _jsonable(obj: Any) -> Any:
 def save_json(result: RefinementResult, path: str | Path) -> Path:
     """Write ``result.json`` atomically (non-finite numbers become ``null``)."""
     path = Path(path)
-    text = json.dumps(_jsonable(result.to_json_dict()), indent=2, sort_keys=False, allow_nan=False)
+    text = json.dumps(jsonable(result.to_json_dict()), indent=2, sort_keys=False, allow_nan=False)
     with atomic_write(path, "w") as fh:
         fh.write(text + "\n")
     return path
@@ -175,7 +180,7 @@ def save_h5(result: RefinementResult, path: str | Path) -> Path:
     import h5py
 
     path = Path(path)
-    doc = json.dumps(_jsonable(result.to_json_dict()), allow_nan=False)
+    doc = json.dumps(jsonable(result.to_json_dict()), allow_nan=False)
     with atomic_output_path(path) as tmp:
         with h5py.File(tmp, "w") as h5:
             for k in ("loss_initial", "loss_final", "steps", "evaluations", "wall_s", "fisher_condition"):

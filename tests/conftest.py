@@ -30,3 +30,12 @@ def case_copy(tmp_path):
     old = os.getcwd()
     yield make
     os.chdir(old)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """chdir into a fresh temporary directory for the test."""
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    yield tmp_path
+    os.chdir(old)

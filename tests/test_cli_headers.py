@@ -18,13 +18,6 @@ HEADER = {"PIXEL_SIZE": "0.2", "DISTANCE": "150", "CLOSE_DISTANCE": "149", "WAVE
 CRYSTAL = "-cell 100 100 100 90 90 90 -default_F 100 -N 3".split()
 
 
-@pytest.fixture
-def workdir(tmp_path):
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    yield tmp_path
-    os.chdir(old)
-
 
 def _smv(path, shape=(24, 32), header=HEADER, zero=None):
     img = np.ones(shape, dtype=np.uint16)

@@ -19,13 +19,6 @@ SMALL = ("-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1 -distance 100 
          "-default_F 100 -noprogress").split()
 
 
-@pytest.fixture
-def workdir(tmp_path):
-    old = os.getcwd()
-    os.chdir(tmp_path)
-    yield tmp_path
-    os.chdir(old)
-
 
 def _stdout_lines(text: str, prefixes=("solid angle", "max_I", "mean=", "intfile_scale", "photons on noise")):
     return [line for line in text.splitlines() if line.startswith(prefixes) or "photons on noise" in line]

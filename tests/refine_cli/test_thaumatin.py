@@ -62,4 +62,4 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     assert corr[d][names.index("cell_a")] > 0.9
     assert corr[d][names.index("cell_c")] > 0.9
     assert "correlation with cell_a" in out and "rms offset" in out
-    assert wall < 600
+    assert wall < 900  # about 2 minutes on 2 idle cores, compile included
