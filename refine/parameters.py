@@ -62,6 +62,7 @@ from refine.transforms import Bounded, Identity, Multiplicative, Positive, Trans
 __all__ = [
     "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
     "ParameterSpace", "ParameterMap", "constrained_cell", "misset_after_rotation", "canonical_values",
+    "misset_rotation", "misset_from_rotation",
 ]
 
 NUISANCE = ("scale", "background", "background_x", "background_y")
@@ -145,12 +146,13 @@ def constrained_cell(symmetry: str, v: Mapping[str, Tensor | float]) -> dict[str
     return {"cell_a": a, "cell_b": b, "cell_c": c, "cell_alpha": al, "cell_beta": be, "cell_gamma": ga}
 
 
-def _rotation_deg(angles: Tensor) -> Tensor:
-    r = angles * (math.pi / 180.0)
+def misset_rotation(angles: Tensor) -> Tensor:
+    """``Rz Ry Rx`` (3, 3) of misset angles ``(rx, ry, rz)`` in degrees (the simulator's convention)."""
+    r = torch.as_tensor(angles, dtype=torch.float64) * (math.pi / 180.0)
     return rotation_matrix_xyz(r[..., 0], r[..., 1], r[..., 2])
 
 
-def _decompose_xyz(R: Tensor, near: Tensor) -> Tensor:
+def misset_from_rotation(R: Tensor, near: Tensor) -> Tensor:
     """Angles (deg, (3,)) with ``Rz Ry Rx = R``; of the two solutions, the one nearest ``near`` (deg)."""
     deg = 180.0 / math.pi
     ry = torch.atan2(-R[2, 0], torch.sqrt(R[0, 0] ** 2 + R[1, 0] ** 2))
@@ -174,8 +176,8 @@ def misset_after_rotation(misset_deg: Tensor, orient_deg: Tensor) -> Tensor:
     """
     misset_deg = torch.as_tensor(misset_deg, dtype=torch.float64)
     orient_deg = torch.as_tensor(orient_deg, dtype=torch.float64)
-    R = _rotation_deg(orient_deg) @ _rotation_deg(misset_deg)
-    return _decompose_xyz(R, misset_deg.detach())
+    R = misset_rotation(orient_deg) @ misset_rotation(misset_deg)
+    return misset_from_rotation(R, misset_deg.detach())
 
 
 def canonical_values(values: Mapping[str, float]) -> dict[str, float]:

@@ -51,7 +51,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.hkl import write_fdump
 from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
-from refine.parameters import BASE_NAMES, misset_after_rotation
+from refine.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 
 __all__ = ["Problem", "make_problem", "PROBLEMS", "PERTURBATION", "misorientation_deg"]
 
@@ -142,25 +142,10 @@ def _axis_angle_matrix(axis, angle_deg: float) -> np.ndarray:
     return np.eye(3) + math.sin(t) * K + (1 - math.cos(t)) * K @ K
 
 
-def _xyz_from_matrix(R: np.ndarray, near) -> tuple[float, float, float]:
-    """Misset angles (deg) of ``R = Rz Ry Rx`` nearest ``near``."""
-    # reuse the differentiable decomposition: R = R(orient) @ R(0) with orient = decomposition of R
-    ry = math.atan2(-R[2, 0], math.hypot(R[0, 0], R[1, 0]))
-    rx = math.atan2(R[2, 1], R[2, 2])
-    rz = math.atan2(R[1, 0], R[0, 0])
-    guess = torch.tensor([math.degrees(v) for v in (rx, ry, rz)], dtype=torch.float64)
-    out = misset_after_rotation(guess, torch.zeros(3, dtype=torch.float64))  # branch handling
-    near_t = torch.tensor(near, dtype=torch.float64)
-    out = out - 360.0 * torch.round((out - near_t) / 360.0)
-    return tuple(float(v) for v in out)
-
-
 def misorientation_deg(misset_a, misset_b) -> float:
     """Angle (deg) of the rotation between two misset orientations (``Rz Ry Rx``, deg)."""
-    from refine.parameters import _rotation_deg
-
-    Ra = _rotation_deg(torch.tensor(misset_a, dtype=torch.float64))
-    Rb = _rotation_deg(torch.tensor(misset_b, dtype=torch.float64))
+    Ra = misset_rotation(torch.tensor(misset_a, dtype=torch.float64))
+    Rb = misset_rotation(torch.tensor(misset_b, dtype=torch.float64))
     c = (float(torch.trace(Ra @ Rb.T)) - 1.0) / 2.0
     return math.degrees(math.acos(max(-1.0, min(1.0, c))))
 
@@ -233,8 +218,6 @@ def make_problem(name: str, size: int = 64, seed: int | None = None, directory: 
         "distance": spec["distance"], "beam_x": centre + 0.37 * PIXEL_MM, "beam_y": centre - 0.21 * PIXEL_MM,
     }
     # the start: perturbed truth, respecting the crystal system
-    from refine.parameters import SYMMETRIES, constrained_cell
-
     start = dict(truth)
     free_cell = SYMMETRIES[spec["symmetry"]]
     for n in ("cell_a", "cell_b", "cell_c"):
@@ -243,11 +226,9 @@ def make_problem(name: str, size: int = 64, seed: int | None = None, directory: 
         if n in free_cell:
             start[n] = truth[n] + pert["cell_angle_deg"]
     start.update({k: float(v) for k, v in constrained_cell(spec["symmetry"], start).items()})
-    R_pert = _axis_angle_matrix(pert["orientation_axis"], pert["orientation_deg"])
-    from refine.parameters import _rotation_deg
-
-    R_truth = _rotation_deg(torch.tensor(spec["misset"], dtype=torch.float64)).numpy()
-    sx, sy, sz = _xyz_from_matrix(R_pert @ R_truth, spec["misset"])
+    R_pert = torch.as_tensor(_axis_angle_matrix(pert["orientation_axis"], pert["orientation_deg"]))
+    misset = torch.tensor(spec["misset"], dtype=torch.float64)
+    sx, sy, sz = (float(v) for v in misset_from_rotation(R_pert @ misset_rotation(misset), misset))
     start.update({"misset_x": sx, "misset_y": sy, "misset_z": sz})
     start["beam_x"] = truth["beam_x"] + pert["beam_centre_px"] * PIXEL_MM
     start["beam_y"] = truth["beam_y"] + pert["beam_centre_px"] * PIXEL_MM

@@ -16,7 +16,7 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
-from refine.callbacks import AbstractCallback, CallbackList, ProgressCallback, RunInfo, StepState
+from refine.callbacks import CallbackList, ProgressCallback, RunInfo, StepState
 from refine.checkpoint import RunCheckpoint, read_checkpoint, write_checkpoint
 from refine.loop import LoopInterrupted, LoopState, Status, minimise
 from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
@@ -261,12 +261,13 @@ def refine(
         view = make_view(sim, values, valid, stage.roi_fraction, stage.bin, stage.roi_radius)
         objective = ImageObjective(sim, obs, view, loss_fn, 1.0 if n_free else stage.n_factor, compile_loss)
         conv = stage.convergence
+        resuming = loop_resume is not None and index == first_stage
         if time_budget_s is not None:
-            left = max(0.0, time_budget_s - elapsed())
+            # the loop counts this stage's time before a resume too
+            left = max(0.0, time_budget_s - elapsed()) + (loop_resume.elapsed_s if resuming else 0.0)
             conv = conv.replace(time_budget_s=left if conv.time_budget_s is None else min(left, conv.time_budget_s))
         stage_values = dict(values)
         cb.on_stage_start(stage, index)
-        resuming = loop_resume is not None and index == first_stage
         if resuming and pre_resume is not None:
             pre = pre_resume
         else:

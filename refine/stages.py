@@ -18,24 +18,28 @@ binned, low-resolution views overlap from such starts, and each later stage
 starts inside the basin of the sharper one.
 
 :func:`stage_a` is the default schedule (each stage keeps the groups of the
-previous ones free; the whole image is used, ``roi_fraction`` 1):
+previous ones free):
 
-=============  ==============================================  ===
-stage          frees                                           bin
-=============  ==============================================  ===
-orientation    scale, background, orientation, beam_x, beam_y  8
-cell           + cell                                          4
-detector       + distance                                      2
-mosaic         + mosaic_spread, N                              1
-final          everything above, tight tolerances              1
-=============  ==============================================  ===
+=============  ==============================================  ===  ===========
+stage          frees                                           bin  disc radius
+=============  ==============================================  ===  ===========
+orientation    scale, background, orientation, beam_x, beam_y  8    64 px
+cell           + cell                                          4    128 px
+detector       + distance                                      2    all
+mosaic         + mosaic_spread, N                              1    all
+final          everything above, tight tolerances              1    all
+=============  ==============================================  ===  ===========
 
 The beam centre is refined from the first stage on: a beam-centre error is a
 rigid translation of the whole pattern, which no crystal rotation can absorb,
 so fitting the orientation without it drives the crystal to a wrong
-orientation.  Binning, not a small disc of low-resolution pixels, is the
-default coarse view: a disc holds too few spots to fix the orientation, and
-the whole image binned by 8 has a capture range of several pixels.  Spot
+orientation.  Binning is the main coarse view: the image binned by 8 has a
+capture range of several pixels.  The disc of low-resolution pixels is
+capped in pixels (``roi_radius``), not as a fraction of the detector: on a
+64 x 64 detector it is the whole image (a smaller disc holds too few spots
+to fix the orientation), on a 512 x 512 one it keeps the first stages away
+from the high-angle spots, whose partialities change with the orientation
+faster than the coarse stages can follow, and it makes them 16x cheaper.  Spot
 broadening (``n_factor``) is available but not used by default: a broadened
 model fits the sharp observed spots with a biased cell.
 

@@ -11,7 +11,8 @@ import torch
 
 from nbtorch.setup import PARAMETER_NAMES
 from refine import (
-    AbstractCallback, RefinementInterrupted, Stage, Status, load_h5, read_checkpoint, refine, save_h5, save_json,
+    AbstractCallback, Convergence, RefinementInterrupted, Stage, Status, load_h5, read_checkpoint, refine, save_h5,
+    save_json,
     stage_a,
 )
 
@@ -143,3 +144,17 @@ def test_nan_pixels_are_ignored_and_status_reported(small):
     res = refine(small, obs, stages=one, progress=False, time_budget_s=1e-9)
     assert res.status is Status.TIME_BUDGET and "time budget" in res.message
     assert not res.mask[0, :5].any() and not res.mask[1, :5].any() and res.mask[5:, 5:].all()
+
+
+def test_planar_background_bounds_and_other_losses(small):
+    one = (Stage("nuisance", ("scale", "background", "beam_centre"), bin=2, convergence=Convergence(max_steps=15)),)
+    res = refine(small, stages=one, background="planar", progress=False)
+    assert {"background_x", "background_y"} <= set(res.free) and "background_x" in res.params
+    assert abs(res.params["background_x"]) < 0.05 and res.esds["background_y"] > 0
+    lo, hi = small.truth["beam_x"] - 0.05, small.truth["beam_x"] + 0.5
+    res = refine(small, stages=one, bounds={"beam_x": (lo, hi)}, progress=False)
+    assert lo < res.params["beam_x"] < hi
+    res = refine(small, stages=one, loss="gaussian", progress=False, esds=False)
+    assert res.status.ok and res.loss_final < res.loss_initial and res.hparams["loss"] == "gaussian"
+    with pytest.raises(ValueError, match="background"):
+        refine(small, stages=one, background="quadratic", progress=False)
