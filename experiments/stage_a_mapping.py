@@ -62,7 +62,7 @@ def phase1(w: Workload, outdir: Path) -> dict:
         "roi": list(s.roi), "oversample": s.oversample, "mosaic_domains": len(s.mosaic_fractions),
     }
     with torch.no_grad(), nbtorch.eager():
-        image, diag = sim.render(**{k: torch.tensor(values[k], dtype=sim.dtype) for k in p})
+        image, diag = sim.render(diagnostics=True, **{k: torch.tensor(values[k], dtype=sim.dtype) for k in p})
     model = image.double().cpu().numpy() * float(values.get("scale", 1.0)) + float(
         values.get("background", np.median(w.observed)))
     obs = w.observed

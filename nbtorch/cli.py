@@ -209,7 +209,7 @@ def run(argv: Sequence[str]) -> int:
         say(f"  skipping zero-flagged pixels in {cfg.mask_file}")
     progress = use_progress(cfg)
     with torch.no_grad():
-        image_t, diag = sim.render(progress=progress)
+        image_t, diag = sim.render(progress=progress, diagnostics=True)
         full = image_t.new_zeros(sim.shape)
         x0, x1, y0, y1 = s.roi
         full[y0:y1 + 1, x0:x1 + 1] = image_t

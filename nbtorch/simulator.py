@@ -26,7 +26,7 @@ from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
 from nbtorch.physics.detector import DetectorGeometry, detector_geometry, subpixel_positions
-from nbtorch.physics.kernel import KernelInputs, KernelOptions, accumulate_pixels
+from nbtorch.physics.kernel import COMPILED_STAGES, KernelInputs, KernelOptions, accumulate_pixels
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
 
@@ -254,12 +254,17 @@ class Simulator(nn.Module):
         s = self.setup
         return s.thicksteps * s.oversample**2 * len(s.incident) * s.phisteps * len(s.mosaic_fractions)
 
-    def render(self, roi=None, progress: bool = False, **overrides) -> tuple[Tensor, dict[str, Tensor]]:
+    def render(self, roi=None, progress: bool = False, diagnostics: bool | None = None,
+               **overrides) -> tuple[Tensor, dict[str, Tensor]]:
         """Image of the ROI (rows slow, columns fast) and diagnostics tensors.
 
         ``roi`` = (xmin, xmax, ymin, ymax) inclusive, default the config's ROI.
         ``progress`` shows a tqdm bar over the tiles (stderr).
+        ``diagnostics``: also compute the HKL-lookup statistics (``fraction_default_F``,
+        ``hkl0_min``, ``hkl0_max``); default: only when a hook is subscribed (they cost
+        extra reductions in the hot loop).  Image statistics are always returned.
         """
+        want_diag = bool(len(self.diagnostics)) if diagnostics is None else bool(diagnostics)
         s = self.setup
         F_grid = overrides.pop("F_grid", self.F_grid)
         if F_grid is not None:
@@ -302,7 +307,7 @@ class Simulator(nn.Module):
             pos = subpixel_positions(geom, fa, sl, t(s.pixel_m), s.oversample, layers,
                                      curved=self.options.curved, c_parity=s.c_parity)
             first = real_first if start == 0 else None
-            values, diag = self._run_kernel(kernel, pos, inp, first)
+            values, diag = self._run_kernel(kernel, pos, inp, first, want_diag)
             if n < tile:
                 values = values[:n]
             pieces.append(values)
@@ -312,7 +317,7 @@ class Simulator(nn.Module):
         if where is not None:  # masked pixels stay exactly 0 and are never computed
             values = values.new_zeros((y1 - y0 + 1) * (x1 - x0 + 1)).index_put((where,), values)
         image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
-        merged = _merge_diagnostics(diags, image)
+        merged = _merge_diagnostics(diags, image, want_diag)
         self.diagnostics.emit(merged)
         return image, merged
 
@@ -332,21 +337,30 @@ class Simulator(nn.Module):
         )
 
     def _kernel_for(self, tile: int, with_first: bool):
+        """The compiled kernel: three separately compiled stages, or the whole function for the running-sum quirk."""
         if self.compile_mode != "compiled" or runtime.in_eager_block():
             return None
-        return runtime.compiled_kernel(self._kernel_key(tile, with_first), accumulate_pixels)
+        key = self._kernel_key(tile, with_first)
+        if self.options.running_sum_quirk:
+            return runtime.compiled_kernel(key + ("whole",), accumulate_pixels)
+        # compiled apart: fused into one graph, Inductor would recompute the per-pixel
+        # geometry inside the orientation loop instead of loading it
+        return tuple(runtime.compiled_kernel(key + (fn.__name__,), fn) for fn in COMPILED_STAGES)
 
-    def _run_kernel(self, kernel, pos, inp, first):
+    def _run_kernel(self, kernel, pos, inp, first, diagnostics: bool = False):
         if kernel is None or self.compile_mode != "compiled" or runtime.in_eager_block():
-            return accumulate_pixels(pos, inp, self.options, real_first_A=first)
+            return accumulate_pixels(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics)
         try:
-            return kernel(pos, inp, self.options, real_first_A=first)
+            if isinstance(kernel, tuple):
+                return accumulate_pixels(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics,
+                                         stages=kernel)
+            return kernel(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics)
         except Exception as exc:  # compilation problems surface here, on first use
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("torch.compile failed, falling back to eager for this simulator: %s", reason)
             self.compile_mode = "eager"
             self.compile_reason = f"compile failed: {reason}"
-            return accumulate_pixels(pos, inp, self.options, real_first_A=first)
+            return accumulate_pixels(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics)
 
     def forward(self, **overrides) -> Tensor:
         """Full detector image (slow, fast) in photons per pixel; zero outside the ROI."""
@@ -359,19 +373,20 @@ class Simulator(nn.Module):
         return full
 
 
-def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor) -> dict[str, Tensor]:
-    if not diags:  # every pixel masked
-        z = image.new_zeros(3)
-        diags = [{"n_eval": image.new_ones(()), "n_default_F": image.new_zeros(()), "hkl0_min": z, "hkl0_max": z}]
-    n_eval = sum(d["n_eval"] for d in diags)
-    n_def = sum(d["n_default_F"] for d in diags)
+def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor, lookups: bool) -> dict[str, Tensor]:
+    """Image statistics, plus the tiles' HKL-lookup statistics when ``lookups``."""
     with torch.no_grad():
         img = image.detach()
-        return {
-            "fraction_default_F": n_def / n_eval,
-            "hkl0_min": torch.stack([d["hkl0_min"] for d in diags]).amin(0),
-            "hkl0_max": torch.stack([d["hkl0_max"] for d in diags]).amax(0),
-            "image_max": img.max(),
-            "image_mean": img.mean(),
-            "image_sum": img.sum(),
-        }
+        out = {}
+        if lookups:
+            diags = [d for d in diags if d]
+            if not diags:  # every pixel masked
+                z = image.new_zeros(3)
+                diags = [{"n_eval": image.new_ones(()), "n_default_F": image.new_zeros(()), "hkl0_min": z,
+                          "hkl0_max": z}]
+            out["fraction_default_F"] = sum(d["n_default_F"] for d in diags) / sum(d["n_eval"] for d in diags)
+            out["hkl0_min"] = torch.stack([d["hkl0_min"] for d in diags]).amin(0)
+            out["hkl0_max"] = torch.stack([d["hkl0_max"] for d in diags]).amax(0)
+        if img.numel():
+            out.update(image_max=img.max(), image_mean=img.mean(), image_sum=img.sum())
+        return out

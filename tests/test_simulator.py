@@ -61,10 +61,13 @@ def test_diagnostics_report_lookups(tmp_path):
     hkl = tmp_path / "small.hkl"
     hkl.write_text("\n".join(f"{h} {k} {l} 10" for h in range(-1, 2) for k in range(-1, 2) for l in range(-1, 2)))
     sim = Simulator(config_from_args((BASE + f" -hkl {hkl}").split()), dtype=torch.float64)
-    _, diag = sim.render()
+    _, plain = sim.render()
+    assert "fraction_default_F" not in plain and float(plain["image_max"]) > 0  # lookups: only on request
+    _, diag = sim.render(diagnostics=True)
     frac = float(diag["fraction_default_F"])
     assert 0.0 < frac < 1.0  # some lookups land in the tiny table, most fall outside
     assert (diag["hkl0_max"] >= diag["hkl0_min"]).all()
+    assert float(diag["image_sum"]) == pytest.approx(float(plain["image_sum"]), rel=1e-12)
 
 
 def test_memory_bound_tile_size():

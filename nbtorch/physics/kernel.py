@@ -1,7 +1,11 @@
 """The per-pixel accumulation: the one copy of the diffraction physics.
 
 ``accumulate_pixels`` renders a tile of pixels.  The full image, a tiled
-image, an ROI and a single pixel all go through it.
+image, an ROI and a single pixel all go through it.  It runs three pure
+functions: :func:`pixel_terms` (geometry of every sub-pixel and source),
+:func:`orientation_sum` (the hot loop over phi steps and mosaic domains) and
+:func:`combine` (weights and scaling); the C-parity running-sum quirk keeps
+every evaluation instead (:func:`_accumulate_evaluations`).
 
 Loop structure (nanoBragg's, outermost first) for each pixel::
 
@@ -24,18 +28,15 @@ with ``steps = Q Φ M oversample^2`` (layers are not counted).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from nbtorch.physics.lattice import lattice_factor_components, nearest_index
+from nbtorch.physics.lattice import lattice_factor_components, miller_indices, nearest_index
 from nbtorch.physics.polarization import kahn_polarization
-from nbtorch.physics.structure import (
-    interpolation_safe,
-    nearest_structure_factor,
-    structure_factor,
-    tricubic_structure_factor,
-)
+from nbtorch.physics.square_sum import square_orientation_sum
+from nbtorch.physics.structure import structure_factor
 
 R_E_SQR = 7.94079248018965e-30  # Thomson cross-section r_e^2 (m^2)
 
@@ -93,31 +94,29 @@ def _norm(v: Tensor) -> Tensor:
     return torch.linalg.vector_norm(v, dim=-1)
 
 
-def accumulate_pixels(
-    pos_m: Tensor,
-    inp: KernelInputs,
-    opt: KernelOptions,
-    structure_mode: Tensor | None = None,
-    real_first_A: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Photons per pixel for a tile of pixels.
+@dataclass(frozen=True)
+class PixelTerms:
+    """Per-(pixel, layer, sub-pixel, source) quantities, independent of the crystal orientation.
 
-    Arguments:
-        pos_m: (P, T, S, 3) sub-pixel positions (m) from the sample.
-        inp: tensors (see :class:`KernelInputs`).
-        opt: static options (see :class:`KernelOptions`).
-        structure_mode: optional int tensor broadcastable to (P, T, S, Q, Φ, M):
-            0 nearest, 1 tricubic, 2 default_F (C-parity interpolation switch-off).
-        real_first_A: optional (Φ, M, 3, 3) crystal vectors for the very first
-            evaluation of pixel 0 (first layer, sub-pixel and valid source): the C
-            program's first evaluation still sees the un-rotated phi=0 vectors.
-
-    Returns:
-        ``(image (P,), diagnostics)``; diagnostics hold tensors
-        ``n_eval``, ``n_default_F`` (lookups that fell outside the table),
-        ``hkl0_min`` and ``hkl0_max`` (3,) over the tile.
+    ``scatter`` components are laid out (T, S, Q, P), pixel innermost and
+    contiguous, ready for :func:`orientation_sum`; the others are (P, T, S) or
+    (P, T, S, Q).
     """
-    dtype = pos_m.dtype
+
+    sx: Tensor  # (T, S, Q, P) scattering vector components (1/A)
+    sy: Tensor
+    sz: Tensor
+    omega: Tensor  # (P, T, S) solid angle (sr; 1/m^2 for point pixels)
+    capture: Tensor  # (P, T, S) fraction absorbed in the layer
+    polar: Tensor  # (P, T, S, Q) polarization factor
+    valid: Tensor  # (P, T, S, Q) inside the -dmin limit
+
+
+def pixel_terms(pos_m: Tensor, inp: KernelInputs, opt: KernelOptions) -> PixelTerms:
+    """Solid angle, capture, polarization and scattering vectors of every sub-pixel and source.
+
+    ``pos_m``: (P, T, S, 3) sub-pixel positions (m) from the sample, lab frame.
+    """
     P, T, S, _ = pos_m.shape
     airpath = _norm(pos_m)  # (P, T, S)
     diffracted = pos_m / airpath[..., None]
@@ -135,7 +134,7 @@ def accumulate_pixels(
     # --- sensor capture fraction per layer -----------------------------------------
     if opt.has_thickness:
         parallax = (diffracted * inp.odet).sum(-1)
-        t_idx = torch.arange(T, dtype=dtype, device=pos_m.device)[None, :, None]
+        t_idx = torch.arange(T, dtype=pos_m.dtype, device=pos_m.device)[None, :, None]
         dz = inp.layer_thickness_m * inp.mu_per_m / parallax
         capture = torch.exp(-t_idx * dz) - torch.exp(-(t_idx + 1.0) * dz)
     else:
@@ -143,89 +142,180 @@ def accumulate_pixels(
 
     # --- scattering vectors per source -----------------------------------------------
     inc = inp.incident  # (Q, 3)
-    lam = inp.wavelength_A  # (Q,)
-    scatter = (diffracted[..., None, :] - inc) / lam[:, None]  # (P, T, S, Q, 3) 1/A
+    scatter = (diffracted[..., None, :] - inc) / inp.wavelength_A[:, None]  # (P, T, S, Q, 3) 1/A
     if opt.use_dmin:
         stol = 0.5 * _norm(scatter)
         valid = ~((stol > 0) & (inp.dmin_A * stol > 0.5))
     else:
         valid = torch.ones(scatter.shape[:-1], dtype=torch.bool, device=pos_m.device)
-
     if opt.nopolar:
-        polar = torch.ones(scatter.shape[:-1], dtype=dtype, device=pos_m.device)
+        polar = torch.ones(scatter.shape[:-1], dtype=pos_m.dtype, device=pos_m.device)
     else:
         polar = kahn_polarization(inc, diffracted[..., None, :], inp.polar_axis, inp.kahn)  # (P,T,S,Q)
+    sc = scatter.permute(4, 1, 2, 3, 0)  # (3, T, S, Q, P)
+    return PixelTerms(sc[0].contiguous(), sc[1].contiguous(), sc[2].contiguous(), omega, capture, polar, valid)
 
-    # --- Miller indices for every phi step and mosaic domain -------------------------
-    # Layout (Φ, M, T, S, Q, P): the pixel axis is innermost, so a compiler vectorises
-    # along pixels and reduces over the orientations in registers.
-    real = inp.real_A  # (Φ, M, 3, 3)
-    Q = scatter.shape[3]
-    sc = scatter.permute(1, 2, 3, 0, 4)  # (T, S, Q, P, 3)
-    valid_l = valid.permute(1, 2, 3, 0)  # (T, S, Q, P)
-    h, k, l = _miller_indices(sc, real)  # each (Φ, M, T, S, Q, P)
-    if real_first_A is not None:
-        # replace the evaluation at (pixel 0, layer 0, sub-pixel 0, first valid source); no
-        # data-dependent indexing, so the kernel still compiles into one graph
-        q = torch.argmax(valid[0, 0, 0].to(torch.int8))
-        first = _miller_indices(scatter[0, 0, 0], real_first_A)  # each (Φ, M, Q)
-        dev = pos_m.device
-        at = (
-            (torch.arange(T, device=dev) == 0)[:, None, None, None]
-            & (torch.arange(S, device=dev) == 0)[None, :, None, None]
-            & (torch.arange(Q, device=dev) == q)[None, None, :, None]
-            & (torch.arange(P, device=dev) == 0)[None, None, None, :]
-        )
-        h, k, l = (torch.where(at, f[:, :, None, None, :, None], x) for f, x in zip(first, (h, k, l)))
+
+def orientation_sum(
+    sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions, diagnostics: bool = False,
+    real_A: Tensor | None = None, analytic_backward: bool = False,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``sum over phi steps and mosaic domains of (F_cell F_latt)^2`` for every scattering vector.
+
+    The hot loop of the simulator: ``s*`` are (..., P) components of the
+    scattering vector (1/A); the result has their shape.  Miller indices are
+    ``h_i = a_i . S`` for the crystal vectors ``real_A`` (Φ, M, 3, 3; default
+    ``inp.real_A``).  Laid out (Φ, M, ..., P) with the pixel axis innermost, a
+    compiler turns it into one loop vectorised along pixels that reduces over
+    the orientations in registers, with nothing of size evaluations stored.
+
+    ``diagnostics`` adds tensors ``n_eval``, ``n_default_F`` (lookups outside
+    the HKL table), ``hkl0_min`` and ``hkl0_max`` (3,) (extra reductions: off
+    unless asked for).
+
+    ``analytic_backward``: when gradients are being recorded for a square crystal
+    whose structure-factor table needs none, use
+    :class:`~nbtorch.physics.square_sum.SquareOrientationSum` (same values, a
+    hand-written backward several times cheaper than autograd's through the
+    fused loop).  The compiled simulator sets it; eager runs (and gradcheck) use
+    plain autograd, and the tests compare the two.
+    """
+    real = inp.real_A if real_A is None else real_A
+    if (analytic_backward and torch.is_grad_enabled() and opt.shape == "square" and not opt.interpolate
+            and (inp.F_grid is None or not inp.F_grid.requires_grad)):
+        sums = square_orientation_sum(sx, sy, sz, real, inp.n_cells, inp.F_grid, inp.hkl_min, inp.hkl_max,
+                                      inp.default_F)
+        if inp.F_grid is None:
+            sums = inp.default_F**2 * sums
+        if not diagnostics:
+            return sums, {}
+        with torch.no_grad():
+            hkl0 = tuple(nearest_index(x) for x in miller_indices((sx, sy, sz), real))
+        return sums, _diagnostics(hkl0, inp)
+    h, k, l = miller_indices((sx, sy, sz), real)  # each (Φ, M, ..., P)
     hkl = (h, k, l)
     hkl0 = tuple(nearest_index(x) for x in hkl)
-
     f_latt = lattice_factor_components(hkl, hkl0, inp.n_cells, opt.shape, inp.recip_per_A, inp.fudge)
-    if structure_mode is None:
-        f_cell = structure_factor(
-            hkl, hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F, opt.interpolate
-        )
+    flat = (-1,) + tuple(sx.shape)
+    if inp.F_grid is None:  # every F is default_F: factor it out of the sum
+        sums = inp.default_F**2 * (f_latt * f_latt).reshape(flat).sum(0)
     else:
-        mode = structure_mode.permute(4, 5, 1, 2, 3, 0) if structure_mode.dim() == 6 else structure_mode
-        near = nearest_structure_factor(hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F)
-        tri = tricubic_structure_factor(hkl, inp.F_grid, inp.hkl_min)
-        f_cell = torch.where(mode == 1, tri, torch.where(mode == 2, inp.default_F, near))
-    term = (f_cell * f_latt) ** 2  # (Φ, M, T, S, Q, P)
+        f_cell = structure_factor(hkl, hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F, opt.interpolate)
+        sums = ((f_cell * f_latt) ** 2).reshape(flat).sum(0)
+    return sums, (_diagnostics(hkl0, inp) if diagnostics else {})
+
+
+def combine(sums: Tensor, terms: PixelTerms, inp: KernelInputs, opt: KernelOptions) -> Tensor:
+    """Photons per pixel (P,) from the orientation sums (T, S, Q, P) and the pixel terms (spec or C parity)."""
     if opt.use_dmin:
-        term = torch.where(valid_l, term, torch.zeros_like(term))
-    valid6 = valid_l
-
+        sums = torch.where(terms.valid.permute(1, 2, 3, 0), sums, torch.zeros_like(sums))
     scale = R_E_SQR * inp.fluence / inp.steps
-    water_c = R_E_SQR * inp.fluence * inp.water_F2N if opt.has_water else None
-
     if not opt.c_parity:
-        weight = (omega * capture)[..., None] * polar  # (P, T, S, Q)
-        # one reduced axis, summed in order: the same bits whatever the tile size
-        summed = term.reshape(-1, T, S, Q, P).sum(0).permute(3, 0, 1, 2)  # (P, T, S, Q)
-        image = scale * (summed * weight).sum((1, 2, 3))
+        weight = (terms.omega * terms.capture)[..., None] * terms.polar  # (P, T, S, Q)
+        image = scale * (sums.permute(3, 0, 1, 2) * weight).sum((1, 2, 3))
         if opt.has_water:
             image = image + R_E_SQR * inp.fluence * inp.water_F2N * weight.mean((2, 3)).sum(1)
-    else:
-        image = _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, opt)
+        return image
+    P = sums.shape[-1]
+    # the C adds its water background I_bg = r_e^2 fluence F_bg^2 N_water to the sum before scaling
+    I_bg = R_E_SQR * inp.fluence * inp.water_F2N if opt.has_water else 0.0
+    polar_first = terms.polar.new_ones(P) if opt.nopolar else _first_valid(terms.polar, terms.valid)
+    total = I_bg + sums.reshape(-1, P).sum(0)
+    return scale * total * terms.capture[:, -1, 0] * polar_first * terms.omega[:, 0, 0]
 
-    diag = _diagnostics(hkl0, valid6, inp)
-    return image, diag
+
+def orientation_sum_analytic(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions,
+                             diagnostics: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`orientation_sum` with ``analytic_backward=True`` (the compiled simulator's hot stage)."""
+    return orientation_sum(sx, sy, sz, inp, opt, diagnostics, analytic_backward=True)
 
 
-def _miller_indices(scatter: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``h_i = a_i . S`` for every phi/mosaic orientation: (..., 3) x (Φ, M, 3, 3) -> 3 x (Φ, M, ...).
+Stages = tuple[Callable, Callable, Callable]
+EAGER_STAGES: Stages = (pixel_terms, orientation_sum, combine)
+COMPILED_STAGES: Stages = (pixel_terms, orientation_sum_analytic, combine)
 
-    Written as broadcast multiply-adds on separate components (no matmul, no
-    trailing axis of 3) so a compiler fuses and vectorises it together with the
-    lattice factor and the reduction instead of materialising it.
+
+def accumulate_pixels(
+    pos_m: Tensor,
+    inp: KernelInputs,
+    opt: KernelOptions,
+    real_first_A: Tensor | None = None,
+    diagnostics: bool = False,
+    stages: Stages = EAGER_STAGES,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Photons per pixel for a tile of pixels.
+
+    Arguments:
+        pos_m: (P, T, S, 3) sub-pixel positions (m) from the sample.
+        inp: tensors (see :class:`KernelInputs`).
+        opt: static options (see :class:`KernelOptions`).
+        real_first_A: optional (Φ, M, 3, 3) crystal vectors for the very first
+            evaluation of pixel 0 (first layer, sub-pixel and valid source): the C
+            program's first evaluation still sees the un-rotated phi=0 vectors.
+        diagnostics: also return lookup statistics (see :func:`orientation_sum`).
+        stages: the three pure functions ``(pixel_terms, orientation_sum, combine)``
+            to run; the simulator passes compiled versions of the same functions
+            (compiled separately: fused into one graph, the per-pixel geometry
+            would be recomputed inside the hot loop).
+
+    Returns:
+        ``(image (P,), diagnostics)``; diagnostics hold tensors ``n_eval``,
+        ``n_default_F``, ``hkl0_min``, ``hkl0_max`` when asked for, else nothing.
     """
-    extra = scatter.dim() - 1
-    sx, sy, sz = (scatter[..., j] for j in range(3))
-    out = []
-    for i in range(3):
-        a = [real[..., i, j].reshape(real.shape[:2] + (1,) * extra) for j in range(3)]
-        out.append(sx * a[0] + sy * a[1] + sz * a[2])
-    return tuple(out)
+    if opt.running_sum_quirk:
+        return _accumulate_evaluations(pos_m, inp, opt, real_first_A, diagnostics)
+    pre, hot, post = stages
+    terms = pre(pos_m, inp, opt)
+    sums, diag = hot(terms.sx, terms.sy, terms.sz, inp, opt, diagnostics)
+    if real_first_A is not None:
+        sums = _replace_first_evaluation(sums, terms, inp, opt, real_first_A)
+    return post(sums, terms, inp, opt), diag
+
+
+def _replace_first_evaluation(sums: Tensor, terms: PixelTerms, inp: KernelInputs, opt: KernelOptions,
+                              real_first_A: Tensor) -> Tensor:
+    """Swap in the orientation sum of (pixel 0, layer 0, sub-pixel 0, first valid source) with ``real_first_A``.
+
+    Only that one (Φ·M)-term sum changes; no data-dependent indexing.
+    """
+    first, _ = orientation_sum(terms.sx[0, 0, :, :1], terms.sy[0, 0, :, :1], terms.sz[0, 0, :, :1], inp, opt,
+                               real_A=real_first_A)  # (Q, 1)
+    return torch.where(_first_evaluation_mask(terms), first[None, None], sums)
+
+
+def _first_evaluation_mask(terms: PixelTerms) -> Tensor:
+    """(T, S, Q, P) True only at pixel 0, layer 0, sub-pixel 0 and the first valid source."""
+    T, S, Q, P = terms.sx.shape
+    dev = terms.sx.device
+    q = torch.argmax(terms.valid[0, 0, 0].to(torch.int8))
+    return (
+        (torch.arange(T, device=dev) == 0)[:, None, None, None]
+        & (torch.arange(S, device=dev) == 0)[None, :, None, None]
+        & (torch.arange(Q, device=dev) == q)[None, None, :, None]
+        & (torch.arange(P, device=dev) == 0)[None, None, None, :]
+    )
+
+
+def _accumulate_evaluations(pos_m, inp, opt, real_first_A, diagnostics):
+    """C parity with the ``-oversample_thick/_polar/_omega`` running-sum quirk: every evaluation kept."""
+    terms = pixel_terms(pos_m, inp, opt)
+    real = inp.real_A
+    hkl = miller_indices((terms.sx, terms.sy, terms.sz), real)  # each (Φ, M, T, S, Q, P)
+    if real_first_A is not None:
+        first = miller_indices((terms.sx[0, 0, :, 0], terms.sy[0, 0, :, 0], terms.sz[0, 0, :, 0]), real_first_A)
+        at = _first_evaluation_mask(terms)
+        hkl = tuple(torch.where(at, f[:, :, None, None, :, None], x) for f, x in zip(first, hkl))
+    hkl0 = tuple(nearest_index(x) for x in hkl)
+    f_latt = lattice_factor_components(hkl, hkl0, inp.n_cells, opt.shape, inp.recip_per_A, inp.fudge)
+    f_cell = structure_factor(hkl, hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F, opt.interpolate)
+    term = (f_cell * f_latt) ** 2  # (Φ, M, T, S, Q, P)
+    valid_l = terms.valid.permute(1, 2, 3, 0)
+    if opt.use_dmin:
+        term = torch.where(valid_l, term, torch.zeros_like(term))
+    water_c = R_E_SQR * inp.fluence * inp.water_F2N if opt.has_water else None
+    scale = R_E_SQR * inp.fluence / inp.steps
+    image = _c_parity_sum(term, terms.valid, terms.omega, terms.capture, terms.polar, f_latt, water_c, scale, opt)
+    return image, (_diagnostics(hkl0, inp) if diagnostics else {})
 
 
 def _first_valid(values: Tensor, valid: Tensor) -> Tensor:
@@ -239,23 +329,19 @@ def _first_valid(values: Tensor, valid: Tensor) -> Tensor:
 
 
 def _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, opt: KernelOptions) -> Tensor:
-    """nanoBragg's per-pixel accumulation, quirks included (see module docstring).
+    """nanoBragg's per-pixel running sum for the ``-oversample_*`` quirks (module docstring).
 
-    ``term`` and ``f_latt`` come in the kernel's layout (Φ, M, T, S, Q, P).
+    ``term`` and ``f_latt`` come in the kernel's layout (Φ, M, T, S, Q, P); the
+    C multiplies its running sum by ``g_k`` after every evaluation ``k``:
+    ``I = (I + t_k) g_k``, in loop order.
     """
     P = term.shape[-1]
     I_bg = water_c if water_c is not None else torch.zeros((), dtype=term.dtype, device=term.device)
     omega_q = omega[..., None].expand_as(polar)
     capture_q = capture[..., None].expand_as(polar)
     polar_first = polar.new_ones(P) if opt.nopolar else _first_valid(polar, valid)
-    omega_first = omega[:, 0, 0]
-    capture_last = capture[:, -1, 0]
-    if not opt.running_sum_quirk:
-        total = I_bg + term.reshape(-1, term.shape[-1]).sum(0)
-        return scale * total * capture_last * polar_first * omega_first
     term = term.permute(5, 2, 3, 4, 0, 1)  # (P, T, S, Q, Φ, M): the C's loop order per pixel
     f_latt = f_latt.permute(5, 2, 3, 4, 0, 1)
-    # running sum: I = (I + t_k) * g_k for every evaluation k, in loop order
     g = torch.ones_like(polar)
     if opt.oversample_thick:
         g = g * capture_q
@@ -273,15 +359,15 @@ def _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, op
     total = I_bg * suffix[:, 0] + (t * suffix).sum(1)
     out = scale * total
     if not opt.oversample_thick:
-        out = out * capture_last
+        out = out * capture[:, -1, 0]
     if not opt.oversample_polar:
         out = out * polar_first
     if not opt.oversample_omega:
-        out = out * omega_first
+        out = out * omega[:, 0, 0]
     return out
 
 
-def _diagnostics(hkl0: tuple[Tensor, Tensor, Tensor], valid6: Tensor, inp: KernelInputs) -> dict[str, Tensor]:
+def _diagnostics(hkl0: tuple[Tensor, Tensor, Tensor], inp: KernelInputs) -> dict[str, Tensor]:
     with torch.no_grad():
         h0 = hkl0[0]
         n_eval = torch.tensor(float(h0.numel()), dtype=torch.float64, device=h0.device)

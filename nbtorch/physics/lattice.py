@@ -11,10 +11,12 @@ Shapes (nanoBragg ``-square_xtal`` default, ``-round_xtal``, ``-gauss_xtal``,
   with ``rad*^2 = |dh a* + dk b* + dl c*|^2 (Na Nb Nc)^2`` (a* in 1/A, as the C).
 
 The image uses F_latt^2, so only |F_latt| matters.  ``sincg`` is evaluated
-on the argument reduced to the nearest lattice point (``delta = pi (h - h0)``),
-``|sin(N delta)/sin(delta)|`` equals the C's value for integer N, is accurate
+on the argument reduced to the nearest lattice point (``dh = h - h0``):
+``|sin(N pi dh)/sin(pi dh)|`` equals the C's value for integer N, is accurate
 for large h, and is smooth in both h and N: for non-integer N it is the
-natural continuation used for gradients (see ``docs/gradients.md``).
+natural continuation used for gradients (see ``docs/gradients.md``).  It is
+computed with one polynomial (:func:`sinc_pi`) after a range reduction, not
+with library sines (see :func:`sincg_reduced`).
 """
 
 from __future__ import annotations
@@ -28,35 +30,116 @@ _SPHERE_CUBE = 0.723601254558268
 SHAPES = ("square", "round", "gauss", "tophat")
 
 
+def miller_indices(scatter: tuple[Tensor, Tensor, Tensor], real_A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Fractional ``h_i = a_i . S``: components (...) of S (1/A) and (Φ, M, 3, 3) rows a, b, c (A) -> 3 x (Φ, M, ...).
+
+    Broadcast multiply-adds on separate components (no matmul, no trailing
+    axis of 3), so a compiler fuses them into the loop that uses them.
+    """
+    sx, sy, sz = scatter
+    extra = (1,) * sx.dim()
+    out = []
+    for i in range(3):
+        a = [real_A[..., i, j].reshape(real_A.shape[:2] + extra) for j in range(3)]
+        out.append(sx * a[0] + sy * a[1] + sz * a[2])
+    return tuple(out)
+
+
 def nearest_index(h: Tensor) -> Tensor:
     """Nearest integer as the C rounds it: ``ceil(h - 0.5)`` (ties go down)."""
     return torch.ceil(h - 0.5)
 
 
-def sincg(delta: Tensor, n: Tensor) -> Tensor:
-    """``sin(n delta) / sin(delta)`` with the limit ``n`` at ``delta = 0``.
+def _sinc_pi_coefficients(terms: int) -> tuple[float, ...]:
+    """Taylor coefficients of ``sin(pi x)/(pi x)`` in powers of ``x^2``."""
+    return tuple((-1) ** k * math.pi ** (2 * k) / math.factorial(2 * k + 1) for k in range(terms))
 
-    ``delta`` should be reduced to [-pi/2, pi/2] (``pi (h - h0)``).  Gradients are
-    finite everywhere, including ``delta = 0`` and ``n = 1``, and accurate near the exact
-    Bragg condition: autograd through the closed form cancels catastrophically for small
-    ``n delta`` (relative error ~6 eps / ((n^2 - 1) delta^2): up to ~100 % in float32 at
-    ``|delta| ~ 1e-4``), so for ``|n delta| < 0.2`` the Taylor series in ``delta^2`` is used
-    (to ``delta^8``; error < 1e-13 relative).  Derivatives, relative: < 2e-5 in float32 and
-    < 1e-10 in float64 for n >= 1; values equal the closed form's to rounding.
+
+# |x| <= 1/2: the first omitted term is < 5e-10 (float32) and < 1e-18 (float64) relative
+_SINC_PI = {torch.float32: _sinc_pi_coefficients(7), torch.float64: _sinc_pi_coefficients(12)}
+
+
+def sinc_pi(x: Tensor) -> Tensor:
+    """``sin(pi x) / (pi x)`` for ``|x| <= 1/2`` (1 at 0): an even polynomial, smooth, no cancellation."""
+    return _poly_x2(x * x, _SINC_PI.get(x.dtype, _SINC_PI[torch.float64]))
+
+
+def sincg_reduced(dh: Tensor, n: Tensor) -> Tensor:
+    """``sin(pi n dh) / sin(pi dh)`` for ``|dh| <= 1/2`` (``dh = h - h0``), ``n`` at ``dh = 0``.
+
+    Both sines come from one range reduction and the polynomial :func:`sinc_pi`
+    (no library ``sin``: this is the innermost operation of the simulator and
+    vectorises to a few fused multiply-adds).  With ``y = n dh``, ``m`` the
+    nearest integer to ``y`` and ``r = y - m`` (``|r| <= 1/2``)::
+
+        sin(pi y) = (-1)^m sin(pi r) = (-1)^m pi r sinc_pi(r)
+        sincg     = sinc_pi(r) / sinc_pi(dh) * ((-1)^m r / dh)     (m != 0)
+                  = sinc_pi(y) / sinc_pi(dh) * n                   (m == 0, then r = y)
+
+    The second form has no ``0/0`` at the Bragg condition and its derivatives
+    need no cancelling difference, so value and gradients are accurate to
+    rounding in float32 and float64 for any ``dh``, and smooth in ``n``
+    (non-integer ``n`` is the natural continuation used for gradients).
     """
-    nd = n * delta
-    small = nd.abs() < 0.2
-    safe = torch.where(small, torch.ones_like(delta), delta)
-    exact = torch.sin(n * safe) / torch.sin(safe)
-    # sin(n d)/sin(d) = n (1 - c1 d^2 + c2 d^4 - c3 d^6 + c4 d^8 - ...); every c_k vanishes at n = 1
-    n2 = n * n
-    c1 = (n2 - 1.0) / 6.0
-    c2 = ((3.0 * n2 - 10.0) * n2 + 7.0) / 360.0
-    c3 = (((3.0 * n2 - 21.0) * n2 + 49.0) * n2 - 31.0) / 15120.0
-    c4 = ((((10.0 * n2 - 120.0) * n2 + 588.0) * n2 - 1240.0) * n2 + 762.0) / 3628800.0
-    d2 = delta * delta
-    series = n * (1.0 - d2 * (c1 - d2 * (c2 - d2 * (c3 - d2 * c4))))
-    return torch.where(small, series, exact)
+    y = n * dh
+    m = torch.round(y)
+    r = y - m
+    centre = m == 0
+    sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))  # (-1)^m
+    ratio = torch.where(centre, n * torch.ones_like(dh), sign * r / torch.where(centre, torch.ones_like(dh), dh))
+    return sinc_pi(r) / sinc_pi(dh) * ratio
+
+
+def _poly_x2(x2: Tensor, c: tuple[float, ...]) -> Tensor:
+    acc = x2 * c[-1] + c[-2]
+    for ck in reversed(c[:-2]):
+        acc = acc * x2 + ck
+    return acc
+
+
+# cos(pi x) = sum (-1)^k pi^2k x^2k / (2k)!, and S1 with d/dx sinc_pi(x) = 2 x S1(x)
+_COS_PI = {dt: tuple((-1) ** k * math.pi ** (2 * k) / math.factorial(2 * k) for k in range(len(c)))
+           for dt, c in _SINC_PI.items()}
+_SINC_PI_D1 = {dt: tuple(k * c[k] for k in range(1, len(c))) + (0.0,) for dt, c in _SINC_PI.items()}
+
+
+def sincg_reduced_derivatives(dh: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(f, df/ddh, df/dn)`` of ``f = sincg_reduced(dh, n)``, analytically (no autograd graph).
+
+    With ``C(x) = cos(pi x)`` and the notation of :func:`sincg_reduced`::
+
+        df/dn  = (-1)^m C(r) / sinc_pi(dh)
+        df/ddh = (n (-1)^m C(r) - f C(dh)) / (dh sinc_pi(dh))                      (m != 0)
+               = 2 n dh (n^2 S1(y) sinc_pi(dh) - sinc_pi(y) S1(dh)) / sinc_pi(dh)^2  (m == 0)
+
+    where ``sinc_pi'(x) = 2 x S1(x)``; the second form avoids the cancellation of
+    the first near the Bragg condition.  Polynomials only, like the value.
+    """
+    key = dh.dtype if dh.dtype in _SINC_PI else torch.float64
+    y = n * dh
+    m = torch.round(y)
+    r = y - m
+    centre = m == 0
+    sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))
+    one = torch.ones_like(dh)
+    dh_safe = torch.where(centre, one, dh)
+    sr, sd = sinc_pi(r), sinc_pi(dh)
+    f = sr / sd * torch.where(centre, n * one, sign * r / dh_safe)
+    cr = sign * _poly_x2(r * r, _COS_PI[key])
+    df_dn = cr / sd
+    outer = (n * cr - f * _poly_x2(dh * dh, _COS_PI[key])) / (dh_safe * sd)
+    s1 = _SINC_PI_D1[key]
+    inner = 2.0 * n * dh * (n * n * _poly_x2(r * r, s1) * sd - sr * _poly_x2(dh * dh, s1)) / (sd * sd)
+    return f, torch.where(centre, inner, outer), df_dn
+
+
+def sincg(delta: Tensor, n: Tensor) -> Tensor:
+    """``sin(n delta) / sin(delta)`` with the limit ``n`` at ``delta = 0``, for ``|delta| <= pi/2``.
+
+    ``delta = pi (h - h0)``; see :func:`sincg_reduced` (values and gradients
+    accurate to rounding, including ``delta = 0`` and ``n = 1``).
+    """
+    return sincg_reduced(delta * (1.0 / math.pi), n)
 
 
 def sinc3_from_sq(x2: Tensor) -> Tensor:
@@ -108,11 +191,7 @@ def lattice_factor_components(
     """:func:`lattice_factor` on separate (h, k, l) tensors (no trailing axis: vectorises well)."""
     dh = [x - x0 for x, x0 in zip(hkl, hkl0)]
     if shape == "square":
-        return (
-            sincg(math.pi * dh[0], n_cells[0])
-            * sincg(math.pi * dh[1], n_cells[1])
-            * sincg(math.pi * dh[2], n_cells[2])
-        )
+        return sincg_reduced(dh[0], n_cells[0]) * sincg_reduced(dh[1], n_cells[1]) * sincg_reduced(dh[2], n_cells[2])
     nnn = n_cells[0] * n_cells[1] * n_cells[2]
     if shape == "round":
         hrad2 = sum(d * d * n * n for d, n in zip(dh, n_cells.unbind(-1)))
