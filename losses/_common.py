@@ -58,9 +58,15 @@ def check_positive(name: str, value: float) -> None:
         raise InputError(f"{name}: must be finite and > 0, got {value!r}")
 
 
-def dtype_eps(dtype: torch.dtype) -> float:
-    """Floor used for logs and divisions: ``max(1e-12, smallest normal number of dtype)``."""
-    return max(1e-12, torch.finfo(dtype).tiny)
+def dtype_eps(dtype: torch.dtype, eps: float | None = None) -> float:
+    """Floor used for logs and divisions: ``eps`` when given (must be > 0), else
+    ``max(1e-12, smallest normal number of dtype)``."""
+    if eps is None:
+        return max(1e-12, torch.finfo(dtype).tiny)
+    floor = float(eps)
+    if not floor > 0:
+        raise InputError(f"eps: must be > 0, got {eps!r}")
+    return floor
 
 
 def prepare(

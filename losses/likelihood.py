@@ -69,9 +69,7 @@ def poisson_nll(
     """
     check_reduction(reduction)
     p = prepare(model, observed, mask, weights)
-    floor = dtype_eps(p.model.dtype) if eps is None else float(eps)
-    if not floor > 0:
-        raise InputError(f"eps: must be > 0, got {eps!r}")
+    floor = dtype_eps(p.model.dtype, eps)
     per_pixel = p.model - p.observed * _safe_log(p.model, floor)
     if full:
         per_pixel = per_pixel + torch.lgamma(p.observed + 1.0)
@@ -108,9 +106,7 @@ def gaussian_nll(
     """
     check_reduction(reduction)
     p = prepare(model, observed, mask, weights)
-    floor = dtype_eps(p.model.dtype) if eps is None else float(eps)
-    if not floor > 0:
-        raise InputError(f"eps: must be > 0, got {eps!r}")
+    floor = dtype_eps(p.model.dtype, eps)
     if variance is None:
         if not float(readout_sigma) >= 0:
             raise InputError(f"readout_sigma: must be >= 0, got {readout_sigma!r}")

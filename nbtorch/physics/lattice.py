@@ -81,13 +81,21 @@ def sincg_reduced(dh: Tensor, n: Tensor) -> Tensor:
     rounding in float32 and float64 for any ``dh``, and smooth in ``n``
     (non-integer ``n`` is the natural continuation used for gradients).
     """
+    return _sincg_parts(dh, n)[0]
+
+
+def _sincg_parts(dh: Tensor, n: Tensor) -> tuple[Tensor, ...]:
+    """``(f, r, centre, sign, dh_safe, sinc_pi(r), sinc_pi(dh))`` of :func:`sincg_reduced`."""
     y = n * dh
     m = torch.round(y)
     r = y - m
     centre = m == 0
     sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))  # (-1)^m
-    ratio = torch.where(centre, n * torch.ones_like(dh), sign * r / torch.where(centre, torch.ones_like(dh), dh))
-    return sinc_pi(r) / sinc_pi(dh) * ratio
+    one = torch.ones_like(dh)
+    dh_safe = torch.where(centre, one, dh)
+    sr, sd = sinc_pi(r), sinc_pi(dh)
+    f = sr / sd * torch.where(centre, n * one, sign * r / dh_safe)
+    return f, r, centre, sign, dh_safe, sr, sd
 
 
 def _poly_x2(x2: Tensor, c: tuple[float, ...]) -> Tensor:
@@ -116,15 +124,7 @@ def sincg_reduced_derivatives(dh: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Te
     the first near the Bragg condition.  Polynomials only, like the value.
     """
     key = dh.dtype if dh.dtype in _SINC_PI else torch.float64
-    y = n * dh
-    m = torch.round(y)
-    r = y - m
-    centre = m == 0
-    sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))
-    one = torch.ones_like(dh)
-    dh_safe = torch.where(centre, one, dh)
-    sr, sd = sinc_pi(r), sinc_pi(dh)
-    f = sr / sd * torch.where(centre, n * one, sign * r / dh_safe)
+    f, r, centre, sign, dh_safe, sr, sd = _sincg_parts(dh, n)
     cr = sign * _poly_x2(r * r, _COS_PI[key])
     df_dn = cr / sd
     outer = (n * cr - f * _poly_x2(dh * dh, _COS_PI[key])) / (dh_safe * sd)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nbtorch.physics.lattice import miller_indices, nearest_index, sincg_reduced, sincg_reduced_derivatives
+from nbtorch.physics.lattice import (
+    lattice_factor_components, miller_indices, nearest_index, sincg_reduced_derivatives,
+)
 from nbtorch.physics.structure import nearest_structure_factor
 
 
@@ -43,10 +45,7 @@ class SquareOrientationSum(torch.autograd.Function):
     def forward(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F):  # type: ignore[override]
         hkl = list(miller_indices((sx, sy, sz), real_A))
         hkl0 = [nearest_index(h) for h in hkl]
-        latt = None
-        for i in range(3):
-            f = sincg_reduced(hkl[i] - hkl0[i], n_cells[i])
-            latt = f if latt is None else latt * f
+        latt = lattice_factor_components(tuple(hkl), tuple(hkl0), n_cells, "square")
         term = _f_squared(hkl0, F_grid, hkl_min, hkl_max, default_F) * latt * latt
         return term.reshape((-1,) + tuple(sx.shape)).sum(0)
 
