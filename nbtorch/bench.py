@@ -11,8 +11,8 @@ pixels, default_F 100; ``heavy`` adds ``-mosaic 0.5 -mosaic_dom 10
 per pixel).  The first JSON record describes the machine; then one record per
 size with ``compile_mode``, ``cold_s``, ``warm_s`` (median) and min/max,
 ``construct_s`` (a second simulator with the same key), ``grad_s``
-(forward+backward of a scalar loss w.r.t. the cell and detector parameters)
-with ``--grad``, ``peak_rss_mb``, and with ``--c-bin`` the C program's time on
+(forward+backward of a scalar loss w.r.t. the cell and detector parameters,
+median of ``max(3, iterations)`` warm runs; ``grad_min_s``) with ``--grad``, ``peak_rss_mb``, and with ``--c-bin`` the C program's time on
 the same arguments and thread count (``c_s``), ``speedup_vs_c`` and
 ``corr_vs_c``.  Ratios come from one run on one machine; nothing here is a
 unit-test assertion.
@@ -121,11 +121,15 @@ def bench_size(ns, size: int) -> dict:
             loss = sim(**params).square().mean()
             loss.backward()
             _sync(ns.device)
-            t0 = time.perf_counter()
-            loss = sim(**params).square().mean()
-            loss.backward()
-            _sync(ns.device)
-            rec["grad_s"] = time.perf_counter() - t0
+            grad_times = []
+            for _ in range(max(3, ns.iterations)):
+                t0 = time.perf_counter()
+                loss = sim(**params).square().mean()
+                loss.backward()
+                _sync(ns.device)
+                grad_times.append(time.perf_counter() - t0)
+            rec["grad_s"] = statistics.median(grad_times)
+            rec["grad_min_s"] = min(grad_times)
             rec["grad_over_forward"] = rec["grad_s"] / rec["warm_s"]
     rec["peak_rss_mb"] = peak_rss_mb()
     c_cmd = "nanoBragg " + " ".join(shlex.quote(a) for a in case_args(ns.case, size)) + " -floatfile c.bin -nonoise -nopgm"

@@ -104,8 +104,13 @@ def configure_inductor_cache() -> Path:
     return path
 
 
-def compiled_kernel(key: tuple, fn: Callable) -> Callable:
-    """The shared compiled wrapper of ``fn`` for ``key`` (created on first use)."""
+def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Callable:
+    """The shared compiled wrapper of ``fn`` for ``key`` (created on first use).
+
+    ``options``: extra Inductor options for this function (part of what the caller's
+    ``key`` must distinguish); a key ``"functorch.NAME"`` sets AOTAutograd's
+    ``torch._functorch.config.NAME`` while the kernel runs (it compiles on first use).
+    """
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
@@ -117,10 +122,41 @@ def compiled_kernel(key: tuple, fn: Callable) -> Callable:
                 torch._dynamo.config.recompile_limit = limit
             # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
             # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
+            options = dict(options or {})
+            aot = {k.split(".", 1)[1]: options.pop(k) for k in list(options) if k.startswith("functorch.")}
             kernel = torch.compile(fn, fullgraph=True, dynamic=False,
-                                   options={"cpp.enable_floating_point_contract_flag": "fast"})
+                                   options={"cpp.enable_floating_point_contract_flag": "fast",
+                                            **_known_inductor_options(options)})
+            if aot:
+                kernel = _with_aot_config(kernel, aot)
             _KERNELS[key] = kernel
         return kernel
+
+
+def _with_aot_config(kernel: Callable, settings: dict) -> Callable:
+    """``kernel`` called with AOTAutograd's config patched (how its graphs are partitioned on compile)."""
+    import torch._functorch.config as aot_config
+
+    known = aot_config.get_config_copy()
+    settings = {k: v for k, v in settings.items() if k in known}
+
+    def call(*args, **kwargs):
+        with aot_config.patch(settings):
+            return kernel(*args, **kwargs)
+
+    call.__wrapped__ = kernel  # type: ignore[attr-defined]
+    return call
+
+
+def _known_inductor_options(options: dict) -> dict:
+    """``options`` less the keys this torch's Inductor does not have (tuning, never semantics)."""
+    import torch._inductor.config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    dropped = [k for k in options if k not in known]
+    if dropped:
+        log.debug("Inductor of torch %s lacks options %s; compiling without them", torch.__version__, dropped)
+    return {k: v for k, v in options.items() if k in known}
 
 
 def forget_kernel(key: tuple) -> None:

@@ -25,8 +25,8 @@ from nbtorch.config import SimulationConfig
 from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
-from nbtorch.physics.detector import DetectorGeometry, detector_geometry, subpixel_positions
-from nbtorch.physics.kernel import COMPILED_STAGES, KernelInputs, KernelOptions, accumulate_pixels
+from nbtorch.physics.detector import DetectorGeometry, detector_geometry
+from nbtorch.physics.kernel import COMPILED_STAGES, KernelInputs, KernelOptions, TilePixels, accumulate_pixels
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
 
@@ -73,6 +73,19 @@ def phi_angles(phi0: Tensor, phistep: float, phisteps: int, c_parity: bool, firs
         out.append(eff)
         carried = eff
     return torch.stack(out)
+
+
+# Inductor options per compiled stage.  The hot loop's body (three polynomial sincg and the
+# Miller indices) is larger than Inductor's CPU thresholds for inlining a pointwise producer
+# into a reduction, so by default it stores F_latt (orientations x pixels) and reduces it in
+# a second pass; raised thresholds keep it one loop that reduces in registers (heavy 1024^2:
+# ~10 % faster forward, ~25 % faster forward+backward; docs/performance.md).  With gradients,
+# AOTAutograd's partitioner by default saves orientations x pixels intermediates of the forward
+# for the backward, which recomputes them anyway (nbtorch.physics.square_sum): a memory budget
+# below 1 makes it keep only the inputs (the forward with gradients ~3x faster, less memory).
+_FUSE_HOT_LOOP = {"realize_opcount_threshold": 100_000, "realize_acc_reads_threshold": 100_000,
+                  "realize_reads_threshold": 1_000, "functorch.activation_memory_budget": 0.5}
+STAGE_OPTIONS = {"orientation_sum_analytic": _FUSE_HOT_LOOP}
 
 
 class Simulator(nn.Module):
@@ -298,14 +311,14 @@ class Simulator(nn.Module):
 
             starts = tqdm(starts, desc="nbtorch", unit="tile", file=sys.stderr)
         kernel = self._kernel_for(tile, real_first is not None)
+        pixel_m = t(s.pixel_m)
         for start in starts:
             sl, fa = slow[start:start + tile], fast[start:start + tile]
             n = sl.numel()
             if n < tile:  # pad the last tile so every call has the same (static) shape
                 sl = torch.cat([sl, sl[-1:].expand(tile - n)])
                 fa = torch.cat([fa, fa[-1:].expand(tile - n)])
-            pos = subpixel_positions(geom, fa, sl, t(s.pixel_m), s.oversample, layers,
-                                     curved=self.options.curved, c_parity=s.c_parity)
+            pos = TilePixels(geom, fa, sl, pixel_m, layers, s.oversample)
             first = real_first if start == 0 else None
             values, diag = self._run_kernel(kernel, pos, inp, first, want_diag)
             if n < tile:
@@ -345,7 +358,17 @@ class Simulator(nn.Module):
             return runtime.compiled_kernel(key + ("whole",), accumulate_pixels)
         # compiled apart: fused into one graph, Inductor would recompute the per-pixel
         # geometry inside the orientation loop instead of loading it
-        return tuple(runtime.compiled_kernel(key + (fn.__name__,), fn) for fn in COMPILED_STAGES)
+        return tuple(runtime.compiled_kernel(key + (fn.__name__,), fn, self._stage_options(fn.__name__))
+                     for fn in COMPILED_STAGES)
+
+    def _stage_options(self, stage: str) -> dict | None:
+        """Extra compile options of one stage (the key already holds everything they depend on)."""
+        if stage == "orientation_sum_analytic" and (self.options.shape != "square" or self.options.interpolate):
+            # only the square crystal's loop (nearest-neighbour F, hand-written backward) is small enough:
+            # without realized intermediates, autograd's backward of the tricubic interpolation or the
+            # other shapes would be inlined into one enormous kernel (minutes to compile)
+            return None
+        return STAGE_OPTIONS.get(stage)
 
     def _run_kernel(self, kernel, pos, inp, first, diagnostics: bool = False):
         if kernel is None or self.compile_mode != "compiled" or runtime.in_eager_block():

@@ -566,6 +566,11 @@ def run(args: argparse.Namespace) -> int:
     say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
         f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
     say(results_table(result, truth))
+    if result.fit:
+        say(f"fit: final loss {result.fit['excess']:.3g}x the shot-noise expectation of the refined model "
+            f"(about 1 = a fit to the noise level)")
+    for w in result.warnings:
+        say(f"warning: {w}")
     if spots is not None:
         s = extra["spots"]
         say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "

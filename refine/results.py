@@ -84,6 +84,10 @@ class RefinementResult:
         mask: (slow, fast) bool, pixels used by the final stage.
         symmetry: crystal system.
         hparams: flat settings of the run.
+        fit: the final fit against shot noise (:class:`refine.fit_quality.FitQuality` as a dict:
+            ``loss``, ``expected_loss``, ``excess``, ``pixels``), empty for losses other than Poisson.
+        warnings: one line each: what makes the result doubtful although the optimiser stopped
+            normally (e.g. a fit far from the noise level).
     """
 
     status: Status
@@ -110,6 +114,8 @@ class RefinementResult:
     mask: np.ndarray = field(repr=False)
     symmetry: str = "triclinic"
     hparams: dict = field(default_factory=dict, repr=False)
+    fit: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``result.json`` document (plain Python types)."""
@@ -132,6 +138,8 @@ class RefinementResult:
             "fisher_condition": self.fisher_condition,
             "stages": [s.to_dict() for s in self.stages],
             "hparams": self.hparams,
+            "fit": self.fit,
+            "warnings": list(self.warnings),
         }
 
     def summary(self) -> str:
@@ -143,6 +151,7 @@ class RefinementResult:
             v = self.refined.get(name)
             e = self.esds.get(key, float("nan"))
             lines.append(f"  {name:<14} {v:>14.6f} +- {e:<10.3g} {self.units.get(name, '')}")
+        lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
 

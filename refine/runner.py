@@ -19,7 +19,8 @@ from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 from refine.callbacks import CallbackList, ProgressCallback, RunInfo, StepState
 from refine.checkpoint import RunCheckpoint, read_checkpoint, write_checkpoint
 from refine.loop import LoopInterrupted, LoopState, Status, minimise
-from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
+from refine.fit_quality import assess_poisson_fit
+from refine.objective import ImageObjective, LossFn, make_view, poisson_deviance, resolve_loss
 from refine.precondition import LinearPreconditioner, make_preconditioner
 from refine.parameters import (
     BASE_NAMES, REFINABLE, UNITS, ParameterMap, ParameterSpace, canonical_values,
@@ -351,6 +352,15 @@ def refine(
             esd_dict, corr, cov, cond = u.as_dict(), u.correlation, u.covariance, u.condition
         except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
             log.warning("esd estimation failed: %s", exc)
+    fit: dict[str, Any] = {}
+    warnings: list[str] = []
+    if loss_fn is poisson_deviance:
+        quality = assess_poisson_fit(loss_final, model_roi, full_objective.weights)
+        fit = quality.to_dict()
+        if quality.warning is not None:
+            warnings.append(quality.warning)
+    for w in warnings:
+        log.warning("%s", w)
     params = canonical_values(values)
     init_params = canonical_values(initial_values)
     if background != "planar":
@@ -368,6 +378,7 @@ def refine(
         fisher_condition=float(cond), loss_initial=loss_initial, loss_final=loss_final,
         steps=sum(s.steps for s in summaries), evaluations=sum(s.evaluations for s in summaries),
         wall_s=elapsed(), stages=summaries, history=history, observed=obs_np, model=model.numpy(),
-        residuals=residuals, mask=used.numpy(), symmetry=symmetry, hparams=hparams)
+        residuals=residuals, mask=used.numpy(), symmetry=symmetry, hparams=hparams, fit=fit,
+        warnings=tuple(warnings))
     cb.on_run_end(result)
     return result

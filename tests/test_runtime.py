@@ -81,7 +81,7 @@ def test_eager_context_forces_eager(no_env, compile_spy):
 
 
 def test_compile_failure_falls_back_once(no_env, monkeypatch, caplog):
-    def broken(key, fn):
+    def broken(key, fn, options=None):
         def kernel(*a, **k):
             raise RuntimeError("inductor exploded")
 
@@ -155,4 +155,46 @@ def test_shared_kernel_no_recompile(compiled_pair):
     assert construct <= 0.05, f"constructing a same-key simulator took {construct:.3f} s"
     keys = runtime.cached_kernel_keys()
     assert all(sim2._kernel_key(24 * 24, False) + (stage,) in keys
-               for stage in ("pixel_terms", "orientation_sum_analytic", "combine"))
+               for stage in ("tile_pixel_terms", "orientation_sum_analytic", "combine"))
+
+
+def test_hot_loop_fusion_options(no_env, compile_spy):
+    """The hot stage is compiled with the raised fusion thresholds; options this torch lacks are dropped."""
+    from nbtorch.simulator import STAGE_OPTIONS
+
+    make(compile=True)()
+    hot = {k: v for k, v in STAGE_OPTIONS["orientation_sum_analytic"].items() if not k.startswith("functorch.")}
+    opts = [kw["options"] for kw in compile_spy]
+    assert len(opts) == 3  # tile_pixel_terms, orientation_sum_analytic, combine
+    assert sum(all(o.get(k) == v for k, v in hot.items()) for o in opts) == 1
+    assert not any(k.startswith("functorch.") for o in opts for k in o)  # not Inductor options
+    assert all(o["cpp.enable_floating_point_contract_flag"] == "fast" for o in opts)
+    assert runtime._known_inductor_options({"realize_reads_threshold": 7, "no_such_option": 1}) == {
+        "realize_reads_threshold": 7}
+
+
+def test_aot_settings_apply_while_the_kernel_runs(no_env, compile_spy):
+    import torch._functorch.config as aot_config
+
+    seen = []
+    kernel = runtime.compiled_kernel(("probe",), lambda: seen.append(aot_config.activation_memory_budget),
+                                     {"functorch.activation_memory_budget": 0.25, "functorch.no_such": 1})
+    before = aot_config.activation_memory_budget
+    kernel()
+    assert seen == [0.25] and aot_config.activation_memory_budget == before
+
+
+def test_fusion_options_only_for_the_square_nearest_loop():
+    """Tricubic interpolation or another crystal shape: the hot stage keeps Inductor's default thresholds."""
+    from nbtorch.simulator import STAGE_OPTIONS
+
+    assert make()._stage_options("orientation_sum_analytic") == STAGE_OPTIONS["orientation_sum_analytic"]
+    import dataclasses
+
+    for extra in (["-round_xtal"], ["-gauss_xtal"]):
+        sim = Simulator(config_from_args(SMALL + extra), dtype=torch.float32)
+        assert sim._stage_options("orientation_sum_analytic") is None
+    sim = make()
+    sim.options = dataclasses.replace(sim.options, interpolate=True)  # as with -interpolate and an HKL table
+    assert sim._stage_options("orientation_sum_analytic") is None
+    assert make()._stage_options("combine") is None

@@ -110,6 +110,38 @@ def detector_geometry(
     )
 
 
+def subpixel_offsets(fast_index: Tensor, slow_index: Tensor, pixel_size: Tensor, oversample: int,
+                     like: Tensor) -> tuple[Tensor, Tensor]:
+    """Distances (m) along f and s from ``pix0`` to the centre of every sub-pixel.
+
+    Returns ``(fd, sd)``, each (P, oversample**2) with ``like``'s dtype and device;
+    sub-pixel order slow-major (subS, subF), the C loop order.
+    """
+    dtype = like.dtype
+    sub = torch.arange(oversample, dtype=dtype, device=like.device)
+    sub_size = pixel_size / oversample
+    fd = (fast_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2  # (P, os)
+    sd = (slow_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2
+    fd = fd[:, None, :].expand(-1, oversample, -1).reshape(fd.shape[0], -1)  # (P, os*os) subF fastest
+    sd = sd[:, :, None].expand(-1, -1, oversample).reshape(sd.shape[0], -1)
+    return fd, sd
+
+
+def flat_subpixel_components(
+    geom: DetectorGeometry, fast_index: Tensor, slow_index: Tensor, pixel_size: Tensor, oversample: int,
+    layer_offsets: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`subpixel_positions` of a flat detector as three (T, S, P) component tensors (x, y, z).
+
+    The same numbers, laid out with the pixel axis innermost and no trailing axis of
+    3, so a compiler vectorises the per-pixel geometry along pixels.
+    """
+    fd, sd = subpixel_offsets(fast_index, slow_index, pixel_size, oversample, geom.pix0)
+    fd, sd = fd.T, sd.T  # (S, P)
+    return tuple(geom.pix0[c] + fd * geom.fdet[c] + sd * geom.sdet[c] + layer_offsets[:, None, None] * geom.odet[c]
+                 for c in range(3))
+
+
 def subpixel_positions(
     geom: DetectorGeometry,
     fast_index: Tensor,
@@ -136,13 +168,7 @@ def subpixel_positions(
         (P, T, oversample**2, 3); sub-pixel order is slow-major (subS, subF),
         the C loop order.
     """
-    dtype = geom.pix0.dtype
-    sub = torch.arange(oversample, dtype=dtype, device=geom.pix0.device)
-    sub_size = pixel_size / oversample
-    fd = (fast_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2  # (P, os)
-    sd = (slow_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2
-    fd = fd[:, None, :].expand(-1, oversample, -1).reshape(fd.shape[0], -1)  # (P, os*os) subF fastest
-    sd = sd[:, :, None].expand(-1, -1, oversample).reshape(sd.shape[0], -1)
+    fd, sd = subpixel_offsets(fast_index, slow_index, pixel_size, oversample, geom.pix0)
     flat = geom.pix0 + fd[..., None] * geom.fdet + sd[..., None] * geom.sdet  # (P, S, 3)
     if not curved:
         return flat[:, None] + layer_offsets[None, :, None, None] * geom.odet

@@ -1,8 +1,10 @@
 """The per-pixel accumulation: the one copy of the diffraction physics.
 
-``accumulate_pixels`` renders a tile of pixels.  The full image, a tiled
+``accumulate_pixels`` renders a tile of pixels (:class:`TilePixels`: the
+detector geometry and the tile's pixel indices).  The full image, a tiled
 image, an ROI and a single pixel all go through it.  It runs three pure
-functions: :func:`pixel_terms` (geometry of every sub-pixel and source),
+functions: :func:`tile_pixel_terms` (sub-pixel positions and the geometry
+of every sub-pixel and source, :func:`pixel_terms`),
 :func:`orientation_sum` (the hot loop over phi steps and mosaic domains) and
 :func:`combine` (weights and scaling); the C-parity running-sum quirk keeps
 every evaluation instead (:func:`_accumulate_evaluations`).
@@ -33,8 +35,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from nbtorch.physics.detector import DetectorGeometry, flat_subpixel_components, subpixel_positions
 from nbtorch.physics.lattice import lattice_factor_components, miller_indices, nearest_index
-from nbtorch.physics.polarization import kahn_polarization
+from nbtorch.physics.polarization import kahn_from_projections, polarization_basis
 from nbtorch.physics.square_sum import square_orientation_sum
 from nbtorch.physics.structure import structure_factor
 
@@ -90,8 +93,35 @@ class KernelInputs:
     water_F2N: Tensor  # () F_bg^2 * number of water molecules
 
 
-def _norm(v: Tensor) -> Tensor:
-    return torch.linalg.vector_norm(v, dim=-1)
+@dataclass(frozen=True)
+class TilePixels:
+    """The pixels of one tile, as the kernel's first stage receives them.
+
+    The sub-pixel positions are computed inside that stage (compiled with it, so
+    the (P, T, S, 3) positions are never stored), from ``geom`` (metres, lab
+    frame), the (P,) integer ``fast_index``/``slow_index``, the pixel edge
+    ``pixel_m``, the (T,) sensor-layer depths ``layers_m`` and ``oversample``
+    (sub-pixels per edge, static).
+    """
+
+    geom: DetectorGeometry
+    fast_index: Tensor
+    slow_index: Tensor
+    pixel_m: Tensor
+    layers_m: Tensor
+    oversample: int
+
+    def positions_m(self, opt: "KernelOptions") -> Tensor:
+        """(P, T, S, 3) sub-pixel positions (m) from the sample (:func:`subpixel_positions`)."""
+        return subpixel_positions(self.geom, self.fast_index, self.slow_index, self.pixel_m, self.oversample,
+                                  self.layers_m, curved=opt.curved, c_parity=opt.c_parity)
+
+    def components_m(self, opt: "KernelOptions") -> tuple[Tensor, Tensor, Tensor]:
+        """The same positions as x, y, z components, each (T, S, P) (:func:`pixel_terms`' layout)."""
+        if opt.curved:
+            return position_components(self.positions_m(opt))
+        return flat_subpixel_components(self.geom, self.fast_index, self.slow_index, self.pixel_m, self.oversample,
+                                        self.layers_m)
 
 
 @dataclass(frozen=True)
@@ -112,14 +142,24 @@ class PixelTerms:
     valid: Tensor  # (P, T, S, Q) inside the -dmin limit
 
 
-def pixel_terms(pos_m: Tensor, inp: KernelInputs, opt: KernelOptions) -> PixelTerms:
+def position_components(pos_m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(P, T, S, 3) positions -> x, y, z components, each (T, S, P) (the layout :func:`pixel_terms` takes)."""
+    return tuple(pos_m[..., c].permute(1, 2, 0) for c in range(3))
+
+
+def pixel_terms(pos_m: tuple[Tensor, Tensor, Tensor], inp: KernelInputs, opt: KernelOptions) -> PixelTerms:
     """Solid angle, capture, polarization and scattering vectors of every sub-pixel and source.
 
-    ``pos_m``: (P, T, S, 3) sub-pixel positions (m) from the sample, lab frame.
+    ``pos_m``: x, y, z components (m) of the sub-pixel positions from the sample (lab
+    frame), each (T, S, P).  Written on separate components with the pixel axis
+    innermost (no trailing axis of 3), so a compiler vectorises it along pixels.
     """
-    P, T, S, _ = pos_m.shape
-    airpath = _norm(pos_m)  # (P, T, S)
-    diffracted = pos_m / airpath[..., None]
+    px, py, pz = pos_m
+    T = px.shape[0]
+    airpath = torch.sqrt(px * px + py * py + pz * pz)  # (T, S, P)
+    d = (px / airpath, py / airpath, pz / airpath)  # unit diffracted ray
+    o = inp.odet
+    d_dot_o = d[0] * o[0] + d[1] * o[1] + d[2] * o[2]
 
     # --- solid angle and obliquity -------------------------------------------------
     if opt.point_pixel:
@@ -129,31 +169,42 @@ def pixel_terms(pos_m: Tensor, inp: KernelInputs, opt: KernelOptions) -> PixelTe
     elif opt.curved:
         omega = inp.pixel_m**2 / (airpath * airpath)
     else:
-        omega = inp.pixel_m**2 / (airpath * airpath) * torch.abs((diffracted * inp.odet).sum(-1))
+        omega = inp.pixel_m**2 / (airpath * airpath) * torch.abs(d_dot_o)
 
     # --- sensor capture fraction per layer -----------------------------------------
     if opt.has_thickness:
-        parallax = (diffracted * inp.odet).sum(-1)
-        t_idx = torch.arange(T, dtype=pos_m.dtype, device=pos_m.device)[None, :, None]
-        dz = inp.layer_thickness_m * inp.mu_per_m / parallax
+        t_idx = torch.arange(T, dtype=px.dtype, device=px.device)[:, None, None]
+        dz = inp.layer_thickness_m * inp.mu_per_m / d_dot_o
         capture = torch.exp(-t_idx * dz) - torch.exp(-(t_idx + 1.0) * dz)
     else:
         capture = torch.ones_like(airpath)
 
-    # --- scattering vectors per source -----------------------------------------------
+    # --- scattering vectors per source: (T, S, Q, P) -----------------------------------
     inc = inp.incident  # (Q, 3)
-    scatter = (diffracted[..., None, :] - inc) / inp.wavelength_A[:, None]  # (P, T, S, Q, 3) 1/A
+    lam = inp.wavelength_A[:, None]  # (Q, 1)
+    sx, sy, sz = ((d[c][:, :, None, :] - inc[:, c, None]) / lam for c in range(3))  # 1/A
     if opt.use_dmin:
-        stol = 0.5 * _norm(scatter)
+        stol = 0.5 * torch.sqrt(sx * sx + sy * sy + sz * sz)
         valid = ~((stol > 0) & (inp.dmin_A * stol > 0.5))
     else:
-        valid = torch.ones(scatter.shape[:-1], dtype=torch.bool, device=pos_m.device)
+        valid = torch.ones(sx.shape, dtype=torch.bool, device=px.device)
     if opt.nopolar:
-        polar = torch.ones(scatter.shape[:-1], dtype=pos_m.dtype, device=pos_m.device)
+        polar = torch.ones(sx.shape, dtype=px.dtype, device=px.device)
     else:
-        polar = kahn_polarization(inc, diffracted[..., None, :], inp.polar_axis, inp.kahn)  # (P,T,S,Q)
-    sc = scatter.permute(4, 1, 2, 3, 0)  # (3, T, S, Q, P)
-    return PixelTerms(sc[0].contiguous(), sc[1].contiguous(), sc[2].contiguous(), omega, capture, polar, valid)
+        e_in, b_in = polarization_basis(inc, inp.polar_axis)  # (Q, 3)
+
+        def along(v: Tensor) -> Tensor:  # diffracted . v per source, (T, S, Q, P)
+            return d[0][:, :, None, :] * v[:, 0, None] + d[1][:, :, None, :] * v[:, 1, None] \
+                + d[2][:, :, None, :] * v[:, 2, None]
+
+        polar = kahn_from_projections(along(inc), along(e_in), along(b_in), inp.kahn)
+    return PixelTerms(sx.contiguous(), sy.contiguous(), sz.contiguous(), omega.permute(2, 0, 1),
+                      capture.permute(2, 0, 1), polar.permute(3, 0, 1, 2), valid.permute(3, 0, 1, 2))
+
+
+def tile_pixel_terms(pixels: TilePixels, inp: KernelInputs, opt: KernelOptions) -> PixelTerms:
+    """:func:`pixel_terms` of a tile's sub-pixel positions (the first stage, positions included)."""
+    return pixel_terms(pixels.components_m(opt), inp, opt)
 
 
 def orientation_sum(
@@ -231,12 +282,12 @@ def orientation_sum_analytic(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInpu
 
 
 Stages = tuple[Callable, Callable, Callable]
-EAGER_STAGES: Stages = (pixel_terms, orientation_sum, combine)
-COMPILED_STAGES: Stages = (pixel_terms, orientation_sum_analytic, combine)
+EAGER_STAGES: Stages = (tile_pixel_terms, orientation_sum, combine)
+COMPILED_STAGES: Stages = (tile_pixel_terms, orientation_sum_analytic, combine)
 
 
 def accumulate_pixels(
-    pos_m: Tensor,
+    pixels: TilePixels,
     inp: KernelInputs,
     opt: KernelOptions,
     real_first_A: Tensor | None = None,
@@ -246,14 +297,14 @@ def accumulate_pixels(
     """Photons per pixel for a tile of pixels.
 
     Arguments:
-        pos_m: (P, T, S, 3) sub-pixel positions (m) from the sample.
+        pixels: the tile's pixels (:class:`TilePixels`).
         inp: tensors (see :class:`KernelInputs`).
         opt: static options (see :class:`KernelOptions`).
         real_first_A: optional (Φ, M, 3, 3) crystal vectors for the very first
             evaluation of pixel 0 (first layer, sub-pixel and valid source): the C
             program's first evaluation still sees the un-rotated phi=0 vectors.
         diagnostics: also return lookup statistics (see :func:`orientation_sum`).
-        stages: the three pure functions ``(pixel_terms, orientation_sum, combine)``
+        stages: the three pure functions ``(tile_pixel_terms, orientation_sum, combine)``
             to run; the simulator passes compiled versions of the same functions
             (compiled separately: fused into one graph, the per-pixel geometry
             would be recomputed inside the hot loop).
@@ -263,9 +314,9 @@ def accumulate_pixels(
         ``n_default_F``, ``hkl0_min``, ``hkl0_max`` when asked for, else nothing.
     """
     if opt.running_sum_quirk:
-        return _accumulate_evaluations(pos_m, inp, opt, real_first_A, diagnostics)
+        return _accumulate_evaluations(pixels.positions_m(opt), inp, opt, real_first_A, diagnostics)
     pre, hot, post = stages
-    terms = pre(pos_m, inp, opt)
+    terms = pre(pixels, inp, opt)
     sums, diag = hot(terms.sx, terms.sy, terms.sz, inp, opt, diagnostics)
     if real_first_A is not None:
         sums = _replace_first_evaluation(sums, terms, inp, opt, real_first_A)
@@ -298,7 +349,7 @@ def _first_evaluation_mask(terms: PixelTerms) -> Tensor:
 
 def _accumulate_evaluations(pos_m, inp, opt, real_first_A, diagnostics):
     """C parity with the ``-oversample_thick/_polar/_omega`` running-sum quirk: every evaluation kept."""
-    terms = pixel_terms(pos_m, inp, opt)
+    terms = pixel_terms(position_components(pos_m), inp, opt)
     real = inp.real_A
     hkl = miller_indices((terms.sx, terms.sy, terms.sz), real)  # each (Φ, M, T, S, Q, P)
     if real_first_A is not None:

@@ -21,6 +21,18 @@ def _unit(v: Tensor) -> Tensor:
     return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
 
 
+def polarization_basis(incident: Tensor, polar_axis: Tensor) -> tuple[Tensor, Tensor]:
+    """Unit E and B directions ``(e_in, b_in)`` (..., 3) of incident rays (..., 3) for the E-vector ``polar_axis`` (3,)."""
+    b_in = _unit(torch.linalg.cross(polar_axis.expand_as(incident), incident, dim=-1))
+    e_in = _unit(torch.linalg.cross(incident, b_in, dim=-1))
+    return e_in, b_in
+
+
+def kahn_from_projections(cos2t: Tensor, e: Tensor, b: Tensor, kahn: Tensor) -> Tensor:
+    """The factor from the diffracted ray's projections on the incident ray (``cos2t``), E (``e``) and B (``b``)."""
+    return 0.5 * (1.0 + cos2t * cos2t - kahn * (e * e - b * b))
+
+
 def kahn_polarization(incident: Tensor, diffracted: Tensor, polar_axis: Tensor, kahn: Tensor) -> Tensor:
     """Polarization factor.
 
@@ -32,9 +44,6 @@ def kahn_polarization(incident: Tensor, diffracted: Tensor, polar_axis: Tensor, 
 
     Returns: (...) factor.
     """
-    cos2t = (incident * diffracted).sum(-1)
-    b_in = _unit(torch.linalg.cross(polar_axis.expand_as(incident), incident, dim=-1))
-    e_in = _unit(torch.linalg.cross(incident, b_in, dim=-1))
-    e = (diffracted * e_in).sum(-1)
-    b = (diffracted * b_in).sum(-1)
-    return 0.5 * (1.0 + cos2t * cos2t - kahn * (e * e - b * b))
+    e_in, b_in = polarization_basis(incident, polar_axis)
+    return kahn_from_projections((incident * diffracted).sum(-1), (diffracted * e_in).sum(-1),
+                                 (diffracted * b_in).sum(-1), kahn)

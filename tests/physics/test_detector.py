@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.physics.detector import subpixel_positions
+from nbtorch.physics.detector import flat_subpixel_components, subpixel_positions
+from nbtorch.physics.kernel import position_components
 from nbtorch.physics.rotation import rotation_matrix_xyz
 
 DT = torch.float64
@@ -70,6 +71,21 @@ def test_pixel_centres_from_pix0():
     # slow-major sub-pixel order: the second sub-pixel steps along fast
     assert torch.allclose(three[:, 1] - three[:, 0], (p / 3) * g.fdet.expand(3, 3), atol=1e-16)
     assert torch.allclose(three[:, 3] - three[:, 0], (p / 3) * g.sdet.expand(3, 3), atol=1e-16)
+
+
+def test_flat_components_are_the_positions():
+    """The component layout the kernel uses gives exactly subpixel_positions' numbers (T layers, S sub-pixels)."""
+    sim = _sim(CUBIC + ["-detpixels", "32", "-pixel", "0.1", "-distance", "100", "-twotheta", "7"])
+    g = _geom(sim)
+    p = torch.tensor(1e-4, dtype=DT)
+    fast, slow = torch.tensor([0, 5, 31, 2]), torch.tensor([0, 7, 2, 31])
+    layers = torch.tensor([0.0, 1e-5, 3e-5], dtype=DT)
+    pos = subpixel_positions(g, fast, slow, p, 3, layers)  # (P, T, S, 3)
+    comps = flat_subpixel_components(g, fast, slow, p, 3, layers)  # 3 x (T, S, P)
+    assert all(c.shape == (3, 9, 4) for c in comps)
+    for c, got in enumerate(comps):
+        assert torch.equal(got, pos[..., c].permute(1, 2, 0))
+    assert all(torch.equal(a, b) for a, b in zip(position_components(pos), comps))
 
 
 def _read_trace(path: Path) -> dict[str, np.ndarray]:

@@ -67,6 +67,8 @@ def run_and_check(problem, **kw):
     assert set(PARAMETER_NAMES) <= set(result.params)
     assert all(math.isfinite(v) for v in result.params.values())
     assert result.loss_final < result.loss_initial
+    # at the truth the fit is at the noise level (the pedestal is noiseless: excess below 1) and nothing is flagged
+    assert result.fit["excess"] < 1.5 and result.warnings == (), (result.fit, result.warnings)
     return result
 
 

@@ -39,6 +39,10 @@ def test_problem_run_writes_result_files(refine_cli):
     # the table shows truth, start, refined and esd side by side, and says where the logs are
     assert "truth" in r.out and "refined" in r.out and "esd" in r.out
     assert "cell_a" in r.out and "TensorBoard logs:" in r.out and "runs/tiny" in r.out
+    # and how the fit compares with shot noise (4 steps from a perturbed start: not at the noise level yet)
+    assert "the shot-noise expectation" in r.out
+    assert doc["fit"]["pixels"] > 0 and doc["fit"]["excess"] == pytest.approx(doc["fit"]["loss"] / doc["fit"]["expected_loss"])
+    assert isinstance(doc["warnings"], list)
 
 
 def test_esd_extra_reports_fixed_parameter_correlations(refine_cli):
