@@ -359,8 +359,8 @@ def refine(
         fit = quality.to_dict()
         if quality.warning is not None:
             warnings.append(quality.warning)
-    for w in warnings:
-        log.warning("%s", w)
+    for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
+        log.info("%s", w)
     params = canonical_values(values)
     init_params = canonical_values(initial_values)
     if background != "planar":
