@@ -12,9 +12,9 @@ per pixel).  The first JSON record describes the machine; then one record per
 size with ``compile_mode``, ``cold_s``, ``warm_s`` (median) and min/max,
 ``construct_s`` (a second simulator with the same key), ``grad_s``
 (forward+backward of a scalar loss w.r.t. the cell and detector parameters,
-median of ``max(3, iterations)`` warm runs; ``grad_min_s``) with ``--grad``, ``peak_rss_mb``, and with ``--c-bin`` the C program's time on
-the same arguments and thread count (``c_s``), ``speedup_vs_c`` and
-``corr_vs_c``.  Ratios come from one run on one machine; nothing here is a
+median of ``max(3, iterations)`` warm runs; ``grad_min_s``) with ``--grad``,
+``peak_rss_mb``, and with ``--c-bin`` the C program's time on the same
+arguments and thread count (``c_s``), ``speedup_vs_c`` and ``corr_vs_c``.  Ratios come from one run on one machine; nothing here is a
 unit-test assertion.
 """
 

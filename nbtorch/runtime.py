@@ -120,10 +120,10 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
             torch._dynamo.config.cache_size_limit = limit
             if hasattr(torch._dynamo.config, "recompile_limit"):
                 torch._dynamo.config.recompile_limit = limit
-            # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
-            # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
             options = dict(options or {})
             aot = {k.split(".", 1)[1]: options.pop(k) for k in list(options) if k.startswith("functorch.")}
+            # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
+            # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
             kernel = torch.compile(fn, fullgraph=True, dynamic=False,
                                    options={"cpp.enable_floating_point_contract_flag": "fast",
                                             **_known_inductor_options(options)})
@@ -137,8 +137,7 @@ def _with_aot_config(kernel: Callable, settings: dict) -> Callable:
     """``kernel`` called with AOTAutograd's config patched (how its graphs are partitioned on compile)."""
     import torch._functorch.config as aot_config
 
-    known = aot_config.get_config_copy()
-    settings = {k: v for k, v in settings.items() if k in known}
+    settings = _known_options(settings, aot_config, "AOTAutograd")
 
     def call(*args, **kwargs):
         with aot_config.patch(settings):
@@ -149,13 +148,18 @@ def _with_aot_config(kernel: Callable, settings: dict) -> Callable:
 
 
 def _known_inductor_options(options: dict) -> dict:
-    """``options`` less the keys this torch's Inductor does not have (tuning, never semantics)."""
+    """``options`` less the keys this torch's Inductor does not have."""
     import torch._inductor.config as inductor_config
 
-    known = inductor_config.get_config_copy()
+    return _known_options(options, inductor_config, "Inductor")
+
+
+def _known_options(options: dict, config_module, what: str) -> dict:
+    """``options`` less the keys ``config_module`` lacks (tuning, never semantics: dropped with a debug log)."""
+    known = config_module.get_config_copy()
     dropped = [k for k in options if k not in known]
     if dropped:
-        log.debug("Inductor of torch %s lacks options %s; compiling without them", torch.__version__, dropped)
+        log.debug("%s of torch %s lacks options %s; compiling without them", what, torch.__version__, dropped)
     return {k: v for k, v in options.items() if k in known}
 
 

@@ -318,9 +318,9 @@ class Simulator(nn.Module):
             if n < tile:  # pad the last tile so every call has the same (static) shape
                 sl = torch.cat([sl, sl[-1:].expand(tile - n)])
                 fa = torch.cat([fa, fa[-1:].expand(tile - n)])
-            pos = TilePixels(geom, fa, sl, pixel_m, layers, s.oversample)
+            pixels = TilePixels(geom, fa, sl, pixel_m, layers, s.oversample)
             first = real_first if start == 0 else None
-            values, diag = self._run_kernel(kernel, pos, inp, first, want_diag)
+            values, diag = self._run_kernel(kernel, pixels, inp, first, want_diag)
             if n < tile:
                 values = values[:n]
             pieces.append(values)
@@ -370,20 +370,20 @@ class Simulator(nn.Module):
             return None
         return STAGE_OPTIONS.get(stage)
 
-    def _run_kernel(self, kernel, pos, inp, first, diagnostics: bool = False):
+    def _run_kernel(self, kernel, pixels, inp, first, diagnostics: bool = False):
         if kernel is None or self.compile_mode != "compiled" or runtime.in_eager_block():
-            return accumulate_pixels(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics)
+            return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
         try:
             if isinstance(kernel, tuple):
-                return accumulate_pixels(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics,
+                return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics,
                                          stages=kernel)
-            return kernel(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics)
+            return kernel(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
         except Exception as exc:  # compilation problems surface here, on first use
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("torch.compile failed, falling back to eager for this simulator: %s", reason)
             self.compile_mode = "eager"
             self.compile_reason = f"compile failed: {reason}"
-            return accumulate_pixels(pos, inp, self.options, real_first_A=first, diagnostics=diagnostics)
+            return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
 
     def forward(self, **overrides) -> Tensor:
         """Full detector image (slow, fast) in photons per pixel; zero outside the ROI."""

@@ -53,7 +53,7 @@ def expected_poisson_deviance(model: Tensor) -> Tensor:
     m_big = torch.where(big, m, torch.full_like(m, _SUM_BELOW))
     out = 0.5 + 1.0 / (12.0 * m_big) + 1.0 / (12.0 * m_big * m_big)
     small = (~big & (m > 0)).reshape(-1)
-    flat = out.reshape(-1).clone()
+    flat = out.reshape(-1)  # a view of the fresh `out`: filled in place below
     idx = small.nonzero().reshape(-1)
     k = torch.arange(_K_MAX + 1, dtype=m.dtype, device=m.device)[:, None]
     lgk = torch.lgamma(k + 1.0)

@@ -314,7 +314,7 @@ def accumulate_pixels(
         ``n_default_F``, ``hkl0_min``, ``hkl0_max`` when asked for, else nothing.
     """
     if opt.running_sum_quirk:
-        return _accumulate_evaluations(pixels.positions_m(opt), inp, opt, real_first_A, diagnostics)
+        return _accumulate_evaluations(pixels, inp, opt, real_first_A, diagnostics)
     pre, hot, post = stages
     terms = pre(pixels, inp, opt)
     sums, diag = hot(terms.sx, terms.sy, terms.sz, inp, opt, diagnostics)
@@ -347,9 +347,9 @@ def _first_evaluation_mask(terms: PixelTerms) -> Tensor:
     )
 
 
-def _accumulate_evaluations(pos_m, inp, opt, real_first_A, diagnostics):
+def _accumulate_evaluations(pixels, inp, opt, real_first_A, diagnostics):
     """C parity with the ``-oversample_thick/_polar/_omega`` running-sum quirk: every evaluation kept."""
-    terms = pixel_terms(position_components(pos_m), inp, opt)
+    terms = tile_pixel_terms(pixels, inp, opt)
     real = inp.real_A
     hkl = miller_indices((terms.sx, terms.sy, terms.sz), real)  # each (Φ, M, T, S, Q, P)
     if real_first_A is not None:
