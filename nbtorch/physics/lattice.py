@@ -105,32 +105,43 @@ def _poly_x2(x2: Tensor, c: tuple[float, ...]) -> Tensor:
     return acc
 
 
-# cos(pi x) = sum (-1)^k pi^2k x^2k / (2k)!, and S1 with d/dx sinc_pi(x) = 2 x S1(x)
-_COS_PI = {dt: tuple((-1) ** k * math.pi ** (2 * k) / math.factorial(2 * k) for k in range(len(c)))
-           for dt, c in _SINC_PI.items()}
+# S1 with d/dx sinc_pi(x) = 2 x S1(x); then cos(pi x) = sinc_pi(x) + 2 x^2 S1(x)
 _SINC_PI_D1 = {dt: tuple(k * c[k] for k in range(1, len(c))) + (0.0,) for dt, c in _SINC_PI.items()}
 
 
-def sincg_reduced_derivatives(dh: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(f, df/ddh, df/dn)`` of ``f = sincg_reduced(dh, n)``, analytically (no autograd graph).
+def sincg_reduced_derivatives(dh: Tensor, n: Tensor, with_dn: bool = True) -> tuple[Tensor, ...]:
+    """``(f, df/ddh[, df/dn])`` of ``f = sincg_reduced(dh, n)``, analytically (no autograd graph).
 
-    With ``C(x) = cos(pi x)`` and the notation of :func:`sincg_reduced`::
+    With ``C(x) = cos(pi x) = sinc_pi(x) + 2 x^2 S1(x)``, ``sinc_pi'(x) = 2 x S1(x)``
+    and the notation of :func:`sincg_reduced`::
 
         df/dn  = (-1)^m C(r) / sinc_pi(dh)
         df/ddh = (n (-1)^m C(r) - f C(dh)) / (dh sinc_pi(dh))                      (m != 0)
                = 2 n dh (n^2 S1(y) sinc_pi(dh) - sinc_pi(y) S1(dh)) / sinc_pi(dh)^2  (m == 0)
 
-    where ``sinc_pi'(x) = 2 x S1(x)``; the second form avoids the cancellation of
-    the first near the Bragg condition.  Polynomials only, like the value.
+    The second form avoids the cancellation of the first near the Bragg
+    condition.  Two polynomials per argument (``sinc_pi`` and ``S1``; the cosine
+    is built from them) and two reciprocals: this runs once per evaluation in
+    the backward of the hot loop.  ``with_dn=False`` leaves out ``df/dn``.
     """
     key = dh.dtype if dh.dtype in _SINC_PI else torch.float64
-    f, r, centre, sign, dh_safe, sr, sd = _sincg_parts(dh, n)
-    cr = sign * _poly_x2(r * r, _COS_PI[key])
-    df_dn = cr / sd
-    outer = (n * cr - f * _poly_x2(dh * dh, _COS_PI[key])) / (dh_safe * sd)
     s1 = _SINC_PI_D1[key]
-    inner = 2.0 * n * dh * (n * n * _poly_x2(r * r, s1) * sd - sr * _poly_x2(dh * dh, s1)) / (sd * sd)
-    return f, torch.where(centre, inner, outer), df_dn
+    y = n * dh
+    m = torch.round(y)
+    r = y - m
+    centre = m == 0
+    sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))  # (-1)^m
+    r2, d2 = r * r, dh * dh
+    sr, sd = sinc_pi(r), _poly_x2(d2, _SINC_PI[key])
+    qr, qd = _poly_x2(r2, s1), _poly_x2(d2, s1)
+    inv_sd = 1.0 / sd
+    inv_dh = 1.0 / torch.where(centre, torch.ones_like(dh), dh)
+    f = sr * inv_sd * torch.where(centre, n * torch.ones_like(dh), sign * r * inv_dh)
+    cr = sign * (sr + 2.0 * r2 * qr)
+    outer = (n * cr - f * (sd + 2.0 * d2 * qd)) * (inv_dh * inv_sd)
+    inner = (2.0 * n) * dh * (n * n * qr * sd - sr * qd) * (inv_sd * inv_sd)
+    fd = torch.where(centre, inner, outer)
+    return (f, fd, cr * inv_sd) if with_dn else (f, fd)
 
 
 def sincg(delta: Tensor, n: Tensor) -> Tensor:

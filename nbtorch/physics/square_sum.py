@@ -10,7 +10,7 @@ the Miller indices once and uses the closed-form derivatives of ``sincg``
 
     G_i[e, x] = g[x] 2 F^2 L prod_{j != i} L_j  dL_i/ddh          (3 tensors, orientations x pixels)
     grad S_j[x]       = sum_{e,i} G_i[e, x] a_ij(e)             (one matrix product)
-    grad a_ij(e)      = sum_x G_i[e, x] S_j[x]                  (one matrix product)
+    grad a_ij(e)      = sum_x G_i[e, x] S_j[x]                  (one reduction over pixels)
     grad N_i          = sum_{e,x} g 2 F^2 L prod_{j != i} L_j dL_i/dN
 
 ``F`` (nearest-neighbour lookup, piecewise constant in h) is an input without
@@ -59,21 +59,28 @@ class SquareOrientationSum(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         sx, sy, sz, real_A, n_cells = ctx.saved_tensors
         F_grid, hkl_min, hkl_max, default_F = ctx.table
+        need_s = any(ctx.needs_input_grad[:3])
+        need_a, need_n = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         hkl = list(miller_indices((sx, sy, sz), real_A))
         hkl0 = [nearest_index(h) for h in hkl]
-        parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i]) for i in range(3)]
+        parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], need_n) for i in range(3)]
         f = [p[0] for p in parts]
         others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
         # dsums/dL_i-factor common to every axis: g 2 F^2 L
         common = grad * (2.0 * _f_squared(hkl0, F_grid, hkl_min, hkl_max, default_F)) * (f[0] * others[0])
         E = real_A.shape[0] * real_A.shape[1]
-        G = torch.stack([(common * others[i] * parts[i][1]).reshape(E, -1) for i in range(3)], 1)  # (E, 3, X)
-        X = G.shape[-1]
-        S = torch.stack((sx, sy, sz), -1).reshape(X, 3)
-        grad_real = (G.reshape(E * 3, X) @ S).reshape(real_A.shape)
-        grad_S = real_A.reshape(E * 3, 3).transpose(0, 1) @ G.reshape(E * 3, X)  # (3, X)
-        grad_n = torch.stack([(common * others[i] * parts[i][2]).sum() for i in range(3)])
-        gs = [grad_S[j].reshape(sx.shape) for j in range(3)]
+        X = sx.numel()
+        grad_S = grad_real = grad_n = None
+        if need_s or need_a:
+            G = torch.stack([(common * others[i] * parts[i][1]).reshape(E, X) for i in range(3)], 1)  # (E, 3, X)
+            if need_a:  # an Inductor reduction over pixels (a BLAS product with 3 columns is slower)
+                S = torch.stack((sx, sy, sz), 0).reshape(1, 1, 3, X)
+                grad_real = (G.reshape(E, 3, 1, X) * S).sum(-1).reshape(real_A.shape)
+            if need_s:  # a matrix product (an Inductor reduction over the outer axis is slower)
+                grad_S = real_A.reshape(E * 3, 3).transpose(0, 1) @ G.reshape(E * 3, X)  # (3, X)
+        if need_n:
+            grad_n = torch.stack([(common * others[i] * parts[i][2]).sum() for i in range(3)])
+        gs = [None if grad_S is None else grad_S[j].reshape(sx.shape) for j in range(3)]
         return gs[0], gs[1], gs[2], grad_real, grad_n, None, None, None, None
 
 
