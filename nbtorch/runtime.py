@@ -108,8 +108,7 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
     """The shared compiled wrapper of ``fn`` for ``key`` (created on first use).
 
     ``options``: extra Inductor options for this function (part of what the caller's
-    ``key`` must distinguish); a key ``"functorch.NAME"`` sets AOTAutograd's
-    ``torch._functorch.config.NAME`` while the kernel runs (it compiles on first use).
+    ``key`` must distinguish); those this torch lacks are dropped (tuning, never semantics).
     """
     with _LOCK:
         kernel = _KERNELS.get(key)
@@ -120,46 +119,23 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
             torch._dynamo.config.cache_size_limit = limit
             if hasattr(torch._dynamo.config, "recompile_limit"):
                 torch._dynamo.config.recompile_limit = limit
-            options = dict(options or {})
-            aot = {k.split(".", 1)[1]: options.pop(k) for k in list(options) if k.startswith("functorch.")}
             # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
             # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
             kernel = torch.compile(fn, fullgraph=True, dynamic=False,
                                    options={"cpp.enable_floating_point_contract_flag": "fast",
-                                            **_known_inductor_options(options)})
-            if aot:
-                kernel = _with_aot_config(kernel, aot)
+                                            **_known_inductor_options(options or {})})
             _KERNELS[key] = kernel
         return kernel
-
-
-def _with_aot_config(kernel: Callable, settings: dict) -> Callable:
-    """``kernel`` called with AOTAutograd's config patched (how its graphs are partitioned on compile)."""
-    import torch._functorch.config as aot_config
-
-    settings = _known_options(settings, aot_config, "AOTAutograd")
-
-    def call(*args, **kwargs):
-        with aot_config.patch(settings):
-            return kernel(*args, **kwargs)
-
-    call.__wrapped__ = kernel  # type: ignore[attr-defined]
-    return call
 
 
 def _known_inductor_options(options: dict) -> dict:
     """``options`` less the keys this torch's Inductor does not have."""
     import torch._inductor.config as inductor_config
 
-    return _known_options(options, inductor_config, "Inductor")
-
-
-def _known_options(options: dict, config_module, what: str) -> dict:
-    """``options`` less the keys ``config_module`` lacks (tuning, never semantics: dropped with a debug log)."""
-    known = config_module.get_config_copy()
+    known = inductor_config.get_config_copy()
     dropped = [k for k in options if k not in known]
     if dropped:
-        log.debug("%s of torch %s lacks options %s; compiling without them", what, torch.__version__, dropped)
+        log.debug("Inductor of torch %s lacks options %s; compiling without them", torch.__version__, dropped)
     return {k: v for k, v in options.items() if k in known}
 
 

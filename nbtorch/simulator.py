@@ -12,6 +12,7 @@ Pixels outside ``-roi`` are zero, as in the C program.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -26,8 +27,12 @@ from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
 from nbtorch.physics.detector import DetectorGeometry, detector_geometry
-from nbtorch.physics.kernel import COMPILED_STAGES, KernelInputs, KernelOptions, TilePixels, accumulate_pixels
+from nbtorch.physics.kernel import (
+    KernelInputs, KernelOptions, TilePixels, accumulate_pixels, analytic_orientation_sum, combine, orientation_sum,
+    tile_pixel_terms,
+)
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
+from nbtorch.physics.square_sum import square_sum_backward
 from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
 
 #: refinement helpers beside the canonical names: a small extra crystal rotation (deg)
@@ -75,17 +80,15 @@ def phi_angles(phi0: Tensor, phistep: float, phisteps: int, c_parity: bool, firs
     return torch.stack(out)
 
 
-# Inductor options per compiled stage.  The hot loop's body (three polynomial sincg and the
-# Miller indices) is larger than Inductor's CPU thresholds for inlining a pointwise producer
-# into a reduction, so by default it stores F_latt (orientations x pixels) and reduces it in
-# a second pass; raised thresholds keep it one loop that reduces in registers (heavy 1024^2:
-# ~10 % faster forward, ~25 % faster forward+backward; docs/performance.md).  With gradients,
-# AOTAutograd's partitioner by default saves orientations x pixels intermediates of the forward
-# for the backward, which recomputes them anyway (nbtorch.physics.square_sum): a memory budget
-# below 1 makes it keep only the inputs (the forward with gradients ~3x faster, less memory).
-_FUSE_HOT_LOOP = {"realize_opcount_threshold": 100_000, "realize_acc_reads_threshold": 100_000,
-                  "realize_reads_threshold": 1_000, "functorch.activation_memory_budget": 0.5}
-STAGE_OPTIONS = {"orientation_sum_analytic": _FUSE_HOT_LOOP}
+# Inductor options of the hot loop's forward (square crystal, nearest-neighbour F).  Its body
+# (three polynomial sincg and the Miller indices) is larger than Inductor's CPU thresholds for
+# inlining a pointwise producer into a reduction, so by default it stores F_latt (orientations x
+# pixels) and reduces it in a second pass; raised thresholds keep it one loop that reduces in
+# registers (heavy 1024^2: ~10 % faster; docs/performance.md).  Only that forward, which runs
+# without gradients, gets them: the backward (a separate kernel) and autograd graphs keep the
+# defaults (raised, they inline every intermediate into each consumer: minutes to compile).
+FUSE_HOT_LOOP = {"realize_opcount_threshold": 100_000, "realize_acc_reads_threshold": 100_000,
+                 "realize_reads_threshold": 1_000}
 
 
 class Simulator(nn.Module):
@@ -358,17 +361,23 @@ class Simulator(nn.Module):
             return runtime.compiled_kernel(key + ("whole",), accumulate_pixels)
         # compiled apart: fused into one graph, Inductor would recompute the per-pixel
         # geometry inside the orientation loop instead of loading it
-        return tuple(runtime.compiled_kernel(key + (fn.__name__,), fn, self._stage_options(fn.__name__))
-                     for fn in COMPILED_STAGES)
+        return (runtime.compiled_kernel(key + ("tile_pixel_terms",), tile_pixel_terms),
+                self._hot_stage(key),
+                runtime.compiled_kernel(key + ("combine",), combine))
 
-    def _stage_options(self, stage: str) -> dict | None:
-        """Extra compile options of one stage (the key already holds everything they depend on)."""
-        if stage == "orientation_sum_analytic" and (self.options.shape != "square" or self.options.interpolate):
-            # only the square crystal's loop (nearest-neighbour F, hand-written backward) is small enough:
-            # without realized intermediates, autograd's backward of the tricubic interpolation or the
-            # other shapes would be inlined into one enormous kernel (minutes to compile)
-            return None
-        return STAGE_OPTIONS.get(stage)
+    def _fuses_hot_loop(self) -> bool:
+        """Whether the hot loop's forward gets :data:`FUSE_HOT_LOOP` (square crystal, no interpolation)."""
+        return self.options.shape == "square" and not self.options.interpolate
+
+    def _hot_stage(self, key: tuple):
+        """:func:`analytic_orientation_sum` over three kernels compiled apart (see its docstring)."""
+        fuse = FUSE_HOT_LOOP if self._fuses_hot_loop() else None
+        return functools.partial(
+            analytic_orientation_sum,
+            plain=runtime.compiled_kernel(key + ("orientation_sum", "autograd"), orientation_sum),
+            no_grad=runtime.compiled_kernel(key + ("orientation_sum",), orientation_sum, fuse),
+            backward=runtime.compiled_kernel(key + ("square_sum_backward",), square_sum_backward),
+        )
 
     def _run_kernel(self, kernel, pixels, inp, first, diagnostics: bool = False):
         if kernel is None or self.compile_mode != "compiled" or runtime.in_eager_block():

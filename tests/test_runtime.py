@@ -154,47 +154,32 @@ def test_shared_kernel_no_recompile(compiled_pair):
     assert counters["stats"]["unique_graphs"] == before, "a parameter change or a same-key simulator recompiled"
     assert construct <= 0.05, f"constructing a same-key simulator took {construct:.3f} s"
     keys = runtime.cached_kernel_keys()
-    assert all(sim2._kernel_key(24 * 24, False) + (stage,) in keys
-               for stage in ("tile_pixel_terms", "orientation_sum_analytic", "combine"))
+    assert all(sim2._kernel_key(24 * 24, False) + stage in keys
+               for stage in (("tile_pixel_terms",), ("orientation_sum",), ("orientation_sum", "autograd"),
+                             ("square_sum_backward",), ("combine",)))
 
 
 def test_hot_loop_fusion_options(no_env, compile_spy):
-    """The hot stage is compiled with the raised fusion thresholds; options this torch lacks are dropped."""
-    from nbtorch.simulator import STAGE_OPTIONS
+    """Only the hot loop's forward gets the raised fusion thresholds; options this torch lacks are dropped."""
+    from nbtorch.simulator import FUSE_HOT_LOOP
 
     make(compile=True)()
-    hot = {k: v for k, v in STAGE_OPTIONS["orientation_sum_analytic"].items() if not k.startswith("functorch.")}
     opts = [kw["options"] for kw in compile_spy]
-    assert len(opts) == 3  # tile_pixel_terms, orientation_sum_analytic, combine
-    assert sum(all(o.get(k) == v for k, v in hot.items()) for o in opts) == 1
-    assert not any(k.startswith("functorch.") for o in opts for k in o)  # not Inductor options
+    # tile_pixel_terms, orientation_sum with autograd, without, square_sum_backward, combine
+    assert len(opts) == 5
+    assert sum(all(o.get(k) == v for k, v in FUSE_HOT_LOOP.items()) for o in opts) == 1
     assert all(o["cpp.enable_floating_point_contract_flag"] == "fast" for o in opts)
     assert runtime._known_inductor_options({"realize_reads_threshold": 7, "no_such_option": 1}) == {
         "realize_reads_threshold": 7}
 
 
-def test_aot_settings_apply_while_the_kernel_runs(no_env, compile_spy):
-    import torch._functorch.config as aot_config
-
-    seen = []
-    kernel = runtime.compiled_kernel(("probe",), lambda: seen.append(aot_config.activation_memory_budget),
-                                     {"functorch.activation_memory_budget": 0.25, "functorch.no_such": 1})
-    before = aot_config.activation_memory_budget
-    kernel()
-    assert seen == [0.25] and aot_config.activation_memory_budget == before
-
-
 def test_fusion_options_only_for_the_square_nearest_loop():
     """Tricubic interpolation or another crystal shape: the hot stage keeps Inductor's default thresholds."""
-    from nbtorch.simulator import STAGE_OPTIONS
-
-    assert make()._stage_options("orientation_sum_analytic") == STAGE_OPTIONS["orientation_sum_analytic"]
     import dataclasses
 
+    assert make()._fuses_hot_loop()
     for extra in (["-round_xtal"], ["-gauss_xtal"]):
-        sim = Simulator(config_from_args(SMALL + extra), dtype=torch.float32)
-        assert sim._stage_options("orientation_sum_analytic") is None
+        assert not Simulator(config_from_args(SMALL + extra), dtype=torch.float32)._fuses_hot_loop()
     sim = make()
     sim.options = dataclasses.replace(sim.options, interpolate=True)  # as with -interpolate and an HKL table
-    assert sim._stage_options("orientation_sum_analytic") is None
-    assert make()._stage_options("combine") is None
+    assert not sim._fuses_hot_loop()

@@ -29,7 +29,7 @@ with ``steps = Q Φ M oversample^2`` (layers are not counted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
@@ -38,7 +38,7 @@ from torch import Tensor
 from nbtorch.physics.detector import DetectorGeometry, flat_subpixel_components, subpixel_positions
 from nbtorch.physics.lattice import lattice_factor_components, miller_indices, nearest_index
 from nbtorch.physics.polarization import kahn_from_projections, polarization_basis
-from nbtorch.physics.square_sum import square_orientation_sum
+from nbtorch.physics.square_sum import square_orientation_sum, square_sum_backward
 from nbtorch.physics.structure import structure_factor
 
 R_E_SQR = 7.94079248018965e-30  # Thomson cross-section r_e^2 (m^2)
@@ -209,7 +209,7 @@ def tile_pixel_terms(pixels: TilePixels, inp: KernelInputs, opt: KernelOptions) 
 
 def orientation_sum(
     sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions, diagnostics: bool = False,
-    real_A: Tensor | None = None, analytic_backward: bool = False,
+    real_A: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``sum over phi steps and mosaic domains of (F_cell F_latt)^2`` for every scattering vector.
 
@@ -222,27 +222,10 @@ def orientation_sum(
 
     ``diagnostics`` adds tensors ``n_eval``, ``n_default_F`` (lookups outside
     the HKL table), ``hkl0_min`` and ``hkl0_max`` (3,) (extra reductions: off
-    unless asked for).
-
-    ``analytic_backward``: when gradients are being recorded for a square crystal
-    whose structure-factor table needs none, use
-    :class:`~nbtorch.physics.square_sum.SquareOrientationSum` (same values, a
-    hand-written backward several times cheaper than autograd's through the
-    fused loop).  The compiled simulator sets it; eager runs (and gradcheck) use
-    plain autograd, and the tests compare the two.
+    unless asked for).  Gradients go through autograd (eager runs and gradcheck);
+    the compiled simulator uses :func:`analytic_orientation_sum`.
     """
     real = inp.real_A if real_A is None else real_A
-    if (analytic_backward and torch.is_grad_enabled() and opt.shape == "square" and not opt.interpolate
-            and (inp.F_grid is None or not inp.F_grid.requires_grad)):
-        sums = square_orientation_sum(sx, sy, sz, real, inp.n_cells, inp.F_grid, inp.hkl_min, inp.hkl_max,
-                                      inp.default_F)
-        if inp.F_grid is None:
-            sums = inp.default_F**2 * sums
-        if not diagnostics:
-            return sums, {}
-        with torch.no_grad():
-            hkl0 = tuple(nearest_index(x) for x in miller_indices((sx, sy, sz), real))
-        return sums, _diagnostics(hkl0, inp)
     h, k, l = miller_indices((sx, sy, sz), real)  # each (Φ, M, ..., P)
     hkl = (h, k, l)
     hkl0 = tuple(nearest_index(x) for x in hkl)
@@ -254,6 +237,59 @@ def orientation_sum(
         f_cell = structure_factor(hkl, hkl0, inp.F_grid, inp.hkl_min, inp.hkl_max, inp.default_F, opt.interpolate)
         sums = ((f_cell * f_latt) ** 2).reshape(flat).sum(0)
     return sums, (_diagnostics(hkl0, inp) if diagnostics else {})
+
+
+def _wants_grad(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs) -> bool:
+    tensors = (sx, sy, sz, inp.real_A, inp.n_cells, inp.default_F, inp.F_grid, inp.recip_per_A, inp.fudge)
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def analytic_backward_applies(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions) -> bool:
+    """Whether :func:`analytic_orientation_sum` takes the hand-written backward (else: autograd or none)."""
+    return (_wants_grad(sx, sy, sz, inp) and opt.shape == "square" and not opt.interpolate
+            and (inp.F_grid is None or not inp.F_grid.requires_grad))
+
+
+def analytic_orientation_sum(
+    sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions, diagnostics: bool = False, *,
+    plain: Callable = orientation_sum, no_grad: Callable = orientation_sum,
+    backward: Callable = square_sum_backward,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`orientation_sum` with the hand-written backward where it applies (the compiled hot stage).
+
+    For a square crystal whose structure-factor table needs no gradient, while
+    gradients are recorded, this is
+    :class:`~nbtorch.physics.square_sum.SquareOrientationSum`: its forward is
+    ``no_grad`` (:func:`orientation_sum` run without gradients: the very kernel
+    of a forward without gradients) and its backward ``backward``
+    (:func:`~nbtorch.physics.square_sum.square_sum_backward`), several times
+    cheaper than autograd's through the fused loop.  Otherwise ``plain`` runs
+    (autograd), or ``no_grad`` when nothing needs a gradient.  The simulator
+    passes compiled versions of the three functions (compiled apart, each with
+    its own options); the tests compare the result with eager autograd.
+    """
+    if not analytic_backward_applies(sx, sy, sz, inp, opt):
+        if _wants_grad(sx, sy, sz, inp):
+            return plain(sx, sy, sz, inp, opt, diagnostics)
+        with torch.no_grad():  # nothing here needs a gradient
+            return no_grad(sx, sy, sz, inp, opt, diagnostics)
+    keys = DIAGNOSTICS_KEYS if diagnostics else ()
+
+    def forward_fn(sx, sy, sz, real_A, n_cells, default_F):  # runs without gradients, on detached tensors
+        q = _detached(inp, real_A=real_A, n_cells=n_cells, default_F=default_F)
+        sums, diag = no_grad(sx.detach(), sy.detach(), sz.detach(), q, opt, diagnostics)
+        return (sums, *(diag[k] for k in keys))
+
+    out = square_orientation_sum(sx, sy, sz, inp.real_A, inp.n_cells, inp.F_grid, inp.hkl_min, inp.hkl_max,
+                                 inp.default_F, forward_fn=forward_fn, backward_fn=backward)
+    return out[0], dict(zip(keys, out[1:]))
+
+
+def _detached(inp: KernelInputs, **tensors: Tensor) -> KernelInputs:
+    """``inp`` with ``tensors`` swapped in and every tensor detached (same metadata: same compiled graph)."""
+    values = {f.name: getattr(inp, f.name) for f in fields(inp)}
+    values.update(tensors)
+    return KernelInputs(**{k: v.detach() if isinstance(v, Tensor) else v for k, v in values.items()})
 
 
 def combine(sums: Tensor, terms: PixelTerms, inp: KernelInputs, opt: KernelOptions) -> Tensor:
@@ -275,15 +311,8 @@ def combine(sums: Tensor, terms: PixelTerms, inp: KernelInputs, opt: KernelOptio
     return scale * total * terms.capture[:, -1, 0] * polar_first * terms.omega[:, 0, 0]
 
 
-def orientation_sum_analytic(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions,
-                             diagnostics: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`orientation_sum` with ``analytic_backward=True`` (the compiled simulator's hot stage)."""
-    return orientation_sum(sx, sy, sz, inp, opt, diagnostics, analytic_backward=True)
-
-
 Stages = tuple[Callable, Callable, Callable]
 EAGER_STAGES: Stages = (tile_pixel_terms, orientation_sum, combine)
-COMPILED_STAGES: Stages = (tile_pixel_terms, orientation_sum_analytic, combine)
 
 
 def accumulate_pixels(
@@ -416,6 +445,9 @@ def _c_parity_sum(term, valid, omega, capture, polar, f_latt, water_c, scale, op
     if not opt.oversample_omega:
         out = out * omega[:, 0, 0]
     return out
+
+
+DIAGNOSTICS_KEYS = ("n_eval", "n_default_F", "hkl0_min", "hkl0_max")
 
 
 def _diagnostics(hkl0: tuple[Tensor, Tensor, Tensor], inp: KernelInputs) -> dict[str, Tensor]:

@@ -12,15 +12,25 @@ the Miller indices once and uses the closed-form derivatives of ``sincg``
     grad S_j[x]       = sum_{e,i} G_i[e, x] a_ij(e)             (one matrix product)
     grad a_ij(e)      = sum_x G_i[e, x] S_j[x]                  (one reduction over pixels)
     grad N_i          = sum_{e,x} g 2 F^2 L prod_{j != i} L_j dL_i/dN
+    grad default_F    = sum_{e,x} g 2 default_F L^2 [F is default_F there]
 
-``F`` (nearest-neighbour lookup, piecewise constant in h) is an input without
-gradient here; callers use this only when the structure-factor table needs no
-gradient and the crystal shape is ``square`` (see
-:func:`~nbtorch.physics.kernel.orientation_sum`).  Shapes: ``s*`` (..., P),
-``real_A`` (Φ, M, 3, 3) rows a, b, c (Angstrom), ``n_cells`` (3,).
+``F`` is the nearest-neighbour lookup (piecewise constant in h; ``default_F``
+outside the table, or everywhere without one); the table itself enters without
+gradient: callers use this only when it needs none and the crystal shape is
+``square`` (see :func:`~nbtorch.physics.kernel.analytic_orientation_sum`).
+Shapes: ``s*`` (..., P), ``real_A`` (Φ, M, 3, 3) rows a, b, c (Angstrom),
+``n_cells`` (3,), ``default_F`` ().
+
+The forward and the backward are two pure functions (:func:`square_sum`,
+:func:`square_sum_backward`) that :class:`SquareOrientationSum` calls, so the
+compiled simulator compiles each apart, each with its own Inductor options
+(traced together by AOTAutograd, the forward's fusion options would also
+apply to the backward, which then takes minutes to compile).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -31,62 +41,102 @@ from nbtorch.physics.lattice import (
 from nbtorch.physics.structure import nearest_structure_factor
 
 
-def _f_squared(hkl0: list[Tensor], F_grid, hkl_min, hkl_max, default_F) -> Tensor | float:
-    if F_grid is None:  # the caller multiplies by default_F^2 (and differentiates it)
-        return 1.0
+def _f_and_default(hkl0: list[Tensor], F_grid, hkl_min, hkl_max, default_F) -> tuple[Tensor, Tensor | None]:
+    """``F`` per evaluation and where it is ``default_F`` (None: everywhere)."""
+    if F_grid is None:
+        return default_F, None
     f = nearest_structure_factor(tuple(hkl0), F_grid, hkl_min, hkl_max, default_F)
-    return f * f
+    inside = None
+    for x, lo, hi in zip(hkl0, hkl_min.unbind(-1), hkl_max.unbind(-1)):
+        ok = (x >= lo) & (x <= hi)
+        inside = ok if inside is None else inside & ok
+    return f, ~inside
+
+
+def square_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F) -> Tensor:
+    """``sum over (Φ, M) of F^2 L^2`` (the forward; plain tensor code)."""
+    hkl = miller_indices((sx, sy, sz), real_A)
+    hkl0 = tuple(nearest_index(h) for h in hkl)
+    latt = lattice_factor_components(hkl, hkl0, n_cells, "square")
+    f = _f_and_default(list(hkl0), F_grid, hkl_min, hkl_max, default_F)[0]
+    return ((f * latt) ** 2).reshape((-1,) + tuple(sx.shape)).sum(0)
+
+
+def square_sum_backward(grad, sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F,
+                        need_s: bool, need_a: bool, need_n: bool, need_f: bool) -> tuple:
+    """Gradients ``(sx, sy, sz, real_A, n_cells, default_F)`` of :func:`square_sum` for upstream ``grad``.
+
+    Those not asked for (``need_*``) are None and cost nothing.
+    """
+    hkl = list(miller_indices((sx, sy, sz), real_A))
+    hkl0 = [nearest_index(h) for h in hkl]
+    parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], need_n) for i in range(3)]
+    f = [p[0] for p in parts]
+    others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
+    latt = f[0] * others[0]
+    F, defaulted = _f_and_default(hkl0, F_grid, hkl_min, hkl_max, default_F)
+    common = grad * (2.0 * F * F) * latt  # dsums/dL_i-factor common to every axis: g 2 F^2 L
+    E = real_A.shape[0] * real_A.shape[1]
+    X = sx.numel()
+    grad_S = grad_real = grad_n = grad_f = None
+    if need_s or need_a:
+        G = torch.stack([(common * others[i] * parts[i][1]).reshape(E, X) for i in range(3)], 1)  # (E, 3, X)
+        if need_a:  # an Inductor reduction over pixels (a BLAS product with 3 columns is slower)
+            S = torch.stack((sx, sy, sz), 0).reshape(1, 1, 3, X)
+            grad_real = (G.reshape(E, 3, 1, X) * S).sum(-1).reshape(real_A.shape)
+        if need_s:  # a matrix product (an Inductor reduction over the outer axis is slower)
+            grad_S = real_A.reshape(E * 3, 3).transpose(0, 1) @ G.reshape(E * 3, X)  # (3, X)
+    if need_n:
+        grad_n = torch.stack([(common * others[i] * parts[i][2]).sum() for i in range(3)])
+    if need_f:
+        d = grad * (2.0 * default_F) * latt * latt
+        grad_f = (d if defaulted is None else torch.where(defaulted, d, torch.zeros_like(d))).sum()
+    gs = [None if grad_S is None else grad_S[j].reshape(sx.shape) for j in range(3)]
+    return gs[0], gs[1], gs[2], grad_real, grad_n, grad_f
+
+
+def _eager_forward(sx, sy, sz, real_A, n_cells, default_F, table) -> tuple[Tensor]:
+    return (square_sum(sx, sy, sz, real_A, n_cells, *table, default_F),)
 
 
 class SquareOrientationSum(torch.autograd.Function):
-    """``sum over (Φ, M) of F^2 L^2`` for a square crystal; differentiable in S, real_A and N."""
+    """``sum over (Φ, M) of F^2 L^2``; differentiable in S, real_A, N and default_F.
+
+    ``forward_fn(sx, sy, sz, real_A, n_cells, default_F)`` returns ``(sums, *extra)``
+    (``extra``: tensors without gradient, e.g. diagnostics), run without
+    gradients; ``backward_fn`` has the signature of :func:`square_sum_backward`.
+    """
 
     @staticmethod
-    def forward(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F):  # type: ignore[override]
-        hkl = list(miller_indices((sx, sy, sz), real_A))
-        hkl0 = [nearest_index(h) for h in hkl]
-        latt = lattice_factor_components(tuple(hkl), tuple(hkl0), n_cells, "square")
-        term = _f_squared(hkl0, F_grid, hkl_min, hkl_max, default_F) * latt * latt
-        return term.reshape((-1,) + tuple(sx.shape)).sum(0)
+    def forward(sx, sy, sz, real_A, n_cells, default_F, table, forward_fn, backward_fn):  # type: ignore[override]
+        return tuple(forward_fn(sx, sy, sz, real_A, n_cells, default_F))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F = inputs
-        ctx.save_for_backward(sx, sy, sz, real_A, n_cells)
-        ctx.table = (F_grid, hkl_min, hkl_max, default_F)
+        sx, sy, sz, real_A, n_cells, default_F, table, _, backward_fn = inputs
+        ctx.save_for_backward(sx, sy, sz, real_A, n_cells, default_F)
+        ctx.table, ctx.backward_fn = table, backward_fn
+        ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        sx, sy, sz, real_A, n_cells = ctx.saved_tensors
-        F_grid, hkl_min, hkl_max, default_F = ctx.table
-        need_s = any(ctx.needs_input_grad[:3])
-        need_a, need_n = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
-        hkl = list(miller_indices((sx, sy, sz), real_A))
-        hkl0 = [nearest_index(h) for h in hkl]
-        parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], need_n) for i in range(3)]
-        f = [p[0] for p in parts]
-        others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
-        # dsums/dL_i-factor common to every axis: g 2 F^2 L
-        common = grad * (2.0 * _f_squared(hkl0, F_grid, hkl_min, hkl_max, default_F)) * (f[0] * others[0])
-        E = real_A.shape[0] * real_A.shape[1]
-        X = sx.numel()
-        grad_S = grad_real = grad_n = None
-        if need_s or need_a:
-            G = torch.stack([(common * others[i] * parts[i][1]).reshape(E, X) for i in range(3)], 1)  # (E, 3, X)
-            if need_a:  # an Inductor reduction over pixels (a BLAS product with 3 columns is slower)
-                S = torch.stack((sx, sy, sz), 0).reshape(1, 1, 3, X)
-                grad_real = (G.reshape(E, 3, 1, X) * S).sum(-1).reshape(real_A.shape)
-            if need_s:  # a matrix product (an Inductor reduction over the outer axis is slower)
-                grad_S = real_A.reshape(E * 3, 3).transpose(0, 1) @ G.reshape(E * 3, X)  # (3, X)
-        if need_n:
-            grad_n = torch.stack([(common * others[i] * parts[i][2]).sum() for i in range(3)])
-        gs = [None if grad_S is None else grad_S[j].reshape(sx.shape) for j in range(3)]
-        return gs[0], gs[1], gs[2], grad_real, grad_n, None, None, None, None
+    def backward(ctx, grad, *_):  # type: ignore[override]
+        sx, sy, sz, real_A, n_cells, default_F = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grads = ctx.backward_fn(grad, sx, sy, sz, real_A, n_cells, *ctx.table, default_F,
+                                any(need[:3]), need[3], need[4], need[5])
+        return (*grads, None, None, None)
 
 
-def square_orientation_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F) -> Tensor:
-    """:class:`SquareOrientationSum`; without a table (``F_grid`` None) the sum is of ``L^2`` alone.
+def square_orientation_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F,
+                           forward_fn: Callable | None = None,
+                           backward_fn: Callable = square_sum_backward) -> tuple[Tensor, ...]:
+    """:class:`SquareOrientationSum`: ``(sums, *extra)``; ``F_grid`` None means every F is ``default_F``.
 
-    ``F_grid``, ``hkl_min``, ``hkl_max`` and ``default_F`` enter without gradient.
+    Without ``forward_fn`` the forward is :func:`square_sum` (no extras).  The
+    table (``F_grid``, ``hkl_min``, ``hkl_max``) enters without gradient.
     """
-    return SquareOrientationSum.apply(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F)
+    table = (F_grid, hkl_min, hkl_max)
+    if forward_fn is None:
+        def forward_fn(sx, sy, sz, real_A, n_cells, default_F):
+            return _eager_forward(sx, sy, sz, real_A, n_cells, default_F, table)
+    return SquareOrientationSum.apply(sx, sy, sz, real_A, n_cells, default_F, table, forward_fn, backward_fn)

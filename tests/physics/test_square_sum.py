@@ -23,58 +23,66 @@ DT = torch.float64
 
 
 def _inputs(seed=0, P=48):
+    """[sx, sy, sz, real_A, n_cells, default_F]: the differentiable inputs."""
     g = torch.Generator().manual_seed(seed)
     s = torch.randn(3, 2, P, generator=g, dtype=DT) * 0.05  # (3, Q=2, P) scattering vectors (1/A)
     real = torch.eye(3, dtype=DT) * 30 + torch.randn(3, 2, 3, 3, generator=g, dtype=DT)  # (Φ=3, M=2, 3, 3)
     n = torch.tensor([5.0, 3.0, 4.5], dtype=DT)
-    return [s[0].clone(), s[1].clone(), s[2].clone(), real, n]
+    return [s[0].clone(), s[1].clone(), s[2].clone(), real, n, torch.tensor(7.0, dtype=DT)]
 
 
-def _plain(sx, sy, sz, real, n, table=None):
+def _ours(xs, table=None):
+    grid, lo, hi = table if table else (None, None, None)
+    sx, sy, sz, real, n, dflt = xs
+    (sums,) = square_orientation_sum(sx, sy, sz, real, n, grid, lo, hi, dflt)
+    return sums
+
+
+def _plain(sx, sy, sz, real, n, dflt, table=None):
     """The same sum through autograd (the eager kernel's formulation)."""
     hkl = miller_indices((sx, sy, sz), real)
     h0 = tuple(nearest_index(x) for x in hkl)
     latt = lattice_factor_components(hkl, h0, n, "square")
-    f2 = 1.0
-    if table is not None:
-        f2 = nearest_structure_factor(h0, *table) ** 2
+    f2 = dflt**2 if table is None else nearest_structure_factor(h0, *table, dflt) ** 2
     return (f2 * latt * latt).reshape((-1,) + tuple(sx.shape)).sum(0)
 
 
-def _table():
+def _table(span=4):
+    """A 5^3 table over -2..2 (the inputs' indices reach beyond it: some lookups take default_F)."""
     g = torch.Generator().manual_seed(3)
-    grid = torch.rand(5, 5, 5, generator=g, dtype=DT) * 100 + 1
-    lo = torch.tensor([-2.0, -2.0, -2.0], dtype=DT)
-    return grid, lo, lo + 4, torch.tensor(7.0, dtype=DT)
+    grid = torch.rand(span + 1, span + 1, span + 1, generator=g, dtype=DT) * 100 + 1
+    lo = torch.full((3,), -span / 2, dtype=DT)
+    return grid, lo, lo + span
+
+
+NAMES = ("sx", "sy", "sz", "real_A", "n_cells", "default_F")
 
 
 @pytest.mark.parametrize("with_table", [False, True])
 def test_analytic_backward_equals_autograd(with_table):
     args = [x.requires_grad_(True) for x in _inputs()]
     table = _table() if with_table else None
-    grid, lo, hi, dflt = table if table else (None, None, None, None)
-    ours = square_orientation_sum(*args, grid, lo, hi, dflt)
+    ours = _ours(args, table)
     ref = _plain(*args, table=table)
     assert float(ref.detach().abs().max()) > 1.0  # a non-zero image: the test can fail
     torch.testing.assert_close(ours, ref, rtol=1e-13, atol=0)
     w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=DT)
     g_ours = torch.autograd.grad((ours * w).sum(), args)
     g_ref = torch.autograd.grad((ref * w).sum(), args)
-    for name, a, b in zip(("sx", "sy", "sz", "real_A", "n_cells"), g_ours, g_ref):
-        assert float(b.abs().max()) > 0, name
+    for name, a, b in zip(NAMES, g_ours, g_ref):
+        assert float(b.abs().max()) > 0, name  # with a table too: some lookups fall outside it
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * float(b.abs().max()), msg=name)
 
 
-@pytest.mark.parametrize("wanted", [(0, 1, 2), (3,), (4,), (2, 4)])
+@pytest.mark.parametrize("wanted", [(0, 1, 2), (3,), (4,), (5,), (2, 4)])
 def test_backward_computes_only_the_gradients_asked_for(wanted):
     """Detector-only, cell-only or N-only refinement skips the other reductions; values unchanged."""
     base = _inputs(seed=5)
     w = torch.randn(2, 48, generator=torch.Generator().manual_seed(6), dtype=DT)
     full = [x.clone().requires_grad_(True) for x in base]
-    g_full = torch.autograd.grad((square_orientation_sum(*full, None, None, None, None) * w).sum(), full)
+    g_full = torch.autograd.grad((_ours(full) * w).sum(), full)
     part = [x.clone().requires_grad_(i in wanted) for i, x in enumerate(base)]
-    out = (square_orientation_sum(*part, None, None, None, None) * w).sum()
-    g_part = torch.autograd.grad(out, [part[i] for i in wanted])
+    g_part = torch.autograd.grad((_ours(part) * w).sum(), [part[i] for i in wanted])
     for i, g in zip(wanted, g_part):
         assert float(g.abs().max()) > 0
         torch.testing.assert_close(g, g_full[i], rtol=1e-12, atol=0)
@@ -85,12 +93,13 @@ def test_analytic_backward_matches_central_differences():
     w = torch.randn(2, 16, generator=torch.Generator().manual_seed(4), dtype=DT)
 
     def loss(xs):
-        return float((square_orientation_sum(*xs, None, None, None, None) * w).sum())
+        return float((_ours(xs) * w).sum())
 
     args = [x.clone().requires_grad_(True) for x in base]
-    grads = torch.autograd.grad((square_orientation_sum(*args, None, None, None, None) * w).sum(), args)
+    grads = torch.autograd.grad((_ours(args) * w).sum(), args)
     checked = 0
-    for which, idx in ((0, (0, 3)), (2, (1, 7)), (3, (1, 0, 2, 1)), (3, (0, 1, 0, 0)), (4, (0,)), (4, (2,))):
+    probes = ((0, (0, 3)), (2, (1, 7)), (3, (1, 0, 2, 1)), (3, (0, 1, 0, 0)), (4, (0,)), (4, (2,)), (5, ()))
+    for which, idx in probes:
         h = 1e-6 * max(1.0, abs(float(base[which][idx])))
         up = [x.clone() for x in base]
         dn = [x.clone() for x in base]
@@ -100,7 +109,7 @@ def test_analytic_backward_matches_central_differences():
         an = float(grads[which][idx])
         assert an == pytest.approx(fd, rel=1e-5, abs=1e-6 * max(1.0, abs(fd))), (which, idx, an, fd)
         checked += abs(fd) > 1e-3
-    assert checked >= 4  # the derivatives probed are not all zero
+    assert checked >= 5  # the derivatives probed are not all zero
 
 
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-13), (torch.float32, 5e-6)])
