@@ -85,10 +85,16 @@ def phi_angles(phi0: Tensor, phistep: float, phisteps: int, c_parity: bool, firs
 # inlining a pointwise producer into a reduction, so by default it stores F_latt (orientations x
 # pixels) and reduces it in a second pass; raised thresholds keep it one loop that reduces in
 # registers (heavy 1024^2: ~10 % faster; docs/performance.md).  Only that forward, which runs
-# without gradients, gets them: the backward (a separate kernel) and autograd graphs keep the
-# defaults (raised, they inline every intermediate into each consumer: minutes to compile).
+# without gradients, gets them: on the backward (a separate kernel) they inline every
+# intermediate into each of its many consumers (minutes to compile); autograd graphs keep
+# Inductor's defaults.
 FUSE_HOT_LOOP = {"realize_opcount_threshold": 100_000, "realize_acc_reads_threshold": 100_000,
                  "realize_reads_threshold": 1_000}
+# The backward only inlines values read many times (the Miller indices: by default each is stored,
+# one extra pass over orientations x pixels apiece); its large per-axis derivative terms stay
+# realized (float64 heavy 128^2 with cell, detector, N and default_F gradients: first compile
+# 136 s, warm 0.031 s; Inductor's defaults 89 s and 0.053 s; FUSE_HOT_LOOP for both >240 s)
+FUSE_BACKWARD = {"realize_reads_threshold": 1_000}
 
 
 class Simulator(nn.Module):
@@ -376,7 +382,7 @@ class Simulator(nn.Module):
             analytic_orientation_sum,
             plain=runtime.compiled_kernel(key + ("orientation_sum", "autograd"), orientation_sum),
             no_grad=runtime.compiled_kernel(key + ("orientation_sum",), orientation_sum, fuse),
-            backward=runtime.compiled_kernel(key + ("square_sum_backward",), square_sum_backward),
+            backward=runtime.compiled_kernel(key + ("square_sum_backward",), square_sum_backward, FUSE_BACKWARD),
         )
 
     def _run_kernel(self, kernel, pixels, inp, first, diagnostics: bool = False):

@@ -95,10 +95,6 @@ def square_sum_backward(grad, sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_
     return gs[0], gs[1], gs[2], grad_real, grad_n, grad_f
 
 
-def _eager_forward(sx, sy, sz, real_A, n_cells, default_F, table) -> tuple[Tensor]:
-    return (square_sum(sx, sy, sz, real_A, n_cells, *table, default_F),)
-
-
 class SquareOrientationSum(torch.autograd.Function):
     """``sum over (Φ, M) of F^2 L^2``; differentiable in S, real_A, N and default_F.
 
@@ -138,5 +134,5 @@ def square_orientation_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max
     table = (F_grid, hkl_min, hkl_max)
     if forward_fn is None:
         def forward_fn(sx, sy, sz, real_A, n_cells, default_F):
-            return _eager_forward(sx, sy, sz, real_A, n_cells, default_F, table)
+            return (square_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F),)
     return SquareOrientationSum.apply(sx, sy, sz, real_A, n_cells, default_F, table, forward_fn, backward_fn)
