@@ -39,7 +39,7 @@ from nbtorch.physics.detector import DetectorGeometry, flat_subpixel_components,
 from nbtorch.physics.lattice import lattice_factor_components, miller_indices, nearest_index
 from nbtorch.physics.polarization import kahn_from_projections, polarization_basis
 from nbtorch.physics.square_sum import square_orientation_sum, square_sum_backward
-from nbtorch.physics.structure import structure_factor
+from nbtorch.physics.structure import in_grid, structure_factor
 
 R_E_SQR = 7.94079248018965e-30  # Thomson cross-section r_e^2 (m^2)
 
@@ -244,12 +244,6 @@ def _wants_grad(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def analytic_backward_applies(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions) -> bool:
-    """Whether :func:`analytic_orientation_sum` takes the hand-written backward (else: autograd or none)."""
-    return (_wants_grad(sx, sy, sz, inp) and opt.shape == "square" and not opt.interpolate
-            and (inp.F_grid is None or not inp.F_grid.requires_grad))
-
-
 def analytic_orientation_sum(
     sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions, diagnostics: bool = False, *,
     plain: Callable = orientation_sum, no_grad: Callable = orientation_sum,
@@ -268,11 +262,11 @@ def analytic_orientation_sum(
     passes compiled versions of the three functions (compiled apart, each with
     its own options); the tests compare the result with eager autograd.
     """
-    if not analytic_backward_applies(sx, sy, sz, inp, opt):
-        if _wants_grad(sx, sy, sz, inp):
-            return plain(sx, sy, sz, inp, opt, diagnostics)
+    if not _wants_grad(sx, sy, sz, inp):
         with torch.no_grad():  # nothing here needs a gradient
             return no_grad(sx, sy, sz, inp, opt, diagnostics)
+    if opt.shape != "square" or opt.interpolate or (inp.F_grid is not None and inp.F_grid.requires_grad):
+        return plain(sx, sy, sz, inp, opt, diagnostics)
     keys = DIAGNOSTICS_KEYS if diagnostics else ()
 
     def forward_fn(sx, sy, sz, real_A, n_cells, default_F):  # runs without gradients, on detached tensors
@@ -457,11 +451,7 @@ def _diagnostics(hkl0: tuple[Tensor, Tensor, Tensor], inp: KernelInputs) -> dict
         if inp.F_grid is None:
             outside = n_eval
         else:
-            inside = None
-            for x, lo, hi in zip(hkl0, inp.hkl_min.unbind(-1), inp.hkl_max.unbind(-1)):
-                ok = (x >= lo) & (x <= hi)
-                inside = ok if inside is None else inside & ok
-            outside = (~inside).sum().to(torch.float64)
+            outside = (~in_grid(hkl0, inp.hkl_min, inp.hkl_max)).sum().to(torch.float64)
         return {
             "n_eval": n_eval,
             "n_default_F": outside,

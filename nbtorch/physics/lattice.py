@@ -81,21 +81,16 @@ def sincg_reduced(dh: Tensor, n: Tensor) -> Tensor:
     rounding in float32 and float64 for any ``dh``, and smooth in ``n``
     (non-integer ``n`` is the natural continuation used for gradients).
     """
-    return _sincg_parts(dh, n)[0]
+    r, centre, sign = _range_reduced(dh, n)
+    one = torch.ones_like(dh)
+    return sinc_pi(r) / sinc_pi(dh) * torch.where(centre, n * one, sign * r / torch.where(centre, one, dh))
 
 
-def _sincg_parts(dh: Tensor, n: Tensor) -> tuple[Tensor, ...]:
-    """``(f, r, centre, sign, dh_safe, sinc_pi(r), sinc_pi(dh))`` of :func:`sincg_reduced`."""
+def _range_reduced(dh: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(r, m == 0, (-1)^m)`` with ``y = n dh``, ``m = round(y)``, ``r = y - m`` (see :func:`sincg_reduced`)."""
     y = n * dh
     m = torch.round(y)
-    r = y - m
-    centre = m == 0
-    sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))  # (-1)^m
-    one = torch.ones_like(dh)
-    dh_safe = torch.where(centre, one, dh)
-    sr, sd = sinc_pi(r), sinc_pi(dh)
-    f = sr / sd * torch.where(centre, n * one, sign * r / dh_safe)
-    return f, r, centre, sign, dh_safe, sr, sd
+    return y - m, m == 0, 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))
 
 
 def _poly_x2(x2: Tensor, c: tuple[float, ...]) -> Tensor:
@@ -126,11 +121,7 @@ def sincg_reduced_derivatives(dh: Tensor, n: Tensor, with_dn: bool = True) -> tu
     """
     key = dh.dtype if dh.dtype in _SINC_PI else torch.float64
     s1 = _SINC_PI_D1[key]
-    y = n * dh
-    m = torch.round(y)
-    r = y - m
-    centre = m == 0
-    sign = 1.0 - 2.0 * (m - 2.0 * torch.floor(0.5 * m))  # (-1)^m
+    r, centre, sign = _range_reduced(dh, n)
     r2, d2 = r * r, dh * dh
     sr, sd = sinc_pi(r), _poly_x2(d2, _SINC_PI[key])
     qr, qd = _poly_x2(r2, s1), _poly_x2(d2, s1)

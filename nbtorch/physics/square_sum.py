@@ -38,7 +38,7 @@ from torch import Tensor
 from nbtorch.physics.lattice import (
     lattice_factor_components, miller_indices, nearest_index, sincg_reduced_derivatives,
 )
-from nbtorch.physics.structure import nearest_structure_factor
+from nbtorch.physics.structure import in_grid, nearest_structure_factor
 
 
 def _f_and_default(hkl0: list[Tensor], F_grid, hkl_min, hkl_max, default_F) -> tuple[Tensor, Tensor | None]:
@@ -46,11 +46,7 @@ def _f_and_default(hkl0: list[Tensor], F_grid, hkl_min, hkl_max, default_F) -> t
     if F_grid is None:
         return default_F, None
     f = nearest_structure_factor(tuple(hkl0), F_grid, hkl_min, hkl_max, default_F)
-    inside = None
-    for x, lo, hi in zip(hkl0, hkl_min.unbind(-1), hkl_max.unbind(-1)):
-        ok = (x >= lo) & (x <= hi)
-        inside = ok if inside is None else inside & ok
-    return f, ~inside
+    return f, ~in_grid(tuple(hkl0), hkl_min, hkl_max)
 
 
 def square_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F) -> Tensor:

@@ -22,9 +22,16 @@ def _components(x: Tensor | tuple) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(x) if isinstance(x, (tuple, list)) else x.unbind(-1)  # type: ignore[return-value]
 
 
-def in_grid(hkl0: Tensor, hkl_min: Tensor, hkl_max: Tensor) -> Tensor:
-    """Whether integer indices (..., 3) lie inside [min, max] in every direction."""
-    return ((hkl0 >= hkl_min) & (hkl0 <= hkl_max)).all(-1)
+def in_grid(hkl0, hkl_min: Tensor, hkl_max: Tensor) -> Tensor:
+    """Whether integer indices ((..., 3) or an (h0, k0, l0) tuple) lie inside [min, max] in every direction.
+
+    Component by component (no stacking: it fuses into the loops that use it).
+    """
+    inside = None
+    for x, lo, hi in zip(_components(hkl0), hkl_min.unbind(-1), hkl_max.unbind(-1)):
+        ok = (x >= lo) & (x <= hi)
+        inside = ok if inside is None else inside & ok
+    return inside
 
 
 def interpolation_safe(hkl, hkl_min: Tensor, hkl_max: Tensor) -> Tensor:
@@ -50,11 +57,7 @@ def _gather(grid: Tensor, idx: Tensor) -> Tensor:
 def nearest_structure_factor(hkl0, grid: Tensor, hkl_min: Tensor, hkl_max: Tensor, default_F: Tensor) -> Tensor:
     """Nearest-neighbour F for integer indices hkl0: (..., 3) or an (h0, k0, l0) tuple (floating dtype)."""
     h0, k0, l0 = _components(hkl0)
-    inside = (
-        (h0 >= hkl_min[0]) & (h0 <= hkl_max[0])
-        & (k0 >= hkl_min[1]) & (k0 <= hkl_max[1])
-        & (l0 >= hkl_min[2]) & (l0 <= hkl_max[2])
-    )
+    inside = in_grid((h0, k0, l0), hkl_min, hkl_max)
     nh, nk, nl = grid.shape
     i = (h0 - hkl_min[0]).long().clamp(0, nh - 1)
     j = (k0 - hkl_min[1]).long().clamp(0, nk - 1)
