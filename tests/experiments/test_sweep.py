@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -70,31 +71,40 @@ def test_sweep_two_workers_then_resume(tmp_path):
     assert len(_study(out).trials) == 5
 
 
+def _trial_states(outdir: Path) -> list[str]:
+    """Trial states read straight from the SQLite file (milliseconds; no Optuna storage set-up per poll)."""
+    db = outdir / "sweep.db"
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0) as con:
+            return [row[0] for row in con.execute("SELECT state FROM trials ORDER BY number")]
+    except sqlite3.Error:  # the schema may not exist yet, or a writer holds the lock
+        return []
+
+
 def test_killed_worker_does_not_corrupt_the_study(tmp_path):
     out = tmp_path / "killed"
     beat = ("--heartbeat", "1", "--grace", "2")
-    # a long trial (single stage of 4 x 40 steps) to kill mid-way
-    proc = subprocess.Popen(_cmd(out, "--n-trials", "1", "--steps", "40", *beat), cwd=ROOT, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "worker.log"
+    # a trial far longer than the test waits (single stage of 4 x 2000 steps), killed once it is RUNNING
+    with log.open("w") as sink:
+        proc = subprocess.Popen(_cmd(out, "--n-trials", "1", "--steps", "2000", *beat), cwd=ROOT, env=_env(),
+                                stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        running = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            if (out / "sweep.db").exists():
-                try:
-                    running = any(t.state.name == "RUNNING" for t in _study(out).trials)
-                except Exception:  # the study may not exist yet
-                    running = False
-                if running:
-                    break
-        assert running, "no trial started"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and "RUNNING" not in _trial_states(out):
+            time.sleep(0.1)
+        running = proc.poll() is None and "RUNNING" in _trial_states(out)
+        assert running, (f"no running trial seen (worker exit code {proc.poll()}, states {_trial_states(out)}):\n"
+                         + log.read_text()[-3000:])
         time.sleep(1.0)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(timeout=30)
     assert [t.state.name for t in _study(out).trials] == ["RUNNING"]
     time.sleep(3.5)  # longer than the grace period
     r = subprocess.run(_cmd(out, "--n-trials", "1", *beat), cwd=ROOT, env=_env(),
