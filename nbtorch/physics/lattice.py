@@ -101,7 +101,7 @@ def _poly_x2(x2: Tensor, c: tuple[float, ...]) -> Tensor:
 
 
 # S1 with d/dx sinc_pi(x) = 2 x S1(x); then cos(pi x) = sinc_pi(x) + 2 x^2 S1(x)
-_SINC_PI_D1 = {dt: tuple(k * c[k] for k in range(1, len(c))) + (0.0,) for dt, c in _SINC_PI.items()}
+_SINC_PI_D1 = {dt: tuple(k * c[k] for k in range(1, len(c))) for dt, c in _SINC_PI.items()}
 
 
 def sincg_reduced_derivatives(dh: Tensor, n: Tensor, with_dn: bool = True) -> tuple[Tensor, ...]:
