@@ -19,7 +19,8 @@ Without ``--image`` a problem of the bank (known truth) is refined.  Phases:
 5. phases 3 and 4 compared step by step (loss and every parameter, ``--rtol``), rerunning either
    when it was not requested; every verdict goes to ``summary.json``.
 
-Exit status 0 only when every requested phase passed.
+Exit status 0 only when every requested phase passed; bad input (a flag, a value, a file) is one
+line ``... error: ...`` on stderr and exit status 2, before anything is simulated or written.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import numpy as np
 import torch
 
 import nbtorch
+from nbtorch.errors import InputError
+from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.imagefile import write_png_pair
 from experiments.workload import Workload, load_workload
 
@@ -289,28 +292,53 @@ def _phases(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.stage_a_mapping", description=__doc__.split("\n")[0])
+PROG = "python -m experiments.stage_a_mapping"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from refine.parameters import SYMMETRIES
+
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--phases", type=_phases, default=[1, 2, 3, 4, 5], help="comma-separated, default 1,2,3,4,5")
     ap.add_argument("--problem", default="cubic_mosflm", help="bank problem (without --image)")
     ap.add_argument("--size", type=int, default=32, help="detector pixels per side of --problem (default 32)")
     ap.add_argument("--image", help="observed image (any format nbtorch-refine reads)")
     ap.add_argument("--model", help="nanoBragg flags of the starting model (with --image)")
-    ap.add_argument("--symmetry", help="crystal system (default: the problem's, or triclinic)")
+    ap.add_argument("--symmetry", choices=tuple(SYMMETRIES),
+                    help="crystal system (default: the problem's, or triclinic)")
     ap.add_argument("--outdir", default="out/stage_a_mapping", help="artefacts folder (default %(default)s)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     ap.add_argument("--dtype", default="float64", choices=("float64", "float32"))
-    ap.add_argument("--steps", type=int, default=2, help="Adam steps per stage in phases 3-4 (default 2)")
-    ap.add_argument("--lr", type=float, default=0.05, help="Adam learning rate (default 0.05)")
+    ap.add_argument("--steps", type=int_at_least(1), default=2, help="Adam steps per stage in phases 3-4 (default 2)")
+    ap.add_argument("--lr", type=positive_float, default=0.05, help="Adam learning rate (default 0.05)")
     ap.add_argument("--coarse", action="store_true", help="use Stage-A's binned low-resolution views (more compiles)")
-    ap.add_argument("--rtol", type=float, help="phase 5 tolerance (default 1e-6 in float64, 1e-3 in float32)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--rtol", type=positive_float, help="phase 5 tolerance (default 1e-6 in float64, 1e-3 in float32)")
+    return ap
+
+
+def _check_device(device: str) -> None:
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InputError(f"--device: expected cpu or cuda[:N], got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available on this machine")
+
+
+def _main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    _check_device(a.device)
+    check_outdir(a.outdir)
     w = load_workload(a.problem, a.size, a.image, a.model, a.symmetry, a.dtype, a.device)
+    outdir = make_outdir(a.outdir)
     rtol = a.rtol if a.rtol is not None else (1e-6 if a.dtype == "float64" else 1e-3)
     print(f"stage_a_mapping: {w.label}, phases {','.join(map(str, a.phases))}, {a.dtype} on {a.device}", flush=True)
-    out = run_phases(w, a.phases, Path(a.outdir), a.steps, a.lr, a.coarse, rtol)
-    print(f"{'ALL PASSED' if out['passed'] else 'FAILED'}; summary: {Path(a.outdir) / 'summary.json'}")
+    out = run_phases(w, a.phases, outdir, a.steps, a.lr, a.coarse, rtol)
+    print(f"{'ALL PASSED' if out['passed'] else 'FAILED'}; summary: {outdir / 'summary.json'}")
     return 0 if out["passed"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 all passed, 1 a phase failed, 2 bad input: one line on stderr)."""
+    return run_main(PROG, _main, argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,12 @@ Outputs in ``--outdir``: ``tb/trial-NNNN`` (one TensorBoard run per trial, with
 trial's settings for ``nbtorch-refine --config``) and ``sweep_summary.json``.
 
 ``--space`` TOML: a name with a list is categorical (``optimizer = ["adam"]``); a table
-``[lr]`` with ``low``, ``high`` and optionally ``log = true`` or ``int = true`` is a range.
+``[lr]`` with ``low``, ``high`` and optionally ``log = true`` or ``int = true`` is a range
+(:func:`check_space` lists the rules).
+
+Exit status 0 when a trial completed, 1 when none did; bad input (a flag, a value, the space
+file, the storage URL) is one line ``... error: ...`` on stderr and exit status 2, before anything
+is simulated or written.
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ import warnings
 
 import optuna
 
+from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.workload import Workload, load_workload, parameter_error
+from nbtorch.errors import InputError
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-__all__ = ["DEFAULT_SPACE", "load_space", "make_storage", "make_objective", "main"]
+__all__ = ["DEFAULT_SPACE", "load_space", "check_space", "make_storage", "make_objective", "parse_args", "main"]
 
 DEFAULT_SPACE: dict[str, Any] = {
     "optimizer": ["adam", "lbfgs"],
@@ -60,20 +67,85 @@ DEFAULT_SPACE: dict[str, Any] = {
 }
 
 
+#: the values a categorical entry may take (``precondition = "none"``: no scaling)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "optimizer": ("adam", "lbfgs"),
+    "schedule": ("stage_a", "single"),
+    "precondition": ("none", "diagonal", "full"),
+}
+#: entries that are numbers (a list of values or a range), with their lower limit
+NUMBERS: dict[str, tuple[float, bool]] = {"lr": (0, False), "history_size": (1, True)}  # (limit, integer)
+
+
+def _loss_names() -> tuple[str, ...]:
+    from losses import LOSSES
+
+    return ("poisson", *sorted(LOSSES))
+
+
+def _check_number(where: str, name: str, value: Any) -> float:
+    limit, integer = NUMBERS[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{where}: expected a finite number, got {value!r}")
+    if integer and int(value) != value:
+        raise InputError(f"{where}: expected an integer, got {value!r}")
+    if (value < limit) if integer else (value <= limit):
+        raise InputError(f"{where}: must be {'>=' if integer else '>'} {limit}, got {value!r}")
+    return value
+
+
+def check_space(space: dict[str, Any], where: str = "search space") -> dict[str, Any]:
+    """Check every entry of a search space; returns it with ``history_size`` always drawn as an integer."""
+    out = dict(space)
+    for name, spec in space.items():
+        at = f"{where}: {name}"
+        if isinstance(spec, list):
+            if not spec:
+                raise InputError(f"{at}: empty list")
+            if name in NUMBERS:
+                for v in spec:
+                    _check_number(at, name, v)
+            else:
+                valid = _loss_names() if name == "loss" else CHOICES[name]
+                bad = [v for v in spec if not isinstance(v, str) or v not in valid]
+                if bad:
+                    raise InputError(f"{at}: unknown value(s) {', '.join(map(repr, bad))}; valid: {', '.join(valid)}")
+            continue
+        if not isinstance(spec, dict):
+            raise InputError(f"{at}: expected a list of values or a [{name}] table with low and high, got {spec!r}")
+        if name not in NUMBERS:
+            raise InputError(f"{at}: a range is only for {', '.join(NUMBERS)}; give a list of values")
+        unknown = set(spec) - {"low", "high", "log", "int"}
+        if unknown:
+            raise InputError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}; valid: low, high, log, int")
+        for key in ("log", "int"):
+            if key in spec and not isinstance(spec[key], bool):
+                raise InputError(f"{at}: {key} must be true or false, got {spec[key]!r}")
+        if "low" not in spec or "high" not in spec:
+            raise InputError(f"{at}: a range needs both low and high")
+        low, high = (_check_number(f"{at}.{k}", name, spec[k]) for k in ("low", "high"))
+        if low > high:
+            raise InputError(f"{at}: low ({low!r}) is greater than high ({high!r})")
+        if spec.get("int") and (int(low) != low or int(high) != high):
+            raise InputError(f"{at}: int = true needs integer low and high, got {low!r} and {high!r}")
+        if NUMBERS[name][1]:
+            out[name] = {**spec, "int": True}
+    return out
+
+
 def load_space(path: str | None) -> dict[str, Any]:
-    """The default search space updated by a ``--space`` TOML file."""
+    """The default search space updated by a ``--space`` TOML file (checked: :class:`InputError` if bad)."""
     space = dict(DEFAULT_SPACE)
     if path:
-        import tomllib
+        from nbtorch.io import read_toml
 
-        with open(path, "rb") as fh:
-            user = tomllib.load(fh)
+        user = read_toml(path, "--space")
         unknown = set(user) - set(DEFAULT_SPACE)
         if unknown:
-            raise SystemExit(f"--space {path}: unknown name(s) {', '.join(sorted(unknown))}; "
+            raise InputError(f"--space {path}: unknown name(s) {', '.join(sorted(unknown))}; "
                              f"valid: {', '.join(DEFAULT_SPACE)}")
         space.update(user)
-    return space
+    return check_space(space, f"--space {path}" if path else "search space")
 
 
 def _suggest(trial: optuna.Trial, name: str, spec: Any) -> Any:
@@ -85,16 +157,28 @@ def _suggest(trial: optuna.Trial, name: str, spec: Any) -> Any:
 
 
 def make_storage(url: str, heartbeat_s: int = 10, grace_s: int = 30):
-    """An optuna storage for ``url`` (RDB URLs get a heartbeat; ``journal:PATH`` a journal file)."""
-    if url.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
+    """An optuna storage for ``url`` (RDB URLs get a heartbeat; ``journal:PATH`` a journal file).
 
-        return JournalStorage(JournalFileBackend(url[len("journal:"):]))
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
-    return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s, **kwargs)
+    A URL that cannot be opened (unknown scheme, missing driver, unreachable database, journal
+    file in a missing folder) raises :class:`InputError` naming ``--storage``.
+    """
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            return JournalStorage(JournalFileBackend(url[len("journal:"):]))
+        kwargs: dict[str, Any] = {}
+        if url.startswith("sqlite"):
+            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 120}}
+        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s, **kwargs)
+    except Exception as exc:  # sqlalchemy, driver import and OS errors: all say the URL is unusable
+        raise InputError(f"--storage {url}: cannot open: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class _Pruned(Exception):
@@ -223,77 +307,115 @@ def best_config_toml(study: optuna.Study, w: Workload, args: argparse.Namespace,
     lines += [f"symmetry = {json.dumps(w.symmetry)}"]
     if w.fixed:
         lines += [f"fix = {json.dumps(list(w.fixed))}"]
-    # settings nbtorch-refine has no option for (yet): kept as comments
-    if "history_size" in p:
-        lines.append(f"# history_size = {p['history_size']}  (LBFGS; no nbtorch-refine option yet)")
-    lines.append(f"# precondition = {json.dumps(p.get('precondition', 'none'))}  (no nbtorch-refine option yet)")
+    if "history_size" in p and p["optimizer"] == "lbfgs":
+        lines.append(f"history-size = {int(p['history_size'])}")
+    lines.append(f"precondition = {json.dumps(p.get('precondition', 'none'))}")
     return "\n".join(lines) + "\n"
 
 
+PROG = "python -m experiments.sweep"
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n")[0])
-    ap.add_argument("--n-trials", type=int, required=True, help="trials to run now (over all workers)")
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
+    ap.add_argument("--n-trials", type=int_at_least(1), required=True, help="trials to run now (over all workers)")
     ap.add_argument("--storage", help="optuna storage URL (default sqlite:///OUTDIR/sweep.db)")
     ap.add_argument("--study", default="nbtorch-sweep", help="study name (same name = resume; default %(default)s)")
-    ap.add_argument("--workers", type=int, default=1, help="worker processes (default 1: in this process)")
-    ap.add_argument("--timeout", type=float, help="stop starting trials after this many seconds (per worker)")
+    ap.add_argument("--workers", type=int_at_least(1), default=1, help="worker processes (default 1: in this process)")
+    ap.add_argument("--timeout", type=positive_float, help="stop starting trials after this many seconds (per worker)")
     ap.add_argument("--space", help="TOML search space overriding the default (see the module docstring)")
     ap.add_argument("--problem", default="cubic_mosflm", help="bank problem (default %(default)s)")
     ap.add_argument("--size", type=int, default=32, help="detector pixels per side (default %(default)s)")
     ap.add_argument("--image", help="observed image instead of a bank problem (objective: final loss)")
     ap.add_argument("--model", help="nanoBragg flags of the starting model (with --image)")
-    ap.add_argument("--steps", type=int, default=3, help="steps per stage (single schedule: 4x; default %(default)s)")
+    ap.add_argument("--steps", type=int_at_least(1), default=3,
+                    help="steps per stage (single schedule: 4x; default %(default)s)")
     ap.add_argument("--outdir", default="out/sweep", help="output folder (default %(default)s)")
-    ap.add_argument("--seed", type=int, help="sampler seed (each worker adds its index)")
-    ap.add_argument("--heartbeat", type=int, default=10, help="RDB heartbeat period, s (default %(default)s)")
-    ap.add_argument("--grace", type=int, default=30, help="a RUNNING trial silent this long is failed (s, default %(default)s)")
-    ap.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # internal: run as worker i
+    ap.add_argument("--seed", type=int_at_least(0), help="sampler seed (each worker adds its index)")
+    ap.add_argument("--heartbeat", type=int_at_least(1), default=10,
+                    help="RDB heartbeat period, s (default %(default)s)")
+    ap.add_argument("--grace", type=int_at_least(1), default=30,
+                    help="a RUNNING trial silent this long is failed (s, > --heartbeat; default %(default)s)")
+    ap.add_argument("--worker-index", type=int_at_least(0), help=argparse.SUPPRESS)  # internal: run as worker i
     return ap
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse and check the arguments (no file, storage or simulation touched)."""
+    args = _parser().parse_args(argv)
+    if args.grace <= args.heartbeat:
+        raise InputError(f"--grace {args.grace}: must be greater than --heartbeat ({args.heartbeat}), or live "
+                         f"trials would be failed between two heartbeats")
+    if args.seed is not None and args.seed + args.workers - 1 > 2**32 - 1:
+        raise InputError(f"--seed {args.seed}: must be <= {2**32 - args.workers} (each worker adds its index)")
+    if not args.study.strip():
+        raise InputError("--study: empty name")
+    return args
 
 
 def _pruner() -> optuna.pruners.BasePruner:
     return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2)
 
 
-def _run_worker(args: argparse.Namespace, url: str, n: int, index: int) -> None:
+def _run_worker(args: argparse.Namespace, url: str, n: int, index: int, w: Workload | None = None,
+                space: dict | None = None) -> None:
     import logging
 
     logging.getLogger("refine.loop").addFilter(_not_pruned)
+    if w is None:
+        w = load_workload(args.problem, args.size, args.image, args.model)
+    if space is None:
+        space = load_space(args.space)
     storage = make_storage(url, args.heartbeat, args.grace)
     seed = None if args.seed is None else args.seed + index
     study = optuna.load_study(study_name=args.study, storage=storage, pruner=_pruner(),
                               sampler=optuna.samplers.TPESampler(seed=seed))
     optuna.storages.fail_stale_trials(study)  # trials of crashed workers -> FAIL (a no-op without heartbeat)
-    w = load_workload(args.problem, args.size, args.image, args.model)
-    objective = make_objective(w, load_space(args.space), args.steps, Path(args.outdir))
+    objective = make_objective(w, space, args.steps, Path(args.outdir))
     if n > 0:
         study.optimize(objective, n_trials=n, timeout=args.timeout, catch=(Exception,))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    outdir = Path(args.outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    url = args.storage or f"sqlite:///{outdir.resolve() / 'sweep.db'}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if args.worker_index is not None:
-        _run_worker(args, url, args.n_trials, args.worker_index)
-        return 0
+def _create_study(args: argparse.Namespace, url: str):
     storage = make_storage(url, args.heartbeat, args.grace)
-    study = optuna.create_study(study_name=args.study, storage=storage, direction="minimize", pruner=_pruner(),
-                                load_if_exists=True)
+    try:
+        study = optuna.create_study(study_name=args.study, storage=storage, direction="minimize", pruner=_pruner(),
+                                    load_if_exists=True)
+    except Exception as exc:  # not an optuna database, a study of the other direction, ...
+        raise InputError(f"--storage {url}: cannot create or load study {args.study!r}: {_first_line(exc)}") from None
+    return storage, study
+
+
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.worker_index is not None:  # a worker of a checked launch: the folder and the study exist
+        _run_worker(args, args.storage, args.n_trials, args.worker_index)
+        return 0
+    # every input is checked before anything is written: space, output folder, workload, storage
+    space = load_space(args.space)
+    check_outdir(args.outdir)
+    w = load_workload(args.problem, args.size, args.image, args.model)
+    if args.storage:  # a storage of the user's: open it before making the folder
+        url = args.storage
+        storage, study = _create_study(args, url)
+        outdir = make_outdir(args.outdir)
+    else:
+        outdir = make_outdir(args.outdir)
+        url = f"sqlite:///{outdir.resolve() / 'sweep.db'}"
+        storage, study = _create_study(args, url)
     before = len(study.trials)
+    k = min(args.workers, args.n_trials)  # no idle worker
     print(f"sweep: study {args.study!r} in {url} ({before} trials before), {args.n_trials} trials on "
-          f"{args.workers} worker(s)", flush=True)
+          f"{k} worker(s)", flush=True)
     t0 = time.perf_counter()
-    k = max(1, args.workers)
     shares = [args.n_trials // k + (1 if i < args.n_trials % k else 0) for i in range(k)]
     rcs = []
     if k == 1:
-        _run_worker(args, url, shares[0], 0)
+        _run_worker(args, url, shares[0], 0, w, space)
         rcs.append(0)
     else:
-        base = [a for a in (argv if argv is not None else sys.argv[1:])]
+        base = list(argv)
         procs = []
         for i, n in enumerate(shares):
             cmd = [sys.executable, "-m", "experiments.sweep", *base, "--n-trials", str(n), "--storage", url,
@@ -316,13 +438,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['wall_s']:.1f} s")
     if counts.get("COMPLETE"):
         best = study.best_trial
-        w = load_workload(args.problem, args.size, args.image, args.model)
         (outdir / "best.toml").write_text(best_config_toml(study, w, args, args.steps))
         summary["best"] = {"number": best.number, "value": best.value, "params": best.params}
         print(f"best trial {best.number}: objective {best.value:.6g} with {best.params}")
         print(f"best settings: {outdir / 'best.toml'}; TensorBoard: tensorboard --logdir {outdir / 'tb'}")
     (outdir / "sweep_summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return 0 if counts.get("COMPLETE") else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 a trial completed, 1 none did, 2 bad input: one line on stderr)."""
+    return run_main(PROG, _main, argv)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from nbtorch import Simulator, config_from_args
+from nbtorch.errors import InputError
 
 __all__ = ["Workload", "load_workload", "parameter_error", "DTYPES"]
 
@@ -63,15 +64,33 @@ class Workload:
 
 def load_workload(problem: str = "cubic_mosflm", size: int = 32, image: str | None = None, model: str | None = None,
                   symmetry: str | None = None, dtype: str = "float64", device: str = "cpu") -> Workload:
-    """A bank problem (``problem``, ``size``), or ``image`` + ``model`` (nanoBragg flags) without truth."""
+    """A bank problem (``problem``, ``size``), or ``image`` + ``model`` (nanoBragg flags) without truth.
+
+    Bad input (an unknown problem, a size too small, a missing or unreadable image, bad model
+    flags, an image whose shape is not the model's detector) raises :class:`InputError` before
+    anything is simulated.
+    """
     if image is not None or model is not None:
         if image is None or model is None:
-            raise SystemExit("--image and --model go together")
+            raise InputError("--image and --model go together: give both (or neither, for a --problem)")
+        from nbtorch.setup import resolve
         from refine.data import load_image
 
+        try:
+            tokens = tuple(shlex.split(model))
+        except ValueError as exc:
+            raise InputError(f"--model {model!r}: {exc}") from None
+        if not tokens:
+            raise InputError("--model: empty; give the starting model's nanoBragg flags")
+        setup = resolve(config_from_args(list(tokens)))  # the model checked (and its detector) before the image
         measured = load_image(image)
         obs = np.asarray(measured.image, dtype=np.float64)
-        return Workload(label=str(image), args=tuple(shlex.split(model)), observed=obs, start={}, truth=None,
+        if obs.ndim != 2 or obs.shape != (setup.spixels, setup.fpixels):
+            got = " x ".join(map(str, obs.shape[::-1]))
+            raise InputError(f"--image {image}: image is {got} pixels (fast x slow) but the --model detector is "
+                             f"{setup.fpixels} x {setup.spixels}; fix -detpixels_f/-detpixels_s (or -detpixels) "
+                             f"in --model")
+        return Workload(label=str(image), args=tokens, observed=obs, start={}, truth=None,
                         symmetry=symmetry or "triclinic",
                         free=("scale", "background", "orientation", "cell", "beam_centre", "mosaic"),
                         fixed=("distance",), dtype=DTYPES[dtype], device=device)

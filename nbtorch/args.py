@@ -50,12 +50,19 @@ def _num(flag: str, token: str, kind: type = float) -> float:
 # flag -> (number of values, setter(config, values))
 Setter = Callable[[SimulationConfig, list], None]
 _FLAGS: dict[str, tuple[int, Setter | None]] = {}
+#: flag -> the config fields it sets (recorded in ``SimulationConfig.flags`` so that
+#: errors found later name the flag the user typed, e.g. ``-N`` rather than ``-Na``)
+_SETS: dict[str, tuple[str, ...]] = {
+    "-cell": ("cell",), "-misset": ("misset_deg",), "-pivot": ("pivot",), "-curved_det": ("curved_det",),
+    "-detector_abs": ("detector_abs_um",),
+}
 
 
-def _flag(names: str, nvals: int = 0, kind: type = float):
+def _flag(names: str, nvals: int = 0, kind: type = float, sets: str = ""):
     def deco(fn: Setter) -> Setter:
         for name in names.split():
             _FLAGS[name] = (nvals, fn, kind)  # type: ignore[assignment]
+            _SETS[name] = tuple(sets.split())
         return fn
 
     return deco
@@ -72,6 +79,7 @@ def _simple(name: str, field: str, kind: type = float, nvals: int = 1, pivot: st
             cfg.pivot = pivot
 
     _FLAGS[name] = (nvals, fn, kind)  # type: ignore[assignment]
+    _SETS[name] = (field,)
 
 
 def _switch(name: str, field: str, value) -> None:
@@ -79,6 +87,7 @@ def _switch(name: str, field: str, value) -> None:
         setattr(cfg, field, value)
 
     _FLAGS[name] = (0, fn, float)  # type: ignore[assignment]
+    _SETS[name] = (field,)
 
 
 # --- crystal -----------------------------------------------------------------------
@@ -87,7 +96,7 @@ _simple("-Nb", "N_b", int)
 _simple("-Nc", "N_c", int)
 
 
-@_flag("-N", 1, int)
+@_flag("-N", 1, int, sets="N_a N_b N_c")
 def _n(cfg, vals):
     cfg.N_a = cfg.N_b = cfg.N_c = vals[0]
 
@@ -120,7 +129,7 @@ _simple("-lambda", "wavelength_A")
 _simple("-wavelength", "wavelength_A")
 
 
-@_flag("-energy", 1)
+@_flag("-energy", 1, sets="wavelength_A")
 def _energy(cfg, vals):
     if vals[0] <= 0:
         raise InputError(f"-energy: must be positive, got {vals[0]:g} eV")
@@ -131,7 +140,7 @@ _simple("-dispersion", "dispersion_pct")
 _simple("-dispsteps", "dispsteps", int)
 
 
-@_flag("-divergence", 1)
+@_flag("-divergence", 1, sets="hdivrange_mrad vdivrange_mrad")
 def _divergence(cfg, vals):
     cfg.hdivrange_mrad = cfg.vdivrange_mrad = vals[0]
 
@@ -144,7 +153,7 @@ _simple("-hdivsteps", "hdivsteps", int)
 _simple("-vdivsteps", "vdivsteps", int)
 
 
-@_flag("-divsteps", 1, int)
+@_flag("-divsteps", 1, int, sets="hdivsteps vdivsteps")
 def _divsteps(cfg, vals):
     cfg.hdivsteps = cfg.vdivsteps = vals[0]
 
@@ -174,6 +183,7 @@ for _name, _conv, _piv in (
         cfg.pivot = _piv
 
     _FLAGS[_name] = (0, _conv_fn, float)  # type: ignore[assignment]
+    _SETS[_name] = ("convention",)
 
 for _name, _field in (
     ("-fdet_vector", "fdet_vector"),
@@ -190,15 +200,16 @@ for _name, _field in (
         setattr(cfg, _field, tuple(vals))
 
     _FLAGS[_name] = (3, _vec_fn, float)  # type: ignore[assignment]
+    _SETS[_name] = (_field,)
 
 
-@_flag("-pix0_vector_mm", 3)
+@_flag("-pix0_vector_mm", 3, sets="pix0_vector_m")
 def _pix0_mm(cfg, vals):
     cfg.convention = "custom"
     cfg.pix0_vector_m = tuple(v / 1000.0 for v in vals)
 
 
-@_flag("-twotheta_axis", 3)
+@_flag("-twotheta_axis", 3, sets="twotheta_axis")
 def _twotheta_axis(cfg, vals):
     cfg.convention = "custom"
     cfg.twotheta_axis = tuple(vals)
@@ -222,7 +233,7 @@ _simple("-detector_rotz", "detector_rotz_deg")
 _simple("-pixel", "pixel_mm")
 
 
-@_flag("-detpixels", 1, int)
+@_flag("-detpixels", 1, int, sets="fpixels spixels")
 def _detpixels(cfg, vals):
     cfg.fpixels = cfg.spixels = vals[0]
 
@@ -233,7 +244,7 @@ _simple("-detpixels_s", "spixels", int)
 _simple("-detpixels_y", "spixels", int)
 
 
-@_flag("-detsize", 1)
+@_flag("-detsize", 1, sets="detsize_f_mm detsize_s_mm")
 def _detsize(cfg, vals):
     cfg.detsize_f_mm = cfg.detsize_s_mm = vals[0]
 
@@ -274,7 +285,7 @@ _switch("-progress", "progress", True)
 _switch("-printout", "printout", True)
 
 
-@_flag("-printout_pixel", 2, int)
+@_flag("-printout_pixel", 2, int, sets="printout_pixel")
 def _printout_pixel(cfg, vals):
     cfg.printout_pixel = (vals[0], vals[1])  # fast, slow
     cfg.printout = True  # as in the C, where "-printout_pixel" also matches "-printout"
@@ -283,7 +294,7 @@ def _printout_pixel(cfg, vals):
 _switch("-c_parity", "c_parity", True)
 
 
-@_flag("-phi_carryover_mode", 1, str)
+@_flag("-phi_carryover_mode", 1, str, sets="phi_carryover")
 def _phi_carryover(cfg, vals):
     mode = vals[0].lower().replace("_", "-")
     if mode not in ("spec", "c-parity"):
@@ -309,6 +320,25 @@ def _is_value(token: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+#: flags whose value is a file name (the others taking text: -dtype, -device, -phi_carryover_mode)
+_FILE_FLAGS = ("-mat", "-hkl", "-dump", "-sourcefile", "-img", "-mask", "-floatfile", "-floatimage", "-intfile",
+               "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-h5file")
+
+
+def _check_text_value(flag: str, token: str) -> None:
+    """A text value (file name, ``-dtype``...) is neither empty nor the next flag.
+
+    Numeric values are told from flags by :func:`_is_value` (negative numbers are
+    values); a text value may start with ``-``, but one that is a flag this parser
+    knows means the value was left out (``-floatfile -nonoise``).
+    """
+    what = "a file name" if flag in _FILE_FLAGS else "a value"
+    if token in _FLAGS or token in _SPECIAL_FLAGS:
+        raise InputError(f"{flag}: expected {what}, got the flag {token} (give {flag} its value)")
+    if not token.strip():
+        raise InputError(f"{flag}: expected {what}, got an empty {'name' if flag in _FILE_FLAGS else 'value'} {token!r}")
 
 
 #: flags parsed by hand in :func:`config_from_args` (not in the table)
@@ -459,6 +489,7 @@ def config_from_args(argv: Sequence[str]) -> SimulationConfig:
             what = "a value" if nvals == 1 else f"{nvals} values"
             raise InputError(f"{tok}: expected {what}")
         if kind is str:
+            _check_text_value(tok, raw[0])
             vals = raw
         else:
             vals = [_num(tok, v, kind) for v in raw]
@@ -478,6 +509,8 @@ def config_from_args(argv: Sequence[str]) -> SimulationConfig:
             from_header |= apply_smv_header(cfg, path, flag)
     for tok, op in ops:
         op(cfg)
+        for name in _SETS.get(tok, ()):
+            cfg.flags[name] = tok
     if ("close_distance_mm" in from_header and "-distance" in seen and "-close_distance" not in seen
             and not cfg.c_parity):
         cfg.close_distance_mm = None  # an explicit -distance beats the header's CLOSE_DISTANCE

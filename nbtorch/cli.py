@@ -182,20 +182,29 @@ def choose_compile(sim, cfg) -> None:
     sim.set_compile(big, f"command line: {evaluations:.3g} evaluations {'>=' if big else '<'} {COMPILE_THRESHOLD_EVALUATIONS:.3g}")
 
 
-def run(argv: Sequence[str]) -> int:
-    """Parse, simulate, write the outputs.  Returns the exit status."""
+def run(argv: Sequence[str], context: dict | None = None) -> int:
+    """Parse, simulate, write the outputs.  Returns the exit status.
+
+    ``context`` (optional dict) is kept up to date with the ``stage`` of the run
+    and the ``sim`` once built, so that :func:`main` can say what ran out of memory.
+    """
     from nbtorch.simulator import Simulator
     from nbtorch.io.raw import write_raw_float
     from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, write_smv, roi_mask_from_bounds
     from nbtorch.io.pgm import write_pgm
 
+    context = {} if context is None else context
+    context["stage"] = "reading the inputs"
     cfg = config_from_args(argv)
     check_outputs(cfg)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"-device {cfg.device}: CUDA is not available on this machine")
     t0 = time.perf_counter()
+    context["stage"] = "setting up the simulation"
     sim = Simulator(cfg, dtype=dtype, device=cfg.device, compile=cfg.compile if cfg.compile is not None else False)
+    context["sim"] = sim
+    context["stage"] = "rendering"
     choose_compile(sim, cfg)
     s = sim.setup
     say(f"nbtorch ({'C-parity' if s.c_parity else 'spec'} mode, {cfg.dtype} on {cfg.device}): "
@@ -217,6 +226,7 @@ def run(argv: Sequence[str]) -> int:
     if mask is not None:
         image[~mask] = 0.0  # the C skips these pixels (the simulator may already have)
     roi_mask = roi_mask_from_bounds(image.shape, x0, x1, y0, y1)
+    context["stage"] = "writing the outputs"
 
     if cfg.printout:
         from nbtorch.printout import format_report, pixel_reports, roi_pixels
@@ -316,16 +326,51 @@ def use_progress(cfg) -> bool:
     return bool(cfg.progress and not cfg.printout and sys.stderr.isatty())
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A failed allocation: ``MemoryError`` (numpy) or torch's allocator ``RuntimeError`` (CPU or CUDA)."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def out_of_memory_message(exc: BaseException, context: dict) -> str:
+    """One line: what ran out of memory, the sizes that drove it, the allocator's words and what to lower."""
+    parts = []
+    sim = context.get("sim")
+    if sim is not None:
+        s = sim.setup
+        x0, x1, y0, y1 = s.roi
+        samples = s.thicksteps * s.oversample**2 * len(s.incident)
+        parts.append(f"{(x1 - x0 + 1) * (y1 - y0 + 1)} pixels, oversample {s.oversample}, {samples:.6g} samples "
+                     f"and {sim.evaluations_per_pixel():.6g} evaluations per pixel")
+        if s.F_grid is not None:
+            (h0, k0, l0), (h1, k1, l1) = s.hkl_min.astype(int), s.hkl_max.astype(int)
+            parts.append(f"structure-factor grid h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} "
+                         f"({s.F_grid.size} cells, {s.F_grid.size * 8 / 1e9:.3g} GB)")
+    words = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    sizes = f" ({'; '.join(parts)})" if parts else ""
+    return str(InputError(
+        f"out of memory while {context.get('stage', 'running')}{sizes}: {words}; lower -oversample, the sampling "
+        f"steps (-phisteps, -mosaic_dom, -divsteps, -dispsteps), the detector or -roi size, or the HKL index range"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "-help"):
         print(__doc__)
         print("usage: nbtorch -cell a b c alpha beta gamma | -mat FILE  [-hkl FILE | -default_F F] [nanoBragg flags...]")
         return 0 if argv else 2
+    context: dict = {}
     try:
-        return run(argv)
+        return run(argv, context)
     except InputError as exc:
         print(f"nbtorch: error: {exc}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        print(f"nbtorch: error: {out_of_memory_message(exc, context)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nbtorch: interrupted", file=sys.stderr)

@@ -123,6 +123,14 @@ class SimulationConfig:
     device: str = "cpu"
     # flags accepted for compatibility that change nothing we compute
     ignored_flags: tuple[str, ...] = field(default_factory=tuple)
+    #: field name -> the command-line flag that last set it (``-N`` for ``N_a``, ``-detpixels`` for
+    #: ``fpixels``...), so that errors name the flag the user typed; filled by
+    #: :func:`nbtorch.args.config_from_args`, empty for configs built in Python
+    flags: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def flag_for(self, name: str, default: str) -> str:
+        """The flag that set field ``name`` on the command line, else ``default``."""
+        return self.flags.get(name, default)
 
     def replace(self, **changes) -> "SimulationConfig":
         """A copy with some fields changed."""

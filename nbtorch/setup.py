@@ -39,6 +39,18 @@ DEFAULT_FLUENCE = 125932015286227086360700780544.0  # photons/m^2 = 1/r_e^2
 AVOGADRO = 6.02214179e23
 WATER_F = 2.57
 WATER_MW = 18.0
+#: the largest oversample the automatic rule (``ceil(3 * crystal size / (lambda * distance / pixel))``,
+#: the C's) may choose: 100 is 10^4 sub-pixels per pixel, far more than any crystal of normal size
+#: needs (a 1 um crystal at 100 mm with 0.1 mm pixels and 1 A gets 30); beyond it the command
+#: refuses and asks for an explicit ``-oversample`` (usually a unit mistake: ``-distance`` in metres,
+#: ``-pixel`` in um)
+MAX_AUTO_OVERSAMPLE = 100
+#: the most samples (sub-pixels x sensor layers x sources) one pixel may have, whatever chose the
+#: oversample: the simulator holds every sample of a tile (at least 16 pixels) at once, ~175 bytes
+#: each (float64), so 2^20 per pixel is ~3 GB per tile; beyond it is an error, not an allocator crash
+MAX_SAMPLES_PER_PIXEL = 1 << 20
+#: two unit vectors closer to (anti)parallel than this (norm of their cross product) are parallel
+_PARALLEL = 1e-12
 
 # (beam, fdet, sdet, odet, twotheta_axis, polar, spindle) per convention
 _BASES = {
@@ -217,6 +229,10 @@ def _sources(cfg: SimulationConfig, beam, polar, wavelength_m: float):
             v = _rotate(v, vert, hdiv)
             dirs.extend([-_unit(v)] * dsteps)
     factors = [1.0 + dstep * j - disp / 2.0 for j in range(dsteps)]
+    if min(factors) <= 0.0:
+        raise InputError(f"{cfg.flag_for('dispersion_pct', '-dispersion')} {cfg.dispersion_pct:g}: the shortest of the "
+                         f"{dsteps} wavelengths would be {min(factors) * wavelength_m * 1e10:g} A "
+                         f"(lambda x (1 - dispersion/200)); the spectral width must be below 200%")
     lam = np.array(factors * (len(dirs) // dsteps), dtype=np.float64)
     return np.array(dirs, dtype=np.float64).reshape(-1, 3), lam
 
@@ -252,11 +268,42 @@ def _bases(cfg: SimulationConfig):
         polar = np.array(cfg.polar_vector or polar, dtype=np.float64)
         spindle = np.array(cfg.spindle_axis or spindle, dtype=np.float64)
     beam, f, s, polar, spindle, tt = (_unit(v) for v in (beam, f, s, polar, spindle, tt))
+    _check_not_parallel(cfg, "fdet_vector", f, "sdet_vector", s, "detector fast and slow axes")
+    if cfg.odet_vector is not None and conv == "custom":
+        o_unit = _unit(o)
+        _check_not_parallel(cfg, "fdet_vector", f, "odet_vector", o_unit, "detector fast and normal axes")
+        _check_not_parallel(cfg, "sdet_vector", s, "odet_vector", o_unit, "detector slow and normal axes")
     if np.linalg.norm(o) != 1.0:
         o = _unit(np.cross(f, s))
-    if np.linalg.norm(np.cross(beam, polar)) < 1e-12:
-        raise InputError("-polar_vector: must not be parallel to the beam vector")
+    if np.linalg.norm(np.cross(beam, polar)) < _PARALLEL:
+        given_beam = conv == "custom" and cfg.beam_vector is not None
+        given_polar = conv == "custom" and cfg.polar_vector is not None
+        if given_beam and not given_polar:
+            raise InputError(f"-beam_vector {_fmt(cfg.beam_vector)}: the beam is parallel to the default polarization "
+                             f"vector ({_fmt(polar)}); give -polar_vector with a vector perpendicular to the beam")
+        if given_beam:
+            raise InputError(f"-polar_vector {_fmt(cfg.polar_vector)} and -beam_vector {_fmt(cfg.beam_vector)}: "
+                             "the polarization vector must not be parallel to the beam")
+        raise InputError(f"-polar_vector {_fmt(cfg.polar_vector or polar)}: must not be parallel to the beam vector "
+                         f"({_fmt(beam)})")
     return beam, f, s, o, tt, polar, spindle
+
+
+def _fmt(v) -> str:
+    return " ".join(f"{float(x):g}" for x in v)
+
+
+def _check_not_parallel(cfg: SimulationConfig, name1: str, u1, name2: str, u2, what: str) -> None:
+    """Refuse two (unit) axes that are parallel, naming the flags that gave them."""
+    if np.linalg.norm(np.cross(u1, u2)) >= _PARALLEL:
+        return
+    g1, g2 = getattr(cfg, name1) is not None, getattr(cfg, name2) is not None
+    if g1 and g2:
+        raise InputError(f"-{name1} {_fmt(getattr(cfg, name1))} and -{name2} {_fmt(getattr(cfg, name2))}: "
+                         f"the {what} must not be parallel")
+    given, default, vec = (name1, name2, u2) if g1 else (name2, name1, u1)
+    raise InputError(f"-{given} {_fmt(getattr(cfg, given))}: parallel to the default -{default} ({_fmt(vec)}); "
+                     f"the {what} must not be parallel: give -{default} too")
 
 
 def beam_centre_defaults(cfg: SimulationConfig, pixel_m: float, detsize_f: float, detsize_s: float):
@@ -279,41 +326,53 @@ def beam_centre_defaults(cfg: SimulationConfig, pixel_m: float, detsize_f: float
     return (xb if xb is not None else xc, yb if yb is not None else yc)
 
 
+def check_cell(cell, label: str) -> None:
+    """Raise unless ``(a, b, c, alpha, beta, gamma)`` (Å, degrees) is a possible unit cell."""
+    a, b, c, al, be, ga = (float(v) for v in cell)
+    for name, v in zip(("a", "b", "c"), (a, b, c)):
+        _check_positive(f"{label} {name}", v)
+    for name, v in zip(("alpha", "beta", "gamma"), (al, be, ga)):
+        if not (0.0 < v < 180.0):
+            raise InputError(f"{label} {name}: angle must be between 0 and 180 degrees, got {v:g}")
+    if not (al < be + ga and be < al + ga and ga < al + be and al + be + ga < 360.0):
+        raise InputError(f"{label}: angles {al:g} {be:g} {ga:g} do not make a unit cell "
+                         "(each < sum of the others, sum < 360)")
+
+
 def _validate(cfg: SimulationConfig) -> None:
     if cfg.cell is None and cfg.mat_file is None:
         raise InputError("no crystal: give -cell a b c alpha beta gamma or -mat FILE")
     if cfg.cell is not None and cfg.mat_file is not None:
         raise InputError("-cell and -mat both given: use one to define the lattice")
     if cfg.cell is not None:
-        a, b, c, al, be, ga = cfg.cell
-        for name, v in zip(("a", "b", "c"), (a, b, c)):
-            _check_positive(f"-cell {name}", v)
-        for name, v in zip(("alpha", "beta", "gamma"), (al, be, ga)):
-            if not (0.0 < v < 180.0):
-                raise InputError(f"-cell {name}: angle must be between 0 and 180 degrees, got {v:g}")
-        if not (al < be + ga and be < al + ga and ga < al + be and al + be + ga < 360.0):
-            raise InputError(f"-cell: angles {al:g} {be:g} {ga:g} do not make a unit cell (each < sum of the others, sum < 360)")
-    _check_positive("-lambda", cfg.wavelength_A)
-    _check_positive("-pixel", cfg.pixel_mm)
-    _check_positive("-distance", cfg.distance_mm)
-    _check_positive("-close_distance", cfg.close_distance_mm)
-    _check_positive("-detsize_f", cfg.detsize_f_mm)
-    _check_positive("-detsize_s", cfg.detsize_s_mm)
-    for name in ("N_a", "N_b", "N_c"):
-        _check_positive(f"-{name.replace('_', '')}", getattr(cfg, name), allow_zero=True)
-    for name, v in (("-detpixels_f", cfg.fpixels), ("-detpixels_s", cfg.spixels), ("-oversample", cfg.oversample)):
+        check_cell(cfg.cell, "-cell")
+    flag = cfg.flag_for  # the flag the user typed for a field (e.g. -N for N_a), else the default name
+    for field_, default in (("wavelength_A", "-lambda"), ("pixel_mm", "-pixel"), ("distance_mm", "-distance"),
+                            ("close_distance_mm", "-close_distance"), ("detsize_f_mm", "-detsize_f"),
+                            ("detsize_s_mm", "-detsize_s"), ("source_distance_mm", "-source_distance"),
+                            ("fluence", "-fluence")):
+        _check_positive(flag(field_, default), getattr(cfg, field_))
+    for field_, default in (("N_a", "-Na"), ("N_b", "-Nb"), ("N_c", "-Nc"), ("flux", "-flux"),
+                            ("exposure_s", "-exposure"), ("beamsize_mm", "-beamsize")):
+        _check_positive(flag(field_, default), getattr(cfg, field_), allow_zero=True)
+    for field_, default in (("fpixels", "-detpixels_f"), ("spixels", "-detpixels_s"), ("oversample", "-oversample")):
+        v = getattr(cfg, field_)
         if v is not None and v <= 0:
-            raise InputError(f"{name}: must be a positive count, got {v}")
-    for name, v in (("-phisteps", cfg.phisteps), ("-mosaic_dom", cfg.mosaic_domains), ("-dispsteps", cfg.dispsteps),
-                    ("-hdivsteps", cfg.hdivsteps), ("-vdivsteps", cfg.vdivsteps), ("-thicksteps", cfg.detector_thicksteps)):
+            raise InputError(f"{flag(field_, default)}: must be a positive count, got {v}")
+    for field_, default in (("phisteps", "-phisteps"), ("mosaic_domains", "-mosaic_dom"), ("dispsteps", "-dispsteps"),
+                            ("hdivsteps", "-hdivsteps"), ("vdivsteps", "-vdivsteps"),
+                            ("detector_thicksteps", "-thicksteps")):
+        v = getattr(cfg, field_)
         if v is not None and v < 0:
-            raise InputError(f"{name}: must not be negative, got {v}")
-    for name, v in (("-mosaic", cfg.mosaic_spread_deg), ("-dispersion", cfg.dispersion_pct),
-                    ("-detector_thick", cfg.detector_thick_um), ("-water", cfg.water_um), ("-dmin", cfg.dmin_A),
-                    ("-hdivrange", cfg.hdivrange_mrad), ("-vdivrange", cfg.vdivrange_mrad)):
-        _check_positive(name, v, allow_zero=True)
-    if cfg.fluence is not None:
-        _check_positive("-fluence", cfg.fluence)
+            raise InputError(f"{flag(field_, default)}: must not be negative, got {v}")
+    for field_, default in (("mosaic_spread_deg", "-mosaic"), ("dispersion_pct", "-dispersion"),
+                            ("detector_thick_um", "-detector_thick"), ("water_um", "-water"), ("dmin_A", "-dmin"),
+                            ("hdivrange_mrad", "-hdivrange"), ("vdivrange_mrad", "-vdivrange")):
+        _check_positive(flag(field_, default), getattr(cfg, field_), allow_zero=True)
+    if cfg.flux > 0:  # fluence = flux * exposure / beamsize^2
+        for field_, default in (("exposure_s", "-exposure"), ("beamsize_mm", "-beamsize")):
+            if getattr(cfg, field_) == 0:
+                raise InputError(f"{flag(field_, default)}: must be positive to compute the fluence from -flux, got 0")
     if cfg.shape not in SHAPES:
         raise InputError(f"unknown crystal shape {cfg.shape!r}")
     if cfg.dtype not in ("float32", "float64"):
@@ -413,9 +472,18 @@ def resolve(cfg: SimulationConfig) -> Setup:
     if cfg.oversample is not None:
         oversample = cfg.oversample
     else:
-        lengths_m = cell[:3] * 1e-10 * np.array(n_cells)
+        size_m = float((cell[:3] * 1e-10 * np.array(n_cells)).max())  # the longest crystal edge, N x cell
         recip_pixel = lam_m * distance_c_m / pixel
-        oversample = max(1, math.ceil(3.0 * float(lengths_m.max()) / recip_pixel))
+        with np.errstate(all="ignore"):
+            ratio = float(np.float64(3.0) * size_m / recip_pixel)
+        if not ratio <= MAX_AUTO_OVERSAMPLE:  # also NaN / inf
+            value = math.ceil(ratio) if math.isfinite(ratio) else ratio
+            raise InputError(
+                f"-oversample: the automatic value {value:.6g} = ceil(3 x crystal size {size_m * 1e6:.4g} um / "
+                f"(lambda {cfg.wavelength_A:g} A x distance {distance_c_m * 1000:.4g} mm / pixel {cfg.pixel_mm:g} mm)) "
+                f"is above the limit of {MAX_AUTO_OVERSAMPLE}: check the units (-cell in A, -N in unit cells, "
+                f"-distance and -pixel in mm) or give -oversample explicitly")
+        oversample = max(1, math.ceil(ratio))
 
     # --- sensor ---------------------------------------------------------------------------
     thick = cfg.detector_thick_um * 1e-6
@@ -441,6 +509,14 @@ def resolve(cfg: SimulationConfig) -> Setup:
             dz = thick / n_layers
     else:
         n_layers, dz, mu = 1, 0.0, max(mu, 0.0)
+    samples = n_layers * oversample * oversample * len(incident)
+    if samples > MAX_SAMPLES_PER_PIXEL:
+        what = f"{cfg.flag_for('oversample', '-oversample')} {oversample}" if cfg.oversample is not None else "sampling"
+        raise InputError(
+            f"{what}: {oversample}^2 sub-pixels x {n_layers} sensor layers x {len(incident)} sources = {samples:.6g} "
+            f"samples per pixel, above the limit of {MAX_SAMPLES_PER_PIXEL} (a 16-pixel tile would need about "
+            f"{16 * samples * 175 / 1e9:.3g} GB of memory): lower -oversample, -thicksteps or the number of "
+            f"sources (-divsteps, -dispsteps, -sourcefile)")
 
     # --- structure factors -----------------------------------------------------------------
     F_grid = hkl_min = hkl_max = F_present = None
@@ -449,8 +525,11 @@ def resolve(cfg: SimulationConfig) -> Setup:
 
         table = read_hkl(cfg.hkl_file)
         F_grid, mins = table.to_grid(np.nan)
-        F_present = ~np.isnan(F_grid)  # reflections listed in the file
-        F_grid = np.where(F_present, F_grid, cfg.default_F)
+        try:
+            F_present = ~np.isnan(F_grid)  # reflections listed in the file
+            np.copyto(F_grid, cfg.default_F, where=~F_present)
+        except MemoryError:
+            raise InputError(f"{cfg.hkl_file}: not enough memory: {table.grid_description()}") from None
     elif cfg.dump_file is not None:  # -dump without -hkl: read the cache (never a stray Fdump.bin)
         from nbtorch.io.hkl import read_fdump
 
@@ -458,6 +537,8 @@ def resolve(cfg: SimulationConfig) -> Setup:
             F_grid, mins = read_fdump(cfg.dump_file)
         except InputError as exc:
             raise InputError(f"-dump {exc}") from None
+        except MemoryError:
+            raise InputError(f"-dump {cfg.dump_file}: not enough memory for its structure-factor grid") from None
         notes.append(f"structure factors read from {cfg.dump_file}")
     elif cfg.default_F == 0.0:
         notes.append("no -hkl file and -default_F 0: every structure factor is zero")
@@ -470,9 +551,7 @@ def resolve(cfg: SimulationConfig) -> Setup:
 
     fluence = cfg.fluence if cfg.fluence is not None else DEFAULT_FLUENCE
     beamsize = cfg.beamsize_mm / 1000.0
-    if cfg.flux != 0.0 and cfg.exposure_s > 0.0 and beamsize >= 0:
-        if beamsize == 0:
-            raise InputError("-beamsize: must be positive to compute the fluence from -flux")
+    if cfg.flux != 0.0 and cfg.exposure_s > 0.0 and beamsize > 0:  # (all positive: _validate)
         fluence = cfg.flux * cfg.exposure_s / beamsize / beamsize
     water_m = cfg.water_um * 1e-6
     water_F2N = WATER_F**2 * water_m**3 * 1e6 * AVOGADRO / WATER_MW

@@ -36,7 +36,9 @@ from nbtorch.errors import InputError
 __all__ = ["main", "build_parser", "parse_args", "run"]
 
 PROG = "nbtorch-refine"
-_STAGE_KEYS = ("name", "free", "optimizer", "lr", "max_steps", "roi_fraction", "bin", "n_factor", "ftol", "xtol")
+_DEFAULT_DATASET = "/entry/data/data"
+_STAGE_KEYS = ("name", "free", "optimizer", "lr", "history_size", "precondition", "max_steps", "roi_fraction", "bin",
+               "n_factor", "ftol", "xtol")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus (.h5, .nxs) or raw (.bin, with --shape)")
     g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
-    g.add_argument("--dataset", default="/entry/data/data", help="HDF5 dataset of the image (default %(default)s)")
+    g.add_argument("--dataset", default=_DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
     g.add_argument("--raw-dtype", default="<f4", help="element type of a raw image (numpy, default %(default)s)")
     g.add_argument("--mask", help="mask file (any image format, same shape; nonzero = use the pixel)")
@@ -78,13 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fix", type=_csv, help="names or groups never refined (e.g. distance)")
     g.add_argument("--start", type=_csv, help="starting values overriding the model: name=value,... "
                                               "(cell values tied by --symmetry follow)")
-    g.add_argument("--symmetry", help="crystal system: triclinic (default), monoclinic, orthorhombic, tetragonal, "
+    g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
     g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
     g.add_argument("--bounds", type=_csv, help="name=low:high,... refine inside open intervals")
     g = p.add_argument_group("optimiser")
     g.add_argument("--optimizer", default="lbfgs", choices=("lbfgs", "adam"), help="step rule (default %(default)s)")
     g.add_argument("--lr", type=float, help="step length (LBFGS, default 1) or learning rate (Adam, default 0.1)")
+    g.add_argument("--history-size", type=int, help="LBFGS: (s, y) pairs kept (default 20)")
+    g.add_argument("--precondition", choices=("none", "diagonal", "full"),
+                   help="parameter scaling of every stage from its Fisher matrix (default: the schedule's own; "
+                        "stage_a: full for LBFGS, none for Adam; --refine: none)")
     g.add_argument("--loss", default="poisson", help="poisson (default), gaussian, mse, huber, log, ncc")
     g.add_argument("--max-steps", type=int, help="steps per stage (stage_a: per coarse stage, the final one 5x; "
                                                  "--refine: default 200)")
@@ -129,20 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str], list | None]:
     """Command-line tokens equivalent to a TOML config, and its ``[[stages]]`` tables (None if absent)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise InputError(f"--config {path}: reading TOML needs Python 3.11 or: pip install tomli") from None
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise InputError(f"--config {path}: file not found") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"--config {path}: {exc}") from None
+    from nbtorch.io import read_toml
+
+    data = read_toml(path, "--config")
     actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
     tokens: list[str] = []
     stages = None
@@ -229,21 +224,46 @@ def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]
     return out
 
 
-def _strategy(name: str, lr: float | None):
+def _strategy(name: str, lr: float | None, history_size: int | None = None):
     from refine.strategies import LBFGS, Adam
 
     if name == "adam":
+        if history_size is not None:
+            raise InputError("--history-size: only for --optimizer lbfgs")
         return Adam(lr=lr) if lr is not None else Adam()
-    return LBFGS(lr=lr) if lr is not None else LBFGS()
+    options = {k: v for k, v in (("lr", lr), ("history_size", history_size)) if v is not None}
+    return LBFGS(**options)
 
 
 def build_stages(args: argparse.Namespace):
     """The stages of the run: ``--refine`` (one stage, ``--coarse`` adds coarse copies), ``[[stages]]`` tables
-    from ``--config``, or ``--stages stage_a``; None = the core's default (stage_a with ``--optimizer``)."""
+    from ``--config``, or ``--stages stage_a``; None = the core's default (stage_a with ``--optimizer``).
+    ``--precondition`` (when given) replaces every stage's own."""
+    from dataclasses import replace
+
+    stages = _build_stages(args)
+    if stages is None or args.precondition is None:
+        return stages
+    pre = None if args.precondition == "none" else args.precondition
+    return tuple(replace(s, precondition=pre) for s in stages)
+
+
+def _precondition(value: Any, index: int) -> str | None:
+    if value in (None, "none"):
+        return None
+    if value not in ("diagonal", "full"):
+        raise InputError(f"--config [[stages]] #{index + 1}: precondition must be none, diagonal or full, "
+                         f"got {value!r}")
+    return str(value)
+
+
+def _build_stages(args: argparse.Namespace):
     from refine.loop import Convergence
     from refine.stages import Stage, coarse_to_fine, stage_a
 
-    strategy = _strategy(args.optimizer, args.lr)
+    if args.history_size is not None and args.history_size < 1:
+        raise InputError(f"--history-size: must be >= 1, got {args.history_size}")
+    strategy = _strategy(args.optimizer, args.lr, args.history_size)
     if args.refine and args.stages:
         raise InputError("--refine and --stages both given: --refine makes one stage, --stages names a schedule; "
                          "drop one")
@@ -269,14 +289,16 @@ def build_stages(args: argparse.Namespace):
                                ftol=float(table.get("ftol", 1e-6 if i == len(args.stage_tables) - 1 else 1e-3)),
                                xtol=float(table.get("xtol", 1e-4 if i == len(args.stage_tables) - 1 else 1e-3)))
             stages.append(Stage(str(table.get("name", f"stage{i + 1}")), tuple(free),
-                                _strategy(str(table.get("optimizer", args.optimizer)), table.get("lr", args.lr)),
+                                _strategy(str(table.get("optimizer", args.optimizer)), table.get("lr", args.lr),
+                                          table.get("history_size", args.history_size)),
                                 conv, float(table.get("roi_fraction", 1.0)), int(table.get("bin", 1)),
-                                float(table.get("n_factor", 1.0))))
+                                float(table.get("n_factor", 1.0)), _precondition(table.get("precondition"), i)))
         return tuple(stages)
     if args.stages not in (None, "stage_a"):
         raise InputError(f"--stages: unknown schedule {args.stages!r}; valid: stage_a (or give --refine, "
                          "or [[stages]] tables in --config)")
-    if args.stages is None and args.max_steps is None and args.optimizer == "lbfgs" and args.lr is None:
+    if (args.stages is None and args.max_steps is None and args.optimizer == "lbfgs" and args.lr is None
+            and args.history_size is None and args.precondition is None):
         return None
     return stage_a(strategy, max_steps=args.max_steps)
 
@@ -290,8 +312,13 @@ def _check_loss(name: str) -> None:
         raise InputError(f"--loss: unknown loss {name!r}; valid: poisson, {', '.join(sorted(LOSSES))}")
 
 
-def _check_outputs(paths: dict[str, str | None]) -> None:
+def _check_outputs(paths: dict[str, str | None]) -> list[Path]:
+    """Refuse output paths that cannot be written; return the missing directories to create before writing
+    (output directories are made as needed, like ``--logdir``; nothing is created here)."""
+    from nbtorch.io.atomic import check_directory_can_be_made
+
     seen: dict[str, str] = {}
+    to_make: list[Path] = []
     for flag, path in paths.items():
         if not path:
             continue
@@ -303,12 +330,33 @@ def _check_outputs(paths: dict[str, str | None]) -> None:
         if flag == "--logdir":  # a directory, created (or appended to) by TensorBoard
             if p.exists() and not p.is_dir():
                 raise InputError(f"{flag} {path}: exists and is not a directory")
-            continue
-        if p.is_dir():
-            raise InputError(f"{flag} {path}: is a directory")
-        parent = p.parent if str(p.parent) else Path(".")
-        if not parent.is_dir():
-            raise InputError(f"{flag} {path}: directory {parent} does not exist")
+            directory = p
+        else:
+            if p.is_dir():
+                raise InputError(f"{flag} {path}: is a directory")
+            directory = p.parent if str(p.parent) else Path(".")
+        check_directory_can_be_made(directory, f"{flag} {path}")
+        if not directory.exists() and flag != "--logdir":
+            to_make.append(directory)
+    return to_make
+
+
+def _check_not_inputs(args: argparse.Namespace, cfg, outputs: dict[str, str]) -> None:
+    """Refuse an output path that names one of the run's input files (it would be overwritten): the
+    command's own inputs (``cfg`` None, before anything is read), or the model's files (``cfg`` given)."""
+    if cfg is None:
+        inputs = [("--image", args.image), ("--mask", args.mask), ("--config", args.config),
+                  ("--spots", args.spots if args.spots != "find" else None)]
+        if isinstance(args.model, str):
+            inputs += [("--model", tok[1:]) for tok in args.model.split() if tok.startswith("@") and len(tok) > 1]
+    else:
+        inputs = [(f"--model {flag}", path) for flag, path in (
+            ("-hkl", cfg.hkl_file), ("-mat", cfg.mat_file), ("-sourcefile", cfg.source_file),
+            ("-img", cfg.img_file), ("-mask", cfg.mask_file), ("-dump", cfg.dump_file))]
+    named = {os.path.realpath(path): flag for flag, path in inputs if path}
+    for flag, path in outputs.items():
+        if path and os.path.realpath(path) in named:
+            raise InputError(f"{flag} {path}: would overwrite the {named[os.path.realpath(path)]} input file")
 
 
 def _default_compile(sim, n_pixels: int) -> bool:
@@ -389,6 +437,18 @@ def run(args: argparse.Namespace) -> int:
     _check_loss(args.loss)
     start = start_values(args.start)
     bounds = bounds_values(args.bounds)
+    for flag, value in (("--time-budget", args.time_budget), ("--checkpoint-every", args.checkpoint_every),
+                        ("--tb-every", args.tb_every), ("--saturation", args.saturation)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise InputError(f"{flag}: must be a positive number, got {value:g}")
+    if args.seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {args.seed}")
+    for flag, names in (("--refine", args.refine), ("--fix", args.fix), ("--esd-extra", args.esd_extra)):
+        if names is not None and not names:
+            raise InputError(f"{flag}: no names given")
+    both = sorted(set(args.refine or ()) & set(args.fix or ()))
+    if both:
+        raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
     if args.subsample is not None and not 0 < args.subsample <= 1:
         raise InputError(f"--subsample: fraction must be in (0, 1], got {args.subsample:g}")
     if args.spot_window is not None and args.spot_window < 0:
@@ -403,7 +463,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
     json_path = args.json or str(Path(args.out).with_suffix(".json"))
     ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
-    _check_outputs({"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path, "--logdir": args.logdir})
+    outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
+    make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
+    _check_not_inputs(args, None, outputs)
     if args.resume and not Path(ckpt_path).is_file():
         raise InputError(f"--resume: checkpoint {ckpt_path} not found "
                          "(run once without --resume, or give --checkpoint)")
@@ -431,6 +493,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         obs = load_image(args.image, frame=args.frame, shape=args.shape, dtype=args.raw_dtype, dataset=args.dataset,
                          mask=args.mask, saturation=args.saturation, nonfinite="mask" if args.mask_nan else "error")
+        if args.dataset != _DEFAULT_DATASET and obs.format != "hdf5":
+            raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
         say(f"{PROG}: {obs.describe()}")
         roi = check_roi(args.roi, obs.shape) if args.roi else None
         cfg, tokens, notes = model_config(args.model, obs, roi)
@@ -440,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
         free_default, fixed = None, tuple(args.fix or ())
         extra["input"] = {"image": obs.path, "format": obs.format, "frame": args.frame, "geometry": obs.geometry,
                           "masked": obs.masked, "model": tokens}
+    _check_not_inputs(args, cfg, outputs)
     if args.dtype != cfg.dtype:
         cfg = cfg.replace(dtype=args.dtype)
     sim = Simulator(cfg, dtype=dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)
@@ -524,6 +589,8 @@ def run(args: argparse.Namespace) -> int:
         spots_before = offsets(vals0)
 
     # ---- refine ----------------------------------------------------------------------------------------
+    for directory in make_dirs:
+        directory.mkdir(parents=True, exist_ok=True)
     callbacks = []
     if args.logdir:
         callbacks.append(TensorBoardCallback(args.logdir, every=args.tb_every))

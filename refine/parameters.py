@@ -55,9 +55,10 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from nbtorch.physics.rotation import rotation_matrix_xyz
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.setup import PARAMETER_NAMES, check_cell
 from nbtorch.simulator import ORIENTATION_DELTAS
 from refine.transforms import Bounded, Identity, Multiplicative, Positive, Transform
+
 
 __all__ = [
     "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
@@ -272,6 +273,11 @@ class ParameterSpace:
 
     def check_start(self, values: Mapping[str, float]) -> None:
         """Raise if the starting cell breaks the crystal system, or a value cannot start a refinement."""
+        check_cell(tuple(float(values[n]) for n in CELL), "start: cell")
+        for n in ("distance", "wavelength", "N_a", "N_b", "N_c", "mosaic_spread"):
+            v = float(values.get(n, 1.0))
+            if not (v > 0 or (n == "mosaic_spread" and v == 0)):
+                raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n == 'mosaic_spread' else '> 0'})")
         implied = constrained_cell(self.symmetry, values)
         for n in CELL:
             if abs(float(implied[n]) - float(values[n])) > 1e-6 * max(1.0, abs(float(values[n]))):

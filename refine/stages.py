@@ -141,7 +141,8 @@ def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | Non
     Arguments:
         strategy: ``"lbfgs"`` (default), ``"adam"`` or a strategy object for every stage.
         max_steps: steps per coarse stage (default 25 for LBFGS, 100 for Adam).
-        final_steps: steps of the final stage (default 150 for LBFGS, 400 for Adam).
+        final_steps: steps of the final stage (default 5 x ``max_steps`` when that is given, else 150 for
+            LBFGS, 400 for Adam).
         coarse: use the binned views (False: every stage on the full image).
         precondition: True = the strategy's default (``"full"`` Fisher whitening for LBFGS,
             none for Adam, whose per-parameter step normalisation works best in the
@@ -150,7 +151,10 @@ def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | Non
     strat = get_strategy(strategy)
     adam = isinstance(strat, Adam)
     n = max_steps if max_steps is not None else (100 if adam else 25)
-    nf = final_steps if final_steps is not None else (400 if adam else 150)
+    if final_steps is not None:
+        nf = final_steps
+    else:
+        nf = 5 * max_steps if max_steps is not None else (400 if adam else 150)
     pre = (None if adam else "full") if precondition is True else (precondition or None)
     loose = Convergence(max_steps=n, ftol=1e-2, rtol=1e-6 if adam else 1e-5, xtol=1e-3 if adam else 1e-2)
     final = Convergence(max_steps=nf, ftol=1e-4, xtol=1e-4)

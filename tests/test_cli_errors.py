@@ -22,6 +22,7 @@ INPUTS = {
     "bad_sources.txt": "-10 0 0 1 1e-10\n-10 0 0 1 abc\n",
     "neg_lambda_sources.txt": "-10 0 0 1 1e-10\n\n-10 0 0 1 -1e-10\n",
     "notsmv.img": "this is not an SMV image\n",
+    "tiny.mat": "1e-30 0 0\n0 1e-30 0\n0 0 1e-30\n",
 }
 
 
@@ -99,12 +100,64 @@ CASES = [
     ("-dtype float16", ["-dtype", "float16"]),
     ("-floatfile nodir/out.bin", ["-floatfile", "nodir", "does not exist"]),
     ("-h5file nodir/out.h5", ["-h5file", "nodir"]),
+    # a text value is never the next flag, nor empty
+    ("-floatfile -nonoise", ["-floatfile: expected a file name, got the flag -nonoise"]),
+    ("-floatfile -intfile i.img", ["-floatfile: expected a file name, got the flag -intfile"]),
+    ("-hkl -default_F 3", ["-hkl: expected a file name, got the flag -default_F"]),
+    ("-dtype -cell", ["-dtype: expected a value, got the flag -cell"]),
+    ("-floatfile <empty>", ["-floatfile: expected a file name, got an empty name"]),
+    ("-intfile <blank>", ["-intfile: expected a file name, got an empty name"]),
+    ("-h5file <empty>", ["-h5file", "empty"]),
+    ("-hkl <empty>", ["-hkl", "empty"]),
+    # the automatic oversample (the C's rule) is bounded; so are the samples of one pixel
+    ("-N 100000", ["-oversample", "automatic value 30000", "crystal size 1000 um", "distance 100 mm",
+                   "pixel 0.1 mm", "limit of 100", "units", "give -oversample explicitly"]),
+    ("-cell 1e8 1e8 1e8 90 90 90", ["-oversample", "automatic value 900000", "limit of 100"]),
+    ("-curved_det -distance 0.001", ["-oversample", "automatic value 90001", "distance 0.001 mm"]),
+    ("-distance 0.1", ["-oversample", "automatic value 900", "distance 0.1 mm"]),
+    ("-pixel 172", ["-oversample", "automatic value 1548", "pixel 172 mm"]),
+    ("-mat tiny.mat -cell_drop", ["-oversample", "automatic value 9e+27"]),
+    ("-oversample 100000", ["-oversample 100000", "samples per pixel", "limit of 1048576", "GB"]),
+    ("-oversample 1025", ["-oversample 1025", "samples per pixel"]),
+    ("-oversample 300 -detector_thick 100 -thicksteps 20", ["-oversample 300", "20 sensor layers", "-thicksteps"]),
+    ("-N 40 -divergence 1 -divsteps 90 -square_div", ["sampling:", "12^2 sub-pixels", "8100 sources", "per pixel"]),
+    # negative beam intensities
+    ("-flux -5", ["-flux", "non-negative"]),
+    ("-flux 1e12 -exposure -1", ["-exposure", "non-negative"]),
+    ("-exposure -1", ["-exposure", "non-negative"]),
+    ("-flux 1e12 -exposure 0", ["-exposure", "positive to compute the fluence from -flux"]),
+    ("-flux 1e12 -beamsize -0.1", ["-beamsize", "non-negative"]),
+    ("-flux 1e12 -beamsize 0", ["-beamsize", "positive to compute the fluence from -flux"]),
+    ("-fluence -1e24", ["-fluence", "positive"]),
+    ("-source_distance -5", ["-source_distance", "positive"]),
+    # a dispersion that makes a wavelength zero or negative
+    ("-dispersion 300 -dispsteps 3", ["-dispersion 300", "-0.5 A", "below 200%"]),
+    ("-dispersion 200 -dispsteps 2", ["-dispersion 200", "below 200%"]),
+    # parallel or zero detector axes
+    ("-fdet_vector 0 0 1 -sdet_vector 0 0 1", ["-fdet_vector 0 0 1 and -sdet_vector 0 0 1", "parallel"]),
+    ("-fdet_vector 0 0 1 -sdet_vector 0 0 -2", ["-fdet_vector", "-sdet_vector", "parallel"]),
+    ("-fdet_vector 0 -1 0", ["-fdet_vector 0 -1 0", "default -sdet_vector", "parallel", "give -sdet_vector"]),
+    ("-fdet_vector 0 0 1 -odet_vector 0 0 1", ["-fdet_vector", "-odet_vector", "parallel"]),
+    ("-sdet_vector 0 0 0", ["-sdet_vector", "non-zero"]),
+    # the message names the flag that was typed
+    ("-N -3", ["-N: must be non-negative"]),
+    ("-Nb -3", ["-Nb: must be non-negative"]),
+    ("-divergence -1", ["-divergence: must be non-negative"]),
+    ("-detpixels -5", ["-detpixels: must be a positive count"]),
+    ("-detpixels_x 0", ["-detpixels_x: must be a positive count"]),
+    ("-detsize 0 -detpixels_drop", ["-detsize: must be positive"]),
+    ("-divsteps -2", ["-divsteps: must not be negative"]),
+    ("-mosaic_spread -1", ["-mosaic_spread: must be non-negative"]),
+    ("-wavelength 0", ["-wavelength: must be positive"]),
+    ("-beam_vector 0 0 1", ["-beam_vector 0 0 1", "parallel to the default polarization vector", "give -polar_vector"]),
+    ("-polar_vector 1 0 0", ["-polar_vector 1 0 0", "parallel to the beam"]),
+    ("-beam_vector 0 0 1 -polar_vector 0 0 3", ["-polar_vector 0 0 3 and -beam_vector 0 0 1", "parallel"]),
 ]
 
 
 def _argv(extra: str) -> list[str]:
     argv = list(BASE)
-    tokens = extra.split()
+    tokens = [{"<empty>": "", "<blank>": " "}.get(t, t) for t in extra.split()]
     if "-cell_drop" in tokens:  # a matrix file replaces -cell
         tokens.remove("-cell_drop")
         argv = argv[7:]

@@ -81,3 +81,92 @@ def test_cli_writes_default_outputs(tmp_path):
     assert main(GOOD[:-2]) == 0  # noise and pgm on
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["floatimage.bin", "image.pgm", "intimage.img", "noiseimage.img"]
+
+
+# --- values that are flags, negative numbers, the flag named in messages -------------------------
+def test_negative_numbers_and_dash_file_names_are_values():
+    """Only a known flag is refused as a text value: negative numbers and other '-' names are values."""
+    cfg = config_from_args(["-Xbeam", "-3", "-floatfile", "-f.bin", "-misset", "-1", "-2", "-3"])
+    assert cfg.Xbeam_mm == -3 and cfg.floatfile == "-f.bin" and cfg.misset_deg == (-1, -2, -3)
+
+
+@pytest.mark.parametrize("flag", ["-floatfile", "-intfile", "-noisefile", "-pgmfile", "-h5file", "-hkl", "-mat",
+                                  "-dump", "-sourcefile", "-img", "-mask", "-device", "-dtype"])
+def test_text_value_is_not_the_next_flag_nor_empty(flag):
+    with pytest.raises(InputError, match=f"^{flag}: expected .*got the flag -nonoise"):
+        config_from_args([flag, "-nonoise"])
+    with pytest.raises(InputError, match=f"^{flag}: expected .*empty"):
+        config_from_args([flag, ""])
+
+
+def test_config_records_the_flag_that_set_each_field():
+    cfg = config_from_args("-Na 2 -N 3 -detpixels 8 -divergence 1 -detsize 10 -pixel 0.1".split())
+    assert cfg.flags["N_a"] == cfg.flags["N_c"] == "-N" and cfg.flags["fpixels"] == "-detpixels"
+    assert cfg.flags["vdivrange_mrad"] == "-divergence" and cfg.flags["detsize_s_mm"] == "-detsize"
+    assert config_from_args(["-N", "3", "-Na", "2"]).flags["N_a"] == "-Na"
+
+
+# --- the automatic oversample bound ----------------------------------------------------------------
+def test_automatic_oversample_limit_is_inclusive():
+    """ceil(3 N a / (lambda d / p)) = ceil(0.3 N) here: N 333 gives 100 (allowed), N 334 gives 101."""
+    from nbtorch.setup import MAX_AUTO_OVERSAMPLE, resolve
+
+    assert MAX_AUTO_OVERSAMPLE == 100
+    base = GOOD + "-pixel 0.1 -distance 100 -lambda 1 -detpixels 4".split()
+    assert resolve(config_from_args(base + ["-N", "333"])).oversample == 100
+    with pytest.raises(InputError, match="automatic value 101 "):
+        resolve(config_from_args(base + ["-N", "334"]))
+    assert resolve(config_from_args(base + ["-N", "334", "-oversample", "2"])).oversample == 2
+
+
+# --- running out of memory: one line naming the cause, never a traceback ----------------------------
+def test_hkl_grid_that_does_not_fit_in_memory(tmp_path, monkeypatch, capsys):
+    """A stray reflection far from the others: under the cell limit, but the grid cannot be allocated."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stray.hkl").write_text("0 0 0 10\n1 0 0 5\n799 799 799 5\n")
+    real_full = np.full
+
+    def full(shape, *args, **kwargs):
+        if np.prod(shape) > 10**8:
+            raise MemoryError(f"Unable to allocate 3.81 GiB for an array with shape {shape}")
+        return real_full(shape, *args, **kwargs)
+
+    monkeypatch.setattr(np, "full", full)
+    rc = main(GOOD + ["-hkl", "stray.hkl"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("nbtorch: error: stray.hkl: not enough memory") and err.count("\n") == 1
+    assert "h 0..799, k 0..799, l 0..799" in err and "512000000 cells" in err and "4.1 GB" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stray.hkl"]
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 115200000000 bytes. "
+                 "Error code 12 (Cannot allocate memory)"),
+    MemoryError("Unable to allocate 8.00 GiB for an array"),
+    RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+])
+def test_allocation_failure_while_rendering_is_one_line(tmp_path, monkeypatch, capsys, exc):
+    monkeypatch.chdir(tmp_path)
+
+    def render(self, *args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(Simulator, "render", render)
+    rc = main(GOOD + ["-oversample", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("nbtorch: error: out of memory while rendering") and err.count("\n") == 1
+    assert "oversample 2" in err and "256 pixels" in err and str(exc).split(".")[0] in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_other_runtime_errors_are_not_hidden(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def render(self, *args, **kwargs):
+        raise RuntimeError("some bug")
+
+    monkeypatch.setattr(Simulator, "render", render)
+    with pytest.raises(RuntimeError, match="some bug"):
+        main(GOOD)

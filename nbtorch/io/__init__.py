@@ -25,7 +25,7 @@ from nbtorch.io.hdf5 import read_h5_image, write_h5
 from nbtorch.io.hkl import HKLTable, read_fdump, read_hkl, write_fdump, write_hkl
 from nbtorch.io.matrix import read_mosflm_matrix, write_mosflm_matrix
 from nbtorch.io.pgm import default_pgm_scale, read_pgm, write_pgm
-from nbtorch.io.raw import read_file_bytes, read_raw_float, read_text_lines, write_raw_float
+from nbtorch.io.raw import read_file_bytes, read_raw_float, read_text_lines, read_toml, write_raw_float
 from nbtorch.io.smv import (
     SMV_HEADER_BYTES,
     format_smv_header,
@@ -43,6 +43,7 @@ __all__ = [
     "atomic_output_path",
     "read_file_bytes",
     "read_text_lines",
+    "read_toml",
     "read_raw_float",
     "write_raw_float",
     "HKLTable",

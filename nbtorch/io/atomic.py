@@ -29,7 +29,19 @@ from typing import IO, Iterator
 
 from nbtorch.errors import InputError
 
-__all__ = ["atomic_write", "atomic_output_path"]
+__all__ = ["atomic_write", "atomic_output_path", "check_directory_can_be_made"]
+
+
+def check_directory_can_be_made(directory: str | os.PathLike[str], label: str) -> None:
+    """Raise :class:`InputError` (starting with ``label``) unless ``directory`` exists or can be created:
+    its nearest existing ancestor must be a writable directory.  Creates nothing."""
+    ancestor = Path(directory).absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{label}: cannot make directory {directory}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"{label}: directory {ancestor} is not writable")
 
 
 def _current_umask() -> int:

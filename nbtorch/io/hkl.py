@@ -85,11 +85,20 @@ class HKLTable:
             raise InputError(f"{self.source}: no reflections")
         return tuple((int(a.min()), int(a.max())) for a in (self.h, self.k, self.l))  # type: ignore[return-value]
 
+    def grid_description(self) -> str:
+        """``index ranges h a..b, k c..d, l e..f need a grid of N cells (X GB as float64)``."""
+        (h0, h1), (k0, k1), (l0, l1) = self.bounds
+        cells = (h1 - h0 + 1) * (k1 - k0 + 1) * (l1 - l0 + 1)
+        return (f"index ranges h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} need a grid of {cells} cells "
+                f"({cells * 8 / 1e9:.3g} GB as float64)")
+
     def to_grid(self, default_F: float = 0.0) -> tuple[np.ndarray, tuple[int, int, int]]:
         """Return the dense float64 grid ``(nh, nk, nl)`` and ``(h_min, k_min, l_min)``.
 
         Grid cells without a reflection hold ``default_F``; a reflection given
-        twice keeps its last value.
+        twice keeps its last value.  A grid over :data:`MAX_GRID_ELEMENTS` cells,
+        or one that does not fit in memory, is an :class:`InputError` naming the
+        index ranges (a stray reflection far from the others is the usual cause).
         """
         (h0, h1), (k0, k1), (l0, l1) = self.bounds
         shape = (h1 - h0 + 1, k1 - k0 + 1, l1 - l0 + 1)
@@ -98,11 +107,14 @@ class HKLTable:
                 f"{self.source}: index ranges h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} "
                 f"need a grid of {math.prod(shape)} cells (limit {MAX_GRID_ELEMENTS})"
             )
-        grid = np.full(shape, float(default_F), dtype=np.float64)
-        flat = np.ravel_multi_index((self.h - h0, self.k - k0, self.l - l0), shape)
-        # keep the last occurrence of each index: unique on the reversed order
-        rev_unique, rev_first = np.unique(flat[::-1], return_index=True)
-        grid.reshape(-1)[rev_unique] = self.F[::-1][rev_first]
+        try:
+            grid = np.full(shape, float(default_F), dtype=np.float64)
+            flat = np.ravel_multi_index((self.h - h0, self.k - k0, self.l - l0), shape)
+            # keep the last occurrence of each index: unique on the reversed order
+            rev_unique, rev_first = np.unique(flat[::-1], return_index=True)
+            grid.reshape(-1)[rev_unique] = self.F[::-1][rev_first]
+        except MemoryError:
+            raise InputError(f"{self.source}: not enough memory: {self.grid_description()}") from None
         return grid, (h0, k0, l0)
 
 

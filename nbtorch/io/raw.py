@@ -23,7 +23,7 @@ import numpy as np
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["read_raw_float", "write_raw_float", "read_file_bytes", "read_text_lines"]
+__all__ = ["read_raw_float", "write_raw_float", "read_file_bytes", "read_text_lines", "read_toml"]
 
 
 def read_file_bytes(path: str | os.PathLike[str], what: str = "file") -> bytes:
@@ -38,6 +38,25 @@ def read_file_bytes(path: str | os.PathLike[str], what: str = "file") -> bytes:
         raise InputError(f"{p}: {what} is a directory, not a file") from None
     except OSError as exc:
         raise InputError(f"{p}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def read_toml(path: str | os.PathLike[str], label: str) -> dict:
+    """Parse a TOML file; every problem is an :class:`InputError` starting with ``label`` (e.g. ``--config``)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise InputError(f"{label} {path}: reading TOML needs Python 3.11 or: pip install tomli") from None
+    try:
+        data = read_file_bytes(path)
+    except InputError as exc:
+        raise InputError(f"{label} {exc}") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"{label} {path}: not valid TOML: {exc}") from None
 
 
 def read_text_lines(path: str | os.PathLike[str], what: str = "file") -> list[str]:

@@ -65,6 +65,14 @@ def test_quiet_prints_nothing(refine_cli):
     assert (r.tmp / "result.h5").is_file() and (r.tmp / "result.json").is_file()
 
 
+def test_missing_output_directories_are_created(refine_cli):
+    r = refine_cli(*TINY, "--refine", "scale,background", "--max-steps", "1", "--quiet", "--no-esds",
+                   "--out", "new/run/r.h5", "--logdir", "new/tb")
+    assert r.code == 0, r.err
+    assert (r.tmp / "new/run/r.h5").is_file() and (r.tmp / "new/run/r.json").is_file()
+    assert any((r.tmp / "new/tb").iterdir())
+
+
 def test_config_file_and_command_line_override(refine_cli, tmp_path):
     (tmp_path / "run.toml").write_text(
         'problem = "tetragonal_mosflm"\nsize = 32\nrefine = ["scale", "background"]\nmax_steps = 7\n'
@@ -143,3 +151,45 @@ def test_spots_report(refine_cli, tmp_path):
     assert s["rms_px_final_common"] < s["rms_px_start_common"]
     assert len(s["observed"]) == s["n"] and len(s["predicted_final"]) == s["n"]
     assert "rms offset" in r.out
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
+    from refine.cli import build_stages, parse_args
+
+    stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--max-steps", "10", "--optimizer", optimizer]))
+    assert [s.name for s in stages][-1] == "final"
+    assert [s.convergence.max_steps for s in stages] == [10] * (len(stages) - 1) + [50]
+
+
+def test_history_size_and_precondition_reach_every_stage():
+    from refine.cli import build_stages, parse_args
+
+    stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--history-size", "7",
+                                      "--precondition", "diagonal"]))
+    assert len(stages) > 1
+    assert {s.strategy.history_size for s in stages} == {7} and {s.precondition for s in stages} == {"diagonal"}
+    stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--refine", "cell", "--precondition", "none"]))
+    assert [s.precondition for s in stages] == [None]
+
+
+def test_stage_table_precondition(tmp_path):
+    from refine.cli import build_stages, parse_args
+
+    (tmp_path / "s.toml").write_text('problem = "cubic_mosflm"\n[[stages]]\nfree = ["cell"]\nprecondition = "full"\n'
+                                     'history_size = 5\n[[stages]]\nfree = ["cell", "scale"]\n')
+    stages = build_stages(parse_args(["--config", str(tmp_path / "s.toml")]))
+    assert [s.precondition for s in stages] == ["full", None]
+    assert [s.strategy.history_size for s in stages] == [5, 20]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--optimizer", "adam", "--history-size", "5"], "--history-size: only for --optimizer lbfgs"),
+    (["--history-size", "0"], "--history-size: must be >= 1"),
+])
+def test_bad_optimizer_options(argv, message):
+    from nbtorch.errors import InputError
+    from refine.cli import build_stages, parse_args
+
+    with pytest.raises(InputError, match=message):
+        build_stages(parse_args(["--problem", "cubic_mosflm", *argv]))

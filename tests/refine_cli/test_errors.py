@@ -50,10 +50,32 @@ CASES = {
     "bad subsample": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--subsample", "1.5"], "--subsample"),
     "resume without checkpoint": (["--problem", "cubic_mosflm", "--resume"], "checkpoint result.ckpt.h5 not found"),
     "missing config": (["--config", "none.toml"], "--config none.toml: file not found"),
-    "missing output directory": (["--problem", "cubic_mosflm", "--out", "no/such/dir/r.h5"], "does not exist"),
+    "output under a file": (["--problem", "cubic_mosflm", "--out", "ok.cbf/sub/r.h5"], "ok.cbf is not a directory"),
     "logdir is a file": (["--problem", "cubic_mosflm", "--logdir", "ok.cbf"], "exists and is not a directory"),
     "out is a directory": (["--problem", "cubic_mosflm", "--out", "."], "is a directory"),
     "missing mask": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--mask", "m.img"], "m.img: image file not found"),
+    "out overwrites image": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--out", "ok.cbf"],
+                             "--out ok.cbf: would overwrite the --image input file"),
+    "json overwrites mask": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--mask", "big.cbf", "--json", "big.cbf"],
+                             "--json big.cbf: would overwrite the --mask input file"),
+    "json overwrites hkl": (["--image", "ok.cbf", "--model", SMALL_MODEL + " -hkl gaps.cbf", "--json", "./gaps.cbf"],
+                            "would overwrite the --model -hkl input file"),
+    "negative seed": (["--problem", "cubic_mosflm", "--subsample", "0.5", "--seed", "-1"], "--seed: must be >= 0"),
+    "impossible start angle": (["--problem", "cubic_mosflm", "--size", "16", "--symmetry", "triclinic",
+                                "--start", "cell_alpha=180"],
+                               "start: cell alpha: angle must be between 0 and 180"),
+    "start angles no cell": (["--problem", "cubic_mosflm", "--size", "16", "--symmetry", "triclinic",
+                              "--start", "cell_alpha=60,cell_beta=60,cell_gamma=130"], "do not make a unit cell"),
+    "negative start N": (["--problem", "cubic_mosflm", "--size", "16", "--start", "N_a=-2"], "N_a=-2 is impossible"),
+    "empty refine": (["--problem", "cubic_mosflm", "--refine", ","], "--refine: no names given"),
+    "refine and fix": (["--problem", "cubic_mosflm", "--refine", "cell_a,scale", "--fix", "cell_a"],
+                       "--refine and --fix both name cell_a"),
+    "negative time budget": (["--problem", "cubic_mosflm", "--time-budget", "-5"], "--time-budget: must be a positive"),
+    "zero checkpoint period": (["--problem", "cubic_mosflm", "--checkpoint-every", "0"], "--checkpoint-every"),
+    "zero tb period": (["--problem", "cubic_mosflm", "--tb-every", "0"], "--tb-every: must be a positive"),
+    "nan saturation": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--saturation", "nan"], "--saturation"),
+    "dataset of a cbf": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--dataset", "/nope"],
+                         "--dataset /nope: ok.cbf is a cbf file, not HDF5"),
     "dmin above dmax": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--dmin", "5", "--dmax", "2"], "--dmin 5"),
 }
 
@@ -68,6 +90,7 @@ def test_error_is_one_line_exit_2(refine_cli, images, case):
     assert lines[0].startswith("nbtorch-refine: error: ")
     assert expected in lines[0]
     assert not (r.tmp / "result.h5").exists() and not (r.tmp / "result.json").exists()
+    assert (r.tmp / "ok.cbf").read_bytes().startswith(b"###CBF"), "an input file was overwritten"
 
 
 def test_bad_config_key(refine_cli, tmp_path):
