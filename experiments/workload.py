@@ -96,7 +96,7 @@ def load_workload(problem: str = "cubic_mosflm", size: int = 32, image: str | No
                         fixed=("distance",), dtype=DTYPES[dtype], device=device)
     from refine import make_problem
 
-    p = make_problem(problem, size=size)
+    p = make_problem(problem, size=size, option_prefix="--")
     return Workload(label=f"{problem} ({size}x{size})", args=p.args, observed=p.observed, start=dict(p.start),
                     truth=dict(p.truth), symmetry=symmetry or p.symmetry, free=p.free, fixed=p.fixed,
                     dtype=DTYPES[dtype], device=device)

@@ -315,6 +315,8 @@ def check_outputs(cfg) -> None:
         parent = p.parent if str(p.parent) else Path(".")
         if p.is_dir():
             raise InputError(f"{flag} {path}: is a directory")
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"{flag} {path}: {parent} is not a directory")
         if not parent.is_dir():
             raise InputError(f"{flag} {path}: directory {parent} does not exist")
         if not os.access(parent, os.W_OK):

@@ -221,6 +221,9 @@ def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]
             raise InputError(f"--bounds {name}: expected low:high, got {text!r}") from None
         if not sep:
             raise InputError(f"--bounds {name}: expected low:high, got {text!r}")
+        lo_v, hi_v = out[name]
+        if not (math.isfinite(lo_v) and math.isfinite(hi_v) and lo_v < hi_v):
+            raise InputError(f"--bounds {name}: need finite low < high, got {text!r}")
     return out
 
 
@@ -304,12 +307,10 @@ def _build_stages(args: argparse.Namespace):
 
 
 def _check_loss(name: str) -> None:
-    if name == "poisson":
-        return
     from losses import LOSSES
 
     if name not in LOSSES:
-        raise InputError(f"--loss: unknown loss {name!r}; valid: poisson, {', '.join(sorted(LOSSES))}")
+        raise InputError(f"--loss: unknown loss {name!r}; valid: {', '.join(LOSSES)}")
 
 
 def _check_outputs(paths: dict[str, str | None]) -> list[Path]:
@@ -477,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
     if args.problem:
         from refine.problems import make_problem
 
-        problem = make_problem(args.problem, size=args.size)
+        problem = make_problem(args.problem, size=args.size, option_prefix="--")
         say(f"{PROG}: problem {problem.name}: {problem.description}")
         cfg = config_from_args(list(problem.args))
         observed = problem.observed

@@ -195,16 +195,18 @@ def _args(spec: dict, size: int, v: dict, fdump: Path) -> list[str]:
     return text.split() + n_flag.split() + ["-dump", str(fdump)]
 
 
-def make_problem(name: str, size: int = 64, seed: int | None = None, directory: str | Path | None = None) -> Problem:
+def make_problem(name: str, size: int = 64, seed: int | None = None, directory: str | Path | None = None,
+                 option_prefix: str = "") -> Problem:
     """Build problem ``name`` on a ``size x size`` detector; ``seed`` overrides the noise seed.
 
     ``directory``: where the structure-factor file goes (default: the nbtorch cache).
-    Cost: one simulation of the truth image.
+    ``option_prefix``: put before ``problem``/``size`` in error messages (``"--"`` from a command
+    line, so that they name its options).  Cost: one simulation of the truth image.
     """
     if name not in _SPECS:
-        raise InputError(f"problem: unknown name {name!r}; valid: {', '.join(PROBLEMS)}")
+        raise InputError(f"{option_prefix}problem: unknown name {name!r}; valid: {', '.join(PROBLEMS)}")
     if int(size) != size or size < 16:
-        raise InputError(f"size: expected an integer >= 16, got {size!r}")
+        raise InputError(f"{option_prefix}size: expected an integer >= 16, got {size!r}")
     spec = _SPECS[name]
     size = int(size)
     seed = spec["seed"] if seed is None else int(seed)

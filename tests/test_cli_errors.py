@@ -100,6 +100,7 @@ CASES = [
     ("-dtype float16", ["-dtype", "float16"]),
     ("-floatfile nodir/out.bin", ["-floatfile", "nodir", "does not exist"]),
     ("-h5file nodir/out.h5", ["-h5file", "nodir"]),
+    ("-floatfile bad.hkl/out.bin", ["-floatfile bad.hkl/out.bin: bad.hkl is not a directory"]),
     # a text value is never the next flag, nor empty
     ("-floatfile -nonoise", ["-floatfile: expected a file name, got the flag -nonoise"]),
     ("-floatfile -intfile i.img", ["-floatfile: expected a file name, got the flag -intfile"]),

@@ -54,6 +54,8 @@ def _make_temp(path: Path) -> tuple[int, Path]:
     directory = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise InputError(f"{path}: cannot write file: it is a directory")
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{path}: cannot write file: {directory} is not a directory")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except FileNotFoundError:

@@ -200,7 +200,8 @@ def read_h5_image(
         elif len(shape) == 3:
             if frame is None:
                 if shape[0] != 1:
-                    raise InputError(f"{name}: {dataset} holds {shape[0]} frames; choose one with frame=")
+                    raise InputError(f"{name}: {dataset} holds {shape[0]} frames; "
+                                     "choose one with --frame N (frame= from Python)")
                 frame = 0
             if not -shape[0] <= frame < shape[0]:
                 raise InputError(f"{name}: frame {frame} out of range for {dataset} with {shape[0]} frames")

@@ -59,8 +59,8 @@ def _check(main, argv, files, capsys, prog, expected):
 
 
 COMMON = [  # (argv, expected fragments of the message): both scripts
-    (["--problem", "nonesuch"], ["problem", "nonesuch"]),
-    (["--size", "0"], ["size", "got 0"]),
+    (["--problem", "nonesuch"], ["--problem: unknown name 'nonesuch'"]),
+    (["--size", "0"], ["--size: expected an integer >= 16, got 0"]),
     (["--size", "x"], ["--size", "'x'"]),
     (["--image", "{tmp}/nope.cbf", "--model", MODEL], ["nope.cbf", "not found"]),
     (["--image", "{tmp}/obs.img"], ["--image and --model go together"]),

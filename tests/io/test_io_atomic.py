@@ -68,6 +68,15 @@ def test_missing_directory_is_input_error(tmp_path: Path) -> None:
     assert str(target) in message and "\n" not in message and "does not exist" in message
 
 
+def test_parent_is_a_file_is_input_error(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("x")
+    target = tmp_path / "plain" / "out.bin"
+    with pytest.raises(InputError, match=r"cannot write file: .*plain is not a directory$"):
+        with atomic_write(target) as handle:
+            handle.write(b"x")
+    assert (tmp_path / "plain").read_text() == "x"
+
+
 def test_target_is_directory_is_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="directory"):
         with atomic_write(tmp_path) as handle:
