@@ -52,6 +52,7 @@ import optuna
 from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.workload import Workload, load_workload, parameter_error
 from nbtorch.errors import InputError
+from refine.precondition import PRECONDITIONER_NAMES
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
@@ -71,7 +72,7 @@ DEFAULT_SPACE: dict[str, Any] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("adam", "lbfgs"),
     "schedule": ("stage_a", "single"),
-    "precondition": ("none", "diagonal", "full"),
+    "precondition": PRECONDITIONER_NAMES,
 }
 #: entries that are numbers (a list of values or a range), with their lower limit
 NUMBERS: dict[str, tuple[float, bool]] = {"lr": (0, False), "history_size": (1, True)}  # (limit, integer)

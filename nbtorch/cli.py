@@ -299,12 +299,9 @@ def output_files(cfg) -> list[tuple[str, str]]:
 def check_outputs(cfg) -> None:
     """Fail before simulating if an output cannot be written (so a failed run writes nothing)."""
     seen: dict[str, str] = {}
-    inputs = {os.path.abspath(path): flag for flag, path in (
-        ("-hkl", cfg.hkl_file), ("-mat", cfg.mat_file), ("-sourcefile", cfg.source_file),
-        ("-img", cfg.img_file), ("-mask", cfg.mask_file)) if path}
-    if cfg.dump_file and not cfg.hkl_file:
-        inputs[os.path.abspath(cfg.dump_file)] = "-dump"
-    for flag, path in output_files(cfg):
+    outputs = output_files(cfg)
+    inputs = {os.path.abspath(path): flag for flag, path in cfg.model_files() if (flag, path) not in outputs}
+    for flag, path in outputs:
         if os.path.abspath(path) in inputs:
             raise InputError(f"{flag} {path}: would overwrite the {inputs[os.path.abspath(path)]} input file")
         p = Path(path)
@@ -343,9 +340,8 @@ def out_of_memory_message(exc: BaseException, context: dict) -> str:
     if sim is not None:
         s = sim.setup
         x0, x1, y0, y1 = s.roi
-        samples = s.thicksteps * s.oversample**2 * len(s.incident)
-        parts.append(f"{(x1 - x0 + 1) * (y1 - y0 + 1)} pixels, oversample {s.oversample}, {samples:.6g} samples "
-                     f"and {sim.evaluations_per_pixel():.6g} evaluations per pixel")
+        parts.append(f"{(x1 - x0 + 1) * (y1 - y0 + 1)} pixels, oversample {s.oversample}, {s.samples_per_pixel:.6g} "
+                     f"samples and {s.evaluations_per_pixel:.6g} evaluations per pixel")
         if s.F_grid is not None:
             (h0, k0, l0), (h1, k1, l1) = s.hkl_min.astype(int), s.hkl_max.astype(int)
             parts.append(f"structure-factor grid h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} "

@@ -132,6 +132,13 @@ class SimulationConfig:
         """The flag that set field ``name`` on the command line, else ``default``."""
         return self.flags.get(name, default)
 
+    def model_files(self) -> list[tuple[str, str]]:
+        """``(flag, path)`` of every file the flags name: ``-hkl -mat -sourcefile -img -mask -dump``
+        (those given; with ``-hkl``, ``-dump`` is the cache the ``nbtorch`` command writes)."""
+        named = (("-hkl", self.hkl_file), ("-mat", self.mat_file), ("-sourcefile", self.source_file),
+                 ("-img", self.img_file), ("-mask", self.mask_file), ("-dump", self.dump_file))
+        return [(flag, path) for flag, path in named if path]
+
     def replace(self, **changes) -> "SimulationConfig":
         """A copy with some fields changed."""
         return replace(self, **changes)

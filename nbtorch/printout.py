@@ -109,7 +109,7 @@ def pixel_reports(sim, pixels: Iterable[tuple[int, int]], image: np.ndarray, chu
     if not pixels:
         return []
     t = _tensor_fn(sim)
-    per_pixel = max(1, s.thicksteps * s.oversample**2 * len(s.incident) * s.phisteps * len(s.mosaic_fractions))
+    per_pixel = max(1, s.evaluations_per_pixel)
     chunk = chunk or max(1, getattr(sim, "max_evals_per_tile", 1 << 20) // per_pixel)
     out: list[dict] = []
     with torch.no_grad():

@@ -116,6 +116,16 @@ class Setup:
     #: as the C's zero mask pixels); None without ``-mask``.
     pixel_mask: np.ndarray | None = None
 
+    @property
+    def samples_per_pixel(self) -> int:
+        """Sensor layers x sub-pixels x sources: the scattering vectors of one pixel."""
+        return self.thicksteps * self.oversample**2 * len(self.incident)
+
+    @property
+    def evaluations_per_pixel(self) -> int:
+        """Samples x phi steps x mosaic domains: the lattice-factor evaluations of one pixel."""
+        return self.samples_per_pixel * self.phisteps * len(self.mosaic_fractions)
+
 
 def _unit(v) -> np.ndarray:
     v = np.asarray(v, dtype=np.float64)

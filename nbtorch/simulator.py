@@ -273,8 +273,7 @@ class Simulator(nn.Module):
         return ss[where], ff[where], where
 
     def evaluations_per_pixel(self) -> int:
-        s = self.setup
-        return s.thicksteps * s.oversample**2 * len(s.incident) * s.phisteps * len(s.mosaic_fractions)
+        return self.setup.evaluations_per_pixel
 
     def render(self, roi=None, progress: bool = False, diagnostics: bool | None = None,
                **overrides) -> tuple[Tensor, dict[str, Tensor]]:

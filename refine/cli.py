@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from nbtorch.errors import InputError
+from refine.precondition import PRECONDITIONER_NAMES
 
 __all__ = ["main", "build_parser", "parse_args", "run"]
 
@@ -88,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", default="lbfgs", choices=("lbfgs", "adam"), help="step rule (default %(default)s)")
     g.add_argument("--lr", type=float, help="step length (LBFGS, default 1) or learning rate (Adam, default 0.1)")
     g.add_argument("--history-size", type=int, help="LBFGS: (s, y) pairs kept (default 20)")
-    g.add_argument("--precondition", choices=("none", "diagonal", "full"),
+    g.add_argument("--precondition", choices=PRECONDITIONER_NAMES,
                    help="parameter scaling of every stage from its Fisher matrix (default: the schedule's own; "
                         "stage_a: full for LBFGS, none for Adam; --refine: none)")
     g.add_argument("--loss", default="poisson", help="poisson (default), gaussian, mse, huber, log, ncc")
@@ -252,12 +253,13 @@ def build_stages(args: argparse.Namespace):
 
 
 def _precondition(value: Any, index: int) -> str | None:
-    if value in (None, "none"):
+    if value is None:
         return None
-    if value not in ("diagonal", "full"):
-        raise InputError(f"--config [[stages]] #{index + 1}: precondition must be none, diagonal or full, "
-                         f"got {value!r}")
-    return str(value)
+    if value not in PRECONDITIONER_NAMES:
+        names = PRECONDITIONER_NAMES
+        raise InputError(f"--config [[stages]] #{index + 1}: precondition must be {', '.join(names[:-1])} or "
+                         f"{names[-1]}, got {value!r}")
+    return None if value == "none" else str(value)
 
 
 def _build_stages(args: argparse.Namespace):
@@ -342,18 +344,17 @@ def _check_outputs(paths: dict[str, str | None]) -> list[Path]:
     return to_make
 
 
-def _check_not_inputs(args: argparse.Namespace, cfg, outputs: dict[str, str]) -> None:
-    """Refuse an output path that names one of the run's input files (it would be overwritten): the
-    command's own inputs (``cfg`` None, before anything is read), or the model's files (``cfg`` given)."""
-    if cfg is None:
-        inputs = [("--image", args.image), ("--mask", args.mask), ("--config", args.config),
-                  ("--spots", args.spots if args.spots != "find" else None)]
-        if isinstance(args.model, str):
-            inputs += [("--model", tok[1:]) for tok in args.model.split() if tok.startswith("@") and len(tok) > 1]
-    else:
-        inputs = [(f"--model {flag}", path) for flag, path in (
-            ("-hkl", cfg.hkl_file), ("-mat", cfg.mat_file), ("-sourcefile", cfg.source_file),
-            ("-img", cfg.img_file), ("-mask", cfg.mask_file), ("-dump", cfg.dump_file))]
+def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """``(option, path)`` of the files the command itself reads (``@FILE`` tokens of ``--model`` too)."""
+    inputs = [("--image", args.image), ("--mask", args.mask), ("--config", args.config),
+              ("--spots", args.spots if args.spots != "find" else None)]
+    if isinstance(args.model, str):
+        inputs += [("--model", tok[1:]) for tok in args.model.split() if tok.startswith("@") and len(tok) > 1]
+    return inputs
+
+
+def _check_not_inputs(inputs: Sequence[tuple[str, str | None]], outputs: dict[str, str]) -> None:
+    """Refuse an output path that names one of ``inputs`` (it would be overwritten)."""
     named = {os.path.realpath(path): flag for flag, path in inputs if path}
     for flag, path in outputs.items():
         if path and os.path.realpath(path) in named:
@@ -466,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
     outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
     make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
-    _check_not_inputs(args, None, outputs)
+    _check_not_inputs(_command_inputs(args), outputs)  # before anything is read
     if args.resume and not Path(ckpt_path).is_file():
         raise InputError(f"--resume: checkpoint {ckpt_path} not found "
                          "(run once without --resume, or give --checkpoint)")
@@ -505,7 +506,7 @@ def run(args: argparse.Namespace) -> int:
         free_default, fixed = None, tuple(args.fix or ())
         extra["input"] = {"image": obs.path, "format": obs.format, "frame": args.frame, "geometry": obs.geometry,
                           "masked": obs.masked, "model": tokens}
-    _check_not_inputs(args, cfg, outputs)
+    _check_not_inputs([(f"--model {flag}", path) for flag, path in cfg.model_files()], outputs)
     if args.dtype != cfg.dtype:
         cfg = cfg.replace(dtype=args.dtype)
     sim = Simulator(cfg, dtype=dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)

@@ -30,9 +30,11 @@ from refine.objective import ImageObjective
 from refine.parameters import ParameterMap
 from refine.uncertainty import fisher_information
 
-__all__ = ["LinearPreconditioner", "make_preconditioner", "PRECONDITIONERS"]
+__all__ = ["LinearPreconditioner", "make_preconditioner", "PRECONDITIONERS", "PRECONDITIONER_NAMES"]
 
 PRECONDITIONERS = (None, "diagonal", "full")
+#: the same as spelled on the command line and in TOML files (``"none"`` is None)
+PRECONDITIONER_NAMES = tuple(k or "none" for k in PRECONDITIONERS)
 
 
 @dataclass(frozen=True)

@@ -103,10 +103,7 @@ class HKLTable:
         (h0, h1), (k0, k1), (l0, l1) = self.bounds
         shape = (h1 - h0 + 1, k1 - k0 + 1, l1 - l0 + 1)
         if math.prod(shape) > MAX_GRID_ELEMENTS:
-            raise InputError(
-                f"{self.source}: index ranges h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} "
-                f"need a grid of {math.prod(shape)} cells (limit {MAX_GRID_ELEMENTS})"
-            )
+            raise InputError(f"{self.source}: {self.grid_description()}, over the limit of {MAX_GRID_ELEMENTS} cells")
         try:
             grid = np.full(shape, float(default_F), dtype=np.float64)
             flat = np.ravel_multi_index((self.h - h0, self.k - k0, self.l - l0), shape)

@@ -7,9 +7,9 @@ Raw float images are what nanoBragg writes with ``-floatfile``: IEEE float32,
 (slow ``s``, fast ``f``) is element ``s * fpixels + f``.  Values are photons
 per pixel.
 
-:func:`read_file_bytes` and :func:`read_text_lines` turn every operating
-system or decoding problem into a one-line :class:`~nbtorch.errors.InputError`
-that names the file.
+:func:`read_file_bytes`, :func:`read_text_lines` and :func:`read_toml` turn
+every operating system, decoding or syntax problem into a one-line
+:class:`~nbtorch.errors.InputError` that names the file.
 """
 
 from __future__ import annotations

@@ -70,8 +70,11 @@ def test_to_grid_fill_and_duplicates_keep_last() -> None:
 
 def test_to_grid_too_large() -> None:
     table = HKLTable(h=[-2000, 2000], k=[-2000, 2000], l=[-2000, 2000], F=[1.0, 1.0], source="big.hkl")
-    with pytest.raises(InputError, match="big.hkl"):
+    with pytest.raises(InputError, match="big.hkl") as info:
         table.to_grid()
+    message = str(info.value)
+    assert "h -2000..2000, k -2000..2000, l -2000..2000 need a grid of 64048012001 cells (512 GB" in message
+    assert message.endswith("over the limit of 1000000000 cells")
 
 
 def test_missing_file(tmp_path: Path) -> None:
