@@ -67,6 +67,7 @@ from dataclasses import dataclass, field, replace
 
 from nbtorch.errors import InputError
 from refine.loop import Convergence
+from refine.precondition import PRECONDITIONERS
 from refine.strategies import AbstractStrategy, Adam, LBFGS, get_strategy
 
 __all__ = ["Stage", "stage_a", "single_stage", "coarse_to_fine"]
@@ -113,7 +114,7 @@ class Stage:
             raise InputError(f"stage {self.name}: bin must be an integer >= 1, got {self.bin!r}")
         if not 0 < self.n_factor <= 1:
             raise InputError(f"stage {self.name}: n_factor must be in (0, 1], got {self.n_factor!r}")
-        if self.precondition not in (None, "diagonal", "full"):
+        if self.precondition not in PRECONDITIONERS:
             raise InputError(f"stage {self.name}: precondition must be None, 'diagonal' or 'full', "
                              f"got {self.precondition!r}")
 
