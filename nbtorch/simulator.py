@@ -259,18 +259,36 @@ class Simulator(nn.Module):
 
     def _pixel_indices(self, roi=None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(slow, fast) indices of the ROI pixels to simulate, and their flat positions in
-        the ROI (None when every ROI pixel is simulated; ``-mask`` zeros skip pixels)."""
+        the ROI (None when every ROI pixel is simulated; ``-mask`` zeros skip pixels).
+
+        Cached per ROI (a refinement renders the same pixels at every step) for the
+        current setup object, which a new pixel mask replaces (:func:`dataclasses.replace`).
+        """
         x0, x1, y0, y1 = roi or self.setup.roi
+        key = ((x0, x1, y0, y1), self.device)
+        owner, cache = getattr(self, "_pixel_cache", (None, {}))
+        if owner is not self.setup or len(cache) > 16:
+            owner, cache = self.setup, {}
+            self._pixel_cache = (owner, cache)
+        if key in cache:
+            return cache[key]
         slow = torch.arange(y0, y1 + 1, device=self.device)
         fast = torch.arange(x0, x1 + 1, device=self.device)
         ss, ff = torch.meshgrid(slow, fast, indexing="ij")
         ss, ff = ss.reshape(-1), ff.reshape(-1)
         mask = getattr(self.setup, "pixel_mask", None)
         if mask is None:
-            return ss, ff, None
-        keep = torch.as_tensor(np.array(mask[y0:y1 + 1, x0:x1 + 1], dtype=bool).reshape(-1), device=self.device)
-        where = torch.nonzero(keep).reshape(-1)
-        return ss[where], ff[where], where
+            out = (ss, ff, None)
+        else:
+            keep = torch.as_tensor(np.array(mask[y0:y1 + 1, x0:x1 + 1], dtype=bool).reshape(-1), device=self.device)
+            where = torch.nonzero(keep).reshape(-1)
+            out = (ss[where], ff[where], where)
+        cache[key] = out
+        return out
+
+    def simulated_pixels(self, roi=None) -> Tensor | None:
+        """Flat (row-major) positions in the ROI of the pixels :meth:`render` computes; None = all of them."""
+        return self._pixel_indices(roi)[2]
 
     def evaluations_per_pixel(self) -> int:
         return self.setup.evaluations_per_pixel
@@ -285,6 +303,34 @@ class Simulator(nn.Module):
         ``hkl0_min``, ``hkl0_max``); default: only when a hook is subscribed (they cost
         extra reductions in the hot loop).  Image statistics are always returned.
         """
+        values, where, diags, want_diag, roi = self._render_values(roi, progress, diagnostics, overrides)
+        x0, x1, y0, y1 = roi
+        if where is not None:  # masked pixels stay exactly 0 and are never computed
+            values = values.new_zeros((y1 - y0 + 1) * (x1 - x0 + 1)).index_put((where,), values)
+        image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
+        merged = _merge_diagnostics(diags, image, want_diag, image.numel())
+        self.diagnostics.emit(merged)
+        return image, merged
+
+    def render_pixels(self, roi=None, progress: bool = False, diagnostics: bool | None = None,
+                      **overrides) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """The simulated pixels of the ROI as one vector, without the masked pixels' zeros.
+
+        Returns ``(values (n,), index (n,), diagnostics)``: ``index`` holds the flat
+        row-major positions of ``values`` in the ROI (:meth:`render`'s image is ``values``
+        put at ``index`` in zeros), so a sparse pixel mask costs nothing outside its pixels.
+        Arguments and diagnostics as :meth:`render` (image statistics over the whole ROI).
+        """
+        values, where, diags, want_diag, roi = self._render_values(roi, progress, diagnostics, overrides)
+        x0, x1, y0, y1 = roi
+        n_roi = (y1 - y0 + 1) * (x1 - x0 + 1)
+        index = where if where is not None else torch.arange(n_roi, device=values.device)
+        merged = _merge_diagnostics(diags, values, want_diag, n_roi)
+        self.diagnostics.emit(merged)
+        return values, index, merged
+
+    def _render_values(self, roi, progress: bool, diagnostics: bool | None, overrides: dict):
+        """``(values, where, tile diagnostics, lookups wanted, roi)``: the kernel over the ROI's simulated pixels."""
         want_diag = bool(len(self.diagnostics)) if diagnostics is None else bool(diagnostics)
         s = self.setup
         F_grid = overrides.pop("F_grid", self.F_grid)
@@ -333,14 +379,8 @@ class Simulator(nn.Module):
                 values = values[:n]
             pieces.append(values)
             diags.append(diag)
-        x0, x1, y0, y1 = roi or s.roi
         values = torch.cat(pieces) if pieces else layers.new_zeros(0)
-        if where is not None:  # masked pixels stay exactly 0 and are never computed
-            values = values.new_zeros((y1 - y0 + 1) * (x1 - x0 + 1)).index_put((where,), values)
-        image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
-        merged = _merge_diagnostics(diags, image, want_diag)
-        self.diagnostics.emit(merged)
-        return image, merged
+        return values, where, diags, want_diag, tuple(roi or s.roi)
 
     # --- compiled / eager kernel ---------------------------------------------------
     def set_compile(self, enabled: bool, reason: str) -> None:
@@ -410,8 +450,12 @@ class Simulator(nn.Module):
         return full
 
 
-def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor, lookups: bool) -> dict[str, Tensor]:
-    """Image statistics, plus the tiles' HKL-lookup statistics when ``lookups``."""
+def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor, lookups: bool, n_roi: int) -> dict[str, Tensor]:
+    """Image statistics, plus the tiles' HKL-lookup statistics when ``lookups``.
+
+    ``image`` is the ROI image or the vector of its simulated pixels; the statistics are
+    those of the ROI image of ``n_roi`` pixels (the masked ones 0) either way.
+    """
     with torch.no_grad():
         img = image.detach()
         out = {}
@@ -424,6 +468,10 @@ def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor, lookups: b
             out["fraction_default_F"] = sum(d["n_default_F"] for d in diags) / sum(d["n_eval"] for d in diags)
             out["hkl0_min"] = torch.stack([d["hkl0_min"] for d in diags]).amin(0)
             out["hkl0_max"] = torch.stack([d["hkl0_max"] for d in diags]).amax(0)
-        if img.numel():
-            out.update(image_max=img.max(), image_mean=img.mean(), image_sum=img.sum())
+        if n_roi:
+            total = img.sum()
+            peak = img.max() if img.numel() else img.new_zeros(())
+            if img.numel() < n_roi:  # masked pixels are 0
+                peak = torch.clamp(peak, min=0.0)
+            out.update(image_max=peak, image_mean=total / n_roi, image_sum=total)
         return out

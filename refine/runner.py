@@ -217,7 +217,7 @@ def refine(
         values = dict(values0)
         initial_values = dict(values0)
         with torch.no_grad():
-            loss_initial = float(full_objective(values0)[0])
+            loss_initial = float(full_objective.evaluate(values0)[0])
         history = {c: [] for c in _HISTORY_COLUMNS}
         history["params"] = {}
         summaries_d = []
@@ -275,7 +275,7 @@ def refine(
             pre = make_preconditioner(stage.precondition, objective, pmap, pmap.raw0(sim.dtype))
 
         def fn(z: Tensor, pmap=pmap, objective=objective, pre=pre) -> tuple[Tensor, Tensor]:
-            loss_value, model = objective(pmap.expand(pmap.physical(pre.to_raw(z))))
+            loss_value, model = objective.evaluate(pmap.expand(pmap.physical(pre.to_raw(z))))
             return loss_value, model.detach()
 
         def on_step(state: LoopState, index=index, stage=stage, pmap=pmap, objective=objective, pre=pre) -> None:
@@ -299,7 +299,8 @@ def refine(
                 stage=stage.name, stage_index=index, step=n_rows - 1, stage_step=state.step, loss=state.loss,
                 grad_norm=state.grad_norm, params=pmap.physical_floats(raw),
                 grads={n: float(g) for n, g in zip(pmap.names, grad_raw)}, canonical=canon,
-                model=state.aux, observed=objective.observed, weights=objective.weights))
+                model=None if state.aux is None else objective.model_image(state.aux), observed=objective.observed,
+                weights=objective.weights))
 
         try:
             res = minimise(fn, pre.z0(), stage.strategy, conv, on_step=on_step,
@@ -330,7 +331,7 @@ def refine(
 
     # ---- final model, esds, result --------------------------------------------------------
     with torch.no_grad():
-        loss_final_t, _ = full_objective(values)
+        loss_final_t, _ = full_objective.evaluate(values)
         model_roi = full_objective.full_model(values)
     loss_final = float(loss_final_t)
     model = torch.zeros(sim.shape, dtype=sim.dtype)
