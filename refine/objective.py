@@ -270,13 +270,7 @@ class ImageObjective:
     def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Unbinned model photons on the view's ROI, shape ``view.shape``."""
         image, _ = self.sim.render(roi=self.view.roi, **self._overrides(values))
-        model = values["scale"] * image + values["background"]
-        bx, by = values.get("background_x", 0.0), values.get("background_y", 0.0)
-        if isinstance(bx, Tensor) or bx != 0.0:
-            model = model + bx * self._dx
-        if isinstance(by, Tensor) or by != 0.0:
-            model = model + by * self._dy
-        return model
+        return _photons(image, values, self._dx, self._dy)
 
     def model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Binned model photons, shape ``view.binned_shape``."""
@@ -288,13 +282,7 @@ class ImageObjective:
         simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, **overrides)
         if not self._identity:
             simulated = torch.cat([simulated, simulated.new_zeros(1)])[self._gather]
-        model = values["scale"] * simulated + values["background"]
-        bx, by = values.get("background_x", 0.0), values.get("background_y", 0.0)
-        if isinstance(bx, Tensor) or bx != 0.0:
-            model = model + bx * self._dx_px
-        if isinstance(by, Tensor) or by != 0.0:
-            model = model + by * self._dy_px
-        return model
+        return _photons(simulated, values, self._dx_px, self._dy_px)
 
     def model_image(self, aux: Tensor) -> Tensor:
         """The binned model image from :meth:`evaluate`'s ``aux`` (the model on the fitted pixels when sparse)."""
@@ -315,3 +303,17 @@ class ImageObjective:
         """``(loss, binned model image)``."""
         loss, aux = self.evaluate(values)
         return loss, self.model_image(aux)
+
+
+def _photons(simulated: Tensor, values: Mapping[str, Tensor | float], dx: Tensor, dy: Tensor) -> Tensor:
+    """``scale * simulated + background [+ background_x * dx + background_y * dy]`` (photons per pixel).
+
+    ``dx``, ``dy``: pixel offsets from the image centre (fast, slow), broadcastable to ``simulated``.
+    """
+    model = values["scale"] * simulated + values["background"]
+    bx, by = values.get("background_x", 0.0), values.get("background_y", 0.0)
+    if isinstance(bx, Tensor) or bx != 0.0:
+        model = model + bx * dx
+    if isinstance(by, Tensor) or by != 0.0:
+        model = model + by * dy
+    return model
