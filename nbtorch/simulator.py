@@ -303,14 +303,11 @@ class Simulator(nn.Module):
         ``hkl0_min``, ``hkl0_max``); default: only when a hook is subscribed (they cost
         extra reductions in the hot loop).  Image statistics are always returned.
         """
-        values, where, diags, want_diag, roi = self._render_values(roi, progress, diagnostics, overrides)
+        values, where, merged, roi = self._render_values(roi, progress, diagnostics, overrides)
         x0, x1, y0, y1 = roi
         if where is not None:  # masked pixels stay exactly 0 and are never computed
             values = values.new_zeros((y1 - y0 + 1) * (x1 - x0 + 1)).index_put((where,), values)
-        image = values.reshape(y1 - y0 + 1, x1 - x0 + 1)
-        merged = _merge_diagnostics(diags, image, want_diag, image.numel())
-        self.diagnostics.emit(merged)
-        return image, merged
+        return values.reshape(y1 - y0 + 1, x1 - x0 + 1), merged
 
     def render_pixels(self, roi=None, progress: bool = False, diagnostics: bool | None = None,
                       **overrides) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -321,16 +318,14 @@ class Simulator(nn.Module):
         put at ``index`` in zeros), so a sparse pixel mask costs nothing outside its pixels.
         Arguments and diagnostics as :meth:`render` (image statistics over the whole ROI).
         """
-        values, where, diags, want_diag, roi = self._render_values(roi, progress, diagnostics, overrides)
+        values, where, merged, roi = self._render_values(roi, progress, diagnostics, overrides)
         x0, x1, y0, y1 = roi
-        n_roi = (y1 - y0 + 1) * (x1 - x0 + 1)
-        index = where if where is not None else torch.arange(n_roi, device=values.device)
-        merged = _merge_diagnostics(diags, values, want_diag, n_roi)
-        self.diagnostics.emit(merged)
+        index = where if where is not None else torch.arange((y1 - y0 + 1) * (x1 - x0 + 1), device=values.device)
         return values, index, merged
 
     def _render_values(self, roi, progress: bool, diagnostics: bool | None, overrides: dict):
-        """``(values, where, tile diagnostics, lookups wanted, roi)``: the kernel over the ROI's simulated pixels."""
+        """``(values, where, diagnostics, roi)``: the kernel over the ROI's simulated pixels; the diagnostics
+        (those of the ROI image, masked pixels 0) are also sent to the subscribed hooks."""
         want_diag = bool(len(self.diagnostics)) if diagnostics is None else bool(diagnostics)
         s = self.setup
         F_grid = overrides.pop("F_grid", self.F_grid)
@@ -380,7 +375,10 @@ class Simulator(nn.Module):
             pieces.append(values)
             diags.append(diag)
         values = torch.cat(pieces) if pieces else layers.new_zeros(0)
-        return values, where, diags, want_diag, tuple(roi or s.roi)
+        x0, x1, y0, y1 = roi or s.roi
+        merged = _merge_diagnostics(diags, values, want_diag, (y1 - y0 + 1) * (x1 - x0 + 1))
+        self.diagnostics.emit(merged)
+        return values, where, merged, (x0, x1, y0, y1)
 
     # --- compiled / eager kernel ---------------------------------------------------
     def set_compile(self, enabled: bool, reason: str) -> None:
@@ -453,8 +451,8 @@ class Simulator(nn.Module):
 def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor, lookups: bool, n_roi: int) -> dict[str, Tensor]:
     """Image statistics, plus the tiles' HKL-lookup statistics when ``lookups``.
 
-    ``image`` is the ROI image or the vector of its simulated pixels; the statistics are
-    those of the ROI image of ``n_roi`` pixels (the masked ones 0) either way.
+    ``image`` is the vector of the ROI's simulated pixels; the statistics are those of
+    the ROI image of ``n_roi`` pixels (the masked ones 0).
     """
     with torch.no_grad():
         img = image.detach()
