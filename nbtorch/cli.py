@@ -298,12 +298,12 @@ def output_files(cfg) -> list[tuple[str, str]]:
 
 def check_outputs(cfg) -> None:
     """Fail before simulating if an output cannot be written (so a failed run writes nothing)."""
+    from nbtorch.io.atomic import check_not_inputs
+
     seen: dict[str, str] = {}
     outputs = output_files(cfg)
-    inputs = {os.path.abspath(path): flag for flag, path in cfg.model_files() if (flag, path) not in outputs}
+    check_not_inputs([named for named in cfg.model_files() if named not in outputs], outputs)
     for flag, path in outputs:
-        if os.path.abspath(path) in inputs:
-            raise InputError(f"{flag} {path}: would overwrite the {inputs[os.path.abspath(path)]} input file")
         p = Path(path)
         key = os.path.abspath(path)
         if key in seen:

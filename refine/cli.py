@@ -353,14 +353,6 @@ def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return inputs
 
 
-def _check_not_inputs(inputs: Sequence[tuple[str, str | None]], outputs: dict[str, str]) -> None:
-    """Refuse an output path that names one of ``inputs`` (it would be overwritten)."""
-    named = {os.path.realpath(path): flag for flag, path in inputs if path}
-    for flag, path in outputs.items():
-        if path and os.path.realpath(path) in named:
-            raise InputError(f"{flag} {path}: would overwrite the {named[os.path.realpath(path)]} input file")
-
-
 def _default_compile(sim, n_pixels: int) -> bool:
     """Compile when one model evaluation is big enough for the ~1 min compile to pay off over a refinement."""
     from nbtorch import runtime
@@ -417,6 +409,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from nbtorch import Simulator, config_from_args
+    from nbtorch.io.atomic import check_not_inputs
     from refine.callbacks import TensorBoardCallback
     from refine.data import load_image
     from refine.model import model_config
@@ -467,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
     outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
     make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
-    _check_not_inputs(_command_inputs(args), outputs)  # before anything is read
+    check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
     if args.resume and not Path(ckpt_path).is_file():
         raise InputError(f"--resume: checkpoint {ckpt_path} not found "
                          "(run once without --resume, or give --checkpoint)")
@@ -506,7 +499,7 @@ def run(args: argparse.Namespace) -> int:
         free_default, fixed = None, tuple(args.fix or ())
         extra["input"] = {"image": obs.path, "format": obs.format, "frame": args.frame, "geometry": obs.geometry,
                           "masked": obs.masked, "model": tokens}
-    _check_not_inputs([(f"--model {flag}", path) for flag, path in cfg.model_files()], outputs)
+    check_not_inputs([(f"--model {flag}", path) for flag, path in cfg.model_files()], outputs.items())
     if args.dtype != cfg.dtype:
         cfg = cfg.replace(dtype=args.dtype)
     sim = Simulator(cfg, dtype=dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)

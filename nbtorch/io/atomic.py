@@ -25,11 +25,11 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 from nbtorch.errors import InputError
 
-__all__ = ["atomic_write", "atomic_output_path", "check_directory_can_be_made"]
+__all__ = ["atomic_write", "atomic_output_path", "check_directory_can_be_made", "check_not_inputs"]
 
 
 def check_directory_can_be_made(directory: str | os.PathLike[str], label: str) -> None:
@@ -42,6 +42,18 @@ def check_directory_can_be_made(directory: str | os.PathLike[str], label: str) -
         raise InputError(f"{label}: cannot make directory {directory}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise InputError(f"{label}: directory {ancestor} is not writable")
+
+
+def check_not_inputs(inputs: Iterable[tuple[str, str | None]], outputs: Iterable[tuple[str, str | None]]) -> None:
+    """Raise :class:`InputError` if an output path is one of the input files (it would be overwritten).
+
+    ``inputs`` and ``outputs`` are ``(flag, path)`` pairs (paths None or empty are skipped); paths are
+    compared after resolving symbolic links.
+    """
+    named = {os.path.realpath(path): flag for flag, path in inputs if path}
+    for flag, path in outputs:
+        if path and os.path.realpath(path) in named:
+            raise InputError(f"{flag} {path}: would overwrite the {named[os.path.realpath(path)]} input file")
 
 
 def _current_umask() -> int:
