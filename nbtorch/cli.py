@@ -343,9 +343,9 @@ def out_of_memory_message(exc: BaseException, context: dict) -> str:
         parts.append(f"{(x1 - x0 + 1) * (y1 - y0 + 1)} pixels, oversample {s.oversample}, {s.samples_per_pixel:.6g} "
                      f"samples and {s.evaluations_per_pixel:.6g} evaluations per pixel")
         if s.F_grid is not None:
-            (h0, k0, l0), (h1, k1, l1) = s.hkl_min.astype(int), s.hkl_max.astype(int)
-            parts.append(f"structure-factor grid h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} "
-                         f"({s.F_grid.size} cells, {s.F_grid.size * 8 / 1e9:.3g} GB)")
+            from nbtorch.io.hkl import grid_description
+
+            parts.append(f"structure-factor grid: {grid_description(s.hkl_min, s.hkl_max)}")
     words = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     sizes = f" ({'; '.join(parts)})" if parts else ""
     return str(InputError(

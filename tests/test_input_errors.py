@@ -161,6 +161,20 @@ def test_allocation_failure_while_rendering_is_one_line(tmp_path, monkeypatch, c
     assert list(tmp_path.iterdir()) == []
 
 
+def test_allocation_failure_names_the_structure_factor_grid(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small.hkl").write_text("-2 0 1 10\n3 4 5 5\n")
+
+    def render(self, *args, **kwargs):
+        raise MemoryError("Unable to allocate 8.00 GiB for an array")
+
+    monkeypatch.setattr(Simulator, "render", render)
+    rc = main(GOOD + ["-hkl", "small.hkl"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("nbtorch: error: out of memory while rendering") and err.count("\n") == 1
+    assert "structure-factor grid: index ranges h -2..3, k 0..4, l 1..5 need a grid of 150 cells" in err
+
+
 def test_other_runtime_errors_are_not_hidden(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 

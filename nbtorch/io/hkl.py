@@ -43,11 +43,20 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from nbtorch.io.raw import read_file_bytes, read_text_lines
 
-__all__ = ["HKLTable", "read_hkl", "write_hkl", "read_fdump", "write_fdump"]
+__all__ = ["HKLTable", "grid_description", "read_hkl", "write_hkl", "read_fdump", "write_fdump"]
 
 #: Largest dense grid (elements) that :meth:`HKLTable.to_grid` will allocate (8 GB of float64).
 MAX_GRID_ELEMENTS = 1_000_000_000
 _MAX_INDEX = 2**31 - 1
+
+
+def grid_description(lo, hi) -> str:
+    """``index ranges h a..b, k c..d, l e..f need a grid of N cells (X GB as float64)`` for the
+    inclusive Miller-index ranges ``lo`` .. ``hi`` (h, k, l) of a dense structure-factor grid."""
+    (h0, k0, l0), (h1, k1, l1) = (int(v) for v in lo), (int(v) for v in hi)
+    cells = (h1 - h0 + 1) * (k1 - k0 + 1) * (l1 - l0 + 1)
+    return (f"index ranges h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} need a grid of {cells} cells "
+            f"({cells * 8 / 1e9:.3g} GB as float64)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,11 +95,9 @@ class HKLTable:
         return tuple((int(a.min()), int(a.max())) for a in (self.h, self.k, self.l))  # type: ignore[return-value]
 
     def grid_description(self) -> str:
-        """``index ranges h a..b, k c..d, l e..f need a grid of N cells (X GB as float64)``."""
+        """:func:`grid_description` of this table's index ranges."""
         (h0, h1), (k0, k1), (l0, l1) = self.bounds
-        cells = (h1 - h0 + 1) * (k1 - k0 + 1) * (l1 - l0 + 1)
-        return (f"index ranges h {h0}..{h1}, k {k0}..{k1}, l {l0}..{l1} need a grid of {cells} cells "
-                f"({cells * 8 / 1e9:.3g} GB as float64)")
+        return grid_description((h0, k0, l0), (h1, k1, l1))
 
     def to_grid(self, default_F: float = 0.0) -> tuple[np.ndarray, tuple[int, int, int]]:
         """Return the dense float64 grid ``(nh, nk, nl)`` and ``(h_min, k_min, l_min)``.
