@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 import nbtorch
-from nbtorch.errors import InputError
 from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.imagefile import write_png_pair
 from experiments.workload import Workload, load_workload
@@ -316,16 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _check_device(device: str) -> None:
-    if device != "cpu" and not device.startswith("cuda"):
-        raise InputError(f"--device: expected cpu or cuda[:N], got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: CUDA is not available on this machine")
-
-
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    _check_device(a.device)
+    nbtorch.runtime.check_device(a.device, "--device")
     check_outdir(a.outdir)
     w = load_workload(a.problem, a.size, a.image, a.model, a.symmetry, a.dtype, a.device)
     outdir = make_outdir(a.outdir)

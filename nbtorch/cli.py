@@ -188,6 +188,7 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     ``context`` (optional dict) is kept up to date with the ``stage`` of the run
     and the ``sim`` once built, so that :func:`main` can say what ran out of memory.
     """
+    from nbtorch import runtime
     from nbtorch.simulator import Simulator
     from nbtorch.io.raw import write_raw_float
     from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, write_smv, roi_mask_from_bounds
@@ -198,8 +199,7 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     cfg = config_from_args(argv)
     check_outputs(cfg)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"-device {cfg.device}: CUDA is not available on this machine")
+    runtime.check_device(cfg.device, "-device")
     t0 = time.perf_counter()
     context["stage"] = "setting up the simulation"
     sim = Simulator(cfg, dtype=dtype, device=cfg.device, compile=cfg.compile if cfg.compile is not None else False)

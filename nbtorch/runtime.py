@@ -89,6 +89,15 @@ def compile_requested(explicit: bool | None = None) -> bool:
     return not env_disables_compile()
 
 
+def check_device(device: str, flag: str) -> None:
+    """Raise :class:`InputError` (naming the command-line ``flag``) unless ``device`` is ``cpu`` or an
+    available ``cuda[:N]``."""
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InputError(f"{flag}: expected cpu or cuda[:N], got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"{flag} {device}: CUDA is not available on this machine")
+
+
 def configure_inductor_cache() -> Path:
     """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one)."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:

@@ -408,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
     """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
     import torch
 
-    from nbtorch import Simulator, config_from_args
+    from nbtorch import Simulator, config_from_args, runtime
     from nbtorch.io.atomic import check_not_inputs
     from refine.callbacks import TensorBoardCallback
     from refine.data import load_image
@@ -450,10 +450,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--spot-window: must be >= 0 pixels, got {args.spot_window}")
     if args.spot_window is not None and not args.spots:
         raise InputError("--spot-window needs --spots (a spot list or 'find')")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
-    if args.device != "cpu" and not args.device.startswith("cuda"):
-        raise InputError(f"--device: expected cpu or cuda[:N], got {args.device!r}")
+    runtime.check_device(args.device, "--device")
     if Path(args.out).is_dir() or not Path(args.out).name or Path(args.out).name in (".", ".."):
         raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
     json_path = args.json or str(Path(args.out).with_suffix(".json"))

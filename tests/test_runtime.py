@@ -183,3 +183,12 @@ def test_fusion_options_only_for_the_square_nearest_loop():
     sim = make()
     sim.options = dataclasses.replace(sim.options, interpolate=True)  # as with -interpolate and an HKL table
     assert not sim._fuses_hot_loop()
+
+
+def test_check_device_names_the_flag():
+    runtime.check_device("cpu", "--device")
+    with pytest.raises(InputError, match=r"^--device: expected cpu or cuda\[:N\], got 'tpu'$"):
+        runtime.check_device("tpu", "--device")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match=r"^-device cuda:1: CUDA is not available on this machine$"):
+            runtime.check_device("cuda:1", "-device")
