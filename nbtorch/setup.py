@@ -8,10 +8,11 @@ the boundary): the :class:`~nbtorch.simulator.Simulator` turns the canonical
 parameters into tensors and calls the physics.
 
 :func:`resolve` checks the config and composes five frozen pieces, one builder
-each: :class:`DetectorSetup` (:func:`resolve_detector`: pixels, ROI, axes, pivot,
+each: :class:`DetectorSetup` (:func:`resolve_detector`: pixels, ROI, axes and pivot
+(:mod:`nbtorch.detector_axes`),
 beam centre, distance), :class:`CrystalSetup` (:func:`resolve_crystal`: cell,
 orientation, size, shape), :class:`SamplingSetup` (:func:`resolve_sampling`: phi
-steps, mosaic domains, sources, oversampling), :class:`SensorSetup`
+steps, mosaic domains, sources (:mod:`nbtorch.beam_sources`), oversampling), :class:`SensorSetup`
 (:func:`resolve_sensor`: sensor layers and attenuation) and
 :class:`StructureFactorSetup` (:func:`resolve_structure_factors`: the F table).
 :class:`Setup` holds them and exposes their fields under the names callers use
@@ -32,15 +33,16 @@ import torch
 
 from nbtorch import beam_centre as bc
 from nbtorch import crng
-from nbtorch.config import CONVENTIONS, SHAPES, SimulationConfig
+from nbtorch.beam_sources import resolve_sources
+from nbtorch.config import SHAPES, SimulationConfig
+from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import read_fdump, read_hkl
 from nbtorch.io.matrix import read_mosflm_matrix
 from nbtorch.io.smv import read_smv
-from nbtorch.io.sources import read_sourcefile
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.physics.crystal import orientation_from_reciprocal
-from nbtorch.physics.rotation import rotate_axis, rotation_matrix_xyz
+from nbtorch.physics.rotation import rotation_matrix_xyz
 
 __all__ = ["PARAMETER_NAMES", "Setup", "DetectorSetup", "CrystalSetup", "SamplingSetup", "SensorSetup",
            "StructureFactorSetup", "resolve", "resolve_detector", "resolve_crystal", "resolve_sampling",
@@ -61,20 +63,6 @@ MAX_AUTO_OVERSAMPLE = 100
 #: oversample: the simulator holds every sample of a tile (at least 16 pixels) at once, ~175 bytes
 #: each (float64), so 2^20 per pixel is ~3 GB per tile; beyond it is an error, not an allocator crash
 MAX_SAMPLES_PER_PIXEL = 1 << 20
-#: two unit vectors closer to (anti)parallel than this (norm of their cross product) are parallel
-_PARALLEL = 1e-12
-
-# (beam, fdet, sdet, odet, twotheta_axis, polar, spindle) per convention
-_BASES = {
-    "mosflm": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),
-    "denzo": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),
-    "xds": ((0, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 0), (1, 0, 0), (1, 0, 0)),
-    "dials": ((0, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 0), (0, 1, 0), (0, 1, 0)),
-    "adxv": ((0, 0, 1), (1, 0, 0), (0, -1, 0), (0, 0, 1), (-1, 0, 0), (1, 0, 0), (1, 0, 0)),
-    # CUSTOM starts from the MOSFLM vectors except the two-theta axis (C defaults)
-    "custom": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 1)),
-}
-_FORCED_PIVOT = {"mosflm": "beam", "denzo": "beam", "adxv": "beam", "xds": "sample", "dials": "sample"}
 
 
 # --------------------------------------------------------------------------------------
@@ -212,14 +200,9 @@ for _piece, _names in _DELEGATED.items():
 del _piece, _names, _name
 
 
-def _unit(v) -> np.ndarray:
-    v = np.asarray(v, dtype=np.float64)
-    n = np.linalg.norm(v)
-    if not np.isfinite(n) or n == 0:
-        raise InputError(f"vector {tuple(v)} has zero or non-finite length")
-    return v / n
-
-
+# --------------------------------------------------------------------------------------
+# small rules: positive values, the C's phi steps
+# --------------------------------------------------------------------------------------
 def _check_positive(name: str, value, allow_zero: bool = False) -> None:
     if value is None:
         return
@@ -227,37 +210,6 @@ def _check_positive(name: str, value, allow_zero: bool = False) -> None:
     if not math.isfinite(value) or bad:
         need = "non-negative" if allow_zero else "positive"
         raise InputError(f"{name}: must be {need} and finite, got {value:g}")
-
-
-def _resolve_steps(count, range_, step, count_only_range: float):
-    """The C's count/range/step auto-resolution (divergence and dispersion)."""
-    count = -1 if count is None else count
-    range_ = -1.0 if range_ is None else range_
-    step = -1.0 if step is None else step
-    if count <= 0:
-        if range_ < 0.0:
-            if step <= 0.0:
-                count, range_, step = 1, 0.0, 0.0
-            else:
-                range_, count = step, 2
-        elif step <= 0.0:
-            step, count = range_, 2
-        else:
-            count = math.ceil(range_ / step)
-    else:
-        if range_ < 0.0:
-            if step <= 0.0:
-                range_ = count_only_range
-                step = range_ / count
-            else:
-                range_, count = step, 2
-        elif step <= 0.0:
-            if count <= 1:
-                count = 2
-            step = range_ / (count - 1)
-    if range_ <= 0.0 or step <= 0.0 or count <= 0:
-        count, range_, step = 1, 0.0, 0.0
-    return count, range_, step
 
 
 def _resolve_phi(cfg: SimulationConfig):
@@ -289,116 +241,9 @@ def _resolve_phi(cfg: SimulationConfig):
     return n, step
 
 
-def _sources(cfg: SimulationConfig, beam, polar, wavelength_m: float):
-    """Incident directions (Q, 3) and wavelength factors (Q,), in the C's order."""
-    if cfg.source_file is not None:
-        table = np.array(read_sourcefile(cfg.source_file), dtype=np.float64)
-        dist_m = cfg.source_distance_mm / 1000.0
-        xyz = table[:, :3].copy()
-        for j in range(3):
-            xyz[:, j] = np.where(np.isnan(xyz[:, j]), -dist_m * beam[j], xyz[:, j])
-        lam = np.where(np.isnan(table[:, 4]), wavelength_m, table[:, 4])
-        norms = np.linalg.norm(xyz, axis=1)
-        if np.any(norms == 0) or np.any(lam <= 0):
-            raise InputError(f"{cfg.source_file}: a source has zero position vector or non-positive wavelength")
-        return -(xyz / norms[:, None]), lam / wavelength_m
-    hsteps, hrange, hstep = _resolve_steps(cfg.hdivsteps, _mrad(cfg.hdivrange_mrad), _mrad(cfg.hdivstep_mrad), 1.0)
-    vsteps, vrange, vstep = _resolve_steps(cfg.vdivsteps, _mrad(cfg.vdivrange_mrad), _mrad(cfg.vdivstep_mrad), 1.0)
-    disp = None if cfg.dispersion_pct is None else cfg.dispersion_pct / 100.0
-    dsteps, disp, dstep = _resolve_steps(cfg.dispsteps, disp, None, 1.0)
-    vert = _unit(np.cross(beam, polar))
-    kept = []  # (hdiv, vdiv) in rad of the sources inside the divergence cut, in the C's order
-    for ih in range(hsteps):
-        for iv in range(vsteps):
-            hdiv = hstep * ih - hrange / 2.0
-            vdiv = vstep * iv - vrange / 2.0
-            if cfg.round_div:
-                test = (hdiv * hdiv - hstep * hstep / 4.0 * (1 - hsteps % 2)) / hrange / hrange if hrange else 0.0
-                test += (vdiv * vdiv - vstep * vstep / 4.0 * (1 - vsteps % 2)) / vrange / vrange if vrange else 0.0
-                if test * 4.0 > 1.1:
-                    continue
-            kept.append((hdiv, vdiv))
-    dirs = []
-    if kept:  # -beam rotated about the polarization axis by vdiv, then about the vertical axis by hdiv
-        angles = torch.tensor(kept, dtype=torch.float64)
-        v = torch.as_tensor(-beam).expand(len(kept), 3)
-        v = rotate_axis(v, torch.as_tensor(polar), angles[:, 1])
-        v = rotate_axis(v, torch.as_tensor(vert), angles[:, 0])
-        for row in v.numpy():
-            dirs.extend([-_unit(row)] * dsteps)
-    factors = [1.0 + dstep * j - disp / 2.0 for j in range(dsteps)]
-    if min(factors) <= 0.0:
-        raise InputError(f"{cfg.flag_for('dispersion_pct', '-dispersion')} {cfg.dispersion_pct:g}: the shortest of the "
-                         f"{dsteps} wavelengths would be {min(factors) * wavelength_m * 1e10:g} A "
-                         f"(lambda x (1 - dispersion/200)); the spectral width must be below 200%")
-    lam = np.array(factors * (len(dirs) // dsteps), dtype=np.float64)
-    return np.array(dirs, dtype=np.float64).reshape(-1, 3), lam
-
-
-def _mrad(v):
-    return None if v is None else v / 1000.0
-
-
-def _bases(cfg: SimulationConfig):
-    conv = cfg.convention
-    if conv not in CONVENTIONS:
-        raise InputError(f"unknown detector convention {conv!r}; expected one of {', '.join(CONVENTIONS)}")
-    beam, f, s, o, tt, polar, spindle = (np.array(v, dtype=np.float64) for v in _BASES[conv])
-    if conv == "custom":
-        given = {
-            "beam_vector": cfg.beam_vector, "fdet_vector": cfg.fdet_vector, "sdet_vector": cfg.sdet_vector,
-            "odet_vector": cfg.odet_vector, "twotheta_axis": cfg.twotheta_axis,
-            "polar_vector": cfg.polar_vector, "spindle_axis": cfg.spindle_axis,
-        }
-        for name, vec in given.items():
-            if vec is not None and (not np.all(np.isfinite(vec)) or np.linalg.norm(vec) == 0):
-                raise InputError(f"-{name}: must be a finite non-zero vector, got {tuple(vec)}")
-        beam = np.array(cfg.beam_vector or beam, dtype=np.float64)
-        f = np.array(cfg.fdet_vector or f, dtype=np.float64)
-        s = np.array(cfg.sdet_vector or s, dtype=np.float64)
-        o = np.array(cfg.odet_vector or o, dtype=np.float64)
-        tt = np.array(cfg.twotheta_axis or tt, dtype=np.float64)
-        polar = np.array(cfg.polar_vector or polar, dtype=np.float64)
-        spindle = np.array(cfg.spindle_axis or spindle, dtype=np.float64)
-    beam, f, s, polar, spindle, tt = (_unit(v) for v in (beam, f, s, polar, spindle, tt))
-    _check_not_parallel(cfg, "fdet_vector", f, "sdet_vector", s, "detector fast and slow axes")
-    if cfg.odet_vector is not None and conv == "custom":
-        o_unit = _unit(o)
-        _check_not_parallel(cfg, "fdet_vector", f, "odet_vector", o_unit, "detector fast and normal axes")
-        _check_not_parallel(cfg, "sdet_vector", s, "odet_vector", o_unit, "detector slow and normal axes")
-    if np.linalg.norm(o) != 1.0:
-        o = _unit(np.cross(f, s))
-    if np.linalg.norm(np.cross(beam, polar)) < _PARALLEL:
-        given_beam = conv == "custom" and cfg.beam_vector is not None
-        given_polar = conv == "custom" and cfg.polar_vector is not None
-        if given_beam and not given_polar:
-            raise InputError(f"-beam_vector {_fmt(cfg.beam_vector)}: the beam is parallel to the default polarization "
-                             f"vector ({_fmt(polar)}); give -polar_vector with a vector perpendicular to the beam")
-        if given_beam:
-            raise InputError(f"-polar_vector {_fmt(cfg.polar_vector)} and -beam_vector {_fmt(cfg.beam_vector)}: "
-                             "the polarization vector must not be parallel to the beam")
-        raise InputError(f"-polar_vector {_fmt(cfg.polar_vector or polar)}: must not be parallel to the beam vector "
-                         f"({_fmt(beam)})")
-    return beam, f, s, o, tt, polar, spindle
-
-
-def _fmt(v) -> str:
-    return " ".join(f"{float(x):g}" for x in v)
-
-
-def _check_not_parallel(cfg: SimulationConfig, name1: str, u1, name2: str, u2, what: str) -> None:
-    """Refuse two (unit) axes that are parallel, naming the flags that gave them."""
-    if np.linalg.norm(np.cross(u1, u2)) >= _PARALLEL:
-        return
-    g1, g2 = getattr(cfg, name1) is not None, getattr(cfg, name2) is not None
-    if g1 and g2:
-        raise InputError(f"-{name1} {_fmt(getattr(cfg, name1))} and -{name2} {_fmt(getattr(cfg, name2))}: "
-                         f"the {what} must not be parallel")
-    given, default, vec = (name1, name2, u2) if g1 else (name2, name1, u1)
-    raise InputError(f"-{given} {_fmt(getattr(cfg, given))}: parallel to the default -{default} ({_fmt(vec)}); "
-                     f"the {what} must not be parallel: give -{default} too")
-
-
+# --------------------------------------------------------------------------------------
+# the builders, one per piece, and resolve
+# --------------------------------------------------------------------------------------
 def beam_centre_defaults(cfg: SimulationConfig, pixel_m: float, detsize_f: float, detsize_s: float):
     """Canonical (beam_x, beam_y) in metres for the convention (C defaults where not given).
 
@@ -454,9 +299,9 @@ def resolve_detector(cfg: SimulationConfig) -> DetectorSetup:
     """Pixels, ROI, axes, pivot, beam centre and distance (the canonical one is along the beam)."""
     pixel, detsize_f, detsize_s, fpixels, spixels = _detector_size(cfg)
     roi = _roi(cfg, fpixels, spixels)
-    beam, f, s, o, tt, polar, spindle = _bases(cfg)
+    beam, f, s, o, tt, polar, spindle = detector_axes(cfg)
     conv = cfg.convention
-    pivot = _FORCED_PIVOT.get(conv, cfg.pivot or "beam")
+    pivot = FORCED_PIVOT.get(conv, cfg.pivot or "beam")
     beam_x, beam_y = beam_centre_defaults(cfg, pixel, detsize_f, detsize_s)
     # ratio = beam . (normal rotated by -detector_rotx/y/z): -close_distance is along the normal
     angles = (math.radians(v) for v in (cfg.detector_rotx_deg, cfg.detector_roty_deg, cfg.detector_rotz_deg))
@@ -532,7 +377,7 @@ def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSe
         axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
     else:
         axes, fractions = np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
-    incident, wl_factor = _sources(cfg, detector.beam, detector.polar_axis, cfg.wavelength_A * 1e-10)
+    incident, wl_factor = resolve_sources(cfg, detector.beam, detector.polar_axis, cfg.wavelength_A * 1e-10)
     if len(incident) == 0:
         raise InputError("no beam sources left after the divergence cut")
     oversample = cfg.oversample if cfg.oversample is not None else _auto_oversample(cfg, detector, crystal)
@@ -664,6 +509,9 @@ def resolve(cfg: SimulationConfig) -> Setup:
     )
 
 
+# --------------------------------------------------------------------------------------
+# checks of the config
+# --------------------------------------------------------------------------------------
 def check_cell(cell, label: str) -> None:
     """Raise unless ``(a, b, c, alpha, beta, gamma)`` (Å, degrees) is a possible unit cell."""
     a, b, c, al, be, ga = (float(v) for v in cell)
