@@ -10,20 +10,21 @@ Three descriptions of where the direct beam meets the detector:
   fast and slow axes measured from ``pix0``, the corner of pixel (0, 0), of the
   direct-beam spot (BEAM pivot) and of the point nearest the sample (SAMPLE pivot).
 
-==========  =============================================  ===================================
-convention  canonical -> offsets (p = pixel size)          default canonical centre
-==========  =============================================  ===================================
-MOSFLM      Fbeam = beam_y + p/2, Sbeam = beam_x + p/2     ((detsize_s + p)/2, (detsize_f + p)/2)
-DENZO       Fbeam = beam_y, Sbeam = beam_x                 as MOSFLM
-ADXV        Fbeam = beam_x, Sbeam = detsize_s - beam_y     ((detsize_f + p)/2, (detsize_s - p)/2)
-XDS, DIALS  Fclose = beam_x - p/2, Sclose = beam_y - p/2   the close point (default: detector centre)
-CUSTOM      Fbeam = Fclose = beam_x, Sbeam = Sclose = beam_y   the close point
-==========  =============================================  ===================================
+==========  ================================================  ==========================================
+convention  canonical -> offsets (p = pixel size)             default canonical centre
+==========  ================================================  ==========================================
+MOSFLM      Fbeam = beam_y + p/2, Sbeam = beam_x + p/2        ((detsize_s + p)/2, (detsize_f + p)/2)
+DENZO       Fbeam = beam_y, Sbeam = beam_x                    as MOSFLM
+ADXV        Fbeam = beam_x, Sbeam = detsize_s - beam_y        ((detsize_f + p)/2, (detsize_s - p)/2)
+XDS, DIALS  Fclose = beam_x - p/2, Sclose = beam_y - p/2      the close point (default: detector centre)
+CUSTOM      Fbeam = Fclose = beam_x, Sbeam = Sclose = beam_y  the close point
+==========  ================================================  ==========================================
 
-For MOSFLM, DENZO, ADXV and CUSTOM the close offsets equal the beam offsets and
-for XDS/DIALS the beam offsets equal the close ones: the pivot uses one pair, the
-detector geometry (:func:`nbtorch.physics.detector.detector_geometry`) derives the
-other.  ``ORGX = Fclose/p + 1/2``: ORGX counts pixel centres from 1.
+:func:`detector_offsets_m` returns one pair twice, as ``(Fbeam, Sbeam)`` and as
+``(Fclose, Sclose)``: the pivot uses one of them (BEAM: the beam pair, SAMPLE: the
+close pair) and the detector geometry
+(:func:`nbtorch.physics.detector.detector_geometry`) derives the true other pair
+from the rotated detector.  ``ORGX = Fclose/p + 1/2``: ORGX counts pixel centres from 1.
 
 The functions are plain arithmetic: lengths may be Python floats or tensors
 (the simulator differentiates through :func:`detector_offsets_m`).  Documented in
