@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from nbtorch import beam_centre as bc
 from nbtorch.args import config_from_args
 from nbtorch.errors import InputError
 
@@ -107,22 +108,27 @@ def header_values(sim) -> dict:
         fclose, sclose = float(g.Fclose), float(g.Sclose)
         close, dist = float(g.close_distance), float(g.distance)
     p = s.pixel_m
-    if s.convention in ("xds", "dials"):
-        fc0 = (cfg.ORGX - 0.5) * p if cfg.ORGX is not None else s.fpixels * p / 2
-        sc0 = (cfg.ORGY - 0.5) * p if cfg.ORGY is not None else s.spixels * p / 2
+    if s.convention in bc.ORG_CONVENTIONS:  # the C's header: the -Xbeam/-Xclose flag, else the ORGX point
+        fc0 = bc.close_from_org_m(cfg.ORGX, p) if cfg.ORGX is not None else s.fpixels * p / 2
+        sc0 = bc.close_from_org_m(cfg.ORGY, p) if cfg.ORGY is not None else s.spixels * p / 2
         xb = cfg.Xbeam_mm / 1000 if cfg.Xbeam_mm is not None else (cfg.Xclose_mm / 1000 if cfg.Xclose_mm is not None else fc0)
         yb = cfg.Ybeam_mm / 1000 if cfg.Ybeam_mm is not None else (cfg.Yclose_mm / 1000 if cfg.Yclose_mm is not None else sc0)
     else:
         xb, yb = s.params["beam_x"] / 1000, s.params["beam_y"] / 1000
     osc = s.phistep_deg * s.phisteps if cfg.osc_deg is None else cfg.osc_deg
+    # the direct beam in each convention's own terms (nbtorch.beam_centre)
+    adxv = bc.beam_centre_from_offsets_m("adxv", fbeam, sbeam, p, s.detsize_s_m)
+    mosflm = bc.beam_centre_from_offsets_m("mosflm", fbeam, sbeam, p, s.detsize_s_m)
+    denzo = bc.beam_centre_from_offsets_m("denzo", fbeam, sbeam, p, s.detsize_s_m)
     return dict(
         fpixels=s.fpixels, spixels=s.spixels, pixel_mm=p * 1000, distance_mm=dist * 1000,
         wavelength_A=s.params["wavelength"], beam_center_x_mm=xb * 1000, beam_center_y_mm=yb * 1000,
-        adxv_x=fbeam * 1000, adxv_y=(s.detsize_s_m - sbeam) * 1000,
-        mosflm_x=(sbeam - 0.5 * p) * 1000, mosflm_y=(fbeam - 0.5 * p) * 1000,
-        denzo_x=sbeam * 1000, denzo_y=fbeam * 1000,
+        adxv_x=adxv[0] * 1000, adxv_y=adxv[1] * 1000,
+        mosflm_x=mosflm[0] * 1000, mosflm_y=mosflm[1] * 1000,
+        denzo_x=denzo[0] * 1000, denzo_y=denzo[1] * 1000,
         dials_origin=(1000 * pix0[2], 1000 * pix0[1], -1000 * pix0[0]),
-        xds_orgx=fclose / p + 0.5, xds_orgy=sclose / p + 0.5, close_distance_mm=close * 1000,
+        xds_orgx=bc.org_from_close_px(fclose, p), xds_orgy=bc.org_from_close_px(sclose, p),
+        close_distance_mm=close * 1000,
         phi_deg=cfg.phi_deg, osc_start_deg=cfg.phi_deg, osc_range_deg=osc,
         twotheta_deg=s.params["twotheta"],
     )

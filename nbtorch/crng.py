@@ -239,6 +239,8 @@ def c_mosaic_angle(spread_rad: float, fraction: float) -> float:
 
 def umat_from_axis_angle(axis, angle: float) -> np.ndarray:
     """Rotation by ``angle`` (rad) about ``axis``, evaluated in the C's exact order."""
+    # not nbtorch.physics.rotation: this copy keeps the C's operation order (bit parity of the
+    # C's mosaic matrices, tests/test_crng.py); the simulator itself uses the torch rotation
     v1, v2, v3 = (float(a) for a in axis)
     c, s = math.cos(angle), math.sin(angle)
     omc = 1.0 - c

@@ -33,6 +33,8 @@ def _unit(a):
 
 
 def _rotate(v, axis, phi):
+    # plain-Python Rodrigues on purpose, not nbtorch.physics.rotation: the reference shares no code
+    # with the vectorised physics it checks (module docstring)
     c, s = math.cos(phi), math.sin(phi)
     d = _dot(axis, v) * (1 - c)
     x = _cross(axis, v)

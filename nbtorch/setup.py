@@ -2,20 +2,25 @@
 
 This is where nanoBragg's automatic rules live (step counts, default beam
 centres, pivots, oversampling, sources, mosaic domains) and where units are
-converted once.  Everything here is plain numbers and numpy arrays: the
-:class:`~nbtorch.simulator.Simulator` turns the canonical parameters into
-tensors and calls the physics.
+converted once.  Everything here is plain numbers and numpy arrays (torch is
+used only through the shared rotation and orientation functions, converted at
+the boundary): the :class:`~nbtorch.simulator.Simulator` turns the canonical
+parameters into tensors and calls the physics.
 
-Canonical parameters (``Setup.params``) and their units::
+:func:`resolve` checks the config and composes five frozen pieces, one builder
+each: :class:`DetectorSetup` (:func:`resolve_detector`: pixels, ROI, axes and pivot
+(:mod:`nbtorch.detector_axes`),
+beam centre, distance), :class:`CrystalSetup` (:func:`resolve_crystal`: cell,
+orientation, size, shape), :class:`SamplingSetup` (:func:`resolve_sampling`: phi
+steps, mosaic domains, sources (:mod:`nbtorch.beam_sources`), oversampling), :class:`SensorSetup`
+(:func:`resolve_sensor`: sensor layers and attenuation) and
+:class:`StructureFactorSetup` (:func:`resolve_structure_factors`: the F table).
+:class:`Setup` holds them and exposes their fields under the names callers use
+(``setup.pixel_m``, ``setup.incident`` ...).
 
-    cell_a cell_b cell_c (A)  cell_alpha cell_beta cell_gamma (deg)
-    misset_x misset_y misset_z (deg)  phi0 (deg)  mosaic_spread (deg)
-    N_a N_b N_c  distance (mm)  beam_x beam_y (mm)
-    detector_rotx detector_roty detector_rotz twotheta (deg)
-    wavelength (A)  fluence (photons/m^2)  polarization (Kahn K)  default_F
-
-``beam_x, beam_y`` are the ``-Xbeam/-Ybeam`` values for MOSFLM, DENZO, ADXV
-and CUSTOM, and ``ORGX*pixel, ORGY*pixel`` for XDS and DIALS.
+The canonical parameters (``Setup.params``), their units and groups are the
+table in :mod:`nbtorch.parameters`; the beam-centre rules are in
+:mod:`nbtorch.beam_centre`.
 """
 
 from __future__ import annotations
@@ -24,17 +29,26 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from nbtorch.config import CONVENTIONS, SHAPES, SimulationConfig
+from nbtorch import beam_centre as bc
+from nbtorch import crng
+from nbtorch.beam_sources import resolve_sources
+from nbtorch.config import SHAPES, SimulationConfig
+from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
+from nbtorch.io.hkl import read_fdump, read_hkl
+from nbtorch.io.matrix import read_mosflm_matrix
+from nbtorch.io.smv import read_smv
+from nbtorch.parameters import PARAMETER_NAMES
+from nbtorch.physics.crystal import orientation_from_reciprocal
+from nbtorch.physics.rotation import rotation_matrix_xyz
 
-PARAMETER_NAMES = (
-    "cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma",
-    "misset_x", "misset_y", "misset_z", "phi0", "mosaic_spread",
-    "N_a", "N_b", "N_c", "distance", "beam_x", "beam_y",
-    "detector_rotx", "detector_roty", "detector_rotz", "twotheta",
-    "wavelength", "fluence", "polarization", "default_F",
-)
+__all__ = ["PARAMETER_NAMES", "Setup", "DetectorSetup", "CrystalSetup", "SamplingSetup", "SensorSetup",
+           "StructureFactorSetup", "resolve", "resolve_detector", "resolve_crystal", "resolve_sampling",
+           "resolve_sensor", "resolve_structure_factors", "beam_centre_defaults", "check_cell",
+           "DEFAULT_FLUENCE", "MAX_AUTO_OVERSAMPLE", "MAX_SAMPLES_PER_PIXEL"]
+
 DEFAULT_FLUENCE = 125932015286227086360700780544.0  # photons/m^2 = 1/r_e^2
 AVOGADRO = 6.02214179e23
 WATER_F = 2.57
@@ -49,71 +63,114 @@ MAX_AUTO_OVERSAMPLE = 100
 #: oversample: the simulator holds every sample of a tile (at least 16 pixels) at once, ~175 bytes
 #: each (float64), so 2^20 per pixel is ~3 GB per tile; beyond it is an error, not an allocator crash
 MAX_SAMPLES_PER_PIXEL = 1 << 20
-#: two unit vectors closer to (anti)parallel than this (norm of their cross product) are parallel
-_PARALLEL = 1e-12
-
-# (beam, fdet, sdet, odet, twotheta_axis, polar, spindle) per convention
-_BASES = {
-    "mosflm": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),
-    "denzo": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 0, -1), (0, 0, 1), (0, 0, 1)),
-    "xds": ((0, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 0), (1, 0, 0), (1, 0, 0)),
-    "dials": ((0, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 0), (0, 1, 0), (0, 1, 0)),
-    "adxv": ((0, 0, 1), (1, 0, 0), (0, -1, 0), (0, 0, 1), (-1, 0, 0), (1, 0, 0), (1, 0, 0)),
-    # CUSTOM starts from the MOSFLM vectors except the two-theta axis (C defaults)
-    "custom": ((1, 0, 0), (0, 0, 1), (0, -1, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 1)),
-}
-_FORCED_PIVOT = {"mosflm": "beam", "denzo": "beam", "adxv": "beam", "xds": "sample", "dials": "sample"}
 
 
+# --------------------------------------------------------------------------------------
+# the pieces of a Setup (frozen: a Setup never changes once resolved)
+# --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Setup:
-    """Everything static about a simulation (numbers and numpy arrays, SI where noted)."""
+class DetectorSetup:
+    """The detector: pixels, ROI, unit axes (lab frame), pivot and the canonical geometry values."""
 
-    config: SimulationConfig
-    c_parity: bool
-    params: dict  # canonical name -> float (units above)
     convention: str
-    pivot: str
-    beam: np.ndarray  # (3,) unit
-    fdet: np.ndarray
-    sdet: np.ndarray
-    odet: np.ndarray
+    pivot: str  # "beam" or "sample"
+    beam: np.ndarray  # (3,) unit, propagation direction
+    fdet: np.ndarray  # (3,) unit, fast axis (unrotated)
+    sdet: np.ndarray  # (3,) unit, slow axis (unrotated)
+    odet: np.ndarray  # (3,) unit, normal (unrotated)
     twotheta_axis: np.ndarray
-    polar_axis: np.ndarray
-    spindle: np.ndarray
+    polar_axis: np.ndarray  # (3,) unit, E-vector of the incident beam
+    spindle: np.ndarray  # (3,) unit, phi rotation axis
     pixel_m: float
     fpixels: int
     spixels: int
     detsize_s_m: float
     roi: tuple[int, int, int, int]  # xmin xmax ymin ymax inclusive, clipped to the detector
     close_distance_given_m: float | None
+    distance_m: float  # canonical: sample to detector plane along the beam
+    close_distance_m: float  # signed close distance (ratio x distance) the oversample rule uses
+    beam_x_m: float  # canonical beam centre (nbtorch.beam_centre)
+    beam_y_m: float
+
+
+@dataclass(frozen=True)
+class CrystalSetup:
+    """The crystal: cell (A, deg), starting orientation, misset (deg), size (unit cells), spot shape."""
+
+    cell: np.ndarray  # (6,) a b c (A) alpha beta gamma (deg)
+    orientation0: np.ndarray  # (3, 3) U0: identity for -cell, the matrix's rotation for -mat
+    cell_quirk: bool  # the C's triclinic formula applies (C parity with -cell)
+    misset_deg: tuple[float, float, float]
+    n_cells: tuple[float, float, float]  # N_a N_b N_c, at least 1
+    shape: str
+    fudge: float
+    water_F2N: float  # the water droplet's scattering (F^2 x number of molecules)
+
+
+@dataclass(frozen=True)
+class SamplingSetup:
+    """What each pixel sums over: phi steps, mosaic domains, sources and sub-pixels."""
+
+    phisteps: int
+    phistep_deg: float
+    phi_quirk: bool  # the C's phi=0 stale rotation (C parity, or -phi_carryover_mode c-parity)
+    mosaic_spread_deg: float
+    mosaic_axes: np.ndarray  # (M, 3)
+    mosaic_fractions: np.ndarray  # (M,) angle = spread * fraction; domain 0 has 0
+    incident: np.ndarray  # (Q, 3) unit vectors source -> sample
+    wavelength_factor: np.ndarray  # (Q,) source wavelength / wavelength parameter
     oversample: int
+    steps: int  # sources x phi steps x mosaic domains x oversample^2 (the C's normalisation)
+
+
+@dataclass(frozen=True)
+class SensorSetup:
+    """The sensor: layers through its thickness and their attenuation."""
+
     thicksteps: int
     layer_thickness_m: float
     mu_per_m: float
     has_thickness: bool
-    phisteps: int
-    phistep_deg: float
-    incident: np.ndarray  # (Q, 3) unit vectors source -> sample
-    wavelength_factor: np.ndarray  # (Q,) source wavelength / wavelength parameter
-    mosaic_axes: np.ndarray  # (M, 3)
-    mosaic_fractions: np.ndarray  # (M,) angle = spread * fraction; domain 0 has 0
-    orientation0: np.ndarray  # (3, 3) U0: identity for -cell, the matrix's rotation for -mat
-    cell_quirk: bool  # the C's triclinic formula applies (C parity with -cell)
-    phi_quirk: bool  # the C's phi=0 stale rotation (C parity, or -phi_carryover_mode c-parity)
+
+
+@dataclass(frozen=True)
+class StructureFactorSetup:
+    """The structure-factor table (None without ``-hkl``/``-dump``) and how it is looked up."""
+
     F_grid: np.ndarray | None
     F_present: np.ndarray | None  # bool, entries listed in the HKL file (others follow default_F)
     hkl_min: np.ndarray | None
     hkl_max: np.ndarray | None
     interpolate: bool
-    shape: str
-    fudge: float
-    water_F2N: float
-    dmin_A: float
-    steps: int
+    dmin_A: float  # resolution cut (0 = none)
+    notes: tuple[str, ...] = ()
+
+
+def _delegate(piece: str, name: str) -> property:
+    """A read-only Setup attribute that is ``setup.<piece>.<name>``."""
+    return property(lambda self: getattr(getattr(self, piece), name), doc=f"``{piece}.{name}``")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything static about a simulation (numbers and numpy arrays, SI where noted).
+
+    The five pieces hold the values; the attributes below delegate to them, so that
+    ``setup.pixel_m`` is ``setup.detector.pixel_m`` and so on.
+    """
+
+    config: SimulationConfig
+    c_parity: bool
+    params: dict  # canonical name -> float (units: nbtorch.parameters)
+    detector: DetectorSetup
+    crystal: CrystalSetup
+    sampling: SamplingSetup
+    sensor: SensorSetup
+    structure_factors: StructureFactorSetup
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: ``-mask``: bool (spixels, fpixels), True = simulate the pixel, False = skip it (value 0,
-    #: as the C's zero mask pixels); None without ``-mask``.
+    #: as the C's zero mask pixels); None without ``-mask``.  A field of its own (not of the
+    #: detector) so that ``dataclasses.replace(setup, pixel_mask=...)`` restricts a simulator.
     pixel_mask: np.ndarray | None = None
 
     @property
@@ -127,14 +184,25 @@ class Setup:
         return self.samples_per_pixel * self.phisteps * len(self.mosaic_fractions)
 
 
-def _unit(v) -> np.ndarray:
-    v = np.asarray(v, dtype=np.float64)
-    n = np.linalg.norm(v)
-    if not np.isfinite(n) or n == 0:
-        raise InputError(f"vector {tuple(v)} has zero or non-finite length")
-    return v / n
+#: the Setup attributes that are fields of one of its pieces (read through, never copied)
+_DELEGATED = {
+    "detector": ("convention", "pivot", "beam", "fdet", "sdet", "odet", "twotheta_axis", "polar_axis", "spindle",
+                 "pixel_m", "fpixels", "spixels", "detsize_s_m", "roi", "close_distance_given_m"),
+    "crystal": ("orientation0", "cell_quirk", "shape", "fudge", "water_F2N"),
+    "sampling": ("phisteps", "phistep_deg", "phi_quirk", "mosaic_axes", "mosaic_fractions", "incident",
+                 "wavelength_factor", "oversample", "steps"),
+    "sensor": ("thicksteps", "layer_thickness_m", "mu_per_m", "has_thickness"),
+    "structure_factors": ("F_grid", "F_present", "hkl_min", "hkl_max", "interpolate", "dmin_A"),
+}
+for _piece, _names in _DELEGATED.items():
+    for _name in _names:
+        setattr(Setup, _name, _delegate(_piece, _name))
+del _piece, _names, _name
 
 
+# --------------------------------------------------------------------------------------
+# small rules: positive values, the C's phi steps
+# --------------------------------------------------------------------------------------
 def _check_positive(name: str, value, allow_zero: bool = False) -> None:
     if value is None:
         return
@@ -142,37 +210,6 @@ def _check_positive(name: str, value, allow_zero: bool = False) -> None:
     if not math.isfinite(value) or bad:
         need = "non-negative" if allow_zero else "positive"
         raise InputError(f"{name}: must be {need} and finite, got {value:g}")
-
-
-def _resolve_steps(count, range_, step, count_only_range: float):
-    """The C's count/range/step auto-resolution (divergence and dispersion)."""
-    count = -1 if count is None else count
-    range_ = -1.0 if range_ is None else range_
-    step = -1.0 if step is None else step
-    if count <= 0:
-        if range_ < 0.0:
-            if step <= 0.0:
-                count, range_, step = 1, 0.0, 0.0
-            else:
-                range_, count = step, 2
-        elif step <= 0.0:
-            step, count = range_, 2
-        else:
-            count = math.ceil(range_ / step)
-    else:
-        if range_ < 0.0:
-            if step <= 0.0:
-                range_ = count_only_range
-                step = range_ / count
-            else:
-                range_, count = step, 2
-        elif step <= 0.0:
-            if count <= 1:
-                count = 2
-            step = range_ / (count - 1)
-    if range_ <= 0.0 or step <= 0.0 or count <= 0:
-        count, range_, step = 1, 0.0, 0.0
-    return count, range_, step
 
 
 def _resolve_phi(cfg: SimulationConfig):
@@ -204,138 +241,277 @@ def _resolve_phi(cfg: SimulationConfig):
     return n, step
 
 
-def _sources(cfg: SimulationConfig, beam, polar, wavelength_m: float):
-    """Incident directions (Q, 3) and wavelength factors (Q,), in the C's order."""
-    if cfg.source_file is not None:
-        from nbtorch.io.sources import read_sourcefile
-
-        table = np.array(read_sourcefile(cfg.source_file), dtype=np.float64)
-        dist_m = cfg.source_distance_mm / 1000.0
-        xyz = table[:, :3].copy()
-        for j in range(3):
-            xyz[:, j] = np.where(np.isnan(xyz[:, j]), -dist_m * beam[j], xyz[:, j])
-        lam = np.where(np.isnan(table[:, 4]), wavelength_m, table[:, 4])
-        norms = np.linalg.norm(xyz, axis=1)
-        if np.any(norms == 0) or np.any(lam <= 0):
-            raise InputError(f"{cfg.source_file}: a source has zero position vector or non-positive wavelength")
-        return -(xyz / norms[:, None]), lam / wavelength_m
-    hsteps, hrange, hstep = _resolve_steps(cfg.hdivsteps, _mrad(cfg.hdivrange_mrad), _mrad(cfg.hdivstep_mrad), 1.0)
-    vsteps, vrange, vstep = _resolve_steps(cfg.vdivsteps, _mrad(cfg.vdivrange_mrad), _mrad(cfg.vdivstep_mrad), 1.0)
-    disp = None if cfg.dispersion_pct is None else cfg.dispersion_pct / 100.0
-    dsteps, disp, dstep = _resolve_steps(cfg.dispsteps, disp, None, 1.0)
-    vert = _unit(np.cross(beam, polar))
-    dirs = []
-    for ih in range(hsteps):
-        for iv in range(vsteps):
-            hdiv = hstep * ih - hrange / 2.0
-            vdiv = vstep * iv - vrange / 2.0
-            if cfg.round_div:
-                test = (hdiv * hdiv - hstep * hstep / 4.0 * (1 - hsteps % 2)) / hrange / hrange if hrange else 0.0
-                test += (vdiv * vdiv - vstep * vstep / 4.0 * (1 - vsteps % 2)) / vrange / vrange if vrange else 0.0
-                if test * 4.0 > 1.1:
-                    continue
-            v = -beam
-            v = _rotate(v, polar, vdiv)
-            v = _rotate(v, vert, hdiv)
-            dirs.extend([-_unit(v)] * dsteps)
-    factors = [1.0 + dstep * j - disp / 2.0 for j in range(dsteps)]
-    if min(factors) <= 0.0:
-        raise InputError(f"{cfg.flag_for('dispersion_pct', '-dispersion')} {cfg.dispersion_pct:g}: the shortest of the "
-                         f"{dsteps} wavelengths would be {min(factors) * wavelength_m * 1e10:g} A "
-                         f"(lambda x (1 - dispersion/200)); the spectral width must be below 200%")
-    lam = np.array(factors * (len(dirs) // dsteps), dtype=np.float64)
-    return np.array(dirs, dtype=np.float64).reshape(-1, 3), lam
-
-
-def _mrad(v):
-    return None if v is None else v / 1000.0
-
-
-def _rotate(v, axis, phi):
-    c, s = math.cos(phi), math.sin(phi)
-    return v * c + np.cross(axis, v) * s + axis * np.dot(axis, v) * (1.0 - c)
-
-
-def _bases(cfg: SimulationConfig):
-    conv = cfg.convention
-    if conv not in CONVENTIONS:
-        raise InputError(f"unknown detector convention {conv!r}; expected one of {', '.join(CONVENTIONS)}")
-    beam, f, s, o, tt, polar, spindle = (np.array(v, dtype=np.float64) for v in _BASES[conv])
-    if conv == "custom":
-        given = {
-            "beam_vector": cfg.beam_vector, "fdet_vector": cfg.fdet_vector, "sdet_vector": cfg.sdet_vector,
-            "odet_vector": cfg.odet_vector, "twotheta_axis": cfg.twotheta_axis,
-            "polar_vector": cfg.polar_vector, "spindle_axis": cfg.spindle_axis,
-        }
-        for name, vec in given.items():
-            if vec is not None and (not np.all(np.isfinite(vec)) or np.linalg.norm(vec) == 0):
-                raise InputError(f"-{name}: must be a finite non-zero vector, got {tuple(vec)}")
-        beam = np.array(cfg.beam_vector or beam, dtype=np.float64)
-        f = np.array(cfg.fdet_vector or f, dtype=np.float64)
-        s = np.array(cfg.sdet_vector or s, dtype=np.float64)
-        o = np.array(cfg.odet_vector or o, dtype=np.float64)
-        tt = np.array(cfg.twotheta_axis or tt, dtype=np.float64)
-        polar = np.array(cfg.polar_vector or polar, dtype=np.float64)
-        spindle = np.array(cfg.spindle_axis or spindle, dtype=np.float64)
-    beam, f, s, polar, spindle, tt = (_unit(v) for v in (beam, f, s, polar, spindle, tt))
-    _check_not_parallel(cfg, "fdet_vector", f, "sdet_vector", s, "detector fast and slow axes")
-    if cfg.odet_vector is not None and conv == "custom":
-        o_unit = _unit(o)
-        _check_not_parallel(cfg, "fdet_vector", f, "odet_vector", o_unit, "detector fast and normal axes")
-        _check_not_parallel(cfg, "sdet_vector", s, "odet_vector", o_unit, "detector slow and normal axes")
-    if np.linalg.norm(o) != 1.0:
-        o = _unit(np.cross(f, s))
-    if np.linalg.norm(np.cross(beam, polar)) < _PARALLEL:
-        given_beam = conv == "custom" and cfg.beam_vector is not None
-        given_polar = conv == "custom" and cfg.polar_vector is not None
-        if given_beam and not given_polar:
-            raise InputError(f"-beam_vector {_fmt(cfg.beam_vector)}: the beam is parallel to the default polarization "
-                             f"vector ({_fmt(polar)}); give -polar_vector with a vector perpendicular to the beam")
-        if given_beam:
-            raise InputError(f"-polar_vector {_fmt(cfg.polar_vector)} and -beam_vector {_fmt(cfg.beam_vector)}: "
-                             "the polarization vector must not be parallel to the beam")
-        raise InputError(f"-polar_vector {_fmt(cfg.polar_vector or polar)}: must not be parallel to the beam vector "
-                         f"({_fmt(beam)})")
-    return beam, f, s, o, tt, polar, spindle
-
-
-def _fmt(v) -> str:
-    return " ".join(f"{float(x):g}" for x in v)
-
-
-def _check_not_parallel(cfg: SimulationConfig, name1: str, u1, name2: str, u2, what: str) -> None:
-    """Refuse two (unit) axes that are parallel, naming the flags that gave them."""
-    if np.linalg.norm(np.cross(u1, u2)) >= _PARALLEL:
-        return
-    g1, g2 = getattr(cfg, name1) is not None, getattr(cfg, name2) is not None
-    if g1 and g2:
-        raise InputError(f"-{name1} {_fmt(getattr(cfg, name1))} and -{name2} {_fmt(getattr(cfg, name2))}: "
-                         f"the {what} must not be parallel")
-    given, default, vec = (name1, name2, u2) if g1 else (name2, name1, u1)
-    raise InputError(f"-{given} {_fmt(getattr(cfg, given))}: parallel to the default -{default} ({_fmt(vec)}); "
-                     f"the {what} must not be parallel: give -{default} too")
-
-
+# --------------------------------------------------------------------------------------
+# the builders, one per piece, and resolve
+# --------------------------------------------------------------------------------------
 def beam_centre_defaults(cfg: SimulationConfig, pixel_m: float, detsize_f: float, detsize_s: float):
-    """Canonical (beam_x, beam_y) in metres for the convention (C defaults where not given)."""
-    mm = lambda v: None if v is None else v / 1000.0  # noqa: E731
-    Fclose = (cfg.ORGX - 0.5) * pixel_m if cfg.ORGX is not None else detsize_f / 2.0
-    Sclose = (cfg.ORGY - 0.5) * pixel_m if cfg.ORGY is not None else detsize_s / 2.0
+    """Canonical (beam_x, beam_y) in metres for the convention (C defaults where not given).
+
+    ``-Xbeam/-Ybeam`` give it for MOSFLM, DENZO, ADXV and CUSTOM; XDS and DIALS take
+    ``-ORGX/-ORGY`` (the C ignores ``-Xbeam`` there); CUSTOM falls back on
+    ``-Xclose/-Yclose``.  The rules: :mod:`nbtorch.beam_centre`.
+    """
     conv = cfg.convention
-    xb, yb = mm(cfg.Xbeam_mm), mm(cfg.Ybeam_mm)
-    if conv in ("mosflm", "denzo"):
-        return (xb if xb is not None else (detsize_s + pixel_m) / 2.0,
-                yb if yb is not None else (detsize_f + pixel_m) / 2.0)
-    if conv == "adxv":
-        return (xb if xb is not None else (detsize_f + pixel_m) / 2.0,
-                yb if yb is not None else (detsize_s - pixel_m) / 2.0)
-    if conv in ("xds", "dials"):
-        return Fclose + pixel_m / 2.0, Sclose + pixel_m / 2.0
-    xc = mm(cfg.Xclose_mm) if cfg.Xclose_mm is not None else Fclose
-    yc = mm(cfg.Yclose_mm) if cfg.Yclose_mm is not None else Sclose
-    return (xb if xb is not None else xc, yb if yb is not None else yc)
+    fclose = bc.close_from_org_m(cfg.ORGX, pixel_m) if cfg.ORGX is not None else detsize_f / 2.0
+    sclose = bc.close_from_org_m(cfg.ORGY, pixel_m) if cfg.ORGY is not None else detsize_s / 2.0
+    if conv == "custom":
+        fclose = cfg.Xclose_mm / 1000.0 if cfg.Xclose_mm is not None else fclose
+        sclose = cfg.Yclose_mm / 1000.0 if cfg.Yclose_mm is not None else sclose
+    default_x, default_y = bc.default_beam_centre_m(conv, pixel_m, detsize_f, detsize_s, (fclose, sclose))
+    if conv in bc.ORG_CONVENTIONS:
+        return default_x, default_y
+    return (cfg.Xbeam_mm / 1000.0 if cfg.Xbeam_mm is not None else default_x,
+            cfg.Ybeam_mm / 1000.0 if cfg.Ybeam_mm is not None else default_y)
 
 
+def _detector_size(cfg: SimulationConfig) -> tuple[float, float, float, int, int]:
+    """(pixel, detsize_f, detsize_s) in m and (fpixels, spixels): ``-detpixels`` wins over ``-detsize``."""
+    pixel = cfg.pixel_mm / 1000.0
+    detsize_f, detsize_s = cfg.detsize_f_mm / 1000.0, cfg.detsize_s_mm / 1000.0
+    if cfg.fpixels:
+        detsize_f = pixel * cfg.fpixels
+    if cfg.spixels:
+        detsize_s = pixel * cfg.spixels
+    fpixels = math.ceil(detsize_f / pixel - 0.5)
+    spixels = math.ceil(detsize_s / pixel - 0.5)
+    if fpixels <= 0 or spixels <= 0:
+        raise InputError(f"detector has no pixels ({fpixels} x {spixels}): check -detpixels/-detsize/-pixel")
+    return pixel, detsize_f, detsize_s, fpixels, spixels
+
+
+def _roi(cfg: SimulationConfig, fpixels: int, spixels: int) -> tuple[int, int, int, int]:
+    """``-roi`` (inclusive, inside the detector) or the whole detector; checks ``-printout_pixel`` is inside."""
+    roi = (0, fpixels - 1, 0, spixels - 1)
+    if cfg.roi is not None:
+        x0, x1, y0, y1 = cfg.roi
+        if not (0 <= x0 <= x1 < fpixels and 0 <= y0 <= y1 < spixels):
+            raise InputError(f"-roi {x0} {x1} {y0} {y1}: outside the {fpixels} x {spixels} detector or empty (xmin xmax ymin ymax, inclusive)")
+        roi = (x0, x1, y0, y1)
+    if cfg.printout_pixel is not None:
+        pf, ps = cfg.printout_pixel
+        if not (roi[0] <= pf <= roi[1] and roi[2] <= ps <= roi[3]):
+            raise InputError(f"-printout_pixel {pf} {ps}: not inside the rendered pixels "
+                             f"(fast {roi[0]}..{roi[1]}, slow {roi[2]}..{roi[3]})")
+    return roi
+
+
+def resolve_detector(cfg: SimulationConfig) -> DetectorSetup:
+    """Pixels, ROI, axes, pivot, beam centre and distance (the canonical one is along the beam)."""
+    pixel, detsize_f, detsize_s, fpixels, spixels = _detector_size(cfg)
+    roi = _roi(cfg, fpixels, spixels)
+    beam, f, s, o, tt, polar, spindle = detector_axes(cfg)
+    conv = cfg.convention
+    pivot = FORCED_PIVOT.get(conv, cfg.pivot or "beam")
+    beam_x, beam_y = beam_centre_defaults(cfg, pixel, detsize_f, detsize_s)
+    # ratio = beam . (normal rotated by -detector_rotx/y/z): -close_distance is along the normal
+    angles = (math.radians(v) for v in (cfg.detector_rotx_deg, cfg.detector_roty_deg, cfg.detector_rotz_deg))
+    rot = rotation_matrix_xyz(*(torch.tensor(a, dtype=torch.float64) for a in angles)).numpy()
+    ratio = float(beam @ (rot @ o)) or np.finfo(float).tiny
+    if cfg.close_distance_mm is not None:
+        distance_m = cfg.close_distance_mm / 1000.0 / abs(ratio)
+    else:
+        distance_m = cfg.distance_mm / 1000.0
+    return DetectorSetup(
+        convention=conv, pivot=pivot, beam=beam, fdet=f, sdet=s, odet=o, twotheta_axis=tt, polar_axis=polar,
+        spindle=spindle, pixel_m=pixel, fpixels=fpixels, spixels=spixels, detsize_s_m=detsize_s, roi=roi,
+        close_distance_given_m=None if cfg.close_distance_mm is None else cfg.close_distance_mm / 1000.0,
+        distance_m=distance_m, close_distance_m=abs(ratio * distance_m) / ratio, beam_x_m=beam_x, beam_y_m=beam_y,
+    )
+
+
+def resolve_crystal(cfg: SimulationConfig, c_parity: bool) -> CrystalSetup:
+    """Cell and starting orientation (``-cell`` or ``-mat``), misset, size, shape and water."""
+    if cfg.mat_file is not None:
+        recip = np.asarray(read_mosflm_matrix(cfg.mat_file), dtype=np.float64) / cfg.wavelength_A
+        try:
+            cell_t, u0 = orientation_from_reciprocal(torch.as_tensor(recip))
+        except ValueError as exc:
+            raise InputError(f"{cfg.mat_file}: {exc}") from None
+        cell = cell_t.numpy().copy()
+        cell[3:] = np.degrees(cell[3:])
+        orientation0 = u0.numpy()
+        cell_quirk = False
+    else:
+        cell = np.array(cfg.cell, dtype=np.float64)
+        orientation0 = np.eye(3)
+        cell_quirk = c_parity
+    if cfg.misset_random:
+        seed = cfg.misset_seed if cfg.misset_seed is not None else cfg.seed
+        if seed is None:
+            raise InputError("-misset random: give -misset_seed (or -seed) so the orientation is reproducible")
+        misset = tuple(float(v) for v in crng.random_misset_umat(seed).misset_deg)
+    else:
+        misset = tuple(cfg.misset_deg or (0.0, 0.0, 0.0))
+    water_m = cfg.water_um * 1e-6
+    return CrystalSetup(
+        cell=cell, orientation0=orientation0, cell_quirk=cell_quirk, misset_deg=misset,
+        n_cells=tuple(max(1.0, float(v)) for v in (cfg.N_a, cfg.N_b, cfg.N_c)), shape=cfg.shape, fudge=cfg.fudge,
+        water_F2N=WATER_F**2 * water_m**3 * 1e6 * AVOGADRO / WATER_MW,
+    )
+
+
+def _auto_oversample(cfg: SimulationConfig, detector: DetectorSetup, crystal: CrystalSetup) -> int:
+    """The C's rule ``ceil(3 x crystal size / (lambda x close distance / pixel))``, capped (see MAX_AUTO_OVERSAMPLE)."""
+    size_m = float((crystal.cell[:3] * 1e-10 * np.array(crystal.n_cells)).max())  # the longest crystal edge, N x cell
+    distance_c_m = detector.close_distance_m
+    recip_pixel = cfg.wavelength_A * 1e-10 * distance_c_m / detector.pixel_m
+    with np.errstate(all="ignore"):
+        ratio = float(np.float64(3.0) * size_m / recip_pixel)
+    if not ratio <= MAX_AUTO_OVERSAMPLE:  # also NaN / inf
+        value = math.ceil(ratio) if math.isfinite(ratio) else ratio
+        raise InputError(
+            f"-oversample: the automatic value {value:.6g} = ceil(3 x crystal size {size_m * 1e6:.4g} um / "
+            f"(lambda {cfg.wavelength_A:g} A x distance {distance_c_m * 1000:.4g} mm / pixel {cfg.pixel_mm:g} mm)) "
+            f"is above the limit of {MAX_AUTO_OVERSAMPLE}: check the units (-cell in A, -N in unit cells, "
+            f"-distance and -pixel in mm) or give -oversample explicitly")
+    return max(1, math.ceil(ratio))
+
+
+def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSetup,
+                     crystal: CrystalSetup) -> SamplingSetup:
+    """Phi steps, mosaic domains (the C's generator), sources and the oversample."""
+    phisteps, phistep = _resolve_phi(cfg)
+    spread_deg, n_domains = crng.resolve_mosaic_domains(cfg.mosaic_spread_deg, cfg.mosaic_domains)
+    seed = cfg.mosaic_seed if cfg.mosaic_seed is not None else crng.MOSAIC_SEED_DEFAULT
+    if spread_deg > 0:
+        axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
+    else:
+        axes, fractions = np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
+    incident, wl_factor = resolve_sources(cfg, detector.beam, detector.polar_axis, cfg.wavelength_A * 1e-10)
+    if len(incident) == 0:
+        raise InputError("no beam sources left after the divergence cut")
+    oversample = cfg.oversample if cfg.oversample is not None else _auto_oversample(cfg, detector, crystal)
+    return SamplingSetup(
+        phisteps=phisteps, phistep_deg=phistep,
+        phi_quirk=(cfg.phi_carryover == "c-parity") if cfg.phi_carryover else c_parity,
+        mosaic_spread_deg=spread_deg, mosaic_axes=np.asarray(axes, dtype=np.float64),
+        mosaic_fractions=np.asarray(fractions, dtype=np.float64), incident=incident, wavelength_factor=wl_factor,
+        oversample=oversample, steps=len(incident) * phisteps * len(fractions) * oversample * oversample,
+    )
+
+
+def resolve_sensor(cfg: SimulationConfig, c_parity: bool, sampling: SamplingSetup) -> SensorSetup:
+    """Sensor layers and attenuation; refuses more samples per pixel than MAX_SAMPLES_PER_PIXEL."""
+    thick = cfg.detector_thick_um * 1e-6
+    mu = -1.0
+    if cfg.detector_abs_um is not None:
+        if math.isinf(cfg.detector_abs_um) or cfg.detector_abs_um == 0:
+            thick, mu = 0.0, 0.0
+        else:
+            _check_positive("-detector_abs", cfg.detector_abs_um)
+            mu = 1.0 / (cfg.detector_abs_um * 1e-6)
+    n_layers = cfg.detector_thicksteps if cfg.detector_thicksteps not in (None, 0) else None
+    if thick > 0:
+        if mu < 0:
+            mu = 1.0 / thick
+        if c_parity:
+            if n_layers is None:
+                n_layers, dz = 2, thick / 2.0
+            else:
+                n_layers = max(n_layers, 2)
+                dz = thick / (n_layers - 1)
+        else:
+            n_layers = n_layers or 2
+            dz = thick / n_layers
+    else:
+        n_layers, dz, mu = 1, 0.0, max(mu, 0.0)
+    oversample, sources = sampling.oversample, len(sampling.incident)
+    samples = n_layers * oversample * oversample * sources
+    if samples > MAX_SAMPLES_PER_PIXEL:
+        what = f"{cfg.flag_for('oversample', '-oversample')} {oversample}" if cfg.oversample is not None else "sampling"
+        raise InputError(
+            f"{what}: {oversample}^2 sub-pixels x {n_layers} sensor layers x {sources} sources = {samples:.6g} "
+            f"samples per pixel, above the limit of {MAX_SAMPLES_PER_PIXEL} (a 16-pixel tile would need about "
+            f"{16 * samples * 175 / 1e9:.3g} GB of memory): lower -oversample, -thicksteps or the number of "
+            f"sources (-divsteps, -dispsteps, -sourcefile)")
+    return SensorSetup(thicksteps=n_layers, layer_thickness_m=dz, mu_per_m=mu, has_thickness=thick > 0)
+
+
+def resolve_structure_factors(cfg: SimulationConfig, n_cells) -> StructureFactorSetup:
+    """The F table from ``-hkl`` (missing entries = ``default_F``) or a ``-dump`` cache; interpolation."""
+    F_grid = hkl_min = hkl_max = F_present = None
+    notes: list[str] = []
+    if cfg.hkl_file is not None:
+        table = read_hkl(cfg.hkl_file)
+        F_grid, mins = table.to_grid(np.nan)
+        try:
+            F_present = ~np.isnan(F_grid)  # reflections listed in the file
+            np.copyto(F_grid, cfg.default_F, where=~F_present)
+        except MemoryError:
+            raise InputError(f"{cfg.hkl_file}: not enough memory: {table.grid_description()}") from None
+    elif cfg.dump_file is not None:  # -dump without -hkl: read the cache (never a stray Fdump.bin)
+        try:
+            F_grid, mins = read_fdump(cfg.dump_file)
+        except InputError as exc:
+            raise InputError(f"-dump {exc}") from None
+        except MemoryError:
+            raise InputError(f"-dump {cfg.dump_file}: not enough memory for its structure-factor grid") from None
+        notes.append(f"structure factors read from {cfg.dump_file}")
+    elif cfg.default_F == 0.0:
+        notes.append("no -hkl file and -default_F 0: every structure factor is zero")
+    if F_grid is not None:
+        hkl_min = np.array(mins, dtype=np.float64)
+        hkl_max = hkl_min + np.array(F_grid.shape) - 1
+    interpolate = cfg.interpolate if cfg.interpolate is not None else min(n_cells) <= 2
+    return StructureFactorSetup(F_grid=F_grid, F_present=F_present, hkl_min=hkl_min, hkl_max=hkl_max,
+                                interpolate=bool(interpolate) and F_grid is not None, dmin_A=cfg.dmin_A,
+                                notes=tuple(notes))
+
+
+def _fluence(cfg: SimulationConfig) -> float:
+    """``-fluence``, or ``-flux x -exposure / -beamsize^2`` when all three are given, or the default."""
+    fluence = cfg.fluence if cfg.fluence is not None else DEFAULT_FLUENCE
+    beamsize = cfg.beamsize_mm / 1000.0
+    if cfg.flux != 0.0 and cfg.exposure_s > 0.0 and beamsize > 0:  # (all positive: _validate)
+        fluence = cfg.flux * cfg.exposure_s / beamsize / beamsize
+    return fluence
+
+
+def _canonical_params(cfg: SimulationConfig, detector: DetectorSetup, crystal: CrystalSetup,
+                      sampling: SamplingSetup) -> dict[str, float]:
+    """``Setup.params``: every canonical parameter (table order, units of :mod:`nbtorch.parameters`)."""
+    cell, misset, n_cells = crystal.cell, crystal.misset_deg, crystal.n_cells
+    values = {
+        "cell_a": cell[0], "cell_b": cell[1], "cell_c": cell[2],
+        "cell_alpha": cell[3], "cell_beta": cell[4], "cell_gamma": cell[5],
+        "misset_x": misset[0], "misset_y": misset[1], "misset_z": misset[2],
+        "phi0": cfg.phi_deg, "mosaic_spread": sampling.mosaic_spread_deg,
+        "N_a": n_cells[0], "N_b": n_cells[1], "N_c": n_cells[2],
+        "distance": detector.distance_m * 1000.0, "beam_x": detector.beam_x_m * 1000.0,
+        "beam_y": detector.beam_y_m * 1000.0,
+        "detector_rotx": cfg.detector_rotx_deg, "detector_roty": cfg.detector_roty_deg,
+        "detector_rotz": cfg.detector_rotz_deg, "twotheta": cfg.twotheta_deg,
+        "wavelength": cfg.wavelength_A, "fluence": _fluence(cfg),
+        "polarization": cfg.polarization, "default_F": cfg.default_F,
+    }
+    params = {k: float(values[k]) for k in PARAMETER_NAMES}
+    for k, v in params.items():
+        if not math.isfinite(v):
+            raise InputError(f"parameter {k} is not finite ({v})")
+    return params
+
+
+def resolve(cfg: SimulationConfig) -> Setup:
+    """Apply nanoBragg's rules to a config.  Raises InputError for impossible input."""
+    _validate(cfg)
+    c_parity = bool(cfg.c_parity)
+    detector = resolve_detector(cfg)
+    pixel_mask = (_read_mask(cfg.mask_file, detector.fpixels, detector.spixels)
+                  if cfg.mask_file is not None else None)
+    crystal = resolve_crystal(cfg, c_parity)
+    sampling = resolve_sampling(cfg, c_parity, detector, crystal)
+    sensor = resolve_sensor(cfg, c_parity, sampling)
+    structure_factors = resolve_structure_factors(cfg, crystal.n_cells)
+    return Setup(
+        config=cfg, c_parity=c_parity, params=_canonical_params(cfg, detector, crystal, sampling),
+        detector=detector, crystal=crystal, sampling=sampling, sensor=sensor,
+        structure_factors=structure_factors, notes=structure_factors.notes, pixel_mask=pixel_mask,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# checks of the config
+# --------------------------------------------------------------------------------------
 def check_cell(cell, label: str) -> None:
     """Raise unless ``(a, b, c, alpha, beta, gamma)`` (Å, degrees) is a possible unit cell."""
     a, b, c, al, be, ga = (float(v) for v in cell)
@@ -391,217 +567,8 @@ def _validate(cfg: SimulationConfig) -> None:
         raise InputError(f"-device: expected cpu or cuda[:N], got {cfg.device!r}")
 
 
-def resolve(cfg: SimulationConfig) -> Setup:
-    """Apply nanoBragg's rules to a config.  Raises InputError for impossible input."""
-    from nbtorch import crng
-    from nbtorch.physics.crystal import orientation_from_reciprocal
-
-    _validate(cfg)
-    notes: list[str] = []
-    c_parity = bool(cfg.c_parity)
-    pixel = cfg.pixel_mm / 1000.0
-    detsize_f, detsize_s = cfg.detsize_f_mm / 1000.0, cfg.detsize_s_mm / 1000.0
-    if cfg.fpixels:
-        detsize_f = pixel * cfg.fpixels
-    if cfg.spixels:
-        detsize_s = pixel * cfg.spixels
-    fpixels = math.ceil(detsize_f / pixel - 0.5)
-    spixels = math.ceil(detsize_s / pixel - 0.5)
-    if fpixels <= 0 or spixels <= 0:
-        raise InputError(f"detector has no pixels ({fpixels} x {spixels}): check -detpixels/-detsize/-pixel")
-    roi = (0, fpixels - 1, 0, spixels - 1)
-    if cfg.roi is not None:
-        x0, x1, y0, y1 = cfg.roi
-        if not (0 <= x0 <= x1 < fpixels and 0 <= y0 <= y1 < spixels):
-            raise InputError(f"-roi {x0} {x1} {y0} {y1}: outside the {fpixels} x {spixels} detector or empty (xmin xmax ymin ymax, inclusive)")
-        roi = (x0, x1, y0, y1)
-
-    if cfg.printout_pixel is not None:
-        pf, ps = cfg.printout_pixel
-        if not (roi[0] <= pf <= roi[1] and roi[2] <= ps <= roi[3]):
-            raise InputError(f"-printout_pixel {pf} {ps}: not inside the rendered pixels "
-                             f"(fast {roi[0]}..{roi[1]}, slow {roi[2]}..{roi[3]})")
-    pixel_mask = _read_mask(cfg.mask_file, fpixels, spixels) if cfg.mask_file is not None else None
-
-    beam, f, s, o, tt, polar, spindle = _bases(cfg)
-    conv = cfg.convention
-    pivot = _FORCED_PIVOT.get(conv, cfg.pivot or "beam")
-    beam_x, beam_y = beam_centre_defaults(cfg, pixel, detsize_f, detsize_s)
-
-    # --- distance: the canonical parameter is the beam-path distance ---------------
-    rot = _rotxyz(*(math.radians(v) for v in (cfg.detector_rotx_deg, cfg.detector_roty_deg, cfg.detector_rotz_deg)))
-    ratio = float(beam @ (rot @ o)) or np.finfo(float).tiny
-    if cfg.close_distance_mm is not None:
-        distance_m = cfg.close_distance_mm / 1000.0 / abs(ratio)
-    else:
-        distance_m = cfg.distance_mm / 1000.0
-    distance_c_m = abs(ratio * distance_m) / ratio
-
-    # --- crystal ------------------------------------------------------------------------
-    lam_m = cfg.wavelength_A * 1e-10
-    if cfg.mat_file is not None:
-        from nbtorch.io.matrix import read_mosflm_matrix
-
-        recip = np.asarray(read_mosflm_matrix(cfg.mat_file), dtype=np.float64) / cfg.wavelength_A
-        import torch
-
-        try:
-            cell_t, u0 = orientation_from_reciprocal(torch.as_tensor(recip))
-        except ValueError as exc:
-            raise InputError(f"{cfg.mat_file}: {exc}") from None
-        cell = cell_t.numpy().copy()
-        cell[3:] = np.degrees(cell[3:])
-        orientation0 = u0.numpy()
-        cell_quirk = False
-    else:
-        cell = np.array(cfg.cell, dtype=np.float64)
-        orientation0 = np.eye(3)
-        cell_quirk = c_parity
-    if cfg.misset_random:
-        seed = cfg.misset_seed if cfg.misset_seed is not None else cfg.seed
-        if seed is None:
-            raise InputError("-misset random: give -misset_seed (or -seed) so the orientation is reproducible")
-        misset = tuple(float(v) for v in crng.random_misset_umat(seed).misset_deg)
-    else:
-        misset = cfg.misset_deg or (0.0, 0.0, 0.0)
-
-    n_cells = [max(1.0, float(v)) for v in (cfg.N_a, cfg.N_b, cfg.N_c)]
-
-    # --- sampling -------------------------------------------------------------------------
-    phisteps, phistep = _resolve_phi(cfg)
-    spread_deg, n_domains = crng.resolve_mosaic_domains(cfg.mosaic_spread_deg, cfg.mosaic_domains)
-    seed = cfg.mosaic_seed if cfg.mosaic_seed is not None else crng.MOSAIC_SEED_DEFAULT
-    if spread_deg > 0:
-        axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
-    else:
-        axes, fractions = np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
-    incident, wl_factor = _sources(cfg, beam, polar, lam_m)
-    if len(incident) == 0:
-        raise InputError("no beam sources left after the divergence cut")
-
-    if cfg.oversample is not None:
-        oversample = cfg.oversample
-    else:
-        size_m = float((cell[:3] * 1e-10 * np.array(n_cells)).max())  # the longest crystal edge, N x cell
-        recip_pixel = lam_m * distance_c_m / pixel
-        with np.errstate(all="ignore"):
-            ratio = float(np.float64(3.0) * size_m / recip_pixel)
-        if not ratio <= MAX_AUTO_OVERSAMPLE:  # also NaN / inf
-            value = math.ceil(ratio) if math.isfinite(ratio) else ratio
-            raise InputError(
-                f"-oversample: the automatic value {value:.6g} = ceil(3 x crystal size {size_m * 1e6:.4g} um / "
-                f"(lambda {cfg.wavelength_A:g} A x distance {distance_c_m * 1000:.4g} mm / pixel {cfg.pixel_mm:g} mm)) "
-                f"is above the limit of {MAX_AUTO_OVERSAMPLE}: check the units (-cell in A, -N in unit cells, "
-                f"-distance and -pixel in mm) or give -oversample explicitly")
-        oversample = max(1, math.ceil(ratio))
-
-    # --- sensor ---------------------------------------------------------------------------
-    thick = cfg.detector_thick_um * 1e-6
-    mu = -1.0
-    if cfg.detector_abs_um is not None:
-        if math.isinf(cfg.detector_abs_um) or cfg.detector_abs_um == 0:
-            thick, mu = 0.0, 0.0
-        else:
-            _check_positive("-detector_abs", cfg.detector_abs_um)
-            mu = 1.0 / (cfg.detector_abs_um * 1e-6)
-    n_layers = cfg.detector_thicksteps if cfg.detector_thicksteps not in (None, 0) else None
-    if thick > 0:
-        if mu < 0:
-            mu = 1.0 / thick
-        if c_parity:
-            if n_layers is None:
-                n_layers, dz = 2, thick / 2.0
-            else:
-                n_layers = max(n_layers, 2)
-                dz = thick / (n_layers - 1)
-        else:
-            n_layers = n_layers or 2
-            dz = thick / n_layers
-    else:
-        n_layers, dz, mu = 1, 0.0, max(mu, 0.0)
-    samples = n_layers * oversample * oversample * len(incident)
-    if samples > MAX_SAMPLES_PER_PIXEL:
-        what = f"{cfg.flag_for('oversample', '-oversample')} {oversample}" if cfg.oversample is not None else "sampling"
-        raise InputError(
-            f"{what}: {oversample}^2 sub-pixels x {n_layers} sensor layers x {len(incident)} sources = {samples:.6g} "
-            f"samples per pixel, above the limit of {MAX_SAMPLES_PER_PIXEL} (a 16-pixel tile would need about "
-            f"{16 * samples * 175 / 1e9:.3g} GB of memory): lower -oversample, -thicksteps or the number of "
-            f"sources (-divsteps, -dispsteps, -sourcefile)")
-
-    # --- structure factors -----------------------------------------------------------------
-    F_grid = hkl_min = hkl_max = F_present = None
-    if cfg.hkl_file is not None:
-        from nbtorch.io.hkl import read_hkl
-
-        table = read_hkl(cfg.hkl_file)
-        F_grid, mins = table.to_grid(np.nan)
-        try:
-            F_present = ~np.isnan(F_grid)  # reflections listed in the file
-            np.copyto(F_grid, cfg.default_F, where=~F_present)
-        except MemoryError:
-            raise InputError(f"{cfg.hkl_file}: not enough memory: {table.grid_description()}") from None
-    elif cfg.dump_file is not None:  # -dump without -hkl: read the cache (never a stray Fdump.bin)
-        from nbtorch.io.hkl import read_fdump
-
-        try:
-            F_grid, mins = read_fdump(cfg.dump_file)
-        except InputError as exc:
-            raise InputError(f"-dump {exc}") from None
-        except MemoryError:
-            raise InputError(f"-dump {cfg.dump_file}: not enough memory for its structure-factor grid") from None
-        notes.append(f"structure factors read from {cfg.dump_file}")
-    elif cfg.default_F == 0.0:
-        notes.append("no -hkl file and -default_F 0: every structure factor is zero")
-    if F_grid is not None:
-        hkl_min = np.array(mins, dtype=np.float64)
-        hkl_max = hkl_min + np.array(F_grid.shape) - 1
-    interpolate = cfg.interpolate if cfg.interpolate is not None else min(n_cells) <= 2
-    if F_grid is None:
-        interpolate = False
-
-    fluence = cfg.fluence if cfg.fluence is not None else DEFAULT_FLUENCE
-    beamsize = cfg.beamsize_mm / 1000.0
-    if cfg.flux != 0.0 and cfg.exposure_s > 0.0 and beamsize > 0:  # (all positive: _validate)
-        fluence = cfg.flux * cfg.exposure_s / beamsize / beamsize
-    water_m = cfg.water_um * 1e-6
-    water_F2N = WATER_F**2 * water_m**3 * 1e6 * AVOGADRO / WATER_MW
-
-    params = {
-        "cell_a": cell[0], "cell_b": cell[1], "cell_c": cell[2],
-        "cell_alpha": cell[3], "cell_beta": cell[4], "cell_gamma": cell[5],
-        "misset_x": misset[0], "misset_y": misset[1], "misset_z": misset[2],
-        "phi0": cfg.phi_deg, "mosaic_spread": spread_deg,
-        "N_a": n_cells[0], "N_b": n_cells[1], "N_c": n_cells[2],
-        "distance": distance_m * 1000.0, "beam_x": beam_x * 1000.0, "beam_y": beam_y * 1000.0,
-        "detector_rotx": cfg.detector_rotx_deg, "detector_roty": cfg.detector_roty_deg,
-        "detector_rotz": cfg.detector_rotz_deg, "twotheta": cfg.twotheta_deg,
-        "wavelength": cfg.wavelength_A, "fluence": fluence,
-        "polarization": cfg.polarization, "default_F": cfg.default_F,
-    }
-    params = {k: float(v) for k, v in params.items()}
-    for k, v in params.items():
-        if not math.isfinite(v):
-            raise InputError(f"parameter {k} is not finite ({v})")
-    steps = len(incident) * phisteps * len(fractions) * oversample * oversample
-    return Setup(
-        config=cfg, c_parity=c_parity, params=params, convention=conv, pivot=pivot,
-        beam=beam, fdet=f, sdet=s, odet=o, twotheta_axis=tt, polar_axis=polar, spindle=spindle,
-        pixel_m=pixel, fpixels=fpixels, spixels=spixels, detsize_s_m=detsize_s, roi=roi,
-        close_distance_given_m=None if cfg.close_distance_mm is None else cfg.close_distance_mm / 1000.0,
-        oversample=oversample, thicksteps=n_layers, layer_thickness_m=dz, mu_per_m=mu,
-        has_thickness=thick > 0, phisteps=phisteps, phistep_deg=phistep,
-        incident=incident, wavelength_factor=wl_factor, mosaic_axes=np.asarray(axes, dtype=np.float64),
-        mosaic_fractions=np.asarray(fractions, dtype=np.float64), orientation0=orientation0,
-        cell_quirk=cell_quirk, phi_quirk=(cfg.phi_carryover == "c-parity") if cfg.phi_carryover else c_parity, F_grid=F_grid, F_present=F_present, hkl_min=hkl_min, hkl_max=hkl_max, interpolate=bool(interpolate),
-        shape=cfg.shape, fudge=cfg.fudge, water_F2N=water_F2N, dmin_A=cfg.dmin_A, steps=steps,
-        notes=tuple(notes), pixel_mask=pixel_mask,
-    )
-
-
 def _read_mask(path: str, fpixels: int, spixels: int) -> np.ndarray:
     """``-mask``: True where the SMV pixel is non-zero (simulated), False where it is 0 (skipped)."""
-    from nbtorch.io.smv import read_smv
-
     try:
         image, _ = read_smv(path)
     except InputError as exc:
@@ -612,11 +579,3 @@ def _read_mask(path: str, fpixels: int, spixels: int) -> np.ndarray:
     mask = np.asarray(image != 0)
     mask.setflags(write=False)
     return mask
-
-
-def _rotxyz(rx: float, ry: float, rz: float) -> np.ndarray:
-    cx, sx, cy, sy, cz, sz = math.cos(rx), math.sin(rx), math.cos(ry), math.sin(ry), math.cos(rz), math.sin(rz)
-    mx = np.array([[1, 0, 0], [0, cx, -sx], [0, sx, cx]])
-    my = np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
-    mz = np.array([[cz, -sz, 0], [sz, cz, 0], [0, 0, 1]])
-    return mz @ my @ mx

@@ -2,7 +2,7 @@
 
 ``Simulator(config)(**overrides)`` returns the image (slow, fast) in photons per
 pixel.  Overrides replace canonical parameters for one call by name (see
-:data:`nbtorch.setup.PARAMETER_NAMES`, units in :mod:`nbtorch.setup`) and may be
+:data:`nbtorch.parameters.PARAMETER_NAMES`, units in :mod:`nbtorch.parameters`) and may be
 tensors that require grad; ``F_grid`` replaces the structure-factor table (entries
 missing from the HKL file always follow ``default_F``), and ``orient_x, orient_y,
 orient_z`` (deg, default 0) add a small crystal rotation about the lab axes on
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from nbtorch import runtime
+from nbtorch.beam_centre import detector_offsets_m
 from nbtorch.config import SimulationConfig
 from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
@@ -33,30 +34,11 @@ from nbtorch.physics.kernel import (
 )
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.physics.square_sum import square_sum_backward
-from nbtorch.setup import PARAMETER_NAMES, Setup, resolve
-
-#: refinement helpers beside the canonical names: a small extra crystal rotation (deg)
-#: about lab x, y, z applied on top of the misset orientation (0 by default)
-ORIENTATION_DELTAS = ("orient_x", "orient_y", "orient_z")
+from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES
+from nbtorch.setup import Setup, resolve
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 log = logging.getLogger(__name__)
-
-
-def beam_centre_to_detector(convention: str, beam_x: Tensor, beam_y: Tensor, pixel: Tensor, detsize_s: Tensor):
-    """Canonical beam centre (m) -> (Fbeam, Sbeam, Fclose, Sclose) in metres along f and s from pix0."""
-    half = pixel / 2.0
-    if convention == "mosflm":
-        fb, sb = beam_y + half, beam_x + half
-        return fb, sb, fb, sb
-    if convention == "denzo":
-        return beam_y, beam_x, beam_y, beam_x
-    if convention == "adxv":
-        return beam_x, detsize_s - beam_y, beam_x, detsize_s - beam_y
-    if convention in ("xds", "dials"):
-        fc, sc = beam_x - half, beam_y - half
-        return fc, sc, fc, sc
-    return beam_x, beam_y, beam_x, beam_y  # custom
 
 
 def phi_angles(phi0: Tensor, phistep: float, phisteps: int, c_parity: bool, first_evaluation: bool = False) -> Tensor:
@@ -185,11 +167,11 @@ class Simulator(nn.Module):
 
     def parameters_dict(self, **overrides) -> dict[str, Tensor]:
         """Canonical parameters for one call (buffers, replaced by overrides), in self.dtype."""
-        unknown = set(overrides) - set(PARAMETER_NAMES) - set(ORIENTATION_DELTAS) - {"F_grid"}
+        unknown = set(overrides) - set(SIMULATOR_NAMES) - {"F_grid"}
         if unknown:
             raise InputError(f"unknown parameter name(s): {', '.join(sorted(unknown))}; expected {', '.join(PARAMETER_NAMES)}")
         out = {}
-        for name in PARAMETER_NAMES + ORIENTATION_DELTAS:
+        for name in SIMULATOR_NAMES:
             v = overrides.get(name, getattr(self, name))
             v = torch.as_tensor(v, device=self.device)
             out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
@@ -201,7 +183,7 @@ class Simulator(nn.Module):
         t = self._t
         deg = math.pi / 180.0
         pixel = t(s.pixel_m)
-        fb, sb, fc, sc = beam_centre_to_detector(
+        fb, sb, fc, sc = detector_offsets_m(
             s.convention, p["beam_x"] / 1000.0, p["beam_y"] / 1000.0, pixel, t(s.detsize_s_m)
         )
         return detector_geometry(

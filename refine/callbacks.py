@@ -25,13 +25,32 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from nbtorch.parameters import MISSET_NAMES, ORIENTATION_DELTAS
+from refine.parameters import REFINABLE
+
 if TYPE_CHECKING:  # pragma: no cover
     from refine.loop import Status
     from refine.results import RefinementResult
     from refine.stages import Stage
 
 __all__ = ["RunInfo", "StepState", "Callback", "AbstractCallback", "NullCallback", "ProgressCallback",
-           "TensorBoardCallback", "CallbackList"]
+           "TensorBoardCallback", "CallbackList", "parameter_tag"]
+
+#: TensorBoard tag prefixes of per-parameter scalars: values and d loss / d raw
+TAG_KINDS = ("params", "grads")
+
+
+def parameter_tag(name: str, kind: str = "params") -> str:
+    """TensorBoard tag ``<kind>/<name>`` of a refinable name (the parameter table's vocabulary).
+
+    Raises ValueError for a name outside :data:`refine.parameters.REFINABLE` or an unknown kind:
+    a tag never invents a name the result files do not use.
+    """
+    if kind not in TAG_KINDS:
+        raise ValueError(f"unknown tag kind {kind!r}; expected one of {', '.join(TAG_KINDS)}")
+    if name not in REFINABLE:
+        raise ValueError(f"no TensorBoard tag for {name!r}: not a parameter name ({', '.join(REFINABLE)})")
+    return f"{kind}/{name}"
 
 
 @dataclass(frozen=True)
@@ -191,8 +210,8 @@ class TensorBoardCallback(AbstractCallback):
     """Write a TensorBoard log: scalars every step, histograms and images every ``every`` steps.
 
     Tags: ``loss``, ``grad_norm``, ``stage`` (index), ``params/<name>`` for every free
-    name (canonical names; with the orientation free also ``params/misset_x/y/z``),
-    ``grads/<name>``; every ``every`` steps the histogram ``residuals`` and the images
+    name (:func:`parameter_tag`: the names of the parameter table, :mod:`nbtorch.parameters`;
+    with the orientation free also ``params/misset_x/y/z``), ``grads/<name>``; every ``every`` steps the histogram ``residuals`` and the images
     ``images/observed``, ``images/model``, ``images/residual`` (observed - model, 0.5 = zero);
     at the end ``add_hparams`` with the run's hyper-parameters and ``hparam/loss_final``,
     ``hparam/steps``.  The global step is :attr:`StepState.step`.
@@ -228,11 +247,11 @@ class TensorBoardCallback(AbstractCallback):
         w.add_scalar("grad_norm", state.grad_norm, s)
         w.add_scalar("stage", state.stage_index, s)
         for name, value in state.params.items():
-            w.add_scalar(f"params/{name}", value, s)
-            w.add_scalar(f"grads/{name}", state.grads.get(name, 0.0), s)
-        if any(n.startswith("orient_") for n in state.params):
-            for name in ("misset_x", "misset_y", "misset_z"):
-                w.add_scalar(f"params/{name}", state.canonical[name], s)
+            w.add_scalar(parameter_tag(name), value, s)
+            w.add_scalar(parameter_tag(name, "grads"), state.grads.get(name, 0.0), s)
+        if any(n in ORIENTATION_DELTAS for n in state.params):
+            for name in MISSET_NAMES:
+                w.add_scalar(parameter_tag(name), state.canonical[name], s)
         if self.every > 0 and s % self.every == 0 and state.model is not None and state.observed is not None:
             model = state.model.detach().cpu().double()
             obs = state.observed.detach().cpu().double()

@@ -22,12 +22,12 @@ beam centre   ``-Xbeam -Ybeam -Xclose -Yclose -ORGX -ORGY -pix0_vector -pix0_vec
 detector      ``-detpixels -detpixels_f/_s/_x/_y -detsize -detsize_f -detsize_s -img``
 ============  ================================================================================
 
-The header's beam centre (direct-beam spot ``Fbeam, Sbeam`` in mm along fast and
-slow from the corner of pixel (0, 0)) is written in the model's convention
-(``docs/conventions.md``): MOSFLM ``-Xbeam Sbeam-p/2 -Ybeam Fbeam-p/2``, DENZO
-``-Xbeam Sbeam -Ybeam Fbeam``, ADXV ``-Xbeam Fbeam -Ybeam detsize_s-Sbeam``,
-XDS/DIALS ``-ORGX Fbeam/p+1/2 -ORGY Sbeam/p+1/2`` (a detector normal to the beam),
-CUSTOM ``-Xbeam Fbeam -Ybeam Sbeam``.
+The header's beam centre (direct-beam spot ``Fbeam, Sbeam`` along fast and slow
+from the corner of pixel (0, 0)) is written in the model's convention by
+:mod:`nbtorch.beam_centre` (``docs/conventions.md``): MOSFLM ``-Xbeam Sbeam-p/2
+-Ybeam Fbeam-p/2``, DENZO ``-Xbeam Sbeam -Ybeam Fbeam``, ADXV ``-Xbeam Fbeam
+-Ybeam detsize_s-Sbeam``, XDS/DIALS ``-ORGX Fbeam/p+1/2 -ORGY Sbeam/p+1/2`` (a
+detector normal to the beam), CUSTOM ``-Xbeam Fbeam -Ybeam Sbeam``.
 
 :func:`fit_scale_background` gives a measured image's starting scale and background;
 :func:`crystal_system` maps ``--symmetry`` (a crystal system or a space-group symbol such as
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Sequence
 
 from nbtorch.args import config_from_args
+from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
 from refine.data import MeasuredImage
@@ -126,20 +127,11 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage) -> tuple[list[str]
         notes.append(f"distance {geo['distance_mm']:g} mm from the header")
     if not _has(tokens, "beam") and "beam_x_px" in geo and "beam_y_px" in geo:
         cfg = config_from_args(list(tokens) + extra)  # convention and pixel size of the model
-        p = cfg.pixel_mm
-        f_mm, s_mm = geo["beam_x_px"] * p, geo["beam_y_px"] * p
-        conv = cfg.convention
-        if conv == "mosflm":
-            flags = ["-Xbeam", _fmt(s_mm - p / 2), "-Ybeam", _fmt(f_mm - p / 2)]
-        elif conv == "denzo":
-            flags = ["-Xbeam", _fmt(s_mm), "-Ybeam", _fmt(f_mm)]
-        elif conv == "adxv":
-            detsize_s = (cfg.spixels or slow) * p
-            flags = ["-Xbeam", _fmt(f_mm), "-Ybeam", _fmt(detsize_s - s_mm)]
-        elif conv in ("xds", "dials"):
-            flags = ["-ORGX", _fmt(f_mm / p + 0.5), "-ORGY", _fmt(s_mm / p + 0.5)]
-        else:
-            flags = ["-Xbeam", _fmt(f_mm), "-Ybeam", _fmt(s_mm)]
+        conv, pixel_m = cfg.convention, cfg.pixel_mm / 1000.0
+        # the header's spot, taken as both the beam and the close point (a detector normal to the beam)
+        fast_m, slow_m = geo["beam_x_px"] * pixel_m, geo["beam_y_px"] * pixel_m
+        beam_x_m, beam_y_m = beam_centre_from_offsets_m(conv, fast_m, slow_m, pixel_m, (cfg.spixels or slow) * pixel_m)
+        flags = beam_centre_flags(conv, beam_x_m * 1000.0, beam_y_m * 1000.0, cfg.pixel_mm)
         extra += flags
         notes.append(f"beam centre ({geo['beam_x_px']:g}, {geo['beam_y_px']:g}) px (fast, slow) from the header "
                      f"as {' '.join(flags)} ({conv} convention)")
@@ -187,7 +179,7 @@ def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, floa
     import torch
 
     from nbtorch import eager
-    from nbtorch.setup import PARAMETER_NAMES
+    from nbtorch.parameters import PARAMETER_NAMES
 
     x0, x1, y0, y1 = sim.setup.roi
     overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64) for n in PARAMETER_NAMES if n in values}

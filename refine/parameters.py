@@ -1,6 +1,8 @@
 """Refinable parameters: names, groups, crystal-system constraints and the raw <-> physical map.
 
-Names (units are those of the canonical simulator parameters, :mod:`nbtorch.setup`):
+Names (names, units, groups and steps of the simulator parameters: the table in
+:mod:`nbtorch.parameters`; refine's own rows, ``N`` and the nuisance parameters,
+are :data:`REFINE_TABLE`; :data:`UNITS` and :data:`STEPS` are read from both):
 
 * every canonical simulator parameter (``cell_a`` ... ``default_F``), except that
   cell values tied by the crystal system are not refined on their own;
@@ -55,34 +57,45 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from nbtorch.physics.rotation import rotation_matrix_xyz
-from nbtorch.setup import PARAMETER_NAMES, check_cell
-from nbtorch.simulator import ORIENTATION_DELTAS
+from nbtorch.parameters import (
+    CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, Parameter, names_in_group,
+)
+from nbtorch.setup import check_cell
 from refine.transforms import Bounded, Identity, Multiplicative, Positive, Transform
 
 
 __all__ = [
-    "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
+    "REFINE_TABLE", "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
     "ParameterSpace", "ParameterMap", "constrained_cell", "misset_after_rotation", "canonical_values",
-    "misset_rotation", "misset_from_rotation",
+    "misset_rotation", "misset_from_rotation", "units_of",
 ]
 
-NUISANCE = ("scale", "background", "background_x", "background_y")
+#: refine's own rows of the parameter table (:class:`nbtorch.parameters.Parameter`): the
+#: isotropic crystal size ``N`` and the nuisance parameters of the image model
+REFINE_TABLE: tuple[Parameter, ...] = (
+    Parameter("N", "unit cells", "crystal", "relative", 0.05, "isotropic crystal size (scales N_a N_b N_c)"),
+    Parameter("scale", "1", "nuisance", "relative", 0.5, "model = scale x simulated image + background"),
+    Parameter("background", "photons/pixel", "nuisance", "absolute", None, "constant background (softplus)"),
+    Parameter("background_x", "photons/pixel^2", "nuisance", "absolute", 0.01, "background slope along fast x"),
+    Parameter("background_y", "photons/pixel^2", "nuisance", "absolute", 0.01, "background slope along slow y"),
+)
+NUISANCE = tuple(p.name for p in REFINE_TABLE if p.group == "nuisance")
 #: every value a refinement state holds (canonical, orientation delta, nuisance)
-BASE_NAMES = PARAMETER_NAMES + ORIENTATION_DELTAS + NUISANCE
+BASE_NAMES = SIMULATOR_NAMES + NUISANCE
 #: every name that may be refined (``N`` is the isotropic crystal size)
 REFINABLE = BASE_NAMES + ("N",)
-CELL = ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")
+CELL = CELL_NAMES
 
-UNITS = {
-    **{n: "A" for n in ("cell_a", "cell_b", "cell_c", "wavelength")},
-    **{n: "deg" for n in ("cell_alpha", "cell_beta", "cell_gamma", "misset_x", "misset_y", "misset_z", "phi0",
-                          "mosaic_spread", "detector_rotx", "detector_roty", "detector_rotz", "twotheta",
-                          "orient_x", "orient_y", "orient_z")},
-    **{n: "unit cells" for n in ("N", "N_a", "N_b", "N_c")},
-    "distance": "mm", "beam_x": "mm", "beam_y": "mm",
-    "fluence": "photons/m^2", "polarization": "Kahn factor", "default_F": "electrons",
-    "scale": "1", "background": "photons/pixel", "background_x": "photons/pixel^2", "background_y": "photons/pixel^2",
-}
+_ROWS = {p.name: p for p in TABLE + EXTRA_TABLE + REFINE_TABLE}
+#: name -> unit of every refinable name (the simulator's table plus refine's rows)
+UNITS = {n: _ROWS[n].unit for n in REFINABLE}
+
+
+
+def units_of(names: Iterable[str]) -> dict[str, str]:
+    """``name -> unit`` (:data:`UNITS`) for each name that has one, in first-seen order (result files)."""
+    return {n: UNITS[n] for n in names if n in UNITS}
+
 
 #: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
 SYMMETRIES = {
@@ -100,25 +113,17 @@ GROUPS = {
     "cell": None,  # depends on the crystal system
     "orientation": ORIENTATION_DELTAS,
     "mosaic": None,  # mosaic_spread + N or N_a N_b N_c
-    "detector": ("distance", "beam_x", "beam_y", "detector_rotx", "detector_roty", "detector_rotz", "twotheta"),
+    "detector": names_in_group("detector"),
     "beam_centre": ("beam_x", "beam_y"),
     "wavelength": ("wavelength",),
     "scale": ("scale",),
     "background": None,  # background (+ background_x, background_y when planar)
 }
 
-#: (kind, step): "mul" = Multiplicative(v, step) (relative step), "add" = Identity(step, v)
-STEPS: dict[str, tuple[str, float]] = {
-    "cell_a": ("mul", 0.01), "cell_b": ("mul", 0.01), "cell_c": ("mul", 0.01),
-    "cell_alpha": ("add", 0.2), "cell_beta": ("add", 0.2), "cell_gamma": ("add", 0.2),
-    "misset_x": ("add", 0.1), "misset_y": ("add", 0.1), "misset_z": ("add", 0.1), "phi0": ("add", 0.1),
-    "orient_x": ("add", 0.1), "orient_y": ("add", 0.1), "orient_z": ("add", 0.1),
-    "mosaic_spread": ("mul", 0.1), "N": ("mul", 0.05), "N_a": ("mul", 0.05), "N_b": ("mul", 0.05),
-    "N_c": ("mul", 0.05), "distance": ("mul", 0.01), "beam_x": ("add", None), "beam_y": ("add", None),
-    "detector_rotx": ("add", 0.1), "detector_roty": ("add", 0.1), "detector_rotz": ("add", 0.1),
-    "twotheta": ("add", 0.1), "wavelength": ("mul", 0.001), "fluence": ("mul", 0.5),
-    "default_F": ("mul", 0.1), "scale": ("mul", 0.5), "background": ("add", None),
-    "background_x": ("add", 0.01), "background_y": ("add", 0.01),
+#: (kind, step): "mul" = Multiplicative(v, step) (relative step), "add" = Identity(step, v), from the table's
+#: step columns; ``polarization`` is always ``Bounded(-1, 1)`` and has none
+STEPS: dict[str, tuple[str, float | None]] = {
+    n: ("mul" if _ROWS[n].step_kind == "relative" else "add", _ROWS[n].step) for n in REFINABLE if n != "polarization"
 }
 
 

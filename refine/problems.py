@@ -49,8 +49,10 @@ import torch
 from nbtorch.args import config_from_args
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import write_fdump
-from nbtorch.setup import PARAMETER_NAMES
-from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
+from nbtorch.beam_centre import beam_centre_flags
+from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
+from nbtorch.physics.rotation import rotation_matrix_axis_angle
+from nbtorch.simulator import Simulator
 from refine.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 
 __all__ = ["Problem", "make_problem", "PROBLEMS", "PERTURBATION", "misorientation_deg"]
@@ -134,14 +136,6 @@ class Problem:
         return Simulator(config_from_args(list(self.args)), dtype=dtype, compile=compile)
 
 
-def _axis_angle_matrix(axis, angle_deg: float) -> np.ndarray:
-    k = np.asarray(axis, dtype=np.float64)
-    k = k / np.linalg.norm(k)
-    t = math.radians(angle_deg)
-    K = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
-    return np.eye(3) + math.sin(t) * K + (1 - math.cos(t)) * K @ K
-
-
 def misorientation_deg(misset_a, misset_b) -> float:
     """Angle (deg) of the rotation between two misset orientations (``Rz Ry Rx``, deg)."""
     Ra = misset_rotation(torch.tensor(misset_a, dtype=torch.float64))
@@ -175,10 +169,9 @@ def _hmax(cell_max_A: float, distance_mm: float, size: int, wavelength_A: float 
     return int(math.ceil(1.05 * cell_max_A / d_min)) + 2
 
 
-def _beam_flags(conv: str, beam_x: float, beam_y: float) -> str:
-    if conv in ("-xds", "-dials"):
-        return f"-ORGX {beam_x / PIXEL_MM!r} -ORGY {beam_y / PIXEL_MM!r}"
-    return f"-Xbeam {beam_x!r} -Ybeam {beam_y!r}"
+def _convention(spec: dict) -> str:
+    """The detector convention the spec's flags select (detector vectors: CUSTOM)."""
+    return config_from_args(spec["conv"].split()).convention
 
 
 def _args(spec: dict, size: int, v: dict, fdump: Path) -> list[str]:
@@ -187,7 +180,7 @@ def _args(spec: dict, size: int, v: dict, fdump: Path) -> list[str]:
     n = v["N_a"]
     n_flag = f"-N {int(n)}" if float(n).is_integer() else None
     text = (f"{spec['conv']} -cell {cell} -misset {misset} -mosaic {v['mosaic_spread']!r} "
-            f"-distance {v['distance']!r} {_beam_flags(spec['conv'], v['beam_x'], v['beam_y'])} "
+            f"-distance {v['distance']!r} {' '.join(beam_centre_flags(_convention(spec), v['beam_x'], v['beam_y'], PIXEL_MM))} "
             + _COMMON.format(pixel=PIXEL_MM, size=size)
             + f" -fluence {spec.get('fluence', FLUENCE)!r}")
     if n_flag is None:
@@ -228,7 +221,8 @@ def make_problem(name: str, size: int = 64, seed: int | None = None, directory: 
         if n in free_cell:
             start[n] = truth[n] + pert["cell_angle_deg"]
     start.update({k: float(v) for k, v in constrained_cell(spec["symmetry"], start).items()})
-    R_pert = torch.as_tensor(_axis_angle_matrix(pert["orientation_axis"], pert["orientation_deg"]))
+    axis = torch.tensor(pert["orientation_axis"], dtype=torch.float64)
+    R_pert = rotation_matrix_axis_angle(axis / torch.linalg.norm(axis), math.radians(pert["orientation_deg"]))
     misset = torch.tensor(spec["misset"], dtype=torch.float64)
     sx, sy, sz = (float(v) for v in misset_from_rotation(R_pert @ misset_rotation(misset), misset))
     start.update({"misset_x": sx, "misset_y": sy, "misset_z": sz})

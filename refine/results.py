@@ -7,7 +7,7 @@
     initial_params  the same at the start
     esds            estimated standard uncertainty of every free parameter (and the canonical
                     values tied to them: cell_b for tetragonal, N_a/N_b/N_c, misset_x/y/z)
-    units           unit of every name above
+    units           unit of every name above (refine.parameters.UNITS: the table in nbtorch.parameters)
     loss_initial, loss_final, steps, evaluations, status, message, wall_s
     free, symmetry, correlation {names, matrix}, stages [{name, status, steps, loss_start, loss_end, ...}]
 

@@ -23,7 +23,7 @@ from refine.fit_quality import assess_poisson_fit
 from refine.objective import ImageObjective, LossFn, make_view, poisson_deviance, resolve_loss
 from refine.precondition import LinearPreconditioner, make_preconditioner
 from refine.parameters import (
-    BASE_NAMES, REFINABLE, UNITS, ParameterMap, ParameterSpace, canonical_values,
+    BASE_NAMES, REFINABLE, ParameterMap, ParameterSpace, canonical_values, units_of,
 )
 from refine.problems import Problem
 from refine.results import RefinementResult, StageSummary
@@ -369,7 +369,7 @@ def refine(
             d.pop("background_x", None)
             d.pop("background_y", None)
     refined = {n: final_map.start_value(n) for n in all_names}
-    units = {n: UNITS[n] for n in list(params) + list(all_names) + list(esd_dict) if n in UNITS}
+    units = units_of(list(params) + list(all_names) + list(esd_dict))
     summaries = tuple(StageSummary(d["name"], Status(d["status"]), d["message"], d["steps"], d["evaluations"],
                                    d["loss_start"], d["loss_end"], tuple(d["free"]), d["settings"], d["wall_s"])
                       for d in summaries_d)
