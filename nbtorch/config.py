@@ -38,6 +38,8 @@ class SimulationConfig:
     spindle_axis: tuple[float, float, float] | None = None
     # structure factors
     hkl_file: str | None = None
+    hkl_column: str | None = None  # amplitude column of an MTZ / mmCIF -hkl file
+    hkl_dmin_A: float | None = None  # resolution of F computed from a model -hkl file (default: the detector's)
     dump_file: str | None = None  # -dump: with -hkl write the F cache here, without -hkl read F from it
     default_F: float = 0.0
     interpolate: bool | None = None

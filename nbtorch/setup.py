@@ -38,6 +38,7 @@ from nbtorch.config import SHAPES, SimulationConfig
 from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import read_fdump, read_hkl
+from nbtorch.io.reflections import is_reflection_file, read_reflection_file
 from nbtorch.io.matrix import read_mosflm_matrix
 from nbtorch.io.smv import read_smv
 from nbtorch.parameters import PARAMETER_NAMES
@@ -46,7 +47,7 @@ from nbtorch.physics.rotation import rotation_matrix_xyz
 
 __all__ = ["PARAMETER_NAMES", "Setup", "DetectorSetup", "CrystalSetup", "SamplingSetup", "SensorSetup",
            "StructureFactorSetup", "resolve", "resolve_detector", "resolve_crystal", "resolve_sampling",
-           "resolve_sensor", "resolve_structure_factors", "beam_centre_defaults", "check_cell",
+           "resolve_sensor", "resolve_structure_factors", "beam_centre_defaults", "check_cell", "corner_dmin_A",
            "DEFAULT_FLUENCE", "MAX_AUTO_OVERSAMPLE", "MAX_SAMPLES_PER_PIXEL"]
 
 DEFAULT_FLUENCE = 125932015286227086360700780544.0  # photons/m^2 = 1/r_e^2
@@ -427,12 +428,42 @@ def resolve_sensor(cfg: SimulationConfig, c_parity: bool, sampling: SamplingSetu
     return SensorSetup(thicksteps=n_layers, layer_thickness_m=dz, mu_per_m=mu, has_thickness=thick > 0)
 
 
-def resolve_structure_factors(cfg: SimulationConfig, n_cells) -> StructureFactorSetup:
+def corner_dmin_A(wavelength_A: float, distance_m: float, beam_x_m: float, beam_y_m: float, width_f_m: float,
+                  width_s_m: float, tilt_deg: float = 0.0) -> float:
+    """The finest resolution (Å) the detector can see, with a margin: the scattering angle of the farthest
+    corner from the beam centre (either axis assignment of the beam centre), plus ``tilt_deg`` (2theta and
+    detector rotations, added to be safe), times 0.95.  Used as the resolution limit of structure factors
+    computed from a model file (``-hkl model.pdb``) when ``-hkl_dmin`` does not give one."""
+    reach = max(math.hypot(max(abs(beam_x_m), abs(width_f_m - beam_x_m)), max(abs(beam_y_m), abs(width_s_m - beam_y_m))),
+                math.hypot(max(abs(beam_x_m), abs(width_s_m - beam_x_m)), max(abs(beam_y_m), abs(width_f_m - beam_y_m))))
+    two_theta = min(math.pi, math.atan2(reach, max(distance_m, 1e-12)) + math.radians(tilt_deg))
+    return 0.95 * wavelength_A / (2.0 * math.sin(0.5 * two_theta)) if two_theta > 0 else float("inf")
+
+
+def _reference_table(cfg: SimulationConfig, detector: DetectorSetup, notes: list[str]):
+    """The ``-hkl`` table: nanoBragg text, or an MTZ / mmCIF / model file through gemmi
+    (:mod:`nbtorch.io.reflections`), a model's F computed to the detector corner's resolution."""
+    if not is_reflection_file(cfg.hkl_file):
+        return read_hkl(cfg.hkl_file)
+    dmin = cfg.hkl_dmin_A
+    if dmin is None:
+        width_f = detector.pixel_m * detector.fpixels
+        dmin = corner_dmin_A(cfg.wavelength_A, abs(detector.close_distance_m), detector.beam_x_m, detector.beam_y_m,
+                             width_f, detector.detsize_s_m,
+                             abs(cfg.twotheta_deg) + abs(cfg.detector_rotx_deg) + abs(cfg.detector_roty_deg))
+    reference = read_reflection_file(cfg.hkl_file, column=cfg.hkl_column, dmin_A=dmin)
+    notes.append(reference.note())
+    return reference.table
+
+
+def resolve_structure_factors(cfg: SimulationConfig, n_cells, detector: DetectorSetup) -> StructureFactorSetup:
     """The F table from ``-hkl`` (missing entries = ``default_F``) or a ``-dump`` cache; interpolation."""
     F_grid = hkl_min = hkl_max = F_present = None
     notes: list[str] = []
+    if cfg.hkl_column is not None and not (cfg.hkl_file is not None and is_reflection_file(cfg.hkl_file)):
+        raise InputError(f"-hkl_column {cfg.hkl_column}: only with an MTZ or mmCIF -hkl file")
     if cfg.hkl_file is not None:
-        table = read_hkl(cfg.hkl_file)
+        table = _reference_table(cfg, detector, notes)
         F_grid, mins = table.to_grid(np.nan)
         try:
             F_present = ~np.isnan(F_grid)  # reflections listed in the file
@@ -501,7 +532,7 @@ def resolve(cfg: SimulationConfig) -> Setup:
     crystal = resolve_crystal(cfg, c_parity)
     sampling = resolve_sampling(cfg, c_parity, detector, crystal)
     sensor = resolve_sensor(cfg, c_parity, sampling)
-    structure_factors = resolve_structure_factors(cfg, crystal.n_cells)
+    structure_factors = resolve_structure_factors(cfg, crystal.n_cells, detector)
     return Setup(
         config=cfg, c_parity=c_parity, params=_canonical_params(cfg, detector, crystal, sampling),
         detector=detector, crystal=crystal, sampling=sampling, sensor=sensor,
@@ -536,7 +567,7 @@ def _validate(cfg: SimulationConfig) -> None:
     for field_, default in (("wavelength_A", "-lambda"), ("pixel_mm", "-pixel"), ("distance_mm", "-distance"),
                             ("close_distance_mm", "-close_distance"), ("detsize_f_mm", "-detsize_f"),
                             ("detsize_s_mm", "-detsize_s"), ("source_distance_mm", "-source_distance"),
-                            ("fluence", "-fluence")):
+                            ("fluence", "-fluence"), ("hkl_dmin_A", "-hkl_dmin")):
         _check_positive(flag(field_, default), getattr(cfg, field_))
     for field_, default in (("N_a", "-Na"), ("N_b", "-Nb"), ("N_c", "-Nc"), ("flux", "-flux"),
                             ("exposure_s", "-exposure"), ("beamsize_mm", "-beamsize")):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("input")
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus (.h5, .nxs) or raw (.bin, with --shape)")
+    g.add_argument("--images", nargs="+", metavar="IMAGE", help="independent mode: refine each of these images on its "
+                   "own (paths, quoted glob patterns, @LIST files); {stem} in --model/--spots/--mask is the image's "
+                   "name; results in --out-dir/<stem>/ and a summary (docs/refinement.md, 'Many images')")
+    g.add_argument("--out-dir", help="independent mode: folder of the per-image results and summary.csv/summary.h5 "
+                                     "(default out/batch)")
+    g.add_argument("--redo", action="store_true", help="independent mode: refine images already done again")
     g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
     g.add_argument("--dataset", default=_DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
@@ -70,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
                                    "the image header fills in wavelength, distance, beam centre, pixel size and "
                                    "detector size that the flags leave out")
+    g.add_argument("--f-column", help="amplitude column of an MTZ or mmCIF -hkl file in --model (e.g. FP, F-obs, "
+                                      "F_meas_au; adds -hkl_column to the model's flags)")
     g.add_argument("--problem", help="refine a synthetic problem of the bank instead of --image (refine.PROBLEMS)")
     g.add_argument("--size", type=int, default=64, help="detector pixels per side of --problem (default %(default)s)")
     g.add_argument("--config", help="TOML file of options (keys = long option names; command-line flags win)")
@@ -113,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("output")
     g.add_argument("--out", default="result.h5", help="result HDF5 file (default %(default)s)")
     g.add_argument("--json", help="result JSON file (default: --out with .json)")
+    g.add_argument("--report", help="self-contained HTML report of the run (parameter table, loss and parameters per "
+                                    "step, image crops with spots, spot offsets, residuals, correlations)")
     g.add_argument("--logdir", help="TensorBoard log directory (default: no logs)")
     g.add_argument("--tb-every", type=int, default=10, help="TensorBoard images every N steps (default %(default)s)")
     g.add_argument("--checkpoint", help="checkpoint file (default: --out with .ckpt.h5)")
@@ -159,7 +170,7 @@ def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str
         if isinstance(value, dict):
             value = ",".join(f"{k}={v}" for k, v in value.items())
         if isinstance(value, list):
-            if action.nargs in (2, 4):
+            if action.nargs in (2, 4, "+"):
                 tokens += [flag, *(str(v) for v in value)]
             else:
                 tokens += [flag, ",".join(str(v) for v in value)]
@@ -179,6 +190,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args = parser.parse_args(tokens + list(argv))
         args.stage_tables = stages
         args.argv = list(argv)
+    for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
+        if value and not args.images:
+            raise InputError(f"{flag}: only with --images (independent mode)")
+    if args.f_column is not None:
+        if not args.model:
+            raise InputError("--f-column: names a column of the -hkl file in --model; give --model")
+        args.model = f"{args.model} -hkl_column {shlex.quote(args.f_column)}"
     return args
 
 
@@ -415,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
     from refine.model import model_config
     from refine.model import crystal_system, tie_start_cell
     from refine.parameters import ParameterSpace
-    from refine.report import results_table, write_outputs
+    from refine.report import ESD_NOTE, results_table, write_outputs
     from refine.runner import refine
     from refine.selection import check_roi, resolution_mask, restrict_simulator, roi_mask, subsample_mask
 
@@ -456,6 +474,11 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json or str(Path(args.out).with_suffix(".json"))
     ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
     outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
+    if args.report:
+        from refine.figures import require_matplotlib
+
+        require_matplotlib("--report")
+        outputs["--report"] = args.report
     make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
     check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
     if args.resume and not Path(ckpt_path).is_file():
@@ -619,12 +642,18 @@ def run(args: argparse.Namespace) -> int:
         extra["esd_extra"] = {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation,
                               "condition": u.condition}
     write_outputs(result, args.out, json_path, extra)
+    if args.report:
+        from refine.html_report import write_report  # matplotlib: only when a report is asked for
+
+        write_report(args.report, args.out, f"{PROG}: {Path(args.image).name if args.image else args.problem}")
 
     # ---- report --------------------------------------------------------------------------------------------
     say(f"status: {result.status.value} ({result.message})")
     say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
         f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
     say(results_table(result, truth))
+    if result.esd_kinds:
+        say(ESD_NOTE)
     if result.fit:
         say(f"fit: final loss {result.fit['excess']:.3g}x the shot-noise expectation of the refined model "
             f"(about 1 = a fit to the noise level)")
@@ -649,7 +678,8 @@ def run(args: argparse.Namespace) -> int:
                                                                  "cell_gamma") if n in e["esds"] and n in result.esds)
         if widened:
             say(f"esds with {', '.join(freed)} refined as well: {widened}")
-    say(f"wrote {args.out} and {json_path} ({time.monotonic() - t0:.1f} s in all)")
+    say(f"wrote {args.out} and {json_path}{' and ' + args.report if args.report else ''} "
+        f"({time.monotonic() - t0:.1f} s in all)")
     if args.logdir:
         say(f"TensorBoard logs: {os.path.abspath(args.logdir)}  (view: tensorboard --logdir {args.logdir})")
     return 0 if result.status.ok else 1
@@ -660,6 +690,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(argv)
+        if args.images:
+            from refine.batch import run_batch
+
+            return run_batch(args, run, (lambda line: None) if args.quiet else print)
         return run(args)
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-__all__ = ["results_table", "write_outputs"]
+__all__ = ["results_table", "parameter_rows", "write_outputs", "ESD_NOTE"]
 
 
 def _decimals(esd: float | None) -> int:
@@ -32,6 +32,18 @@ def _num(v: float | None, dec: int) -> str:
 
 def results_table(result, truth: dict | None = None) -> str:
     """Start / refined / esd (and truth) of every parameter that was refined or follows a refined one."""
+    head, body = parameter_rows(result, truth)
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+def parameter_rows(result, truth: dict | None = None) -> tuple[list[str], list[list[str]]]:
+    """The table's heading and rows as text (``result``: anything with ``params``, ``initial_params``,
+    ``esds``, ``free`` and ``units``): the printed table and the HTML report share them."""
     from nbtorch.setup import PARAMETER_NAMES
     from refine.parameters import NUISANCE
 
@@ -41,7 +53,10 @@ def results_table(result, truth: dict | None = None) -> str:
     for n in PARAMETER_NAMES + NUISANCE:
         if n in result.params and (n in result.esds or n in result.free or n in changed):
             rows.append(n)
+    fisher = (getattr(result, "esd_kinds", None) or {}).get("fisher")
     head = ["parameter", "unit"] + (["truth"] if truth else []) + ["start", "refined", "esd"]
+    if fisher:
+        head.append("esd if right")  # the Fisher esd: what it would be if the model explained the image
     body = []
     for n in rows:
         e = result.esds.get(n)
@@ -49,15 +64,20 @@ def results_table(result, truth: dict | None = None) -> str:
         line = [n, result.units.get(n, "")]
         if truth:
             line.append(_num(truth.get(n), d))
-        line += [_num(result.initial_params.get(n), d), _num(result.params.get(n), d),
-                 f"{e:.2g}" if e is not None and math.isfinite(e) else "-"]
+        line += [_num(result.initial_params.get(n), d), _num(result.params.get(n), d), _esd(e)]
+        if fisher:
+            line.append(_esd(fisher.get(n)))
         body.append(line)
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+    return head, body
 
-    def fmt(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+def _esd(e: float | None) -> str:
+    return f"{e:.2g}" if e is not None and math.isfinite(e) else "-"
+
+
+#: printed under the table when it has both esd columns
+ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the image; esd if right: the Fisher "
+            "esd, which assumes the model explains the image (docs/refinement.md, 'Esds')")
 
 
 def write_outputs(result, h5_path: str, json_path: str, extra: dict) -> None:

@@ -6,7 +6,10 @@
                     the orientation as misset_x/y/z), plus scale and background
     initial_params  the same at the start
     esds            estimated standard uncertainty of every free parameter (and the canonical
-                    values tied to them: cell_b for tetragonal, N_a/N_b/N_c, misset_x/y/z)
+                    values tied to them: cell_b for tetragonal, N_a/N_b/N_c, misset_x/y/z): the
+                    sandwich (robust) esds, which hold when the model misses part of the image
+    esd_kind        "sandwich" (null without esds)
+    esds_by_kind    {sandwich, scaled, fisher}: name -> esd (refine.uncertainty explains each)
     units           unit of every name above (refine.parameters.UNITS: the table in nbtorch.parameters)
     loss_initial, loss_final, steps, evaluations, status, message, wall_s
     free, symmetry, correlation {names, matrix}, stages [{name, status, steps, loss_start, loss_end, ...}]
@@ -88,6 +91,9 @@ class RefinementResult:
             ``loss``, ``expected_loss``, ``excess``, ``pixels``), empty for losses other than Poisson.
         warnings: one line each: what makes the result doubtful although the optimiser stopped
             normally (e.g. a fit far from the noise level).
+        esd_kinds: kind -> name -> esd for the three kinds of :mod:`refine.uncertainty`: ``sandwich``
+            (robust to a model that misses part of the image; what ``esds`` holds), ``scaled`` (Fisher
+            esds times sqrt of the fit's excess) and ``fisher`` (right only for a right model).
     """
 
     status: Status
@@ -116,6 +122,7 @@ class RefinementResult:
     hparams: dict = field(default_factory=dict, repr=False)
     fit: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    esd_kinds: dict = field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``result.json`` document (plain Python types)."""
@@ -140,6 +147,8 @@ class RefinementResult:
             "hparams": self.hparams,
             "fit": self.fit,
             "warnings": list(self.warnings),
+            "esd_kind": "sandwich" if self.esd_kinds else None,
+            "esds_by_kind": self.esd_kinds,
         }
 
     def summary(self) -> str:

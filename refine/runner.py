@@ -29,7 +29,7 @@ from refine.problems import Problem
 from refine.results import RefinementResult, StageSummary
 from refine.stages import Stage, stage_a
 from refine.strategies import AbstractStrategy
-from refine.uncertainty import estimate_uncertainties
+from refine.uncertainty import ESD_KINDS, estimate_uncertainties
 
 __all__ = ["refine", "RefinementInterrupted"]
 
@@ -342,17 +342,6 @@ def refine(
     obs_np = obs.detach().cpu().numpy()
     residuals = np.where(used.numpy(), obs_np - model.numpy(), 0.0)
 
-    final_map = ParameterMap(space, values, all_names)
-    esd_dict: dict[str, float] = {}
-    corr = np.zeros((0, 0))
-    cov = np.zeros((0, 0))
-    cond = math.nan
-    if esds:
-        try:
-            u = estimate_uncertainties(full_objective, final_map, final_map.raw0(sim.dtype))
-            esd_dict, corr, cov, cond = u.as_dict(), u.correlation, u.covariance, u.condition
-        except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
-            log.warning("esd estimation failed: %s", exc)
     fit: dict[str, Any] = {}
     warnings: list[str] = []
     if loss_fn is poisson_deviance:
@@ -360,6 +349,19 @@ def refine(
         fit = quality.to_dict()
         if quality.warning is not None:
             warnings.append(quality.warning)
+    final_map = ParameterMap(space, values, all_names)
+    esd_dict: dict[str, float] = {}
+    esd_kinds: dict[str, dict[str, float]] = {}
+    corr = np.zeros((0, 0))
+    cov = np.zeros((0, 0))
+    cond = math.nan
+    if esds:
+        try:
+            u = estimate_uncertainties(full_objective, final_map, final_map.raw0(sim.dtype), excess=fit.get("excess"))
+            esd_dict, corr, cov, cond = u.as_dict(), u.correlation, u.covariance, u.condition
+            esd_kinds = {kind: u.as_dict(kind) for kind in ESD_KINDS}
+        except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
+            log.warning("esd estimation failed: %s", exc)
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
         log.info("%s", w)
     params = canonical_values(values)
@@ -380,6 +382,6 @@ def refine(
         steps=sum(s.steps for s in summaries), evaluations=sum(s.evaluations for s in summaries),
         wall_s=elapsed(), stages=summaries, history=history, observed=obs_np, model=model.numpy(),
         residuals=residuals, mask=used.numpy(), symmetry=symmetry, hparams=hparams, fit=fit,
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), esd_kinds=esd_kinds)
     cb.on_run_end(result)
     return result

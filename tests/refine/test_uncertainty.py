@@ -73,7 +73,7 @@ def test_esds_match_the_scatter_of_refits(problem_cache):
     """Calibration: refit the same truth with fresh noise; the spread matches the Fisher esd."""
     problem = problem_cache("cubic_mosflm", 32)
     sim, pmap, obj = _setup(problem, free=("scale", "background", "beam_centre"))
-    esd = estimate_uncertainties(obj, pmap, pmap.raw0()).as_dict()["beam_x"]
+    esd = estimate_uncertainties(obj, pmap, pmap.raw0()).as_dict("fisher")["beam_x"]
     with torch.no_grad():
         mu = obj.full_model(pmap.expand({}))
     gen = torch.Generator().manual_seed(5)
@@ -108,3 +108,39 @@ def test_preconditioner_whitens_the_fisher_matrix(problem_cache, kind):
     if kind == "full":
         assert torch.allclose(Fz, torch.eye(len(raw0), dtype=F64), atol=1e-6)
     assert make_preconditioner(None, obj, pmap, raw0).A.equal(torch.eye(len(raw0), dtype=F64))
+
+
+def test_cluster_scores_sum_squares_of_pixels():
+    from refine.uncertainty import cluster_scores
+
+    J = torch.arange(2 * 5 * 3 * 2, dtype=torch.float64).reshape(2 * 5 * 3, 2)  # a 6 x 5 block, P = 2
+    factor = torch.ones(30, dtype=torch.float64)
+    S = cluster_scores(J, factor, (6, 5), 4)  # 2 x 2 squares of 4 (the last ones partial)
+    img = J.reshape(6, 5, 2)
+    assert S.shape == (4, 2)
+    assert torch.allclose(S[0], img[:4, :4].sum(dim=(0, 1)))
+    assert torch.allclose(S[1], img[:4, 4:].sum(dim=(0, 1)))
+    assert torch.allclose(S[3], img[4:, 4:].sum(dim=(0, 1)))
+    assert torch.allclose(cluster_scores(J, 2 * factor, (6, 5), 1), 2 * J)
+
+
+def test_three_kinds_of_esds(problem_cache):
+    """Right model, Poisson noise: sandwich ~ Fisher; scaled = Fisher x sqrt(excess); counts with more than Poisson
+    scatter (each pixel's mean off by a random 50 %: a model that cannot explain the image) make the sandwich many
+    times the Fisher esds, which assume the model is right."""
+    problem = problem_cache("tetragonal_mosflm", 64)
+    sim, pmap, obj = _setup(problem, free=("scale", "background", "beam_centre", "cell"))
+    u = estimate_uncertainties(obj, pmap, pmap.raw0(), excess=4.0)
+    fisher, scaled, sandwich = (u.as_dict(k) for k in ("fisher", "scaled", "sandwich"))
+    assert u.kind == "sandwich" and u.as_dict() == sandwich
+    for n in ("beam_x", "beam_y", "cell_a", "cell_c", "scale"):
+        assert scaled[n] == pytest.approx(2.0 * fisher[n], rel=1e-12)
+        assert 0.8 < sandwich[n] / fisher[n] < 1.25, (n, sandwich[n] / fisher[n])
+    assert estimate_uncertainties(obj, pmap, pmap.raw0(), kind="fisher").as_dict() == fisher
+    with torch.no_grad():
+        mu = obj.full_model(pmap.expand({}))
+    gen = torch.Generator().manual_seed(3)
+    off = (1 + 0.5 * torch.randn(mu.shape, generator=gen, dtype=mu.dtype)).clamp(min=0.05)
+    wrong = ImageObjective(sim, torch.poisson(mu * off, generator=gen), obj.view, poisson_deviance)
+    bad = estimate_uncertainties(wrong, pmap, pmap.raw0()).as_dict()
+    assert min(bad[n] / fisher[n] for n in ("beam_x", "beam_y", "cell_a", "cell_c", "scale")) > 5.0
