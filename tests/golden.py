@@ -10,9 +10,25 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(os.environ.get("NBTORCH_GOLDEN", ROOT.parent / "shared" / "golden"))
+#: the reason every golden-based test gives when the folder is missing (shown by pytest -ra)
+MISSING = (f"golden reference images not found at {GOLDEN} (shared/golden beside the checkout, or set "
+           "NBTORCH_GOLDEN): the C-parity tests did not run")
+#: skip mark of the tests that read the golden folder
+needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=MISSING)
+
+
+def require_golden() -> None:
+    """Skip (with :data:`MISSING`) when the golden folder is missing; under ``CI=true`` fail instead, so a CI run
+    without the reference images cannot pass silently."""
+    if GOLDEN.is_dir():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(MISSING)
+    pytest.skip(MISSING)
 
 
 def golden_cases() -> list[str]:

@@ -21,13 +21,13 @@ from nbtorch.crng import (
     random_misset_umat, resolve_mosaic_domains, umat2misset, umat_from_axis_angle,
 )
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+from golden import GOLDEN, MISSING
 
 
 def _golden(case: str) -> Path:
     path = GOLDEN / case
     if not path.is_dir():
-        pytest.skip(f"golden case {case} not found under {GOLDEN}")
+        pytest.skip(MISSING if not GOLDEN.is_dir() else f"golden case {case} not found under {GOLDEN}")
     return path
 
 

@@ -14,11 +14,22 @@ import numpy as np
 import pytest
 import torch
 
-from golden import GOLDEN, golden_args, golden_cases, golden_image
+from golden import GOLDEN, golden_args, golden_cases, golden_image, require_golden
 from nbtorch import Simulator, config_from_args
 
 CASES = golden_cases()
-pytestmark = pytest.mark.skipif(not CASES, reason=f"no golden cases under {GOLDEN}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _golden_present():
+    require_golden()  # outside CI a missing folder is a skip with its reason; under CI=true, a failure
+
+
+def test_golden_folder_is_there():
+    """Not skipped with the rest: says loudly (skip reason, or a failure under CI=true) that the folder is missing;
+    with the folder, at least the cases the parity claim rests on must be there."""
+    require_golden()
+    assert len(CASES) >= 10, f"only {len(CASES)} golden cases under {GOLDEN}"
 
 
 def _simulate(case: str, dtype: torch.dtype) -> np.ndarray:

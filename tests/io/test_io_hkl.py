@@ -10,8 +10,7 @@ import pytest
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import HKLTable, read_fdump, read_hkl, write_fdump, write_hkl
 
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "golden"
-needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden reference folder not found at {GOLDEN}")
+from golden import GOLDEN, needs_golden
 
 
 def _one_line_error(func, path: Path, *fragments: str) -> str:

@@ -10,8 +10,7 @@ import pytest
 from nbtorch.errors import InputError
 from nbtorch.io.raw import read_raw_float, read_text_lines, write_raw_float
 
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "golden"
-needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden reference folder not found at {GOLDEN}")
+from golden import GOLDEN, needs_golden
 
 
 @needs_golden

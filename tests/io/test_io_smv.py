@@ -18,8 +18,7 @@ from nbtorch.io.smv import (
     write_smv,
 )
 
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "golden"
-needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden reference folder not found at {GOLDEN}")
+from golden import GOLDEN, needs_golden
 INT_CASES = ["simple_cubic", "water_nonoise", "water_noise", "fluence", "flux"]
 
 

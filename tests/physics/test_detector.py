@@ -15,7 +15,7 @@ from nbtorch.physics.kernel import position_components
 from nbtorch.physics.rotation import rotation_matrix_xyz
 
 DT = torch.float64
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "golden"
+from golden import GOLDEN, MISSING
 CUBIC = ["-cell", "100", "100", "100", "90", "90", "90", "-default_F", "100", "-N", "5", "-lambda", "6.2"]
 ROT_CASES = [
     {"detector_rotx": 1.0, "detector_roty": 2.0, "detector_rotz": 3.0},
@@ -100,7 +100,7 @@ def _read_trace(path: Path) -> dict[str, np.ndarray]:
 TRACE_CASES = sorted(p.parent.name for p in GOLDEN.glob("*/geometry_trace.txt")) if GOLDEN.is_dir() else []
 
 
-@pytest.mark.skipif(not TRACE_CASES, reason=f"no golden geometry traces under {GOLDEN}")
+@pytest.mark.skipif(not TRACE_CASES, reason=MISSING if not GOLDEN.is_dir() else f"no golden geometry traces under {GOLDEN}")
 def test_geometry_matches_c_traces():
     checked = 0
     failures = []
