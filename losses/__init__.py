@@ -7,13 +7,17 @@ Image losses compare a simulated ``model`` (expected photons per pixel) with
 over unmasked pixels, ``'sum'``, ``'none'``), and raise ``ValueError``
 (:class:`nbtorch.errors.InputError`) with a one-line message for bad input.
 
-* :func:`poisson_nll` / :class:`PoissonNLL` - Poisson negative log-likelihood.
+* :func:`poisson_deviance` / :class:`PoissonDeviance` - half Poisson deviance (``"poisson"``).
+* :func:`poisson_nll` / :class:`PoissonNLL` - Poisson negative log-likelihood (``"poisson_nll"``).
 * :func:`gaussian_nll` / :class:`GaussianNLL` - Gaussian NLL, variance default ``model + readout_sigma^2``.
 * :func:`weighted_mse` / :class:`WeightedMSE` - squared error.
 * :func:`huber` / :class:`Huber` - Huber loss.
 * :func:`log_intensity_mse` / :class:`LogIntensityMSE` - squared error of ``log(I + offset)``.
 * :func:`normalized_cross_correlation` / :class:`NCCLoss` - ``1 - NCC``.
-* :func:`get_loss` - module by name (``poisson gaussian mse huber log ncc``).
+* :func:`get_loss` - module by name (``poisson poisson_nll gaussian mse huber log ncc``).
+
+The functions and modules validate their inputs and call the check-free kernels of
+:mod:`losses.kernels`, which compiled code and the refinement use directly.
 
 Parameter priors: :func:`gaussian_restraint`, :class:`Restraint` and
 :class:`Restraints` (``0.5 * ((value - target) / sigma)^2`` summed).
@@ -22,12 +26,13 @@ Parameter priors: :func:`gaussian_restraint`, :class:`Restraint` and
 from __future__ import annotations
 
 from losses.correlation import NCCLoss, normalized_cross_correlation
-from losses.likelihood import GaussianNLL, PoissonNLL, gaussian_nll, poisson_nll
+from losses.likelihood import GaussianNLL, PoissonDeviance, PoissonNLL, gaussian_nll, poisson_deviance, poisson_nll
 from losses.registry import LOSSES, get_loss
 from losses.regression import Huber, LogIntensityMSE, WeightedMSE, huber, log_intensity_mse, weighted_mse
 from losses.restraints import Restraint, Restraints, gaussian_restraint
 
 __all__ = [
+    "poisson_deviance",
     "poisson_nll",
     "gaussian_nll",
     "weighted_mse",
@@ -35,6 +40,7 @@ __all__ = [
     "log_intensity_mse",
     "normalized_cross_correlation",
     "gaussian_restraint",
+    "PoissonDeviance",
     "PoissonNLL",
     "GaussianNLL",
     "WeightedMSE",

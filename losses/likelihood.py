@@ -7,8 +7,10 @@ Shapes: ``model``, ``observed`` and ``mask`` share one shape S (any rank);
 ``'none'`` -> S (zeros on masked pixels), ``'sum'`` -> scalar,
 ``'mean'`` -> scalar weighted mean over unmasked pixels.
 
+* :func:`poisson_deviance`: the half Poisson deviance ``model - observed + observed * log(observed / model)``
+  (0 for a perfect fit; what ``"poisson"`` means everywhere: :func:`losses.get_loss`, the refinement).
 * :func:`poisson_nll`: ``model - observed * log(model)``
-  (``+ lgamma(observed + 1)`` with ``full=True``).
+  (``+ lgamma(observed + 1)`` with ``full=True``); same gradient as the deviance.
 * :func:`gaussian_nll`: ``0.5 * ((model - observed)^2 / var + log var)``
   (``+ 0.5 * log(2 pi)`` with ``full=True``), ``var`` defaulting to the
   Poisson-plus-readout variance ``model + readout_sigma^2``.
@@ -22,19 +24,31 @@ import torch
 from torch import Tensor, nn
 
 from losses._common import check_reduction, dtype_eps, prepare, reduce
+from losses.kernels import gaussian_nll_terms, poisson_deviance_terms, poisson_nll_terms
 from nbtorch.errors import InputError
 
-__all__ = ["poisson_nll", "gaussian_nll", "PoissonNLL", "GaussianNLL"]
+__all__ = ["poisson_deviance", "poisson_nll", "gaussian_nll", "PoissonDeviance", "PoissonNLL", "GaussianNLL"]
 
 
-def _safe_log(x: Tensor, eps: float) -> Tensor:
-    """``log(x)`` for ``x >= eps``; below ``eps`` its tangent at ``eps``, ``log(eps) + (x - eps) / eps``.
+def poisson_deviance(
+    model: Tensor,
+    observed: Tensor,
+    mask: Tensor | None = None,
+    weights: Tensor | float | None = None,
+    reduction: str = "mean",
+    eps: float | None = None,
+) -> Tensor:
+    """Half Poisson deviance of ``observed`` counts given expected ``model`` photons.
 
-    Finite everywhere, continuous with a continuous first derivative, and
-    (unlike a plain clamp) its gradient stays positive below ``eps``.
+    Per pixel: ``model - observed + observed * log(observed / model)`` (``0 log 0 = 0``): zero for a perfect fit,
+    about 1/2 per pixel for a right model with Poisson noise; it differs from :func:`poisson_nll` by a constant
+    per pixel, so both have the same gradient.  ``log(model)`` below ``eps`` as in :func:`poisson_nll`.
+
+    Arguments: as :func:`poisson_nll` (no ``full``).  Returns: scalar, or shape S for ``reduction='none'``.
     """
-    xc = torch.clamp(x, min=eps)
-    return torch.where(x >= eps, torch.log(xc), math.log(eps) + (x - eps) / eps)
+    check_reduction(reduction)
+    p = prepare(model, observed, mask, weights)
+    return reduce(poisson_deviance_terms(p.model, p.observed, dtype_eps(p.model.dtype, eps)), p, reduction)
 
 
 def poisson_nll(
@@ -69,8 +83,7 @@ def poisson_nll(
     """
     check_reduction(reduction)
     p = prepare(model, observed, mask, weights)
-    floor = dtype_eps(p.model.dtype, eps)
-    per_pixel = p.model - p.observed * _safe_log(p.model, floor)
+    per_pixel = poisson_nll_terms(p.model, p.observed, dtype_eps(p.model.dtype, eps))
     if full:
         per_pixel = per_pixel + torch.lgamma(p.observed + 1.0)
     return reduce(per_pixel, p, reduction)
@@ -120,11 +133,23 @@ def gaussian_nll(
         if not ok:
             raise InputError(f"variance: shape {tuple(var.shape)} does not broadcast to model shape {tuple(p.model.shape)}")
         var = torch.where(p.mask, var, torch.ones((), dtype=var.dtype, device=var.device))
-    var = torch.clamp(var, min=floor)
-    per_pixel = 0.5 * ((p.model - p.observed) ** 2 / var + torch.log(var))
+    per_pixel = gaussian_nll_terms(p.model, p.observed, torch.clamp(var, min=floor))
     if full:
         per_pixel = per_pixel + 0.5 * math.log(2.0 * math.pi)
     return reduce(per_pixel, p, reduction)
+
+
+class PoissonDeviance(nn.Module):
+    """Module form of :func:`poisson_deviance` (registry name ``"poisson"``)."""
+
+    def __init__(self, reduction: str = "mean", eps: float | None = None) -> None:
+        super().__init__()
+        check_reduction(reduction)
+        self.reduction, self.eps = reduction, eps
+
+    def forward(self, model: Tensor, observed: Tensor, mask: Tensor | None = None,
+                weights: Tensor | float | None = None) -> Tensor:
+        return poisson_deviance(model, observed, mask, weights, self.reduction, self.eps)
 
 
 class PoissonNLL(nn.Module):

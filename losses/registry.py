@@ -1,4 +1,6 @@
-"""Look up an image loss module by short name.
+"""Look up an image loss module by short name: one registry, one meaning per name, everywhere
+(:func:`get_loss`, ``nbtorch-refine --loss``, the sweeps; the refinement evaluates the same losses
+through their check-free kernels, :data:`losses.kernels.PIXEL_TERMS`).
 
 ``get_loss(name, **kw)`` builds the :mod:`torch.nn` module for ``name`` with the
 keyword options ``kw`` (passed to its constructor, e.g. ``reduction``,
@@ -7,7 +9,8 @@ keyword options ``kw`` (passed to its constructor, e.g. ``reduction``,
 ==========  ===================================================
 name        module
 ==========  ===================================================
-poisson     :class:`~losses.likelihood.PoissonNLL`
+poisson     :class:`~losses.likelihood.PoissonDeviance` (the half deviance; the refinement's default)
+poisson_nll :class:`~losses.likelihood.PoissonNLL`
 gaussian    :class:`~losses.likelihood.GaussianNLL`
 mse         :class:`~losses.regression.WeightedMSE`
 huber       :class:`~losses.regression.Huber`
@@ -26,14 +29,15 @@ from typing import Any
 from torch import nn
 
 from losses.correlation import NCCLoss
-from losses.likelihood import GaussianNLL, PoissonNLL
+from losses.likelihood import GaussianNLL, PoissonDeviance, PoissonNLL
 from losses.regression import Huber, LogIntensityMSE, WeightedMSE
 from nbtorch.errors import InputError
 
 __all__ = ["LOSSES", "get_loss"]
 
 LOSSES: dict[str, type[nn.Module]] = {
-    "poisson": PoissonNLL,
+    "poisson": PoissonDeviance,
+    "poisson_nll": PoissonNLL,
     "gaussian": GaussianNLL,
     "mse": WeightedMSE,
     "huber": Huber,

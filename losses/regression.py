@@ -15,10 +15,10 @@ scalar weighted mean over unmasked pixels.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from losses._common import check_positive, check_reduction, dtype_eps, prepare, reduce
+from losses.kernels import huber_terms, log_intensity_terms, squared_error_terms
 from nbtorch.errors import InputError
 
 __all__ = ["weighted_mse", "huber", "log_intensity_mse", "WeightedMSE", "Huber", "LogIntensityMSE"]
@@ -37,7 +37,7 @@ def weighted_mse(
     """
     check_reduction(reduction)
     p = prepare(model, observed, mask, weights)
-    return reduce((p.model - p.observed) ** 2, p, reduction)
+    return reduce(squared_error_terms(p.model, p.observed), p, reduction)
 
 
 def huber(
@@ -58,8 +58,7 @@ def huber(
     check_reduction(reduction)
     check_positive("delta", delta)
     p = prepare(model, observed, mask, weights)
-    per_pixel = nn.functional.huber_loss(p.model, p.observed, reduction="none", delta=float(delta))
-    return reduce(per_pixel, p, reduction)
+    return reduce(huber_terms(p.model, p.observed, float(delta)), p, reduction)
 
 
 def log_intensity_mse(
@@ -85,9 +84,7 @@ def log_intensity_mse(
     off = float(offset)
     if bool(((p.observed + off) <= 0).any()):
         raise InputError(f"observed: observed + offset must be > 0 on unmasked pixels (offset={off})")
-    floor = dtype_eps(p.model.dtype)
-    per_pixel = (torch.log(torch.clamp(p.model + off, min=floor)) - torch.log(p.observed + off)) ** 2
-    return reduce(per_pixel, p, reduction)
+    return reduce(log_intensity_terms(p.model, p.observed, off, dtype_eps(p.model.dtype)), p, reduction)
 
 
 class WeightedMSE(nn.Module):

@@ -14,12 +14,13 @@ pixels, which keeps Poisson statistics exact and widens the capture range by
 ``bin``.  ``n_factor < 1`` broadens every spot by simulating ``N * n_factor``
 unit cells (coarse stages only, while N is not refined).
 
-The default loss is the half Poisson deviance :func:`poisson_deviance`
-(``sum w (model - k + k log(k / model))``): its gradient is that of the Poisson
+The default loss is the half Poisson deviance (``sum w (model - k + k log(k / model))``,
+:func:`losses.kernels.poisson_deviance`, re-exported here): its gradient is that of the Poisson
 negative log-likelihood, it is 0 for a perfect fit and about half the number of
 pixels for a correct model with Poisson noise, and a change of 0.5 is one
-standard deviation of a single parameter.  It is a pure tensor function with no
-data-dependent Python branches, so ``torch.compile(fullgraph=True)`` accepts it.
+standard deviation of a single parameter.  Every loss comes from :mod:`losses` by its
+registry name, through its check-free kernel: pure tensor functions with no
+data-dependent Python branches, so ``torch.compile(fullgraph=True)`` accepts them.
 
 Unbinned views with a pixelwise loss (``poisson_deviance``, every
 :func:`losses.get_loss` name through :func:`resolve_loss`, or any callable with
@@ -40,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from losses.kernels import PIXEL_TERMS, poisson_deviance
+from losses.registry import LOSSES, get_loss
 from nbtorch.errors import InputError
 from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
@@ -49,39 +52,28 @@ __all__ = ["poisson_deviance", "View", "make_view", "beam_pixel", "ImageObjectiv
 LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (model, observed, weights) -> scalar
 
 
-def poisson_deviance(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:
-    """Half Poisson deviance ``sum w (m - k + k log(k / m))`` (scalar).
-
-    Arguments:
-        model: expected photons ``m`` (any shape S, > 0 where ``w > 0``).
-        observed: counts ``k`` (shape S, >= 0 where ``w > 0``).
-        weights: ``w`` (shape S, 0 = ignore the pixel; ignored pixels may hold anything finite).
-
-    Below ``m = 1e-12`` the log is continued by its tangent (finite loss and gradient).
-    """
-    eps = 1e-12
-    mc = torch.clamp(model, min=eps)
-    log_m = torch.where(model >= eps, torch.log(mc), math.log(eps) + (model - eps) / eps)
-    k = torch.where(weights > 0, observed, torch.zeros_like(observed))
-    per_pixel = model - k + torch.special.xlogy(k, k) - k * log_m
-    return (weights * per_pixel).sum()
-
-
-poisson_deviance.pixelwise = True  # a sum over pixels: ImageObjective may pass only the fitted ones
-
-
 def resolve_loss(loss: str | LossFn) -> LossFn:
-    """``"poisson"`` (default, :func:`poisson_deviance`), another :func:`losses.get_loss` name (summed), or a callable."""
+    """The loss as ``(model, observed, weights) -> scalar``: ``"poisson"`` (default, the half Poisson deviance
+    :func:`losses.kernels.poisson_deviance`), another registry name (:data:`losses.LOSSES`, the same meaning as
+    :func:`losses.get_loss`; summed over the fitted pixels through its check-free kernel, or the module for the
+    non-pixelwise ``ncc``), or a callable."""
     if callable(loss):
         return loss
     if loss == "poisson":
         return poisson_deviance
-    from losses import get_loss
+    if loss not in LOSSES:
+        raise InputError(f"loss: unknown loss {loss!r}; valid: {', '.join(LOSSES)}")
+    if loss in PIXEL_TERMS:
+        terms = PIXEL_TERMS[loss]
 
-    module = get_loss(loss, reduction="sum")
+        def fn(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:
+            k = torch.where(weights > 0, observed, model.detach())  # ignored pixels: a harmless finite value
+            return (weights * terms(model, k)).sum()
+    else:
+        module = get_loss(loss, reduction="sum")
 
-    def fn(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:
-        return module(model, observed, mask=weights > 0)
+        def fn(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:
+            return module(model, observed, mask=weights > 0)
 
     fn.__name__ = f"{loss}_sum"
     fn.pixelwise = True  # every registry loss sums over (unmasked) pixels, in any shape

@@ -20,6 +20,8 @@ from losses import (
     gaussian_nll,
     gaussian_restraint,
     get_loss,
+    poisson_deviance,
+    PoissonDeviance,
     huber,
     log_intensity_mse,
     normalized_cross_correlation,
@@ -28,7 +30,7 @@ from losses import (
 )
 
 F64 = torch.float64
-LOSS_FUNCTIONS = [poisson_nll, gaussian_nll, weighted_mse, huber, log_intensity_mse, normalized_cross_correlation]
+LOSS_FUNCTIONS = [poisson_deviance, poisson_nll, gaussian_nll, weighted_mse, huber, log_intensity_mse, normalized_cross_correlation]
 
 
 def t(values, dtype=F64, requires_grad: bool = False) -> torch.Tensor:
@@ -336,7 +338,8 @@ def test_gradcheck_poisson_below_eps_and_ncc_per_slice() -> None:
 @pytest.mark.parametrize(
     "name, cls, kw, fn, fkw",
     [
-        ("poisson", PoissonNLL, {"full": True}, poisson_nll, {"full": True}),
+        ("poisson", PoissonDeviance, {}, poisson_deviance, {}),
+        ("poisson_nll", PoissonNLL, {"full": True}, poisson_nll, {"full": True}),
         ("gaussian", GaussianNLL, {"readout_sigma": 2.0}, gaussian_nll, {"readout_sigma": 2.0}),
         ("mse", WeightedMSE, {}, weighted_mse, {}),
         ("huber", Huber, {"delta": 0.5}, huber, {"delta": 0.5}),
@@ -363,7 +366,7 @@ def test_gaussian_module_variance_argument() -> None:
 
 
 def test_get_loss_errors() -> None:
-    with pytest.raises(ValueError, match="poisson, gaussian, mse, huber, log, ncc"):
+    with pytest.raises(ValueError, match="poisson, poisson_nll, gaussian, mse, huber, log, ncc"):
         get_loss("l1")
     with pytest.raises(ValueError, match="kw"):
         get_loss("mse", delta=1.0)
@@ -374,7 +377,7 @@ def test_get_loss_errors() -> None:
 def test_package_exports() -> None:
     for name in losses.__all__:
         assert getattr(losses, name) is not None
-    assert set(losses.LOSSES) == {"poisson", "gaussian", "mse", "huber", "log", "ncc"}
+    assert set(losses.LOSSES) == {"poisson", "poisson_nll", "gaussian", "mse", "huber", "log", "ncc"}
 
 
 # ---------------------------------------------------------------- restraints
@@ -413,3 +416,58 @@ def test_restraints_total_terms_and_errors() -> None:
     a = t(100.3, requires_grad=True)
     b = t(0.02, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, y: r({"cell_a": x, "misset_x": y}), (a, b))
+
+
+# ---------------------------------------------------------------- one Poisson deviance, one meaning per name
+
+
+def test_poisson_deviance_hand_values_and_nll_gradient() -> None:
+    model, observed = t([2.0, 0.5, 4.0]), t([3.0, 0.0, 4.0])
+    per = [2.0 - 3.0 + 3.0 * math.log(3.0 / 2.0), 0.5, 0.0]
+    assert torch.allclose(poisson_deviance(model, observed, reduction="none"), t(per), rtol=1e-14)
+    m = model.clone().requires_grad_(True)
+    (g_dev,) = torch.autograd.grad(poisson_deviance(m, observed, reduction="sum"), m)
+    (g_nll,) = torch.autograd.grad(poisson_nll(m, observed, reduction="sum"), m)
+    assert torch.allclose(g_dev, g_nll, rtol=1e-14)  # a constant per pixel apart
+
+
+def test_refinement_and_registry_share_the_poisson_deviance() -> None:
+    """'poisson' means the half deviance in losses.get_loss and in the refinement, computed by one kernel."""
+    from losses import kernels
+    from refine.objective import poisson_deviance as refine_deviance
+    from refine.objective import resolve_loss
+
+    assert resolve_loss("poisson") is kernels.poisson_deviance is refine_deviance
+    model, observed = image_pair(21)
+    weights = torch.ones_like(model)
+    weights[0, 0] = 0.0
+    dense = get_loss("poisson", reduction="sum")(model, observed, mask=weights > 0)
+    assert torch.allclose(resolve_loss("poisson")(model, observed, weights), dense, rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["poisson_nll", "gaussian", "mse", "huber", "log", "ncc"])
+def test_refinement_losses_equal_the_registry_modules(name) -> None:
+    """Every registry name means in the refinement (check-free kernels, summed over weighted pixels) what
+    get_loss(name, reduction='sum') computes with its checks, ignored pixels holding anything finite."""
+    from refine.objective import resolve_loss
+
+    model, observed = image_pair(22)
+    weights = torch.ones_like(model)
+    weights[1, 2] = 0.0
+    junk = observed.clone()
+    junk[1, 2] = -1e6  # an ignored pixel with a value no loss accepts
+    expected = get_loss(name, reduction="sum")(model, observed, mask=weights > 0)
+    m = model.clone().requires_grad_(True)
+    got = resolve_loss(name)(m, junk, weights)
+    assert torch.allclose(got, expected, rtol=1e-12)
+    (g,) = torch.autograd.grad(got, m)
+    assert torch.isfinite(g).all() and g[1, 2] == 0
+
+
+def test_kernels_compile_without_graph_breaks() -> None:
+    from losses.kernels import poisson_deviance as kernel
+
+    model, observed = image_pair(23)
+    weights = torch.ones_like(model)
+    compiled = torch.compile(kernel, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(model, observed, weights), kernel(model, observed, weights))
