@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["DEFAULT_EPS", "safe_log", "poisson_nll_terms", "poisson_deviance_terms", "gaussian_nll_terms",
-           "squared_error_terms", "huber_terms", "log_intensity_terms", "poisson_deviance", "PIXEL_TERMS"]
+           "squared_error_terms", "huber_terms", "log_intensity_terms", "gaussian_restraint_terms", "poisson_deviance",
+           "PIXEL_TERMS"]
 
 #: the log floor of the Poisson kernels (photons) when the caller gives none
 DEFAULT_EPS = 1e-12
@@ -70,6 +71,11 @@ def log_intensity_terms(model: Tensor, observed: Tensor, offset: float = 1.0, ep
     """``(log(m + offset) - log(k + offset))^2``, ``m + offset`` floored at ``eps``; ``k + offset > 0`` is the
     caller's to ensure."""
     return (torch.log(torch.clamp(model + offset, min=eps)) - torch.log(observed + offset)) ** 2
+
+
+def gaussian_restraint_terms(value: Tensor, target: Tensor | float, sigma: Tensor | float) -> Tensor:
+    """``0.5 ((value - target) / sigma)^2`` elementwise: the negative log of a Gaussian prior (``sigma > 0``)."""
+    return 0.5 * ((value - target) / sigma) ** 2
 
 
 def poisson_deviance(model: Tensor, observed: Tensor, weights: Tensor) -> Tensor:

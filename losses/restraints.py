@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from losses.kernels import gaussian_restraint_terms
 from nbtorch.errors import InputError
 
 __all__ = ["gaussian_restraint", "Restraint", "Restraints"]
@@ -52,7 +53,7 @@ def gaussian_restraint(value: Tensor, target: Tensor | float, sigma: Tensor | fl
         raise InputError(
             f"target: shapes value {tuple(value.shape)}, target {tuple(t.shape)}, sigma {tuple(s.shape)} do not broadcast"
         ) from None
-    return 0.5 * (((value - t) / s) ** 2).sum()
+    return gaussian_restraint_terms(value, t, s).sum()
 
 
 class Restraint(nn.Module):

@@ -41,15 +41,36 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from losses.kernels import PIXEL_TERMS, poisson_deviance
+from losses.kernels import PIXEL_TERMS, gaussian_restraint_terms, poisson_deviance
 from losses.registry import LOSSES, get_loss
 from nbtorch.errors import InputError
+from refine.parameters import BASE_NAMES
 from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 
-__all__ = ["poisson_deviance", "View", "make_view", "beam_pixel", "ImageObjective", "LossFn", "resolve_loss"]
+__all__ = ["poisson_deviance", "View", "make_view", "beam_pixel", "ImageObjective", "LossFn", "resolve_loss",
+           "check_priors"]
 
 LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (model, observed, weights) -> scalar
+
+
+def check_priors(priors: Mapping[str, tuple[float, float]] | None, what: str = "priors") -> dict[str, tuple[float, float]]:
+    """``name -> (mean, sigma)`` checked: a refinable base name (:data:`refine.parameters.BASE_NAMES`, in its own
+    units), a finite mean and a finite sigma > 0; one-line errors naming ``what``."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, pair in (priors or {}).items():
+        if name not in BASE_NAMES:
+            raise InputError(f"{what}: unknown parameter {name!r}; valid: {', '.join(BASE_NAMES)}")
+        try:
+            mean, sigma = (float(v) for v in pair)
+        except (TypeError, ValueError):
+            raise InputError(f"{what} {name}: expected (mean, sigma), got {pair!r}") from None
+        if not math.isfinite(mean):
+            raise InputError(f"{what} {name}: the mean must be finite, got {mean:g}")
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise InputError(f"{what} {name}: sigma must be finite and > 0, got {sigma:g}")
+        out[name] = (mean, sigma)
+    return out
 
 
 def resolve_loss(loss: str | LossFn) -> LossFn:
@@ -201,8 +222,10 @@ class ImageObjective:
     """
 
     def __init__(self, sim: Simulator, observed: Tensor, view: View, loss: LossFn = poisson_deviance,
-                 n_factor: float = 1.0, compile_loss: bool = False) -> None:
+                 n_factor: float = 1.0, compile_loss: bool = False,
+                 priors: Mapping[str, tuple[float, float]] | None = None) -> None:
         self.sim = sim
+        self.priors = check_priors(priors)
         self.view = view
         self.n_factor = float(n_factor)
         self.observed_full = observed
@@ -284,12 +307,25 @@ class ImageObjective:
         return flat.reshape(self.view.shape)
 
     def evaluate(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor]:
-        """``(loss, aux)``: the loss and the model in the cheapest form (see :meth:`model_image`)."""
+        """``(loss, aux)``: the loss (with the priors' term) and the model in the cheapest form (see
+        :meth:`model_image`)."""
         if self.sparse:
             model = self.pixel_model(values)
-            return self.loss_fn(model, self._obs_px, self.pixel_weights), model
-        model = self.model(values)
-        return self.loss_fn(model, self.observed, self.weights), model
+            loss = self.loss_fn(model, self._obs_px, self.pixel_weights)
+        else:
+            model = self.model(values)
+            loss = self.loss_fn(model, self.observed, self.weights)
+        if self.priors:
+            loss = loss + self.prior_term(values)
+        return loss, model
+
+    def prior_term(self, values: Mapping[str, Tensor | float]) -> Tensor:
+        """``sum 0.5 ((value - mean) / sigma)^2`` over the priors (0 without priors): the negative log of
+        Gaussian priors, on the scale of the half deviance (a change of 0.5 is one standard deviation)."""
+        total = torch.zeros((), dtype=self.observed.dtype, device=self.observed.device)
+        for name, (mean, sigma) in self.priors.items():
+            total = total + gaussian_restraint_terms(torch.as_tensor(values[name], dtype=total.dtype), mean, sigma)
+        return total
 
     def __call__(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor]:
         """``(loss, binned model image)``."""

@@ -228,6 +228,9 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
     F, B = information_matrices(model_fn, theta.to(objective.observed.dtype), list(subs),
                                 lambda mu, block: subs[block].weights, lambda block: subs[block].observed,
                                 cluster_px)
+    for i, name in enumerate(names):  # Gaussian priors add their curvature 1 / sigma^2 (their own units)
+        if name in objective.priors:
+            F[i, i] += 1.0 / objective.priors[name][1] ** 2
     C_fisher, cond = _invert(F)
     covariances = {"fisher": C_fisher, "scaled": C_fisher * max(1.0, float(excess) if excess is not None else 1.0),
                    "sandwich": C_fisher @ B @ C_fisher}

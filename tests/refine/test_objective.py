@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from nbtorch.errors import InputError
 from refine.objective import ImageObjective, make_view, poisson_deviance, resolve_loss
 from refine.selection import restrict_simulator
 
@@ -125,3 +126,43 @@ def test_binned_views_and_unmarked_losses_stay_dense(problem_cache):
     assert not ImageObjective(sim, obs, make_view(sim, values, everything, bin=2)).sparse
     assert not ImageObjective(sim, obs, make_view(sim, values, everything), _dense(poisson_deviance)).sparse
     assert ImageObjective(sim, obs, make_view(sim, values, everything)).sparse
+
+
+# ------------------------------------------------------------------------------------------ priors
+
+def test_priors_add_the_restraint_to_the_loss_and_the_fisher_information(problem_cache):
+    """A Gaussian prior adds 0.5 ((value - mean) / sigma)^2 to the loss (gradient checked by finite differences) and
+    1 / sigma^2 to the Fisher information; bad priors are one-line errors naming the input."""
+    from refine.objective import check_priors
+    from refine.parameters import ParameterMap, ParameterSpace
+    from refine.uncertainty import estimate_uncertainties
+
+    problem = problem_cache("cubic_mosflm", 32)
+    sim = problem.simulator()
+    obs = torch.as_tensor(problem.observed)
+    view = make_view(sim, problem.truth, torch.ones(sim.shape, dtype=torch.bool))
+    plain = ImageObjective(sim, obs, view)
+    prior = ImageObjective(sim, obs, view, priors={"cell_a": (47.9, 0.05), "beam_x": (3.2, 0.01)})
+    values = {k: torch.as_tensor(v, dtype=torch.float64) for k, v in problem.truth.items()}
+    expected = 0.5 * ((values["cell_a"] - 47.9) / 0.05) ** 2 + 0.5 * ((values["beam_x"] - 3.2) / 0.01) ** 2
+    with torch.no_grad():
+        assert float(prior.evaluate(values)[0] - plain.evaluate(values)[0]) == pytest.approx(float(expected), rel=1e-9)
+    x = values["cell_a"].clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(prior.prior_term({**values, "cell_a": x}), x)
+    h = 1e-6
+    with torch.no_grad():
+        fd = (prior.prior_term({**values, "cell_a": x + h}) - prior.prior_term({**values, "cell_a": x - h})) / (2 * h)
+    assert float(g) == pytest.approx(float(fd), rel=1e-6) and float(g) != 0.0
+    space = ParameterSpace(symmetry="cubic", pixel_mm=0.1)
+    pmap = ParameterMap(space, problem.truth, space.expand(("scale", "background", "cell", "beam_centre")))
+    f0 = estimate_uncertainties(plain, pmap, pmap.raw0(), kind="fisher")
+    f1 = estimate_uncertainties(prior, pmap, pmap.raw0(), kind="fisher")
+    i = list(pmap.names).index("cell_a")
+    assert f1.fisher[i, i] == pytest.approx(f0.fisher[i, i] + 1 / 0.05 ** 2, rel=1e-9)
+    assert f1.as_dict()["cell_a"] < f0.as_dict()["cell_a"]
+    for bad, message in ((({"cell_q": (1.0, 1.0)}), "priors: unknown parameter 'cell_q'"),
+                         ({"cell_a": (48.0, 0.0)}, "priors cell_a: sigma must be finite and > 0"),
+                         ({"cell_a": (float("nan"), 1.0)}, "priors cell_a: the mean must be finite"),
+                         ({"cell_a": 48.0}, "priors cell_a: expected (mean, sigma)")):
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            check_priors(bad)
