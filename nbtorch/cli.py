@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from nbtorch import beam_centre as bc
+from nbtorch import runtime
 from nbtorch.args import config_from_args
 from nbtorch.errors import InputError
 
@@ -172,20 +173,11 @@ def h5_metadata(sim, argv: Sequence[str]) -> tuple[dict, dict]:
     return attrs, geometry
 
 
-#: one-shot runs below this many evaluations stay eager: compiling costs ~20 s on a CPU
-COMPILE_THRESHOLD_EVALUATIONS = 50_000_000
-
-
 def choose_compile(sim, cfg) -> None:
-    """``-compile``/``-nocompile`` win; otherwise compile only big jobs, if the environment allows."""
-    from nbtorch import runtime
-
-    if cfg.compile is not None or runtime.env_disables_compile():
-        return  # the Simulator already followed the flag or the environment
+    """Compile or not for one image (:func:`nbtorch.runtime.compile_policy`, purpose ``one-shot``)."""
     x0, x1, y0, y1 = sim.setup.roi
     evaluations = (x1 - x0 + 1) * (y1 - y0 + 1) * sim.evaluations_per_pixel()
-    big = evaluations >= COMPILE_THRESHOLD_EVALUATIONS
-    sim.set_compile(big, f"command line: {evaluations:.3g} evaluations {'>=' if big else '<'} {COMPILE_THRESHOLD_EVALUATIONS:.3g}")
+    sim.set_compile(*runtime.compile_policy("one-shot", evaluations, explicit=cfg.compile))
 
 
 def run(argv: Sequence[str], context: dict | None = None) -> int:
@@ -194,7 +186,6 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     ``context`` (optional dict) is kept up to date with the ``stage`` of the run
     and the ``sim`` once built, so that :func:`main` can say what ran out of memory.
     """
-    from nbtorch import runtime
     from nbtorch.simulator import Simulator
     from nbtorch.io.raw import write_raw_float
     from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, write_smv, roi_mask_from_bounds

@@ -1,12 +1,23 @@
 """Runtime: the one place that decides between eager and ``torch.compile``.
 
-Decision, per :class:`~nbtorch.Simulator` instance (never at import time):
+:func:`compile_policy` decides, per simulator and purpose (never at import time), in this order:
 
 1. inside :func:`eager` (e.g. gradient tests): eager, always;
-2. an explicit ``compile=True/False`` argument wins;
-3. otherwise ``NANOBRAGG_DISABLE_COMPILE=1`` or ``NANOBRAG_DISABLE_COMPILE=1``
-   (both spellings) selects eager, on CPU and CUDA alike; ``0`` or unset means
-   compiled.  Any other value is an error naming the variable.
+2. purpose ``esds``: eager: the uncertainty estimate differentiates twice (``create_graph=True``),
+   which a compiled backward does not support;
+3. an explicit ``compile=True/False`` argument (``-compile``, ``--compile``, ``--no-compile``) wins;
+4. ``NANOBRAGG_DISABLE_COMPILE=1`` or ``NANOBRAG_DISABLE_COMPILE=1`` (both spellings) selects eager, on
+   CPU and CUDA alike; ``0`` or unset means no objection.  Any other value is an error naming the variable;
+5. by workload: a compile costs ~15-25 s (forward) to ~1-2 min (with the analytic backward) on a
+   2-core CPU, once per kernel shape (then Inductor's on-disk cache), so it must pay for itself:
+
+   * ``simulator`` (a :class:`~nbtorch.Simulator` built from Python): compiled (the library default);
+   * ``one-shot`` (the ``nbtorch`` command: one image): compiled from :data:`ONE_SHOT_EVALUATIONS`
+     evaluations (pixels x sub-pixels x sources x phi x mosaic) on, where eager takes longer than the
+     compile;
+   * ``refinement`` (each loss-and-gradient evaluation of ``nbtorch-refine``): compiled from
+     :data:`REFINEMENT_EVALUATIONS` evaluations per model evaluation on: a refinement evaluates the model
+     hundreds of times, so a smaller job already amortises the compile.
 
 Compiled kernels are shared across simulators: :func:`compiled_kernel` keeps
 one ``torch.compile(fullgraph=True, dynamic=False)`` wrapper per key (device
@@ -80,13 +91,41 @@ def env_disables_compile() -> bool:
     return disabled
 
 
-def compile_requested(explicit: bool | None = None) -> bool:
-    """Whether a simulator should use torch.compile (see the module docstring for the rules)."""
+#: one image (``nbtorch`` command): compile from this many evaluations on (eager below: ~20 s of compile)
+ONE_SHOT_EVALUATIONS = 50_000_000
+#: one model evaluation of a refinement: compile from this many evaluations on (the ~1 min compile pays off
+#: over the hundreds of evaluations of a refinement)
+REFINEMENT_EVALUATIONS = 200_000
+PURPOSES = ("simulator", "one-shot", "refinement", "esds")
+
+
+def compile_policy(purpose: str = "simulator", evaluations: float | None = None,
+                   explicit: bool | None = None) -> tuple[bool, str]:
+    """``(compile?, why)`` for a simulator used for ``purpose`` with ``evaluations`` per model evaluation
+    (``one-shot`` and ``refinement`` need it); ``explicit`` is the user's ``compile=``/flag (None: not given).
+    The rules are the module docstring's."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose: expected one of {', '.join(PURPOSES)}, got {purpose!r}")
+    if purpose in ("one-shot", "refinement") and evaluations is None:
+        raise ValueError(f"compile_policy: purpose {purpose!r} needs the number of evaluations")
     if in_eager_block():
-        return False
+        return False, "inside nbtorch.eager()"
+    if purpose == "esds":
+        return False, "eager for the uncertainty estimate (second derivatives)"
     if explicit is not None:
-        return bool(explicit)
-    return not env_disables_compile()
+        return bool(explicit), f"compile={bool(explicit)} requested"
+    if env_disables_compile():
+        return False, "environment variable"
+    if purpose == "simulator":
+        return True, "default (compile on)"
+    threshold = ONE_SHOT_EVALUATIONS if purpose == "one-shot" else REFINEMENT_EVALUATIONS
+    big = evaluations >= threshold
+    return big, f"{purpose}: {evaluations:.3g} evaluations {'>=' if big else '<'} {threshold:.3g}"
+
+
+def compile_requested(explicit: bool | None = None) -> bool:
+    """Whether a simulator built from Python should use torch.compile (:func:`compile_policy`, ``simulator``)."""
+    return compile_policy("simulator", explicit=explicit)[0]
 
 
 def check_device(device: str, flag: str) -> None:

@@ -12,6 +12,8 @@ Pixels outside ``-roi`` are zero, as in the C program.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import logging
 import math
@@ -108,18 +110,13 @@ class Simulator(nn.Module):
         compile: bool | None = None,
     ) -> None:
         super().__init__()
-        use_compile = runtime.compile_requested(compile)
+        use_compile, self.compile_reason = runtime.compile_policy("simulator", explicit=compile)
         self.compile_mode = "compiled" if use_compile else "eager"
-        if runtime.in_eager_block():
-            self.compile_reason = "created inside nbtorch.eager()"
-        elif compile is not None:
-            self.compile_reason = f"compile={compile} argument"
-        else:
-            self.compile_reason = "environment variable" if not use_compile else "default (compile on)"
         self.diagnostics = DiagnosticsHooks()
         if isinstance(dtype, str):
             dtype = _DTYPES[dtype]
-        self.setup: Setup = resolve(config)
+        self._setup: Setup = resolve(config)
+        self._model_mask = self._setup.pixel_mask  # the model's own -mask, which every restriction keeps
         self.config = config
         self.dtype = dtype or _DTYPES[config.dtype]
         dev = torch.device(device or config.device)
@@ -153,6 +150,33 @@ class Simulator(nn.Module):
         )
 
     # ------------------------------------------------------------------------------
+    @property
+    def setup(self) -> Setup:
+        """The resolved, frozen setup.  Read-only: a simulator is never edited from outside; a different set of
+        pixels is another simulator (:meth:`restricted`)."""
+        return self._setup
+
+    def restricted(self, pixels: np.ndarray) -> "Simulator":
+        """A simulator that computes only the True pixels of ``pixels`` (bool (slow, fast), combined with the
+        model's own ``-mask``, not with an earlier restriction); the others render as exactly 0.
+
+        The copy shares this simulator's parameter buffers, structure factors and compiled kernels (the kernel
+        cache, :func:`nbtorch.runtime.compiled_kernel`, is keyed on what changes the graph: device, dtype, kernel
+        options, tile size, sampling counts and the F table's shape, never on which pixels are simulated) and has
+        its own pixel-index cache; ``self`` is unchanged.
+        """
+        mask = np.asarray(pixels, dtype=bool)
+        if mask.shape != tuple(self.shape):
+            raise InputError(f"pixel mask shape {mask.shape} does not match the detector {tuple(self.shape)}")
+        old = self._model_mask
+        new = copy.copy(self)
+        new.__dict__ = dict(self.__dict__)
+        for table in ("_buffers", "_parameters", "_modules"):
+            new.__dict__[table] = dict(self.__dict__[table])
+        new.__dict__.pop("_pixel_cache", None)
+        new._setup = dataclasses.replace(self._setup, pixel_mask=mask if old is None else (mask & old))
+        return new
+
     @property
     def shape(self) -> tuple[int, int]:
         """Image shape (slow, fast)."""

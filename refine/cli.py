@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from nbtorch import runtime
 from nbtorch.errors import InputError
 from refine.precondition import PRECONDITIONER_NAMES
 
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precondition", choices=PRECONDITIONER_NAMES,
                    help="parameter scaling of every stage from its Fisher matrix (default: the schedule's own; "
                         "stage_a: full for LBFGS, none for Adam; --refine: none)")
-    g.add_argument("--loss", default="poisson", help="poisson (default), gaussian, mse, huber, log, ncc")
+    g.add_argument("--loss", default="poisson", help="poisson (the half Poisson deviance, default), poisson_nll, gaussian, mse, huber, log, ncc (losses.LOSSES)")
     g.add_argument("--max-steps", type=int, help="steps per stage (stage_a: per coarse stage, the final one 5x; "
                                                  "--refine: default 200)")
     g.add_argument("--bin", type=int, default=1, help="bin model and observed KxK in the --refine stage (default 1)")
@@ -371,15 +372,6 @@ def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return inputs
 
 
-def _default_compile(sim, n_pixels: int) -> bool:
-    """Compile when one model evaluation is big enough for the ~1 min compile to pay off over a refinement."""
-    from nbtorch import runtime
-
-    if runtime.env_disables_compile():
-        return False
-    return n_pixels * sim.evaluations_per_pixel() >= 200_000
-
-
 class _EagerForEsds:
     """Switch a compiled simulator to eager when the last stage ends: the esds differentiate twice
     (``create_graph=True``), which a compiled backward does not support."""
@@ -399,7 +391,7 @@ class _EagerForEsds:
 
     def on_stage_end(self, stage, index, status, message) -> None:
         if index + 1 >= self.n_stages or not status.ok:
-            self.sim.set_compile(False, "eager for the uncertainty estimate")
+            self.sim.set_compile(*runtime.compile_policy("esds"))
 
     def on_run_end(self, result) -> None:
         pass
@@ -426,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
     """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
     import torch
 
-    from nbtorch import Simulator, config_from_args, runtime
+    from nbtorch import Simulator, config_from_args
     from nbtorch.io.atomic import check_not_inputs
     from refine.callbacks import TensorBoardCallback
     from refine.data import load_image
@@ -435,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
     from refine.parameters import ParameterSpace
     from refine.report import ESD_NOTE, results_table, write_outputs
     from refine.runner import refine
-    from refine.selection import check_roi, resolution_mask, restrict_simulator, roi_mask, subsample_mask
+    from refine.selection import check_roi, resolution_mask, roi_mask, subsample_mask
 
     say = _Say(args.quiet)
     t0 = time.monotonic()
@@ -569,10 +561,8 @@ def run(args: argparse.Namespace) -> int:
     if n_used == 0:
         raise InputError("no pixel left to fit: the mask, --roi, --dmin/--dmax and --subsample exclude every pixel")
     if n_used < use.size:
-        restrict_simulator(sim, use)
-    compile_on = args.compile if args.compile is not None else _default_compile(sim, n_used)
-    if compile_on:
-        sim.set_compile(True, "nbtorch-refine --compile" if args.compile else "nbtorch-refine: big job")
+        sim = sim.restricted(use)
+    sim.set_compile(*runtime.compile_policy("refinement", n_used * sim.evaluations_per_pixel(), explicit=args.compile))
     say(f"  fitting {n_used} of {use.size} pixels ({100.0 * n_used / use.size:.3g}%), "
         f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
         f"{args.dtype} on {args.device}")

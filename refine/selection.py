@@ -13,15 +13,14 @@ fitted pixels are the AND of:
   the other pixels (so the background, and model spots where nothing was observed, still count);
 * otherwise a random ``subsample`` fraction of the pixels.
 
-:func:`restrict_simulator` hands the final mask to the simulator, so the pixels
-left out are not computed at all (they are 0 in its images) rather than computed
-and ignored.
+:meth:`nbtorch.Simulator.restricted` turns the final mask into a simulator that computes only
+those pixels, so the pixels left out are not computed at all (they are 0 in its images)
+rather than computed and ignored.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -29,8 +28,7 @@ import torch
 
 from nbtorch.errors import InputError
 
-__all__ = ["roi_mask", "resolution_map", "resolution_mask", "subsample_mask", "restrict_simulator",
-           "check_roi"]
+__all__ = ["roi_mask", "resolution_map", "resolution_mask", "subsample_mask", "check_roi"]
 
 
 def check_roi(roi: Sequence[int], shape: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -112,14 +110,3 @@ def subsample_mask(mask: np.ndarray, fraction: float, seed: int = 0) -> np.ndarr
     return mask & (rng.random(mask.shape) < fraction)
 
 
-def restrict_simulator(sim, mask: np.ndarray) -> None:
-    """Make ``sim`` compute only the True pixels of ``mask`` (bool (slow, fast)); the others render as 0.
-
-    Combined with a ``-mask`` the model may already carry.  (The simulator keeps the pixel
-    mask in its resolved, frozen ``setup``; this replaces that field.)
-    """
-    mask = np.asarray(mask, dtype=bool)
-    if mask.shape != tuple(sim.shape):
-        raise InputError(f"pixel mask shape {mask.shape} does not match the detector {tuple(sim.shape)}")
-    old = sim.setup.pixel_mask
-    sim.setup = replace(sim.setup, pixel_mask=mask if old is None else (mask & old))

@@ -21,7 +21,7 @@ centre of pixel index ``i`` is at ``i + 0.5`` (DIALS, the thaumatin spot lists a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -133,7 +133,7 @@ def window_mask(shape: tuple[int, int], spots: np.ndarray, half: int) -> np.ndar
 def render_pixels(sim, values: Mapping[str, float], pixels: np.ndarray) -> np.ndarray:
     """The simulator's Bragg image (photons, no scale or background) on the True pixels of ``pixels`` (0 elsewhere).
 
-    Only those pixels are computed (the simulator's pixel mask is replaced for the call, then restored).
+    Only those pixels are computed (a :meth:`~nbtorch.Simulator.restricted` copy of ``sim``; ``sim`` is unchanged).
     """
     from nbtorch.setup import PARAMETER_NAMES
     from nbtorch.simulator import ORIENTATION_DELTAS
@@ -143,15 +143,10 @@ def render_pixels(sim, values: Mapping[str, float], pixels: np.ndarray) -> np.nd
     if ys.size == 0:
         return np.zeros(pixels.shape)
     roi = (int(xs.min()), int(xs.max()), int(ys.min()), int(ys.max()))
-    old = sim.setup
-    sim.setup = replace(old, pixel_mask=pixels)
-    try:
-        overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64)
-                     for n in PARAMETER_NAMES + ORIENTATION_DELTAS if n in values}
-        with torch.no_grad():
-            img, _ = sim.render(roi=roi, **overrides)
-    finally:
-        sim.setup = old
+    overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64)
+                 for n in PARAMETER_NAMES + ORIENTATION_DELTAS if n in values}
+    with torch.no_grad():
+        img, _ = sim.restricted(pixels).render(roi=roi, **overrides)
     out = np.zeros(pixels.shape)
     x0, x1, y0, y1 = roi
     out[y0:y1 + 1, x0:x1 + 1] = img.detach().cpu().double().numpy()

@@ -192,3 +192,58 @@ def test_check_device_names_the_flag():
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match=r"^-device cuda:1: CUDA is not available on this machine$"):
             runtime.check_device("cuda:1", "-device")
+
+
+# ------------------------------------------------------------------------------ one compile policy
+
+@pytest.mark.parametrize("purpose, evaluations, explicit, env, expected", [
+    ("simulator", None, None, None, True),
+    ("simulator", None, False, None, False),
+    ("simulator", None, None, "NANOBRAGG_DISABLE_COMPILE", False),
+    ("simulator", None, None, "NANOBRAG_DISABLE_COMPILE", False),
+    ("simulator", None, True, "NANOBRAGG_DISABLE_COMPILE", True),  # an explicit request wins over the environment
+    ("one-shot", 49_999_999, None, None, False),
+    ("one-shot", 50_000_000, None, None, True),
+    ("one-shot", 1e9, None, "NANOBRAG_DISABLE_COMPILE", False),
+    ("one-shot", 10, True, None, True),
+    ("refinement", 199_999, None, None, False),
+    ("refinement", 200_000, None, None, True),
+    ("refinement", 1e7, False, None, False),
+    ("refinement", 1e7, None, "NANOBRAGG_DISABLE_COMPILE", False),
+    ("esds", None, True, None, False),  # second derivatives never meet a compiled graph, whatever is asked
+])
+def test_compile_policy(monkeypatch, purpose, evaluations, explicit, env, expected):
+    from nbtorch.runtime import compile_policy
+
+    for name in runtime.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    if env:
+        monkeypatch.setenv(env, "1")
+    decision, why = compile_policy(purpose, evaluations, explicit)
+    assert decision is expected and why
+
+
+def test_compile_policy_inside_eager_and_bad_purpose():
+    from nbtorch.runtime import compile_policy
+
+    with nbtorch.eager():
+        assert compile_policy("one-shot", 1e12, explicit=True) == (False, "inside nbtorch.eager()")
+        assert compile_policy("simulator", explicit=True)[0] is False
+    with pytest.raises(ValueError, match="purpose"):
+        compile_policy("training")
+    with pytest.raises(ValueError, match="needs the number of evaluations"):
+        compile_policy("refinement")
+
+
+def test_every_command_decides_through_the_policy():
+    """No command line keeps its own threshold or rule: the thresholds live in nbtorch.runtime only."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in list((root / "refine").glob("*.py")) + list((root / "nbtorch").glob("*.py")) + \
+            list((root / "experiments").glob("*.py")):
+        if path.name == "runtime.py":
+            continue
+        text = path.read_text()
+        for literal in ("50_000_000", "5e7", "200_000", "2e5"):
+            assert literal not in text, f"{path.name} has its own compile threshold {literal}"

@@ -106,3 +106,45 @@ def test_memory_2048_heavy_under_2GB():
     assert out.returncode == 0, out.stderr[-2000:]
     peak_mb = float(out.stdout.strip().splitlines()[-1])
     assert peak_mb < 2048, f"peak RSS {peak_mb:.0f} MB"
+
+
+# ------------------------------------------------------------------------------ not edited from outside
+
+def test_setup_is_read_only_and_restricted_copies_leave_the_simulator_alone():
+    import dataclasses
+
+    import numpy as np
+
+    sim = Simulator(config_from_args("-cell 40 40 40 90 90 90 -default_F 100 -N 3 -lambda 1 -distance 50 "
+                                     "-detpixels 24 -pixel 0.2 -oversample 1".split()), compile=False)
+    with pytest.raises(AttributeError):
+        sim.setup = dataclasses.replace(sim.setup, pixel_mask=None)
+    pixels = np.zeros(sim.shape, dtype=bool)
+    pixels[5:15, 3:20] = True
+    sub = sim.restricted(pixels)
+    with torch.no_grad():
+        full, part = sim(), sub()
+    assert sim.setup.pixel_mask is None and sub.setup.pixel_mask is not None
+    assert torch.equal(part[torch.as_tensor(pixels)], full[torch.as_tensor(pixels)])
+    assert float(part[~torch.as_tensor(pixels)].abs().max()) == 0.0 and float(full.max()) > 0
+    # a restriction replaces an earlier one (the model's own -mask aside), it does not narrow it
+    other = np.zeros(sim.shape, dtype=bool)
+    other[0:4, 0:4] = True
+    assert np.array_equal(sub.restricted(other).setup.pixel_mask, other)
+    # buffers are shared values, but the copy's dict of buffers is its own
+    assert sub.cell_a is sim.cell_a
+    sub.register_buffer("extra", torch.zeros(1))
+    assert not hasattr(sim, "extra")
+    with pytest.raises(Exception, match="pixel mask shape"):
+        sim.restricted(np.ones((3, 3), dtype=bool))
+
+
+def test_nothing_outside_nbtorch_assigns_a_simulator_setup():
+    """refine/ and experiments/ use Simulator.restricted; only the simulator sets its own setup."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("refine", "experiments", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            assert not re.search(r"\.setup\s*=[^=]", path.read_text()), path

@@ -13,7 +13,6 @@ import torch
 
 from nbtorch.errors import InputError
 from refine.objective import ImageObjective, make_view, poisson_deviance, resolve_loss
-from refine.selection import restrict_simulator
 
 F64 = torch.float64
 GRAD = ("cell_a", "beam_x", "mosaic_spread", "orient_y", "scale", "background", "background_x")
@@ -50,7 +49,7 @@ def test_render_pixels_is_render_without_the_zeros(problem_cache):
     assert torch.equal(index, torch.arange(image.numel()))  # no mask: every pixel, in order
     assert torch.equal(values, image.reshape(-1))
     mask = _mask(sim.shape, 0.3, 1)
-    restrict_simulator(sim, mask)
+    sim = sim.restricted(mask)
     image, stats = sim.render()
     values, index, stats_px = sim.render_pixels()
     assert torch.equal(index, torch.as_tensor(np.flatnonzero(mask)))  # the new mask, not the cached indices
@@ -75,11 +74,11 @@ def test_sparse_objective_matches_the_dense_one(problem_cache, sim_mask):
     obs = torch.as_tensor(problem.observed)
     use = _mask(sim.shape, 0.25, 2)
     if sim_mask == "same":
-        restrict_simulator(sim, use)
+        sim = sim.restricted(use)
     elif sim_mask == "superset":
-        restrict_simulator(sim, use | _mask(sim.shape, 0.3, 3))
+        sim = sim.restricted(use | _mask(sim.shape, 0.3, 3))
     elif sim_mask == "subset":  # pixels the simulator skips are 0 in both paths
-        restrict_simulator(sim, use & _mask(sim.shape, 0.7, 4))
+        sim = sim.restricted(use & _mask(sim.shape, 0.7, 4))
     vals = _values(problem, sim)
     view = make_view(sim, {k: float(v.detach()) for k, v in vals.items()}, torch.as_tensor(use), fraction=0.8)
     sparse = ImageObjective(sim, obs, view, poisson_deviance)
@@ -103,7 +102,7 @@ def test_registry_losses_are_sparse_and_agree(problem_cache):
     sim = problem.simulator()
     obs = torch.as_tensor(problem.observed)
     use = _mask(sim.shape, 0.4, 5)
-    restrict_simulator(sim, use)
+    sim = sim.restricted(use)
     vals = _values(problem, sim)
     view = make_view(sim, {k: float(v.detach()) for k, v in vals.items()}, torch.as_tensor(use))
     for name in ("gaussian", "ncc"):

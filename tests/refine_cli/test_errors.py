@@ -43,7 +43,7 @@ CASES = {
     "bad start value": (["--problem", "cubic_mosflm", "--size", "16", "--start", "cell_a=big"], "not a number"),
     "unknown symmetry": (["--problem", "cubic_mosflm", "--size", "16", "--symmetry", "P99"], "unknown crystal system"),
     "unknown loss": (["--problem", "cubic_mosflm", "--size", "16", "--loss", "chi9"],
-                     "unknown loss 'chi9'; valid: poisson, gaussian, mse, huber, log, ncc"),
+                     "unknown loss 'chi9'; valid: poisson, poisson_nll, gaussian, mse, huber, log, ncc"),
     "unknown option": (["--problem", "cubic_mosflm", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     "bad optimizer": (["--problem", "cubic_mosflm", "--optimizer", "sgd"], "invalid choice: 'sgd'"),
     "refine and stages": (["--problem", "cubic_mosflm", "--refine", "cell", "--stages", "stage_a"], "drop one"),
