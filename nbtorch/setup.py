@@ -343,12 +343,23 @@ def resolve_crystal(cfg: SimulationConfig, c_parity: bool) -> CrystalSetup:
         misset = tuple(float(v) for v in crng.random_misset_umat(seed).misset_deg)
     else:
         misset = tuple(cfg.misset_deg or (0.0, 0.0, 0.0))
-    water_m = cfg.water_um * 1e-6
+    water_F2N = _water_F2N(cfg.water_um)
     return CrystalSetup(
         cell=cell, orientation0=orientation0, cell_quirk=cell_quirk, misset_deg=misset,
         n_cells=tuple(max(1.0, float(v)) for v in (cfg.N_a, cfg.N_b, cfg.N_c)), shape=cfg.shape, fudge=cfg.fudge,
-        water_F2N=WATER_F**2 * water_m**3 * 1e6 * AVOGADRO / WATER_MW,
+        water_F2N=water_F2N,
     )
+
+
+def _water_F2N(water_um: float) -> float:
+    """F^2 N of the water background for a ``-water`` thickness (µm); one line when it overflows a float."""
+    try:
+        value = WATER_F**2 * (water_um * 1e-6) ** 3 * 1e6 * AVOGADRO / WATER_MW
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise InputError(f"-water: {water_um:g} µm is too thick: the water scattering overflows a float")
+    return value
 
 
 def _auto_oversample(cfg: SimulationConfig, detector: DetectorSetup, crystal: CrystalSetup) -> int:

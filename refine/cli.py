@@ -26,13 +26,10 @@ import math
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
-from nbtorch import runtime
 from nbtorch.errors import InputError
 from refine.precondition import PRECONDITIONER_NAMES
 
@@ -95,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
     g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
     g.add_argument("--bounds", type=_csv, help="name=low:high,... refine inside open intervals")
+    g.add_argument("--prior", type=_csv, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
+                                              "each in its own unit (e.g. distance=150:0.5); they add "
+                                              "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds")
     g = p.add_argument_group("optimiser")
     g.add_argument("--optimizer", default="lbfgs", choices=("lbfgs", "adam"), help="step rule (default %(default)s)")
     g.add_argument("--lr", type=float, help="step length (LBFGS, default 1) or learning rate (Adam, default 0.1)")
@@ -228,6 +228,22 @@ def start_values(items: Sequence[str] | None) -> dict[str, float]:
         if not math.isfinite(out[name]):
             raise InputError(f"--start {name}: must be finite, got {text!r}")
     return out
+
+
+def prior_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
+    """``--prior name=mean:sigma,...`` (Gaussian priors, each name in its own unit)."""
+    from refine.objective import check_priors
+
+    out = {}
+    for name, text in _pairs(items, "--prior").items():
+        mean, sep, sigma = text.partition(":")
+        try:
+            out[name] = (float(mean), float(sigma))
+        except ValueError:
+            raise InputError(f"--prior {name}: expected mean:sigma, got {text!r}") from None
+        if not sep:
+            raise InputError(f"--prior {name}: expected mean:sigma, got {text!r}")
+    return check_priors(out, "--prior")
 
 
 def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
@@ -372,31 +388,6 @@ def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return inputs
 
 
-class _EagerForEsds:
-    """Switch a compiled simulator to eager when the last stage ends: the esds differentiate twice
-    (``create_graph=True``), which a compiled backward does not support."""
-
-    def __init__(self, sim) -> None:
-        self.sim = sim
-        self.n_stages = 0
-
-    def on_run_start(self, info) -> None:
-        self.n_stages = len(info.stages)
-
-    def on_stage_start(self, stage, index) -> None:
-        pass
-
-    def on_step(self, state) -> None:
-        pass
-
-    def on_stage_end(self, stage, index, status, message) -> None:
-        if index + 1 >= self.n_stages or not status.ok:
-            self.sim.set_compile(*runtime.compile_policy("esds"))
-
-    def on_run_end(self, result) -> None:
-        pass
-
-
 # ------------------------------------------------------------------------------ the run
 
 
@@ -415,264 +406,10 @@ class _Say:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
-    import torch
+    """Load, refine, write (:func:`refine.command.run`, the steps of the run).  Returns the exit status."""
+    from refine.command import run as run_command  # refine.command imports this module's helpers
 
-    from nbtorch import Simulator, config_from_args
-    from nbtorch.io.atomic import check_not_inputs
-    from refine.callbacks import TensorBoardCallback
-    from refine.data import load_image
-    from refine.model import model_config
-    from refine.model import crystal_system, tie_start_cell
-    from refine.parameters import ParameterSpace
-    from refine.report import ESD_NOTE, results_table, write_outputs
-    from refine.runner import refine
-    from refine.selection import check_roi, resolution_mask, roi_mask, subsample_mask
-
-    say = _Say(args.quiet)
-    t0 = time.monotonic()
-    # ---- checks that need no data ------------------------------------------------------------
-    if bool(args.image) == bool(args.problem):
-        raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
-    if args.image and not args.model:
-        raise InputError("--model: the starting model's nanoBragg flags are required with --image "
-                         '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
-    symmetry = crystal_system(args.symmetry)
-    stages = build_stages(args)
-    _check_loss(args.loss)
-    start = start_values(args.start)
-    bounds = bounds_values(args.bounds)
-    for flag, value in (("--time-budget", args.time_budget), ("--checkpoint-every", args.checkpoint_every),
-                        ("--tb-every", args.tb_every), ("--saturation", args.saturation)):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise InputError(f"{flag}: must be a positive number, got {value:g}")
-    if args.seed < 0:
-        raise InputError(f"--seed: must be >= 0, got {args.seed}")
-    for flag, names in (("--refine", args.refine), ("--fix", args.fix), ("--esd-extra", args.esd_extra)):
-        if names is not None and not names:
-            raise InputError(f"{flag}: no names given")
-    both = sorted(set(args.refine or ()) & set(args.fix or ()))
-    if both:
-        raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
-    if args.subsample is not None and not 0 < args.subsample <= 1:
-        raise InputError(f"--subsample: fraction must be in (0, 1], got {args.subsample:g}")
-    if args.spot_window is not None and args.spot_window < 0:
-        raise InputError(f"--spot-window: must be >= 0 pixels, got {args.spot_window}")
-    if args.spot_window is not None and not args.spots:
-        raise InputError("--spot-window needs --spots (a spot list or 'find')")
-    runtime.check_device(args.device, "--device")
-    if Path(args.out).is_dir() or not Path(args.out).name or Path(args.out).name in (".", ".."):
-        raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
-    json_path = args.json or str(Path(args.out).with_suffix(".json"))
-    ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
-    outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
-    if args.report:
-        from refine.figures import require_matplotlib
-
-        require_matplotlib("--report")
-        outputs["--report"] = args.report
-    make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
-    check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
-    if args.resume and not Path(ckpt_path).is_file():
-        raise InputError(f"--resume: checkpoint {ckpt_path} not found "
-                         "(run once without --resume, or give --checkpoint)")
-    dtype = torch.float64 if args.dtype == "float64" else torch.float32
-
-    # ---- observed image and starting model ----------------------------------------------------------
-    truth = None
-    extra: dict[str, Any] = {"command": " ".join([PROG, *getattr(args, "argv", [])])}
-    if args.problem:
-        from refine.problems import make_problem
-
-        problem = make_problem(args.problem, size=args.size, option_prefix="--")
-        say(f"{PROG}: problem {problem.name}: {problem.description}")
-        cfg = config_from_args(list(problem.args))
-        observed = problem.observed
-        mask = np.ones(observed.shape, dtype=bool)
-        truth = {k: v for k, v in problem.truth.items()}
-        start = {**problem.start, **start}
-        symmetry = symmetry or problem.symmetry
-        free_default, fixed = problem.free, tuple(args.fix) if args.fix is not None else problem.fixed
-        extra["input"] = {"problem": problem.name, "size": problem.size, "model": list(problem.args)}
-        extra["truth"] = truth
-        if args.roi:
-            cfg = cfg.replace(roi=tuple(check_roi(args.roi, observed.shape)))
-    else:
-        obs = load_image(args.image, frame=args.frame, shape=args.shape, dtype=args.raw_dtype, dataset=args.dataset,
-                         mask=args.mask, saturation=args.saturation, nonfinite="mask" if args.mask_nan else "error")
-        if args.dataset != _DEFAULT_DATASET and obs.format != "hdf5":
-            raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
-        say(f"{PROG}: {obs.describe()}")
-        roi = check_roi(args.roi, obs.shape) if args.roi else None
-        cfg, tokens, notes = model_config(args.model, obs, roi)
-        for note in notes:
-            say(f"  {note}")
-        observed, mask = obs.image, obs.mask
-        free_default, fixed = None, tuple(args.fix or ())
-        extra["input"] = {"image": obs.path, "format": obs.format, "frame": args.frame, "geometry": obs.geometry,
-                          "masked": obs.masked, "model": tokens}
-    check_not_inputs([(f"--model {flag}", path) for flag, path in cfg.model_files()], outputs.items())
-    if args.dtype != cfg.dtype:
-        cfg = cfg.replace(dtype=args.dtype)
-    sim = Simulator(cfg, dtype=dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)
-    if tuple(sim.shape) != tuple(observed.shape):
-        raise InputError(f"{args.image}: image is {observed.shape[1]} x {observed.shape[0]} pixels (fast x slow) but "
-                         f"the model's detector is {sim.shape[1]} x {sim.shape[0]}; fix -detpixels_f/-detpixels_s "
-                         "in --model")
-    if symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
-        start.update(tie_start_cell(symmetry, sim.setup.params, start))
-    # early check of names (the run's space decides groups such as 'cell')
-    space = ParameterSpace(symmetry=symmetry or "triclinic", background=args.background,
-                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (args.refine or []) + list(fixed)))
-    for label, names in (("--refine", args.refine), ("--fix", fixed), ("--esd-extra", args.esd_extra)):
-        if names:
-            try:
-                space.expand(names)
-            except InputError as exc:
-                raise InputError(f"{label}: {exc}") from None
-
-    # ---- pixels ---------------------------------------------------------------------------------------
-    x0, x1, y0, y1 = sim.setup.roi
-    use = mask & roi_mask(observed.shape, (x0, x1, y0, y1))
-    if args.dmin is not None or args.dmax is not None:
-        use &= resolution_mask(sim, args.dmin, args.dmax, (x0, x1, y0, y1))
-    spots = None
-    if args.spots:
-        from refine.spots import find_spots, read_spot_list, window_mask
-
-        if args.spots == "find":
-            spots = find_spots(observed, use, roi=(x0, x1, y0, y1))
-        else:
-            spots = read_spot_list(args.spots)
-        sx, sy = np.floor(spots[:, 0]).astype(int), np.floor(spots[:, 1]).astype(int)
-        inside = (sx >= x0) & (sx <= x1) & (sy >= y0) & (sy <= y1)
-        inside &= use[np.clip(sy, 0, use.shape[0] - 1), np.clip(sx, 0, use.shape[1] - 1)]
-        spots = spots[inside]
-        if len(spots) == 0:
-            raise InputError(f"--spots {args.spots}: no spot inside the fitted region")
-        say(f"  {len(spots)} observed spots in the fitted region")
-        if args.spot_window is not None:
-            win = window_mask(observed.shape, spots, int(args.spot_window))
-            rest = subsample_mask(use & ~win, args.subsample, args.seed) if args.subsample else np.zeros_like(use)
-            use = (use & win) | rest
-    if args.subsample and args.spot_window is None:
-        use = subsample_mask(use, args.subsample, args.seed)
-    n_used = int(use.sum())
-    if n_used == 0:
-        raise InputError("no pixel left to fit: the mask, --roi, --dmin/--dmax and --subsample exclude every pixel")
-    if n_used < use.size:
-        sim = sim.restricted(use)
-    sim.set_compile(*runtime.compile_policy("refinement", n_used * sim.evaluations_per_pixel(), explicit=args.compile))
-    say(f"  fitting {n_used} of {use.size} pixels ({100.0 * n_used / use.size:.3g}%), "
-        f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
-        f"{args.dtype} on {args.device}")
-
-    # ---- starting scale and background of a measured image --------------------------------------------
-    if args.image and not ({"scale", "background"} <= set(start)) and not args.resume:
-        from refine.model import fit_scale_background
-
-        vals0 = {n: float(v) for n, v in sim.setup.params.items()}
-        vals0.update({k: v for k, v in start.items() if k in vals0})
-        s0, b0 = fit_scale_background(sim, vals0, observed, use)
-        start.setdefault("scale", s0)
-        start.setdefault("background", b0)
-        say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
-            "(Poisson fit of the starting model)")
-
-    # ---- spots before -------------------------------------------------------------------------------
-    def offsets(values: dict) -> Any:
-        from nbtorch import eager
-        from refine.spots import spot_offsets
-
-        with eager():
-            return spot_offsets(sim, values, spots)
-
-    spots_before = None
-    if spots is not None:
-        vals0 = {n: float(v) for n, v in sim.setup.params.items()}
-        vals0.update({k: v for k, v in start.items() if k in vals0})
-        spots_before = offsets(vals0)
-
-    # ---- refine ----------------------------------------------------------------------------------------
-    for directory in make_dirs:
-        directory.mkdir(parents=True, exist_ok=True)
-    callbacks = []
-    if args.logdir:
-        callbacks.append(TensorBoardCallback(args.logdir, every=args.tb_every))
-        say(f"  TensorBoard logs: {args.logdir}")
-    if sim.compile_mode == "compiled" and not args.no_esds:
-        callbacks.append(_EagerForEsds(sim))
-    progress = False if args.quiet else None
-    result = refine(sim, observed, start=start, free=free_default if args.refine is None else None, fixed=fixed,
-                    symmetry=symmetry, bounds=bounds, mask=use, stages=stages,
-                    strategy=args.optimizer, background=args.background, loss=args.loss, callbacks=callbacks,
-                    progress=progress, time_budget_s=args.time_budget, checkpoint=ckpt_path,
-                    checkpoint_every=args.checkpoint_every, resume=ckpt_path if args.resume else None,
-                    esds=not args.no_esds)
-
-    # ---- after -------------------------------------------------------------------------------------------
-    if spots is not None:
-        after = offsets(dict(result.params))
-        both = spots_before.matched & after.matched
-        extra["spots"] = {
-            "source": args.spots, "n": int(len(spots)),
-            "matched_start": int(spots_before.matched.sum()), "matched_final": int(after.matched.sum()),
-            "rms_px_start": spots_before.rms(), "rms_px_final": after.rms(),
-            "rms_px_start_common": spots_before.rms(both), "rms_px_final_common": after.rms(both),
-            "n_common": int(both.sum()), "mean_px_final": after.mean(),
-            "observed": spots, "predicted_start": spots_before.predicted, "predicted_final": after.predicted,
-        }
-    if args.esd_extra:
-        from refine.degeneracy import extended_uncertainties
-
-        from nbtorch import eager
-
-        with eager():  # second derivatives: never through a compiled graph
-            u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
-        extra["esd_extra"] = {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation,
-                              "condition": u.condition}
-    write_outputs(result, args.out, json_path, extra)
-    if args.report:
-        from refine.html_report import write_report  # matplotlib: only when a report is asked for
-
-        write_report(args.report, args.out, f"{PROG}: {Path(args.image).name if args.image else args.problem}")
-
-    # ---- report --------------------------------------------------------------------------------------------
-    say(f"status: {result.status.value} ({result.message})")
-    say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
-        f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
-    say(results_table(result, truth))
-    if result.esd_kinds:
-        say(ESD_NOTE)
-    if result.fit:
-        say(f"fit: final loss {result.fit['excess']:.3g}x the shot-noise expectation of the refined model "
-            f"(about 1 = a fit to the noise level)")
-    for w in result.warnings:
-        say(f"warning: {w}")
-    if spots is not None:
-        s = extra["spots"]
-        say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "
-            f"{s['n_common']} spots matched before and after ({s['matched_start']} -> {s['matched_final']} of "
-            f"{s['n']} matched)")
-    if args.esd_extra:
-        e = extra["esd_extra"]
-        names = e["names"]
-        corr = np.asarray(e["correlation"])
-        for x in [n for n in names if n not in result.free]:
-            i = names.index(x)
-            pairs = ", ".join(f"{n} {corr[i, names.index(n)]:+.3f}" for n in names if n != x and
-                              (n.startswith("cell_") or n in ("wavelength", "distance")))
-            say(f"{x} (fixed) esd if refined: {e['esds'][x]:.3g}; correlation with {pairs}")
-        freed = [n for n in names if n not in result.free]
-        widened = ", ".join(f"{n} {e['esds'][n]:.2g}" for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
-                                                                 "cell_gamma") if n in e["esds"] and n in result.esds)
-        if widened:
-            say(f"esds with {', '.join(freed)} refined as well: {widened}")
-    say(f"wrote {args.out} and {json_path}{' and ' + args.report if args.report else ''} "
-        f"({time.monotonic() - t0:.1f} s in all)")
-    if args.logdir:
-        say(f"TensorBoard logs: {os.path.abspath(args.logdir)}  (view: tensorboard --logdir {args.logdir})")
-    return 0 if result.status.ok else 1
+    return run_command(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

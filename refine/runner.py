@@ -1,11 +1,21 @@
-"""The front door: :func:`refine` runs a staged refinement and returns a :class:`RefinementResult`."""
+"""The front door: :func:`refine` runs a staged refinement and returns a :class:`RefinementResult`.
+
+A run is four named steps, each in its own place:
+
+1. **plan** (:func:`refine.plan.make_plan`): the arguments checked and frozen into a :class:`RunPlan`;
+2. **start or resume** (:func:`start_run`, :func:`resume_run`): the mutable :class:`RunState` (values,
+   :class:`~refine.history.History`, finished stages) from the plan or from a checkpoint;
+3. **run each stage** (:func:`run_stage`): one loop (:func:`refine.loop.minimise`) over the stage's names,
+   recording every point in the history and writing checkpoints;
+4. **finalise** (:func:`refine.finalise.finalise`): the whole image at the final values, fit quality,
+   esds, the result.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -14,27 +24,24 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
-from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 from refine.callbacks import CallbackList, ProgressCallback, RunInfo, StepState
 from refine.checkpoint import RunCheckpoint, read_checkpoint, write_checkpoint
-from refine.loop import LoopInterrupted, LoopState, Status, minimise
-from refine.fit_quality import assess_poisson_fit
-from refine.objective import ImageObjective, LossFn, make_view, poisson_deviance, resolve_loss
+from refine.finalise import finalise
+from refine.history import History
+from refine.loop import LoopInterrupted, LoopResult, LoopState, Status, minimise
+from refine.objective import ImageObjective, LossFn, make_view
+from refine.parameters import ParameterMap, canonical_values
+from refine.plan import RunPlan, make_plan
 from refine.precondition import LinearPreconditioner, make_preconditioner
-from refine.parameters import (
-    BASE_NAMES, REFINABLE, ParameterMap, ParameterSpace, canonical_values, units_of,
-)
 from refine.problems import Problem
 from refine.results import RefinementResult, StageSummary
-from refine.stages import Stage, stage_a
+from refine.stages import Stage
 from refine.strategies import AbstractStrategy
-from refine.uncertainty import ESD_KINDS, estimate_uncertainties
 
-__all__ = ["refine", "RefinementInterrupted"]
+__all__ = ["refine", "RefinementInterrupted", "RunState", "start_run", "resume_run", "run_stage"]
 
 log = logging.getLogger(__name__)
-_HISTORY_COLUMNS = ("step", "stage", "stage_step", "loss", "grad_norm")
 
 
 class RefinementInterrupted(KeyboardInterrupt):
@@ -44,6 +51,150 @@ class RefinementInterrupted(KeyboardInterrupt):
         where = f"; resume with resume={str(checkpoint)!r}" if checkpoint is not None else ""
         super().__init__(f"refinement interrupted{where}")
         self.checkpoint = checkpoint
+
+
+@dataclass
+class RunState:
+    """What changes while a run goes on: the current values, the history, the finished stages' summaries
+    (as dicts), the stage to run next and, after a resume, the loop and preconditioner to continue."""
+
+    values: dict
+    initial_values: dict
+    loss_initial: float
+    history: History
+    summaries: list = field(default_factory=list)
+    first_stage: int = 0
+    elapsed_before_s: float = 0.0
+    loop_resume: LoopState | None = None
+    pre_resume: LinearPreconditioner | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run, the parts before a resume included."""
+        return self.elapsed_before_s + time.monotonic() - self.started
+
+    def last_status(self) -> tuple[Status, str]:
+        if not self.summaries:
+            return Status.CONVERGED, "no stage run"
+        return Status(self.summaries[-1]["status"]), self.summaries[-1]["message"]
+
+
+def start_run(plan: RunPlan, objective: ImageObjective) -> RunState:
+    """A fresh run at the plan's start (``objective``: the whole fitted image, for the initial loss)."""
+    with torch.no_grad():
+        loss_initial = float(objective.evaluate(plan.start)[0])
+    return RunState(values=dict(plan.start), initial_values=dict(plan.start), loss_initial=loss_initial,
+                    history=History())
+
+
+def resume_run(plan: RunPlan, path: str | Path) -> RunState:
+    """The state stored in the checkpoint ``path``; it must have been written for this plan."""
+    ckpt = read_checkpoint(path)
+    if ckpt.fingerprint != plan.fingerprint:
+        raise InputError(f"resume: {path} was written for another problem or plan")
+    in_loop = ckpt.loop is not None
+    return RunState(
+        values=dict(ckpt.stage_values), initial_values=dict(ckpt.initial_values), loss_initial=float(ckpt.loss_initial),
+        history=History(ckpt.history), summaries=list(ckpt.summaries), first_stage=ckpt.stage_index,
+        elapsed_before_s=float(ckpt.elapsed_s), loop_resume=LoopState.from_dict(ckpt.loop) if in_loop else None,
+        pre_resume=(LinearPreconditioner(ckpt.precond["raw0"], ckpt.precond["A"])
+                    if in_loop and ckpt.precond is not None else None))
+
+
+def save_checkpoint(path: str | Path | None, plan: RunPlan, state: RunState, stage_index: int, stage_values: dict,
+                    loop: LoopState | None, names: Sequence[str], pre: LinearPreconditioner | None = None) -> Path | None:
+    """Write the run as it stands to ``path`` (None: nothing written).  At a stage boundary (``loop`` None)
+    the checkpoint holds none of stage ``stage_index``'s rows; inside a stage, the rows up to the loop's step."""
+    if path is None:
+        return None
+    history = state.history.up_to(stage_index, -1 if loop is None else loop.step)
+    return write_checkpoint(path, RunCheckpoint(
+        stage_index=stage_index, stage_values=dict(stage_values),
+        loop=None if loop is None else loop.to_dict(), history=history.to_dict(), summaries=list(state.summaries),
+        initial_values=state.initial_values, loss_initial=state.loss_initial, elapsed_s=state.elapsed(),
+        fingerprint=plan.fingerprint, names=list(names),
+        precond=None if loop is None or pre is None else {"raw0": pre.raw0, "A": pre.A}))
+
+
+def _stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: Mapping[str, float]) -> ImageObjective:
+    """The stage's view of the image (region, bins, fraction) and its loss; a stage refining N fits every
+    pixel at full weight (its ``n_factor`` would scale the very thing refined)."""
+    view = make_view(plan.sim, values, plan.valid, stage.roi_fraction, stage.bin, stage.roi_radius)
+    refines_n = any(n in ("N", "N_a", "N_b", "N_c") for n in names)
+    return ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, 1.0 if refines_n else stage.n_factor,
+                          plan.compile_loss, priors=plan.priors)
+
+
+def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index: int, pmap: ParameterMap,
+                   objective: ImageObjective, pre: LinearPreconditioner):
+    """The loop's ``on_step``: one history row and one :class:`StepState` for the callbacks per point."""
+
+    def on_step(point: LoopState) -> None:
+        raw = pre.to_raw(point.raw)
+        grad_raw = torch.linalg.solve(pre.A.T, point.grad) if point.grad.numel() else point.grad
+        vals = pmap.values_at(raw)
+        canon = canonical_values(vals)
+        step = state.history.append(index, point.step, point.loss, point.grad_norm,
+                                    {**canon, **{n: vals[n] for n in ORIENTATION_DELTAS}})
+        callbacks.on_step(StepState(
+            stage=stage.name, stage_index=index, step=step, stage_step=point.step, loss=point.loss,
+            grad_norm=point.grad_norm, params=pmap.physical_floats(raw),
+            grads={n: float(g) for n, g in zip(pmap.names, grad_raw)}, canonical=canon,
+            model=None if point.aux is None else objective.model_image(point.aux), observed=objective.observed,
+            weights=objective.weights))
+
+    return on_step
+
+
+def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackList,
+              checkpoint: str | Path | None = None, checkpoint_every: int = 10) -> LoopResult:
+    """Run stage ``index`` of the plan from ``state.values`` (or from the loop saved in ``state`` after a
+    resume); on return ``state.values`` and ``state.summaries`` include it.
+
+    Raises:
+        RefinementInterrupted: Ctrl-C, after writing the checkpoint.
+    """
+    stage, names = plan.stages[index]
+    pmap = ParameterMap(plan.space, state.values, names)
+    objective = _stage_objective(plan, stage, names, state.values)
+    resume = state.loop_resume if index == state.first_stage else None
+    conv = stage.convergence
+    if plan.time_budget_s is not None:  # the loop counts this stage's time before a resume too
+        left = max(0.0, plan.time_budget_s - state.elapsed()) + (resume.elapsed_s if resume is not None else 0.0)
+        conv = conv.replace(time_budget_s=left if conv.time_budget_s is None else min(left, conv.time_budget_s))
+    stage_values = dict(state.values)
+    callbacks.on_stage_start(stage, index)
+    if resume is not None and state.pre_resume is not None:
+        pre = state.pre_resume
+    else:
+        pre = make_preconditioner(stage.precondition, objective, pmap, pmap.raw0(plan.sim.dtype))
+
+    def fn(z: Tensor) -> tuple[Tensor, Tensor]:
+        loss_value, model = objective.evaluate(pmap.expand(pmap.physical(pre.to_raw(z))))
+        return loss_value, model.detach()
+
+    def save(point: LoopState | None) -> Path | None:
+        return save_checkpoint(checkpoint, plan, state, index, stage_values, point, names, pre)
+
+    try:
+        res = minimise(fn, pre.z0(), stage.strategy, conv, on_step=_step_recorder(state, callbacks, stage, index,
+                                                                                   pmap, objective, pre),
+                       on_checkpoint=save, checkpoint_every=checkpoint_every if checkpoint is not None else 0,
+                       resume=resume)
+    except LoopInterrupted as exc:
+        raise RefinementInterrupted(save(exc.state)) from None
+    except KeyboardInterrupt:  # during the start evaluation: a resume restarts this stage
+        raise RefinementInterrupted(save_checkpoint(checkpoint, plan, state, index, stage_values, None, names)) from None
+    state.loop_resume = None
+    state.values = pmap.values_at(pre.to_raw(res.state.raw))
+    first_loss = state.history.first_loss(index)
+    state.summaries.append(StageSummary(
+        stage.name, res.status, res.message, res.state.step, res.state.evaluations,
+        float(res.state.loss if first_loss is None else first_loss), res.state.loss, tuple(names), stage.describe(),
+        res.state.elapsed_s).to_dict())
+    log.info("stage %s: %s (%d steps, loss %.6g)", stage.name, res.status.value, res.state.step, res.state.loss)
+    callbacks.on_stage_end(stage, index, res.status, res.message)
+    return res
 
 
 def refine(
@@ -68,6 +219,7 @@ def refine(
     resume: str | Path | None = None,
     esds: bool = True,
     compile_loss: bool = False,
+    priors: Mapping[str, tuple[float, float]] | None = None,
 ) -> RefinementResult:
     """Refine simulator parameters against an observed image.
 
@@ -100,6 +252,9 @@ def refine(
         resume: a checkpoint to continue from (same problem and plan).
         esds: estimate uncertainties at the end (Fisher information; :mod:`refine.uncertainty`).
         compile_loss: wrap the loss in ``torch.compile(fullgraph=True)``.
+        priors: name -> (mean, sigma): Gaussian priors (restraints) on any base name, in its own units
+            (:data:`refine.parameters.UNITS`); each adds ``0.5 ((value - mean) / sigma)^2`` to the loss
+            and ``1 / sigma^2`` to the Fisher information of the esds.
 
     Returns:
         :class:`~refine.results.RefinementResult`.
@@ -109,279 +264,29 @@ def refine(
             mismatch, a checkpoint from another problem).
         RefinementInterrupted: Ctrl-C (a ``KeyboardInterrupt``), after writing the checkpoint.
     """
-    t0 = time.monotonic()
-    # ---- inputs -------------------------------------------------------------------------
-    problem = problem_or_simulator if isinstance(problem_or_simulator, Problem) else None
-    if problem is not None:
-        sim = problem.simulator()
-        observed = problem.observed if observed is None else observed
-        start = {**problem.start, **(start or {})}
-        symmetry = symmetry or problem.symmetry
-        free = problem.free if free is None else free
-        fixed = problem.fixed if fixed is None else fixed
-    elif isinstance(problem_or_simulator, Simulator):
-        sim = problem_or_simulator
-    else:
-        raise InputError(f"problem_or_simulator: expected a Problem or a Simulator, got {type(problem_or_simulator).__name__}")
-    if observed is None:
-        raise InputError("observed: an observed image is required")
-    symmetry = symmetry or "triclinic"
-    fixed = tuple(fixed or ())
-    obs = torch.as_tensor(np.asarray(observed) if not isinstance(observed, Tensor) else observed)
-    obs = obs.to(dtype=sim.dtype, device=sim.device)
-    if tuple(obs.shape) != tuple(sim.shape):
-        raise InputError(f"observed: shape {tuple(obs.shape)} does not match the detector {tuple(sim.shape)} (slow, fast)")
-    valid = torch.isfinite(obs) & (obs >= 0)
-    if mask is not None:
-        m = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask)
-        if m.dtype != torch.bool or tuple(m.shape) != tuple(sim.shape):
-            raise InputError(f"mask: expected a bool array of shape {tuple(sim.shape)}, got {m.dtype} {tuple(m.shape)}")
-        valid &= m.to(valid.device)
-    if sim.setup.pixel_mask is not None:
-        valid &= torch.as_tensor(sim.setup.pixel_mask, device=valid.device)
-    if not bool(valid.any()):
-        raise InputError("observed: no usable pixels (all masked, NaN or negative)")
-    obs = torch.where(valid, obs, torch.zeros((), dtype=obs.dtype, device=obs.device))
-
-    values0 = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
-    values0.update({n: 0.0 for n in ORIENTATION_DELTAS})
-    values0.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
-    for k, v in (start or {}).items():
-        if k not in BASE_NAMES:
-            raise InputError(f"start: unknown parameter {k!r}; valid: {', '.join(BASE_NAMES)}")
-        values0[k] = float(v)
-
-    stages = tuple(stages) if stages is not None else stage_a(strategy)
-    if not stages:
-        raise InputError("stages: at least one stage is needed")
-    named = set(free or ()) | set(fixed) | {n for s in stages for n in s.free}
-    space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
-                           background=background, bounds=dict(bounds or {}), fixed=fixed,
-                           pixel_mm=sim.setup.pixel_m * 1000.0)
-    space.check_start(values0)
-    run_free = set(space.expand(free)) if free is not None else None
-    plan: list[tuple[Stage, tuple[str, ...]]] = []
-    for stage in stages:
-        names = space.expand(stage.free)
-        if run_free is not None:
-            names = tuple(n for n in names if n in run_free)
-        if names:
-            plan.append((stage, names))
-        else:
-            log.info("stage %s has nothing to refine; skipped", stage.name)
-    if not plan:
-        raise InputError("nothing to refine: every stage's parameters are fixed or outside free=")
-    all_names = tuple(n for n in REFINABLE if any(n in names for _, names in plan))
-    loss_fn = resolve_loss(loss)
-    fingerprint = {
-        "shape": list(sim.shape),
-        "observed_sha1": hashlib.sha1(obs.detach().cpu().numpy().tobytes()).hexdigest(),
-        "stages": [[s.name, list(n)] for s, n in plan],
-        "symmetry": symmetry,
-    }
-    hparams: dict[str, Any] = {
-        "strategy": ",".join(sorted({s.strategy.name for s, _ in plan})), "symmetry": symmetry,
-        "loss": loss if isinstance(loss, str) else getattr(loss, "__name__", "custom"),
-        "background": background, "stages": "/".join(s.name for s, _ in plan), "n_free": len(all_names),
-        "time_budget_s": time_budget_s or 0.0, "compile_loss": compile_loss,
-    }
-    for s, _ in plan:
-        for k, v in s.strategy.hparams().items():
-            hparams.setdefault(f"{s.strategy.name}_{k}", v)
-
-    cb = CallbackList([c for c in callbacks])
+    plan = make_plan(problem_or_simulator, observed, start=start, free=free, fixed=fixed, symmetry=symmetry,
+                     bounds=bounds, mask=mask, stages=stages, strategy=strategy, background=background, loss=loss,
+                     priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss)
+    cb = CallbackList(list(callbacks))
     if progress is not False:
         cb.callbacks.append(ProgressCallback(quiet=None if progress is None else not progress))
+    full_view = make_view(plan.sim, plan.start, plan.valid)
+    full_objective = ImageObjective(plan.sim, plan.observed, full_view, plan.loss_fn, priors=plan.priors)
+    state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
 
-    full_view = make_view(sim, values0, valid)
-    full_objective = ImageObjective(sim, obs, full_view, loss_fn)
-
-    # ---- resume -------------------------------------------------------------------------
-    ckpt = read_checkpoint(resume) if resume is not None else None
-    if ckpt is not None:
-        if ckpt.fingerprint != fingerprint:
-            raise InputError(f"resume: {resume} was written for another problem or plan")
-        first_stage = ckpt.stage_index
-        values = dict(ckpt.stage_values)
-        initial_values = dict(ckpt.initial_values)
-        loss_initial = float(ckpt.loss_initial)
-        history = {k: list(v) for k, v in ckpt.history.items() if k != "params"}
-        history["params"] = {k: list(v) for k, v in ckpt.history["params"].items()}
-        summaries_d = list(ckpt.summaries)
-        elapsed_before = float(ckpt.elapsed_s)
-        loop_resume = LoopState.from_dict(ckpt.loop) if ckpt.loop is not None else None
-        pre_resume = (LinearPreconditioner(ckpt.precond["raw0"], ckpt.precond["A"])
-                      if ckpt.loop is not None and ckpt.precond is not None else None)
-    else:
-        first_stage = 0
-        values = dict(values0)
-        initial_values = dict(values0)
-        with torch.no_grad():
-            loss_initial = float(full_objective.evaluate(values0)[0])
-        history = {c: [] for c in _HISTORY_COLUMNS}
-        history["params"] = {}
-        summaries_d = []
-        elapsed_before = 0.0
-        loop_resume = None
-        pre_resume = None
-
-    def elapsed() -> float:
-        return elapsed_before + time.monotonic() - t0
-
-    def save(stage_index: int, stage_values: dict, loop: LoopState | None, names: Sequence[str],
-             pre: LinearPreconditioner | None = None) -> Path | None:
-        if checkpoint is None:
-            return None
-        hist = {c: list(history[c]) for c in _HISTORY_COLUMNS}
-        hist["params"] = {k: list(v) for k, v in history["params"].items()}
-        # keep exactly the rows up to the loop's step (none of this stage at a stage boundary)
-        last = -1 if loop is None else loop.step
-        keep = [i for i, (st, ss) in enumerate(zip(hist["stage"], hist["stage_step"]))
-                if st < stage_index or (st == stage_index and ss <= last)]
-        hist = {c: [hist[c][i] for i in keep] for c in _HISTORY_COLUMNS} | {
-            "params": {k: [v[i] for i in keep] for k, v in hist["params"].items()}}
-        return write_checkpoint(checkpoint, RunCheckpoint(
-            stage_index=stage_index, stage_values=dict(stage_values),
-            loop=None if loop is None else loop.to_dict(), history=hist, summaries=list(summaries_d),
-            initial_values=initial_values, loss_initial=loss_initial, elapsed_s=elapsed(),
-            fingerprint=fingerprint, names=list(names),
-            precond=None if loop is None or pre is None else {"raw0": pre.raw0, "A": pre.A}))
-
-    cb.on_run_start(RunInfo(stages=tuple(s.describe() for s, _ in plan), names=all_names, hparams=hparams,
-                            max_steps=sum(s.convergence.max_steps for s, _ in plan),
-                            first_step=len(history["step"])))
-
-    # ---- stages -------------------------------------------------------------------------
-    status, message = Status.CONVERGED, "no stage run"
-    if summaries_d:
-        status, message = Status(summaries_d[-1]["status"]), summaries_d[-1]["message"]
-    for index in range(first_stage, len(plan)):
-        stage, names = plan[index]
-        pmap = ParameterMap(space, values, names)
-        n_free = any(n in ("N", "N_a", "N_b", "N_c") for n in names)
-        view = make_view(sim, values, valid, stage.roi_fraction, stage.bin, stage.roi_radius)
-        objective = ImageObjective(sim, obs, view, loss_fn, 1.0 if n_free else stage.n_factor, compile_loss)
-        conv = stage.convergence
-        resuming = loop_resume is not None and index == first_stage
-        if time_budget_s is not None:
-            # the loop counts this stage's time before a resume too
-            left = max(0.0, time_budget_s - elapsed()) + (loop_resume.elapsed_s if resuming else 0.0)
-            conv = conv.replace(time_budget_s=left if conv.time_budget_s is None else min(left, conv.time_budget_s))
-        stage_values = dict(values)
-        cb.on_stage_start(stage, index)
-        if resuming and pre_resume is not None:
-            pre = pre_resume
-        else:
-            pre = make_preconditioner(stage.precondition, objective, pmap, pmap.raw0(sim.dtype))
-
-        def fn(z: Tensor, pmap=pmap, objective=objective, pre=pre) -> tuple[Tensor, Tensor]:
-            loss_value, model = objective.evaluate(pmap.expand(pmap.physical(pre.to_raw(z))))
-            return loss_value, model.detach()
-
-        def on_step(state: LoopState, index=index, stage=stage, pmap=pmap, objective=objective, pre=pre) -> None:
-            raw = pre.to_raw(state.raw)
-            grad_raw = torch.linalg.solve(pre.A.T, state.grad) if state.grad.numel() else state.grad
-            vals = pmap.values_at(raw)
-            canon = canonical_values(vals)
-            row = dict(canon)
-            row.update({n: vals[n] for n in ORIENTATION_DELTAS})
-            history["step"].append(len(history["step"]))
-            history["stage"].append(index)
-            history["stage_step"].append(state.step)
-            history["loss"].append(state.loss)
-            history["grad_norm"].append(state.grad_norm)
-            n_rows = len(history["step"])
-            for k, v in row.items():
-                col = history["params"].setdefault(k, [])
-                col.extend([v] * (n_rows - 1 - len(col)))  # names that appear later: pad with their value
-                col.append(v)
-            cb.on_step(StepState(
-                stage=stage.name, stage_index=index, step=n_rows - 1, stage_step=state.step, loss=state.loss,
-                grad_norm=state.grad_norm, params=pmap.physical_floats(raw),
-                grads={n: float(g) for n, g in zip(pmap.names, grad_raw)}, canonical=canon,
-                model=None if state.aux is None else objective.model_image(state.aux), observed=objective.observed,
-                weights=objective.weights))
-
-        try:
-            res = minimise(fn, pre.z0(), stage.strategy, conv, on_step=on_step,
-                           on_checkpoint=lambda st, i=index, sv=stage_values, nm=names, pr=pre: save(i, sv, st, nm, pr),
-                           checkpoint_every=checkpoint_every if checkpoint is not None else 0,
-                           resume=loop_resume if resuming else None)
-        except LoopInterrupted as exc:
-            path = save(index, stage_values, exc.state, names, pre)
-            raise RefinementInterrupted(path) from None
-        except KeyboardInterrupt:  # during the start evaluation: resume restarts this stage
-            path = save(index, stage_values, None, names)
-            raise RefinementInterrupted(path) from None
-        loop_resume = None
-        values = pmap.values_at(pre.to_raw(res.state.raw))
-        first_loss = history["loss"][[i for i, st in enumerate(history["stage"]) if st == index][0]] \
-            if index in history["stage"] else res.state.loss
-        summary = StageSummary(stage.name, res.status, res.message, res.state.step, res.state.evaluations,
-                               float(first_loss), res.state.loss, tuple(names), stage.describe(),
-                               res.state.elapsed_s)
-        summaries_d.append(summary.to_dict())
-        status, message = res.status, f"stage {stage.name}: {res.message}"
-        log.info("stage %s: %s (%d steps, loss %.6g)", stage.name, res.status.value, res.state.step, res.state.loss)
-        cb.on_stage_end(stage, index, res.status, res.message)
+    cb.on_run_start(RunInfo(stages=tuple(s.describe() for s, _ in plan.stages), names=plan.names,
+                            hparams=plan.hparams, max_steps=sum(s.convergence.max_steps for s, _ in plan.stages),
+                            first_step=len(state.history)))
+    status, message = state.last_status()
+    for index in range(state.first_stage, len(plan.stages)):
+        res = run_stage(plan, state, index, cb, checkpoint, checkpoint_every)
+        status, message = res.status, f"stage {plan.stages[index][0].name}: {res.message}"
         if res.status in (Status.DIVERGED, Status.FAILED, Status.TIME_BUDGET):
             break
-        if index + 1 < len(plan):
-            save(index + 1, values, None, plan[index + 1][1])
+        if index + 1 < len(plan.stages):
+            save_checkpoint(checkpoint, plan, state, index + 1, state.values, None, plan.stages[index + 1][1])
 
-    # ---- final model, esds, result --------------------------------------------------------
-    with torch.no_grad():
-        loss_final_t, _ = full_objective.evaluate(values)
-        model_roi = full_objective.full_model(values)
-    loss_final = float(loss_final_t)
-    model = torch.zeros(sim.shape, dtype=sim.dtype)
-    x0, x1, y0, y1 = full_view.roi
-    model[y0:y1 + 1, x0:x1 + 1] = model_roi.detach().cpu()
-    used = torch.zeros(sim.shape, dtype=torch.bool)
-    used[y0:y1 + 1, x0:x1 + 1] = full_view.mask.cpu()
-    obs_np = obs.detach().cpu().numpy()
-    residuals = np.where(used.numpy(), obs_np - model.numpy(), 0.0)
-
-    fit: dict[str, Any] = {}
-    warnings: list[str] = []
-    if loss_fn is poisson_deviance:
-        quality = assess_poisson_fit(loss_final, model_roi, full_objective.weights)
-        fit = quality.to_dict()
-        if quality.warning is not None:
-            warnings.append(quality.warning)
-    final_map = ParameterMap(space, values, all_names)
-    esd_dict: dict[str, float] = {}
-    esd_kinds: dict[str, dict[str, float]] = {}
-    corr = np.zeros((0, 0))
-    cov = np.zeros((0, 0))
-    cond = math.nan
-    if esds:
-        try:
-            u = estimate_uncertainties(full_objective, final_map, final_map.raw0(sim.dtype), excess=fit.get("excess"))
-            esd_dict, corr, cov, cond = u.as_dict(), u.correlation, u.covariance, u.condition
-            esd_kinds = {kind: u.as_dict(kind) for kind in ESD_KINDS}
-        except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
-            log.warning("esd estimation failed: %s", exc)
-    for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
-        log.info("%s", w)
-    params = canonical_values(values)
-    init_params = canonical_values(initial_values)
-    if background != "planar":
-        for d in (params, init_params):
-            d.pop("background_x", None)
-            d.pop("background_y", None)
-    refined = {n: final_map.start_value(n) for n in all_names}
-    units = units_of(list(params) + list(all_names) + list(esd_dict))
-    summaries = tuple(StageSummary(d["name"], Status(d["status"]), d["message"], d["steps"], d["evaluations"],
-                                   d["loss_start"], d["loss_end"], tuple(d["free"]), d["settings"], d["wall_s"])
-                      for d in summaries_d)
-    result = RefinementResult(
-        status=status, message=message, params=params, initial_params=init_params, refined=refined,
-        esds=esd_dict, units=units, free=all_names, correlation=np.asarray(corr), covariance=np.asarray(cov),
-        fisher_condition=float(cond), loss_initial=loss_initial, loss_final=loss_final,
-        steps=sum(s.steps for s in summaries), evaluations=sum(s.evaluations for s in summaries),
-        wall_s=elapsed(), stages=summaries, history=history, observed=obs_np, model=model.numpy(),
-        residuals=residuals, mask=used.numpy(), symmetry=symmetry, hparams=hparams, fit=fit,
-        warnings=tuple(warnings), esd_kinds=esd_kinds)
+    result = finalise(plan, full_objective, full_view, state.values, state.initial_values, state.loss_initial,
+                      state.summaries, state.history, status, message, state.elapsed(), esds=esds)
     cb.on_run_end(result)
     return result

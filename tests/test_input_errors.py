@@ -43,6 +43,7 @@ def test_parse_errors(argv, needle):
         ("-oversample 0", "-oversample: must be a positive count"),
         ("-hkl /nonexistent/file.hkl", "/nonexistent/file.hkl"),
         ("-mosaic -1", "-mosaic: must be non-negative"),
+        ("-water 1e308", "-water: 1e+308 µm is too thick"),  # found by the fuzz test (seed 3)
     ],
 )
 def test_setup_errors(extra, needle):

@@ -1,0 +1,342 @@
+"""What ``nbtorch-refine`` does with parsed arguments, as named steps (:func:`run`).
+
+1. :func:`check_arguments`: every check that needs no data (names, numbers, outputs, the device);
+2. :func:`load_inputs`: the observed image (or synthetic problem) and the starting model's configuration;
+3. the simulator and the pixel choice (:mod:`refine.pixels`, the public API the docs use too), the
+   starting scale and background;
+4. :func:`refine.refine` (plan, stages, finalise), then the spot offsets and extra esds;
+5. :func:`write_and_report`: result files, the HTML report, the printed summary.
+
+Parsing (:mod:`refine.cli`) and this module are apart so that a reader of the run does not wade through
+the option table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nbtorch import Simulator, config_from_args, eager, runtime
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import check_not_inputs
+from refine.callbacks import TensorBoardCallback
+from refine.cli import (
+    PROG, _DEFAULT_DATASET, _check_loss, _check_outputs, _command_inputs, _Say, bounds_values, build_stages,
+    prior_values, start_values,
+)
+from refine.data import load_image
+from refine.degeneracy import extended_uncertainties
+from refine.model import crystal_system, model_config, tie_start_cell
+from refine.parameters import ParameterSpace
+from refine.pixels import check_pixel_options, choose_pixels, starting_scale_background
+from refine.problems import make_problem
+from refine.report import ESD_NOTE, results_table, write_outputs
+from refine.runner import refine
+from refine.selection import check_roi
+from refine.spots import read_spot_list, spot_offsets
+
+__all__ = ["run", "check_arguments", "load_inputs", "write_and_report"]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The arguments converted and checked (step 1)."""
+
+    symmetry: str | None
+    stages: Any
+    start: dict
+    bounds: dict
+    priors: dict
+    outputs: dict
+    make_dirs: list
+    json_path: str
+    ckpt_path: str
+    dtype: torch.dtype
+
+
+@dataclass
+class Inputs:
+    """The observed image and the starting model (step 2)."""
+
+    observed: np.ndarray
+    mask: np.ndarray
+    cfg: Any
+    start: dict
+    symmetry: str | None
+    free_default: Any
+    fixed: tuple
+    truth: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class _EagerForEsds:
+    """Switch a compiled simulator to eager when the last stage ends: the esds differentiate twice
+    (``create_graph=True``), which a compiled backward does not support."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.n_stages = 0
+
+    def on_run_start(self, info) -> None:
+        self.n_stages = len(info.stages)
+
+    def on_stage_start(self, stage, index) -> None:
+        pass
+
+    def on_step(self, state) -> None:
+        pass
+
+    def on_stage_end(self, stage, index, status, message) -> None:
+        if index + 1 >= self.n_stages or not status.ok:
+            self.sim.set_compile(*runtime.compile_policy("esds"))
+
+    def on_run_end(self, result) -> None:
+        pass
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, value in (("--time-budget", args.time_budget), ("--checkpoint-every", args.checkpoint_every),
+                        ("--tb-every", args.tb_every), ("--saturation", args.saturation)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise InputError(f"{flag}: must be a positive number, got {value:g}")
+    if args.seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {args.seed}")
+    for flag, names in (("--refine", args.refine), ("--fix", args.fix), ("--esd-extra", args.esd_extra)):
+        if names is not None and not names:
+            raise InputError(f"{flag}: no names given")
+    both = sorted(set(args.refine or ()) & set(args.fix or ()))
+    if both:
+        raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
+    check_pixel_options(args.subsample, args.spot_window, bool(args.spots))
+
+
+def check_arguments(args: argparse.Namespace) -> Checked:
+    """Every check that needs no data; nothing is read or written."""
+    if bool(args.image) == bool(args.problem):
+        raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
+    if args.image and not args.model:
+        raise InputError("--model: the starting model's nanoBragg flags are required with --image "
+                         '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
+    symmetry = crystal_system(args.symmetry)
+    stages = build_stages(args)
+    _check_loss(args.loss)
+    start, bounds, priors = start_values(args.start), bounds_values(args.bounds), prior_values(args.prior)
+    _check_numbers(args)
+    runtime.check_device(args.device, "--device")
+    if Path(args.out).is_dir() or not Path(args.out).name or Path(args.out).name in (".", ".."):
+        raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
+    json_path = args.json or str(Path(args.out).with_suffix(".json"))
+    ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
+    outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
+    if args.report:
+        from refine.figures import require_matplotlib  # matplotlib is an extra: only when a report is asked for
+
+        require_matplotlib("--report")
+        outputs["--report"] = args.report
+    make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
+    check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
+    if args.resume and not Path(ckpt_path).is_file():
+        raise InputError(f"--resume: checkpoint {ckpt_path} not found "
+                         "(run once without --resume, or give --checkpoint)")
+    return Checked(symmetry=symmetry, stages=stages, start=start, bounds=bounds, priors=priors, outputs=outputs,
+                   make_dirs=make_dirs, json_path=json_path, ckpt_path=ckpt_path,
+                   dtype=torch.float64 if args.dtype == "float64" else torch.float32)
+
+
+def _load_problem(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+    problem = make_problem(args.problem, size=args.size, option_prefix="--")
+    say(f"{PROG}: problem {problem.name}: {problem.description}")
+    cfg = config_from_args(list(problem.args))
+    observed = problem.observed
+    if args.roi:
+        cfg = cfg.replace(roi=tuple(check_roi(args.roi, observed.shape)))
+    truth = dict(problem.truth)
+    return Inputs(observed=observed, mask=np.ones(observed.shape, dtype=bool), cfg=cfg,
+                  start={**problem.start, **checked.start}, symmetry=checked.symmetry or problem.symmetry,
+                  free_default=problem.free, fixed=tuple(args.fix) if args.fix is not None else problem.fixed,
+                  truth=truth, extra={"input": {"problem": problem.name, "size": problem.size,
+                                                "model": list(problem.args)}, "truth": truth})
+
+
+def _load_image(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+    obs = load_image(args.image, frame=args.frame, shape=args.shape, dtype=args.raw_dtype, dataset=args.dataset,
+                     mask=args.mask, saturation=args.saturation, nonfinite="mask" if args.mask_nan else "error")
+    if args.dataset != _DEFAULT_DATASET and obs.format != "hdf5":
+        raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
+    say(f"{PROG}: {obs.describe()}")
+    roi = check_roi(args.roi, obs.shape) if args.roi else None
+    cfg, tokens, notes = model_config(args.model, obs, roi)
+    for note in notes:
+        say(f"  {note}")
+    return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,
+                  free_default=None, fixed=tuple(args.fix or ()),
+                  extra={"input": {"image": obs.path, "format": obs.format, "frame": args.frame,
+                                   "geometry": obs.geometry, "masked": obs.masked, "model": tokens}})
+
+
+def load_inputs(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+    """The observed image (measured or a synthetic problem) and the starting model's configuration."""
+    inputs = _load_problem(args, checked, say) if args.problem else _load_image(args, checked, say)
+    inputs.extra["command"] = " ".join([PROG, *getattr(args, "argv", [])])
+    check_not_inputs([(f"--model {flag}", path) for flag, path in inputs.cfg.model_files()], checked.outputs.items())
+    if args.dtype != inputs.cfg.dtype:
+        inputs.cfg = inputs.cfg.replace(dtype=args.dtype)
+    return inputs
+
+
+def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Simulator:
+    """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
+    the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
+    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)
+    shape = inputs.observed.shape
+    if tuple(sim.shape) != tuple(shape):
+        raise InputError(f"{args.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
+                         f"the model's detector is {sim.shape[1]} x {sim.shape[0]}; fix -detpixels_f/-detpixels_s "
+                         "in --model")
+    if inputs.symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
+        inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
+    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=args.background,
+                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (args.refine or []) + list(inputs.fixed)))
+    for label, names in (("--refine", args.refine), ("--fix", inputs.fixed), ("--esd-extra", args.esd_extra),
+                         ("--prior", list(checked.priors))):
+        if names:
+            try:
+                space.expand(names)
+            except InputError as exc:
+                raise InputError(f"{label}: {exc}") from None
+    return sim
+
+
+def _model_values(sim: Simulator, start: dict) -> dict[str, float]:
+    """The simulator's parameters with the start values over them (the names the simulator knows)."""
+    values = {n: float(v) for n, v in sim.setup.params.items()}
+    values.update({k: v for k, v in start.items() if k in values})
+    return values
+
+
+def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray):
+    with eager():  # a few renders of small windows: not worth a compiled graph
+        return spot_offsets(sim, values, spots)
+
+
+def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after) -> dict:
+    both = before.matched & after.matched
+    return {"source": args.spots, "n": int(len(spots)),
+            "matched_start": int(before.matched.sum()), "matched_final": int(after.matched.sum()),
+            "rms_px_start": before.rms(), "rms_px_final": after.rms(),
+            "rms_px_start_common": before.rms(both), "rms_px_final_common": after.rms(both),
+            "n_common": int(both.sum()), "mean_px_final": after.mean(),
+            "observed": spots, "predicted_start": before.predicted, "predicted_final": after.predicted}
+
+
+def _extra_esds(sim: Simulator, result, args: argparse.Namespace) -> dict:
+    with eager():  # second derivatives: never through a compiled graph
+        u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
+    return {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation, "condition": u.condition}
+
+
+def _say_extra_esds(say, result, e: dict) -> None:
+    names = e["names"]
+    corr = np.asarray(e["correlation"])
+    for x in [n for n in names if n not in result.free]:
+        i = names.index(x)
+        pairs = ", ".join(f"{n} {corr[i, names.index(n)]:+.3f}" for n in names if n != x and
+                          (n.startswith("cell_") or n in ("wavelength", "distance")))
+        say(f"{x} (fixed) esd if refined: {e['esds'][x]:.3g}; correlation with {pairs}")
+    freed = [n for n in names if n not in result.free]
+    widened = ", ".join(f"{n} {e['esds'][n]:.2g}" for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
+                                                             "cell_gamma") if n in e["esds"] and n in result.esds)
+    if widened:
+        say(f"esds with {', '.join(freed)} refined as well: {widened}")
+
+
+def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
+    """Write the result files (and the HTML report), then print the summary."""
+    write_outputs(result, args.out, checked.json_path, inputs.extra)
+    if args.report:
+        from refine.html_report import write_report  # matplotlib: only when a report is asked for
+
+        write_report(args.report, args.out, f"{PROG}: {Path(args.image).name if args.image else args.problem}")
+    say(f"status: {result.status.value} ({result.message})")
+    say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
+        f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
+    say(results_table(result, inputs.truth))
+    if result.esd_kinds:
+        say(ESD_NOTE)
+    if result.fit:
+        say(f"fit: final loss {result.fit['excess']:.3g}x the shot-noise expectation of the refined model "
+            f"(about 1 = a fit to the noise level)")
+    for w in result.warnings:
+        say(f"warning: {w}")
+    if "spots" in inputs.extra:
+        s = inputs.extra["spots"]
+        say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "
+            f"{s['n_common']} spots matched before and after ({s['matched_start']} -> {s['matched_final']} of "
+            f"{s['n']} matched)")
+    if "esd_extra" in inputs.extra:
+        _say_extra_esds(say, result, inputs.extra["esd_extra"])
+    say(f"wrote {args.out} and {checked.json_path}{' and ' + args.report if args.report else ''} "
+        f"({time.monotonic() - t0:.1f} s in all)")
+    if args.logdir:
+        say(f"TensorBoard logs: {os.path.abspath(args.logdir)}  (view: tensorboard --logdir {args.logdir})")
+
+
+def _callbacks(args: argparse.Namespace, sim: Simulator, say) -> list:
+    callbacks: list = []
+    if args.logdir:
+        callbacks.append(TensorBoardCallback(args.logdir, every=args.tb_every))
+        say(f"  TensorBoard logs: {args.logdir}")
+    if sim.compile_mode == "compiled" and not args.no_esds:
+        callbacks.append(_EagerForEsds(sim))
+    return callbacks
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
+    say = _Say(args.quiet)
+    t0 = time.monotonic()
+    checked = check_arguments(args)
+    inputs = load_inputs(args, checked, say)
+    sim = _simulator(args, checked, inputs)
+    spots = read_spot_list(args.spots) if args.spots and args.spots != "find" else args.spots
+    choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.dmin, dmax_A=args.dmax, spots=spots,
+                           spot_window_px=args.spot_window, subsample=args.subsample, seed=args.seed,
+                           spots_source=f"--spots {args.spots}")
+    if choice.spots is not None:
+        say(f"  {len(choice.spots)} observed spots in the fitted region")
+    sim = choice.simulator(sim)
+    sim.set_compile(*runtime.compile_policy("refinement", choice.n_used * sim.evaluations_per_pixel(),
+                                            explicit=args.compile))
+    say(f"  fitting {choice.n_used} of {choice.mask.size} pixels ({100.0 * choice.fraction:.3g}%), "
+        f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
+        f"{args.dtype} on {args.device}")
+    start = inputs.start
+    if args.image and not args.resume and not {"scale", "background"} <= set(start):
+        start = starting_scale_background(sim, inputs.observed, choice.mask, start)
+        say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
+            "(Poisson fit of the starting model)")
+    before = None if choice.spots is None else _spot_offsets(sim, _model_values(sim, start), choice.spots)
+    for directory in checked.make_dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+    result = refine(sim, inputs.observed, start=start, free=inputs.free_default if args.refine is None else None,
+                    fixed=inputs.fixed, symmetry=inputs.symmetry, bounds=checked.bounds, mask=choice.mask,
+                    stages=checked.stages, strategy=args.optimizer, background=args.background, loss=args.loss,
+                    priors=checked.priors, callbacks=_callbacks(args, sim, say),
+                    progress=False if args.quiet else None, time_budget_s=args.time_budget,
+                    checkpoint=checked.ckpt_path, checkpoint_every=args.checkpoint_every,
+                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds)
+    if choice.spots is not None:
+        after = _spot_offsets(sim, dict(result.params), choice.spots)
+        inputs.extra["spots"] = _spots_report(args, choice.spots, before, after)
+    if args.esd_extra:
+        inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
+    write_and_report(args, checked, inputs, result, say, t0)
+    return 0 if result.status.ok else 1

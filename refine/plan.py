@@ -1,0 +1,201 @@
+"""Step 1 of a refinement: validated inputs become a frozen :class:`RunPlan`.
+
+:func:`make_plan` checks everything :func:`refine.refine` is given (the observed image against the
+detector, the mask, the start values against the crystal system, the stages against ``free``/``fixed``,
+the loss, the priors) before any simulation runs, and records what the run will do: the starting
+values, the parameter space, each stage with the names it refines, and a fingerprint that a checkpoint
+must match to be resumed.  Nothing in a plan changes while the run goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
+from nbtorch.simulator import Simulator
+from refine.objective import LossFn, check_priors, resolve_loss
+from refine.parameters import BASE_NAMES, REFINABLE, ParameterSpace
+from refine.problems import Problem
+from refine.stages import Stage, stage_a
+from refine.strategies import AbstractStrategy
+
+__all__ = ["RunPlan", "make_plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a refinement will do, fixed before it starts.
+
+    Attributes:
+        sim: the simulator (its parameters are the starting model).
+        observed: (slow, fast) observed photons, 0 where ``valid`` is False; ``valid``: the pixels fitted.
+        start: every base value at the start (canonical names, ``orient_x/y/z``, scale, background...).
+        space: the parameter space (symmetry, bounds, fixed names, background model).
+        stages: ``(stage, names refined)`` of every stage that refines something, in order.
+        names: every name refined in some stage (the order of the esds and correlation).
+        loss_fn, loss_name: the loss as ``(model, observed, weights) -> scalar`` and its name.
+        priors: name -> (mean, sigma), Gaussian priors added to every stage's loss.
+        fingerprint: what a checkpoint must match to be resumed (shape, observed image, stages, symmetry,
+            priors).
+        hparams: flat settings for the callbacks (TensorBoard's hparams).
+    """
+
+    sim: Simulator
+    observed: Tensor
+    valid: Tensor
+    start: dict
+    space: ParameterSpace
+    stages: tuple[tuple[Stage, tuple[str, ...]], ...]
+    names: tuple[str, ...]
+    loss_fn: LossFn
+    loss_name: str
+    priors: dict
+    symmetry: str
+    background: str
+    compile_loss: bool
+    time_budget_s: float | None
+    fingerprint: dict
+    hparams: dict
+
+
+def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmetry):
+    """The simulator and the arguments a :class:`Problem` provides where the caller gave none."""
+    if isinstance(problem_or_simulator, Problem):
+        problem = problem_or_simulator
+        return (problem.simulator(), problem.observed if observed is None else observed,
+                {**problem.start, **(start or {})}, problem.free if free is None else free,
+                problem.fixed if fixed is None else fixed, symmetry or problem.symmetry)
+    if isinstance(problem_or_simulator, Simulator):
+        return problem_or_simulator, observed, start, free, fixed, symmetry
+    raise InputError(f"problem_or_simulator: expected a Problem or a Simulator, got {type(problem_or_simulator).__name__}")
+
+
+def _observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
+    """The observed image on the simulator's device and dtype (0 where unusable) and the usable pixels:
+    finite, >= 0, inside ``mask`` and the model's own mask."""
+    if observed is None:
+        raise InputError("observed: an observed image is required")
+    obs = torch.as_tensor(np.asarray(observed) if not isinstance(observed, Tensor) else observed)
+    obs = obs.to(dtype=sim.dtype, device=sim.device)
+    if tuple(obs.shape) != tuple(sim.shape):
+        raise InputError(f"observed: shape {tuple(obs.shape)} does not match the detector {tuple(sim.shape)} (slow, fast)")
+    valid = torch.isfinite(obs) & (obs >= 0)
+    if mask is not None:
+        m = torch.as_tensor(np.asarray(mask) if not isinstance(mask, Tensor) else mask)
+        if m.dtype != torch.bool or tuple(m.shape) != tuple(sim.shape):
+            raise InputError(f"mask: expected a bool array of shape {tuple(sim.shape)}, got {m.dtype} {tuple(m.shape)}")
+        valid &= m.to(valid.device)
+    if sim.setup.pixel_mask is not None:
+        valid &= torch.as_tensor(sim.setup.pixel_mask, device=valid.device)
+    if not bool(valid.any()):
+        raise InputError("observed: no usable pixels (all masked, NaN or negative)")
+    return torch.where(valid, obs, torch.zeros((), dtype=obs.dtype, device=obs.device)), valid
+
+
+def _start_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None) -> dict:
+    """The simulator's parameters, no rotation, scale 1, the median observed pixel as background, then
+    ``start`` over them (names checked)."""
+    values = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
+    values.update({n: 0.0 for n in ORIENTATION_DELTAS})
+    values.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
+    for k, v in (start or {}).items():
+        if k not in BASE_NAMES:
+            raise InputError(f"start: unknown parameter {k!r}; valid: {', '.join(BASE_NAMES)}")
+        values[k] = float(v)
+    return values
+
+
+def _stage_plan(space: ParameterSpace, stages: Sequence[Stage], free) -> tuple[tuple[Stage, tuple[str, ...]], ...]:
+    """Each stage with the names it refines (its own list within ``free``); stages left with none are skipped."""
+    run_free = set(space.expand(free)) if free is not None else None
+    plan = []
+    for stage in stages:
+        names = space.expand(stage.free)
+        if run_free is not None:
+            names = tuple(n for n in names if n in run_free)
+        if names:
+            plan.append((stage, names))
+        else:
+            log.info("stage %s has nothing to refine; skipped", stage.name)
+    if not plan:
+        raise InputError("nothing to refine: every stage's parameters are fixed or outside free=")
+    return tuple(plan)
+
+
+def _hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss) -> dict[str, Any]:
+    hparams: dict[str, Any] = {
+        "strategy": ",".join(sorted({s.strategy.name for s, _ in plan})), "symmetry": symmetry, "loss": loss_name,
+        "background": background, "stages": "/".join(s.name for s, _ in plan), "n_free": len(names),
+        "time_budget_s": time_budget_s or 0.0, "compile_loss": compile_loss,
+    }
+    for s, _ in plan:
+        for k, v in s.strategy.hparams().items():
+            hparams.setdefault(f"{s.strategy.name}_{k}", v)
+    return hparams
+
+
+def make_plan(
+    problem_or_simulator: Problem | Simulator,
+    observed=None,
+    *,
+    start: Mapping[str, float] | None = None,
+    free: Sequence[str] | None = None,
+    fixed: Sequence[str] | None = None,
+    symmetry: str | None = None,
+    bounds: Mapping[str, tuple[float, float]] | None = None,
+    mask=None,
+    stages: Sequence[Stage] | None = None,
+    strategy: str | AbstractStrategy | None = None,
+    background: str = "constant",
+    loss: str | LossFn = "poisson",
+    priors: Mapping[str, tuple[float, float]] | None = None,
+    time_budget_s: float | None = None,
+    compile_loss: bool = False,
+) -> RunPlan:
+    """Check the arguments of :func:`refine.refine` (same meaning) and return the run's plan.
+
+    Raises:
+        InputError: unknown names, a start breaking the symmetry, a shape mismatch, no usable pixel,
+            nothing to refine, a bad loss or prior.
+    """
+    sim, observed, start, free, fixed, symmetry = _problem_defaults(
+        problem_or_simulator, observed, start, free, fixed, symmetry)
+    symmetry = symmetry or "triclinic"
+    fixed = tuple(fixed or ())
+    obs, valid = _observed_pixels(sim, observed, mask)
+    values0 = _start_values(sim, obs, valid, start)
+    stages = tuple(stages) if stages is not None else stage_a(strategy)
+    if not stages:
+        raise InputError("stages: at least one stage is needed")
+    named = set(free or ()) | set(fixed) | {n for s in stages for n in s.free}
+    space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
+                           background=background, bounds=dict(bounds or {}), fixed=fixed,
+                           pixel_mm=sim.setup.pixel_m * 1000.0)
+    space.check_start(values0)
+    plan = _stage_plan(space, stages, free)
+    names = tuple(n for n in REFINABLE if any(n in stage_names for _, stage_names in plan))
+    loss_fn = resolve_loss(loss)
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
+    priors = check_priors(priors)
+    fingerprint = {
+        "shape": list(sim.shape),
+        "observed_sha1": hashlib.sha1(obs.detach().cpu().numpy().tobytes()).hexdigest(),
+        "stages": [[s.name, list(n)] for s, n in plan],
+        "symmetry": symmetry,
+    }
+    if priors:  # absent without priors, so that checkpoints written before priors existed still match
+        fingerprint["priors"] = {k: list(v) for k, v in sorted(priors.items())}
+    return RunPlan(sim=sim, observed=obs, valid=valid, start=values0, space=space, stages=plan, names=names,
+                   loss_fn=loss_fn, loss_name=loss_name, priors=priors, symmetry=symmetry, background=background,
+                   compile_loss=compile_loss, time_budget_s=time_budget_s, fingerprint=fingerprint,
+                   hparams=_hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss))
