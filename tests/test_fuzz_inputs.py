@@ -304,6 +304,29 @@ def test_fuzz_raw(tmp_path):
     _fuzz_file(tmp_path, "image.bin", src.read_bytes(), lambda p: load_image(p, shape=(8, 8)), 30, 15)
 
 
+DATA = Path(__file__).parent / "data" / "structure_factors"
+
+
+@pytest.mark.parametrize("name, head", [("5e5z.mtz", 400), ("4aap-sf-subset.cif", 0)])
+def test_fuzz_reflection_files(tmp_path, name, head):
+    pytest.importorskip("gemmi")
+    from nbtorch.io.reflections import read_reflection_file
+
+    data = (DATA / name).read_bytes()
+    if name.endswith(".mtz"):  # the header and history sit at the end of an MTZ file
+        head = 0
+    _fuzz_file(tmp_path, name, data, read_reflection_file, 12, 19, head=head)
+
+
+def test_fuzz_checkpoint(tmp_path):
+    """A damaged refinement checkpoint (the file --resume reads)."""
+    pytest.importorskip("h5py")
+    from refine.checkpoint import read_checkpoint
+
+    src = _checkpoint(tmp_path)
+    _fuzz_file(tmp_path, "run.ckpt.h5", src.read_bytes(), read_checkpoint, 12, 20, head=2048)
+
+
 # ------------------------------------------------------------------------------ config files and parsers
 
 REFINE_TOML = b"""# nbtorch-refine options
@@ -439,3 +462,44 @@ def test_hdf5_damaged_inside_is_a_one_line_input_error(tmp_path, signature):
                 assert "\n" not in str(exc) and str(path) in str(exc)
                 messages.add(str(exc).split(": ", 1)[1])
     assert messages  # at least one of the damaged copies is refused
+
+
+def test_mtz_with_an_undecodable_column_label_is_a_one_line_input_error(tmp_path):
+    """A damaged byte in an MTZ column label once escaped as UnicodeDecodeError."""
+    pytest.importorskip("gemmi")
+    from nbtorch.io.reflections import read_reflection_file
+
+    data = (DATA / "5e5z.mtz").read_bytes()
+    at = data.index(b"COLUMN ") + len(b"COLUMN ")
+    path = _write(tmp_path / "label.mtz", data[:at] + b"\x98" + data[at + 1:])
+    with pytest.raises(InputError, match=r"label.mtz: damaged structure-factor file \(UnicodeDecodeError: "):
+        read_reflection_file(path)
+
+
+def _checkpoint(tmp_path: Path) -> Path:
+    import torch
+
+    from refine.checkpoint import RunCheckpoint, write_checkpoint
+
+    ckpt = RunCheckpoint(stage_index=1, stage_values={"distance": 100.0}, history={"step": [0, 1], "loss": [2.0, 1.0]},
+                         loop={"step": 3, "raw": torch.tensor([0.5, -0.25], dtype=torch.float64)}, summaries=[],
+                         initial_values={"distance": 100.0}, loss_initial=2.0, elapsed_s=1.5,
+                         fingerprint={"image": "x.cbf"}, names=["beam_x", "beam_y"])
+    return write_checkpoint(tmp_path / "src.ckpt.h5", ckpt)
+
+
+def test_checkpoint_with_damaged_state_is_a_one_line_input_error(tmp_path):
+    """Damaged bytes of the saved state once escaped from torch.load as RuntimeError; a checkpoint without
+    its state dataset as KeyError."""
+    h5py = pytest.importorskip("h5py")
+    from refine.checkpoint import read_checkpoint
+
+    data = _checkpoint(tmp_path).read_bytes()
+    name = b"archive/.storage_alignmentPK"  # a name in the zip's central directory
+    path = _write(tmp_path / "run.ckpt.h5", data.replace(name, b"archiwe" + name[7:]))
+    with pytest.raises(InputError, match=r"run.ckpt.h5: damaged checkpoint state \(RuntimeError: .*delete it"):
+        read_checkpoint(path)
+    with h5py.File(path, "a") as h5:
+        del h5["state"]
+    with pytest.raises(InputError, match=r"run.ckpt.h5: cannot read checkpoint: .*state"):
+        read_checkpoint(path)

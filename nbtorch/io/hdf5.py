@@ -227,7 +227,8 @@ def read_h5_image(
                                               "angstrom")
                 meta["wavelength_A"] = value
             extra = f.get("/entry/nbtorch")
-            meta["nbtorch"] = {k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"} if extra is not None else {}
+            meta["nbtorch"] = ({k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"}
+                               if extra is not None else {})
             meta["attrs"] = {k: _plain(v) for k, v in f.attrs.items() if k != "default"}
     except InputError:
         raise

@@ -191,6 +191,18 @@ def read_reflection_file(path: str | os.PathLike[str], *, column: str | None = N
     if not Path(name).is_file():
         raise InputError(f"{name}: structure-factor file not found")
     gemmi = _gemmi(name)
+    try:
+        return _read_any(name, gemmi, column, dmin_A)
+    except InputError:
+        raise
+    except (RuntimeError, ValueError, IndexError, OverflowError) as exc:
+        # a damaged file that gemmi opened: undecodable labels (UnicodeDecodeError), bad records ...
+        lines = str(exc).strip().splitlines()
+        raise InputError(f"{name}: damaged structure-factor file ({type(exc).__name__}: "
+                         f"{lines[0] if lines else 'no detail'})") from None
+
+
+def _read_any(name: str, gemmi, column: str | None, dmin_A: float | None) -> ReferenceAmplitudes:
     lower = name.lower()
     if lower.endswith(_MTZ):
         return _read_mtz(name, gemmi, column)
