@@ -503,3 +503,19 @@ def test_checkpoint_with_damaged_state_is_a_one_line_input_error(tmp_path):
         del h5["state"]
     with pytest.raises(InputError, match=r"run.ckpt.h5: cannot read checkpoint: .*state"):
         read_checkpoint(path)
+
+
+def test_mtz_with_non_integer_miller_indices_is_a_one_line_input_error(tmp_path):
+    """A damaged H column (NaN) once escaped as a RuntimeWarning from the integer cast."""
+    gemmi = pytest.importorskip("gemmi")
+    from nbtorch.io.reflections import read_reflection_file
+
+    mtz = gemmi.Mtz(with_base=True)
+    mtz.spacegroup = gemmi.SpaceGroup("P 1")
+    mtz.set_cell_for_all(gemmi.UnitCell(50, 60, 70, 90, 90, 90))
+    mtz.add_dataset("test")
+    mtz.add_column("FP", "F")
+    mtz.set_data(np.array([[1, 2, 3, 10.0], [np.nan, 0, 1, 5.0]], dtype=np.float32))
+    mtz.write_to_file(str(tmp_path / "nan_h.mtz"))
+    with pytest.raises(InputError, match=r"nan_h.mtz: damaged structure-factor file \(Miller indices H K L"):
+        read_reflection_file(tmp_path / "nan_h.mtz")

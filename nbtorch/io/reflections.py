@@ -137,7 +137,10 @@ def _read_mtz(path: str, gemmi, column: str | None) -> ReferenceAmplitudes:
         raise InputError(f"{path}: column {column!r} is of MTZ type {mtz.column_with_label(column).type!r}, "
                          f"not an amplitude (type F: {', '.join(f_columns) or 'none'})")
     data = np.array(mtz, copy=False)
-    hkl = data[:, :3].astype(np.int64)
+    indices = data[:, :3]
+    if not np.all(np.isfinite(indices) & (np.abs(indices) < 2**31)) or np.any(indices != np.round(indices)):
+        raise InputError(f"{path}: damaged structure-factor file (Miller indices H K L are not all integers)")
+    hkl = indices.astype(np.int64)
     F = data[:, labels.index(column)].astype(np.float64)
     return _finish(path, gemmi, mtz.spacegroup, mtz.cell, hkl, F, f"column {column} of an MTZ file")
 
