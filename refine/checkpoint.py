@@ -118,7 +118,18 @@ def read_checkpoint(path: str | Path) -> RunCheckpoint:
             if int(h5.attrs.get("version", -1)) != VERSION:
                 raise InputError(f"{path}: checkpoint version {h5.attrs.get('version')} is not {VERSION}")
             blob = h5["state"][()].tobytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read checkpoint: {exc}") from None
-    d = torch.load(io.BytesIO(blob), weights_only=True)
-    return RunCheckpoint(**d)
+    except InputError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:  # libhdf5 on a damaged file
+        raise InputError(f"{path}: cannot read checkpoint: {_first_line(exc)}") from None
+    try:
+        d = torch.load(io.BytesIO(blob), weights_only=True)
+        return RunCheckpoint(**d)
+    except Exception as exc:  # noqa: BLE001 - torch.load of damaged bytes raises many kinds (zip, pickle, ...)
+        raise InputError(f"{path}: damaged checkpoint state ({type(exc).__name__}: {_first_line(exc)}); "
+                         "delete it to start again") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -235,7 +235,7 @@ def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, 
                     pm = pm[frame or 0]
                 if pm.shape == image.shape:
                     pixel_mask = pm == 0
-    except (OSError, KeyError, ValueError, IndexError):  # optional extras: ignore a malformed one
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError):  # optional extras: skip a bad one
         pass
     return image, geo, meta, pixel_mask
 

@@ -40,6 +40,7 @@ import bz2
 import gzip
 import hashlib
 import logging
+import math
 import os
 import re
 import zlib
@@ -175,8 +176,14 @@ def _decompress(path: str, data: bytes) -> bytes:
 
 
 def _convert(value: float, factor: float) -> float:
-    """Unit conversion rounded to 12 significant digits (so 172e-6 m -> 0.172 mm exactly)."""
-    return value if factor == 1.0 else float(f"{value * factor:.12g}")
+    """Unit conversion rounded to 12 significant digits (so 172e-6 m -> 0.172 mm exactly).
+
+    A value that is not finite (``1e999`` in a damaged header) raises ValueError: the line is unparseable.
+    """
+    value = value if factor == 1.0 else float(f"{value * factor:.12g}")
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value}")
+    return value
 
 
 def _parse_pilatus_lines(path: str, text: str) -> dict[str, Any]:
@@ -207,7 +214,8 @@ def _parse_pilatus_lines(path: str, text: str) -> dict[str, Any]:
                 value = _convert(float(numbers[0]), factor)
                 header[name] = int(value) if name == "count_cutoff" else value
             elif key == "Beam_xy" and len(numbers) >= 2:
-                header["beam_x_px"], header["beam_y_px"] = float(numbers[0]), float(numbers[1])
+                header["beam_x_px"] = _convert(float(numbers[0]), 1.0)
+                header["beam_y_px"] = _convert(float(numbers[1]), 1.0)
             elif key == "Pixel_size" and numbers:
                 units = re.findall(rf"{_NUMBER}\s*([a-z]+)", rest)
                 sizes = [_convert(float(n), _LENGTH_TO_MM.get(u, 1000.0)) for n, u in zip(numbers, units)] or [

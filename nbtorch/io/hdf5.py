@@ -149,6 +149,11 @@ def _write_layout(h5py: Any, tmp: os.PathLike[str], arr: np.ndarray, root_attrs:
             extra.attrs[key] = value
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
@@ -187,40 +192,47 @@ def read_h5_image(
     except FileNotFoundError:
         raise InputError(f"{name}: HDF5 file not found") from None
     except OSError as exc:
-        raise InputError(f"{name}: cannot open as HDF5: {str(exc).splitlines()[0]}") from None
-    with f:
-        node = f.get(dataset)
-        if node is None or not isinstance(node, h5py.Dataset):
-            raise InputError(f"{name}: no dataset {dataset!r}")
-        shape = tuple(node.shape)
-        if len(shape) == 2:
-            if frame not in (None, 0):
-                raise InputError(f"{name}: {dataset} is 2-D; frame {frame} does not exist")
-            image = node[()]
-        elif len(shape) == 3:
-            if frame is None:
-                if shape[0] != 1:
-                    raise InputError(f"{name}: {dataset} holds {shape[0]} frames; "
-                                     "choose one with --frame N (frame= from Python)")
-                frame = 0
-            if not -shape[0] <= frame < shape[0]:
-                raise InputError(f"{name}: frame {frame} out of range for {dataset} with {shape[0]} frames")
-            image = node[frame]
-        else:
-            raise InputError(f"{name}: {dataset} has {len(shape)} dimensions, expected 2 or 3")
-        meta: dict[str, Any] = {"dataset": dataset, "shape": shape}
-        detector = f.get("/entry/instrument/detector")
-        if detector is not None:
-            for key, field in _DETECTOR_FIELDS.items():
-                if field in detector:
-                    value, unit = _scalar_with_units(name, detector[field], key, _LENGTH_TO_MM, "mm")
-                    meta[key if unit != "px" else key.replace("_mm", "_px")] = value
-        beam = f.get("/entry/instrument/beam")
-        if beam is not None and "incident_wavelength" in beam:
-            value, _ = _scalar_with_units(name, beam["incident_wavelength"], "wavelength_A", _WAVELENGTH_TO_A,
-                                          "angstrom")
-            meta["wavelength_A"] = value
-        extra = f.get("/entry/nbtorch")
-        meta["nbtorch"] = {k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"} if extra is not None else {}
-        meta["attrs"] = {k: _plain(v) for k, v in f.attrs.items() if k != "default"}
+        raise InputError(f"{name}: cannot open as HDF5: {_first_line(exc)}") from None
+    try:
+        with f:
+            node = f.get(dataset)
+            if node is None or not isinstance(node, h5py.Dataset):
+                raise InputError(f"{name}: no dataset {dataset!r}")
+            shape = tuple(node.shape)
+            if len(shape) == 2:
+                if frame not in (None, 0):
+                    raise InputError(f"{name}: {dataset} is 2-D; frame {frame} does not exist")
+                image = node[()]
+            elif len(shape) == 3:
+                if frame is None:
+                    if shape[0] != 1:
+                        raise InputError(f"{name}: {dataset} holds {shape[0]} frames; "
+                                         "choose one with --frame N (frame= from Python)")
+                    frame = 0
+                if not -shape[0] <= frame < shape[0]:
+                    raise InputError(f"{name}: frame {frame} out of range for {dataset} with {shape[0]} frames")
+                image = node[frame]
+            else:
+                raise InputError(f"{name}: {dataset} has {len(shape)} dimensions, expected 2 or 3")
+            meta: dict[str, Any] = {"dataset": dataset, "shape": shape}
+            detector = f.get("/entry/instrument/detector")
+            if detector is not None:
+                for key, field in _DETECTOR_FIELDS.items():
+                    if field in detector:
+                        value, unit = _scalar_with_units(name, detector[field], key, _LENGTH_TO_MM, "mm")
+                        meta[key if unit != "px" else key.replace("_mm", "_px")] = value
+            beam = f.get("/entry/instrument/beam")
+            if beam is not None and "incident_wavelength" in beam:
+                value, _ = _scalar_with_units(name, beam["incident_wavelength"], "wavelength_A", _WAVELENGTH_TO_A,
+                                              "angstrom")
+                meta["wavelength_A"] = value
+            extra = f.get("/entry/nbtorch")
+            meta["nbtorch"] = ({k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"}
+                               if extra is not None else {})
+            meta["attrs"] = {k: _plain(v) for k, v in f.attrs.items() if k != "default"}
+    except InputError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError) as exc:
+        # libhdf5 reports a damaged file from deep inside (bad signature, address past the end of file ...)
+        raise InputError(f"{name}: cannot read HDF5 file (damaged or truncated?): {_first_line(exc)}") from None
     return np.asarray(image), meta

@@ -137,7 +137,10 @@ def _read_mtz(path: str, gemmi, column: str | None) -> ReferenceAmplitudes:
         raise InputError(f"{path}: column {column!r} is of MTZ type {mtz.column_with_label(column).type!r}, "
                          f"not an amplitude (type F: {', '.join(f_columns) or 'none'})")
     data = np.array(mtz, copy=False)
-    hkl = data[:, :3].astype(np.int64)
+    indices = data[:, :3]
+    if not np.all(np.isfinite(indices) & (np.abs(indices) < 2**31)) or np.any(indices != np.round(indices)):
+        raise InputError(f"{path}: damaged structure-factor file (Miller indices H K L are not all integers)")
+    hkl = indices.astype(np.int64)
     F = data[:, labels.index(column)].astype(np.float64)
     return _finish(path, gemmi, mtz.spacegroup, mtz.cell, hkl, F, f"column {column} of an MTZ file")
 
@@ -191,6 +194,18 @@ def read_reflection_file(path: str | os.PathLike[str], *, column: str | None = N
     if not Path(name).is_file():
         raise InputError(f"{name}: structure-factor file not found")
     gemmi = _gemmi(name)
+    try:
+        return _read_any(name, gemmi, column, dmin_A)
+    except InputError:
+        raise
+    except (RuntimeError, ValueError, IndexError, OverflowError) as exc:
+        # a damaged file that gemmi opened: undecodable labels (UnicodeDecodeError), bad records ...
+        lines = str(exc).strip().splitlines()
+        raise InputError(f"{name}: damaged structure-factor file ({type(exc).__name__}: "
+                         f"{lines[0] if lines else 'no detail'})") from None
+
+
+def _read_any(name: str, gemmi, column: str | None, dmin_A: float | None) -> ReferenceAmplitudes:
     lower = name.lower()
     if lower.endswith(_MTZ):
         return _read_mtz(name, gemmi, column)

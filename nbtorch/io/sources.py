@@ -6,6 +6,7 @@ Format
     delimiters).  ``(X, Y, Z)`` is the position of the source relative to the
     sample, in metres (only its direction matters: the incident beam runs from
     the source to the sample).  ``lambda`` is the wavelength in **metres**.
+    A lambda above 1e-6 m (10000 Å) is refused as a unit mistake.
     ``weight`` is read but nanoBragg ignores it (every source counts 1 and the
     sum is divided by the number of sources).  Blank lines are skipped; unlike
     the C, ``#`` starts a comment (the C would read such a line as zeros).
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: nanoBragg's default sample-to-source distance (m) for missing X, Y, Z.
 DEFAULT_SOURCE_DISTANCE_M = 10.0
+#: Longest source wavelength accepted (m): anything longer is a unit mistake (Å written as metres).
+MAX_SOURCE_LAMBDA_M = 1e-6
 _DELIMITERS = re.compile(r"[ \t,;:!\r]+")
 _COLUMNS = ("X", "Y", "Z", "weight", "lambda")
 
@@ -73,6 +76,9 @@ def read_sourcefile(path: str | os.PathLike[str]) -> np.ndarray:
             row[3] = 1.0
         if not math.isnan(row[4]) and row[4] <= 0.0:
             raise InputError(f"{name} line {lineno}: lambda must be positive (metres), got {row[4]:g}")
+        if not math.isnan(row[4]) and row[4] > MAX_SOURCE_LAMBDA_M:
+            raise InputError(f"{name} line {lineno}: lambda {row[4]:g} m is not an X-ray wavelength: the column is "
+                             f"in metres (1 A = 1e-10 m), at most {MAX_SOURCE_LAMBDA_M:g}")
         rows.append(row)
     if not rows:
         raise InputError(f"{name}: no sources found (expected lines 'X Y Z weight lambda')")

@@ -66,3 +66,10 @@ def test_errors(tmp_path: Path) -> None:
     inf = tmp_path / "inf.txt"
     inf.write_text("-10 inf 0\n")
     _error(inf, "line 1", "not finite")
+
+
+def test_wavelength_in_angstrom_is_a_unit_error(tmp_path: Path) -> None:
+    """lambda is in metres: 1.0 (meant as 1 A) is refused, naming the unit (nanoBragg would use 1 m)."""
+    angstrom = tmp_path / "angstrom.txt"
+    angstrom.write_text("-10 0 0 1 1e-10\n-10 0 0 1 1.0\n")
+    _error(angstrom, "line 2", "lambda 1 m is not an X-ray wavelength", "metres (1 A = 1e-10 m)")
