@@ -209,6 +209,9 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
           f"{s.fpixels}x{s.spixels} pixels, oversample {s.oversample}, {len(s.incident)} sources, "
           f"{len(s.mosaic_fractions)} mosaic domains, {s.phisteps} phi steps, {s.thicksteps} sensor layers; "
           f"{sim.compile_mode} ({sim.compile_reason})")
+    from nbtorch.printout import distances_summary
+
+    say(distances_summary(sim))
     for note in s.notes:
         say(f"note: {note}")
     mask = s.pixel_mask

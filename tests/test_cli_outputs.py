@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -326,3 +327,27 @@ def test_write_files_together_rolls_back(tmp_path):
     write_files_together([(tmp_path / "a.bin", b"a"), (tmp_path / "old.bin", b"new"),
                           (tmp_path / "c.txt", lambda p: open(p, "wb").write(b"c"))])
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {"a.bin": b"a", "old.bin": b"new", "c.txt": b"c"}
+
+
+# --- each distance under its own name (#20 point 5) -------------------------------------------------
+@pytest.mark.parametrize("given", ["-close_distance", "-distance"])
+def test_summary_names_both_distances(workdir, capsys, given):
+    base = "-cell 70 80 90 75 85 95 -N 2 -default_F 100 -detpixels 16 -pixel 0.1 -detector_roty 30".split()
+    argv = base + [given, "159.735", "-nonoise", "-nopgm", "-noprogress"]
+    assert main(argv) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("detector distances:"))
+    m = re.fullmatch(r"detector distances: close_distance (\S+) mm \((given; )?sample to the detector plane along "
+                     r"its normal\), distance (\S+) mm \((given; )?sample to the detector plane along the beam\)", line)
+    assert m, line
+    close, dist = float(m.group(1)), float(m.group(3))
+    ratio = math.cos(math.radians(30))  # the normal tilted by 30 degrees from the beam
+    if given == "-close_distance":
+        assert close == 159.735 and dist == pytest.approx(159.735 / ratio, rel=1e-5)
+        assert m.group(2) and not m.group(4)
+    else:
+        assert dist == 159.735 and close == pytest.approx(159.735 * ratio, rel=1e-5)
+        assert m.group(4) and not m.group(2)
+    sim = Simulator(config_from_args(argv))
+    g = sim.geometry(sim.parameters_dict())
+    assert close == pytest.approx(float(g.close_distance) * 1000, rel=1e-5)
+    assert dist == pytest.approx(float(g.distance) * 1000, rel=1e-5)
