@@ -187,9 +187,10 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     and the ``sim`` once built, so that :func:`main` can say what ran out of memory.
     """
     from nbtorch.simulator import Simulator
-    from nbtorch.io.raw import write_raw_float
-    from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, write_smv, roi_mask_from_bounds
-    from nbtorch.io.pgm import write_pgm
+    from nbtorch.io.atomic import write_files_together
+    from nbtorch.io.raw import raw_float_bytes
+    from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, smv_bytes, roi_mask_from_bounds
+    from nbtorch.io.pgm import pgm_bytes
 
     context = {} if context is None else context
     context["stage"] = "reading the inputs"
@@ -208,6 +209,9 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
           f"{s.fpixels}x{s.spixels} pixels, oversample {s.oversample}, {len(s.incident)} sources, "
           f"{len(s.mosaic_fractions)} mosaic domains, {s.phisteps} phi steps, {s.thicksteps} sensor layers; "
           f"{sim.compile_mode} ({sim.compile_reason})")
+    from nbtorch.printout import distances_summary
+
+    say(distances_summary(sim))
     for note in s.notes:
         say(f"note: {note}")
     mask = s.pixel_mask
@@ -239,9 +243,12 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     say(f"fraction of structure-factor lookups outside the HKL table: {float(diag['fraction_default_F']):.3g}")
     st = image_statistics(image, s.roi, mask, s.c_parity, s.pixel_m, s.oversample)
 
+    # every output is built in memory first and written together at the end, so that a
+    # failure (a header, the file system) leaves no output file at all
+    outputs: list = []
     floatfile = cfg.floatfile or "floatimage.bin"
     say(f"writing {floatfile} as {image.size} 4-byte floats")
-    write_raw_float(floatfile, image.astype(np.float32))
+    outputs.append((floatfile, raw_float_bytes(floatfile, image.astype(np.float32))))
     say(f"max_I = {st['max']:g}  at {st['max_x']:g} {st['max_y']:g}")
     say(f"mean= {st['mean']:g} rms= {st['rms']:g} rmsd= {st['rmsd']:g}")
     header = smv_header_from_geometry(**header_values(sim))
@@ -250,31 +257,32 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     intfile = cfg.intfile or "intimage.img"
     say(f"intfile_scale = {scale:g}")
     say(f"writing {intfile} as 2-byte integers")
-    write_smv(intfile, intimage, header)
+    outputs.append((intfile, smv_bytes(intfile, intimage, header)))
     if not cfg.nopgm:
         pgmfile = cfg.pgmfile or "image.pgm"
         pscale = cfg.pgmscale if cfg.pgmscale > 0 else (250.0 / (5.0 * st["rmsd"]) if st["rmsd"] > 0 else scale)
         say(f"pgm_scale = {pscale:g}")
         say(f"writing {pgmfile} as 1-byte integers")
-        write_pgm(pgmfile, image, pscale, roi_mask=roi_mask)
+        outputs.append((pgmfile, pgm_bytes(pgmfile, image, pscale, roi_mask=roi_mask)[0]))
     if not cfg.nonoise:
         seed = cfg.seed if cfg.seed is not None else int(time.time())
         noise, photons, overloads = noise_image(image, seed, cfg.adc, roi_mask, s.c_parity)
         noisefile = cfg.noisefile or "noiseimage.img"
         say(f"{photons:.0f} photons on noise image ({overloads} overloads)")
         say(f"writing {noisefile} as 2-byte integers (seed {seed})")
-        write_smv(noisefile, noise, header)
+        outputs.append((noisefile, smv_bytes(noisefile, noise, header)))
     if cfg.h5file:
-        from nbtorch.io.hdf5 import write_h5
+        from nbtorch.io.hdf5 import h5_writer
 
         attrs, geometry = h5_metadata(sim, argv)
         say(f"writing {cfg.h5file} (NXmx HDF5)")
-        write_h5(cfg.h5file, image.astype(np.float32), attrs, geometry)
+        outputs.append((cfg.h5file, h5_writer(cfg.h5file, image.astype(np.float32), attrs, geometry)))
     if cfg.dump_file and cfg.hkl_file and s.F_grid is not None:
-        from nbtorch.io.hkl import write_fdump
+        from nbtorch.io.hkl import fdump_bytes
 
         say(f"writing dump file for next time: {cfg.dump_file}")
-        write_fdump(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))
+        outputs.append((cfg.dump_file, fdump_bytes(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))))
+    write_files_together(outputs)
     say(f"done in {time.perf_counter() - t0:.2f} s")
     return 0
 

@@ -67,6 +67,23 @@ def _omega(sim, geom, pos: torch.Tensor) -> torch.Tensor:
     return area * torch.abs((pos / R[..., None] * geom.odet).sum(-1))
 
 
+def distances_summary(sim) -> str:
+    """One line naming both detector distances (mm) of the resolved geometry, and which one the user gave.
+
+    ``close_distance``: sample to the detector plane along its normal (``-close_distance``);
+    ``distance``: sample to the detector plane along the beam (``-distance``, the canonical parameter).
+    The one set by ``-close_distance`` (or an ``-img`` header's CLOSE_DISTANCE) is marked ``(given)``,
+    else ``distance`` is.
+    """
+    with torch.no_grad():
+        g = sim.geometry(sim.parameters_dict())
+        close_mm, dist_mm = float(g.close_distance) * 1000.0, float(g.distance) * 1000.0
+    close_given = sim.config.close_distance_mm is not None
+    return (f"detector distances: close_distance {close_mm:g} mm ({'given; ' if close_given else ''}sample to the "
+            f"detector plane along its normal), distance {dist_mm:g} mm ({'' if close_given else 'given; '}sample "
+            f"to the detector plane along the beam)")
+
+
 def solid_angle_sum(sim, mask: np.ndarray | None = None, chunk: int = 1 << 16) -> float:
     """The "solid angle subtended by detector" (sr) over the rendered pixels.
 

@@ -373,7 +373,7 @@ def _auto_oversample(cfg: SimulationConfig, detector: DetectorSetup, crystal: Cr
         value = math.ceil(ratio) if math.isfinite(ratio) else ratio
         raise InputError(
             f"-oversample: the automatic value {value:.6g} = ceil(3 x crystal size {size_m * 1e6:.4g} um / "
-            f"(lambda {cfg.wavelength_A:g} A x distance {distance_c_m * 1000:.4g} mm / pixel {cfg.pixel_mm:g} mm)) "
+            f"(lambda {cfg.wavelength_A:g} A x close_distance {distance_c_m * 1000:.4g} mm / pixel {cfg.pixel_mm:g} mm)) "
             f"is above the limit of {MAX_AUTO_OVERSAMPLE}: check the units (-cell in A, -N in unit cells, "
             f"-distance and -pixel in mm) or give -oversample explicitly")
     return max(1, math.ceil(ratio))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -263,3 +264,90 @@ def test_stray_fdump_is_never_read(workdir):
     sim = Simulator(config_from_args(argv))
     assert sim.setup.F_grid is None
     np.testing.assert_allclose(read_raw_float("f.bin", (16, 16)), sim().numpy().astype(np.float32))
+
+
+# --- every output or none (#20 point 3) ------------------------------------------------------------
+# CUSTOM vectors with many digits: the C's header text grows past 512 bytes
+LONG_HEADER = ("-cell 70 80 90 75 85 95 -N 2 -lambda 1.0123456 -default_F 100 -distance 100.123456 -detpixels 32 "
+               "-pixel 0.1 -fdet_vector 0.0523123456 -0.000012345 0.99863 -sdet_vector 0.0000123 -1.0 0.0000456 "
+               "-odet_vector 0.99863 0.00001234 -0.0523 -beam_vector 0.99995 0.01 0.0000321 "
+               "-pix0_vector_mm 100.123456 -1.2345678 -1.3456789 -phi 20.123456 -osc 0.1234567 "
+               "-noprogress -seed 3").split()
+
+
+@pytest.mark.parametrize("mode", [[], ["-c_parity"]])
+def test_long_smv_header_is_valid(workdir, capsys, mode):
+    argv = LONG_HEADER + mode + ["-floatfile", "t.bin", "-intfile", "t.img", "-noisefile", "n.img", "-scale", "7"]
+    assert main(argv) == 0, capsys.readouterr().err
+    img = read_raw_float("t.bin", (32, 32)).astype(np.float64)
+    for name in ("t.img", "n.img"):
+        data = (workdir / name).read_bytes()
+        assert data.startswith(b"{\nHEADER_BYTES=1024;\n") and len(data) == 1024 + 32 * 32 * 2
+        assert data.index(b"}\f") > 512 and data[data.index(b"}\f") + 2:1024].strip(b" ") == b""
+    intimg, head = read_smv("t.img")
+    np.testing.assert_array_equal(intimg, np.floor(np.clip(img * 7 + 40, 0, 65535) + 0.5).astype(np.uint16))
+    assert head["HEADER_BYTES"] == "1024" and head["BEAMLINE"] == "fake" and head["SIZE1"] == "32"
+    noise, nhead = read_smv("n.img")
+    assert nhead == head and noise.shape == (32, 32)
+    fabio = sys.modules.get("fabio")
+    if fabio is not None:
+        np.testing.assert_array_equal(fabio.open("t.img").data, intimg)
+
+
+def test_failed_output_leaves_no_output(workdir, capsys, monkeypatch):
+    # a folder that disappears during the run (check_outputs passed): the last output fails to be written
+    monkeypatch.setattr(cli, "check_outputs", lambda cfg: None)
+    argv = SMALL + ["-seed", "1", "-floatfile", "f.bin", "-intfile", "i.img", "-pgmfile", "p.pgm",
+                    "-noisefile", "gone/n.img"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nbtorch: error: gone/n.img") and len(err.strip().splitlines()) == 1
+    assert list(workdir.iterdir()) == []  # no output, no temporary file
+
+
+def test_missing_folder_given_last_is_refused_before_writing(workdir, capsys):
+    argv = SMALL + ["-seed", "1", "-floatfile", "f.bin", "-intfile", "i.img", "-h5file", "nowhere/o.h5"]
+    assert main(argv) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert list(workdir.iterdir()) == []
+
+
+def test_write_files_together_rolls_back(tmp_path):
+    from nbtorch.errors import InputError
+    from nbtorch.io.atomic import write_files_together
+
+    (tmp_path / "old.bin").write_bytes(b"old")
+
+    def broken(path):
+        raise InputError(f"{path}: cannot write")
+
+    with pytest.raises(InputError):
+        write_files_together([(tmp_path / "a.bin", b"a"), (tmp_path / "old.bin", b"new"), (tmp_path / "c.h5", broken)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.bin"] and (tmp_path / "old.bin").read_bytes() == b"old"
+    write_files_together([(tmp_path / "a.bin", b"a"), (tmp_path / "old.bin", b"new"),
+                          (tmp_path / "c.txt", lambda p: open(p, "wb").write(b"c"))])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {"a.bin": b"a", "old.bin": b"new", "c.txt": b"c"}
+
+
+# --- each distance under its own name (#20 point 5) -------------------------------------------------
+@pytest.mark.parametrize("given", ["-close_distance", "-distance"])
+def test_summary_names_both_distances(workdir, capsys, given):
+    base = "-cell 70 80 90 75 85 95 -N 2 -default_F 100 -detpixels 16 -pixel 0.1 -detector_roty 30".split()
+    argv = base + [given, "159.735", "-nonoise", "-nopgm", "-noprogress"]
+    assert main(argv) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("detector distances:"))
+    m = re.fullmatch(r"detector distances: close_distance (\S+) mm \((given; )?sample to the detector plane along "
+                     r"its normal\), distance (\S+) mm \((given; )?sample to the detector plane along the beam\)", line)
+    assert m, line
+    close, dist = float(m.group(1)), float(m.group(3))
+    ratio = math.cos(math.radians(30))  # the normal tilted by 30 degrees from the beam
+    if given == "-close_distance":
+        assert close == 159.735 and dist == pytest.approx(159.735 / ratio, rel=1e-5)
+        assert m.group(2) and not m.group(4)
+    else:
+        assert dist == 159.735 and close == pytest.approx(159.735 * ratio, rel=1e-5)
+        assert m.group(4) and not m.group(2)
+    sim = Simulator(config_from_args(argv))
+    g = sim.geometry(sim.parameters_dict())
+    assert close == pytest.approx(float(g.close_distance) * 1000, rel=1e-5)
+    assert dist == pytest.approx(float(g.distance) * 1000, rel=1e-5)

@@ -33,6 +33,7 @@ from nbtorch.io.smv import (
     intfile_from_float,
     read_smv,
     roi_mask_from_bounds,
+    smv_bytes,
     smv_header_from_geometry,
     write_smv,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "smv_header_from_geometry",
     "format_smv_header",
     "write_smv",
+    "smv_bytes",
     "read_smv",
     "intfile_from_float",
     "header_value",

@@ -16,7 +16,9 @@ The new file gets the usual permissions (``0o666`` minus the umask), not the
 ``0o600`` that :func:`tempfile.mkstemp` would leave.
 
 Use :func:`atomic_write` for a file object, or :func:`atomic_output_path` when a
-library (h5py) wants a file name.
+library (h5py) wants a file name.  :func:`write_files_together` writes several
+files as one step: every file is complete in its temporary file before the
+first is renamed, so a failure leaves none of them.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator, Sequence, Union
 
 from nbtorch.errors import InputError
 
-__all__ = ["atomic_write", "atomic_output_path", "check_directory_can_be_made", "check_not_inputs"]
+__all__ = ["atomic_write", "atomic_output_path", "write_files_together", "check_directory_can_be_made", "check_not_inputs"]
 
 
 def check_directory_can_be_made(directory: str | os.PathLike[str], label: str) -> None:
@@ -165,3 +167,56 @@ def atomic_output_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         _remove_quietly(tmp)
         raise
     _commit(tmp, path)
+
+
+#: What :func:`write_files_together` writes to a file: its bytes, or a function that writes the file at a path.
+FileContent = Union[bytes, Callable[[Path], None]]
+
+
+def write_files_together(files: Sequence[tuple[str | os.PathLike[str], FileContent]]) -> None:
+    """Write several files so that a failure leaves none of them (nor any temporary file).
+
+    ``files`` holds ``(path, content)`` pairs; ``content`` is the file's bytes
+    or a function that writes the file at the temporary path it is given (for
+    libraries such as h5py).  First every file is written to its temporary
+    file beside the target and fsync-ed; only when all are complete are they
+    renamed over their targets, in order.  If writing any of them raises, all
+    the temporary files are removed and no target is touched.  If a rename
+    fails (rare: the temporary file sits in the target's own directory), the
+    targets already renamed that did not exist before are removed again.
+    """
+    staged: list[tuple[Path, Path, bool]] = []
+    try:
+        for target, content in files:
+            path = Path(target)
+            fd, tmp = _make_temp(path)
+            staged.append((path, tmp, path.exists()))
+            if callable(content):
+                os.close(fd)
+                content(tmp)
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(content)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+    except BaseException:
+        for _, tmp, _ in staged:
+            _remove_quietly(tmp)
+        raise
+    done: list[tuple[Path, bool]] = []
+    for index, (path, tmp, existed) in enumerate(staged):
+        try:
+            _commit(tmp, path)
+        except BaseException:
+            for _, later, _ in staged[index + 1:]:
+                _remove_quietly(later)
+            for written, had_file in done:
+                if not had_file:
+                    _remove_quietly(written)
+            raise
+        done.append((path, existed))

@@ -33,7 +33,7 @@ or pixels for beam centres, reported as ``beam_center_x_px``), plus ``nbtorch``
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ import numpy as np
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path
 
-__all__ = ["write_h5", "read_h5_image"]
+__all__ = ["write_h5", "h5_writer", "read_h5_image"]
 
 _DETECTOR_FIELDS = {
     "distance_mm": "distance",
@@ -88,6 +88,24 @@ def write_h5(
     ``geometry`` fills the NXmx detector/beam fields and ``/entry/nbtorch``.
     ``compression`` is passed to h5py (e.g. ``"gzip"``).
     """
+    writer = h5_writer(path, image, attrs, geometry, compression)
+    with atomic_output_path(path) as tmp:
+        writer(tmp)
+
+
+def h5_writer(
+    path: str | os.PathLike[str],
+    image: np.ndarray,
+    attrs: Mapping[str, Any] | None = None,
+    geometry: Mapping[str, Any] | None = None,
+    compression: str | None = None,
+) -> Callable[[os.PathLike[str]], None]:
+    """Check what :func:`write_h5` would write and return the function that writes it at a given path.
+
+    Every problem with the inputs (h5py missing, a bad image, attribute or
+    geometry value) is raised here; the function raises :class:`InputError`
+    (naming ``path``) only if the file system fails.
+    """
     h5py = _h5py(path)
     arr = np.asarray(image)
     if arr.ndim not in (2, 3) or arr.size == 0 or arr.dtype.kind not in "biuf":
@@ -110,11 +128,14 @@ def write_h5(
         wavelength = None if wavelength is None else float(wavelength)
     except (TypeError, ValueError):
         raise InputError(f"{path}: geometry 'wavelength_A' must be a number, got {wavelength!r}") from None
-    with atomic_output_path(path) as tmp:
+
+    def write(tmp: os.PathLike[str]) -> None:
         try:
             _write_layout(h5py, tmp, arr, root_attrs, geo_attrs, fields, wavelength, compression)
         except OSError as exc:
             raise InputError(f"{path}: cannot write HDF5 file: {str(exc).splitlines()[0]}") from None
+
+    return write
 
 
 def _write_layout(h5py: Any, tmp: os.PathLike[str], arr: np.ndarray, root_attrs: Mapping[str, Any],

@@ -43,7 +43,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from nbtorch.io.raw import read_file_bytes, read_text_lines
 
-__all__ = ["HKLTable", "grid_description", "read_hkl", "write_hkl", "read_fdump", "write_fdump"]
+__all__ = ["HKLTable", "grid_description", "read_hkl", "write_hkl", "read_fdump", "write_fdump", "fdump_bytes"]
 
 #: Largest dense grid (elements) that :meth:`HKLTable.to_grid` will allocate (8 GB of float64).
 MAX_GRID_ELEMENTS = 1_000_000_000
@@ -218,6 +218,13 @@ def read_fdump(path: str | os.PathLike[str]) -> tuple[np.ndarray, tuple[int, int
 
 def write_fdump(path: str | os.PathLike[str], grid: np.ndarray, mins: tuple[int, int, int]) -> None:
     """Write a dense F grid ``(nh, nk, nl)`` with lowest indices ``mins`` as nanoBragg's ``Fdump.bin``. Atomic."""
+    data = fdump_bytes(path, grid, mins)
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+
+
+def fdump_bytes(path: str | os.PathLike[str], grid: np.ndarray, mins: tuple[int, int, int]) -> bytes:
+    """The bytes :func:`write_fdump` writes (``path`` only names the file in errors)."""
     arr = np.asarray(grid, dtype=np.float64)
     if arr.ndim != 3 or min(arr.shape) < 1:
         raise InputError(f"{path}: F grid must be a non-empty 3-D array, got shape {arr.shape}")
@@ -228,6 +235,4 @@ def write_fdump(path: str | os.PathLike[str], grid: np.ndarray, mins: tuple[int,
     padded = np.zeros((nh + 1, nk + 1, nl + 1), dtype="<f8")
     padded[:nh, :nk, :nl] = arr
     header = f"{h_min} {h_min + nh - 1} {k_min} {k_min + nk - 1} {l_min} {l_min + nl - 1}\n\f"
-    with atomic_write(path, "wb") as handle:
-        handle.write(header.encode("ascii"))
-        handle.write(padded.tobytes())
+    return header.encode("ascii") + padded.tobytes()

@@ -28,7 +28,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from nbtorch.io.raw import read_file_bytes
 
-__all__ = ["write_pgm", "read_pgm", "default_pgm_scale"]
+__all__ = ["write_pgm", "pgm_bytes", "read_pgm", "default_pgm_scale"]
 
 
 def _roi_values(path: str, image: np.ndarray, roi_mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +72,19 @@ def write_pgm(
     ``scale`` > 0 is used as given, otherwise :func:`default_pgm_scale`.
     ``roi_mask`` (True = inside) zeroes the pixels outside the ROI.
     """
+    data, used = pgm_bytes(path, float_image, scale, roi_mask)
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+    return used
+
+
+def pgm_bytes(
+    path: str | os.PathLike[str],
+    float_image: np.ndarray,
+    scale: float | None = None,
+    roi_mask: np.ndarray | None = None,
+) -> tuple[bytes, float]:
+    """``(the bytes :func:`write_pgm` writes, the scale used)``; ``path`` only names the file in errors."""
     img = np.asarray(float_image)
     if img.ndim != 2 or img.size == 0:
         raise InputError(f"{path}: PGM image must be a non-empty 2-D array, got shape {img.shape}")
@@ -84,10 +97,7 @@ def write_pgm(
     pixels = np.trunc(test).astype(np.uint8)
     slow, fast = img.shape
     head = f"P5\n{fast} {slow}\n# pixels scaled by {'%g' % used}\n255\n".encode("ascii")
-    with atomic_write(path, "wb") as handle:
-        handle.write(head)
-        handle.write(pixels.tobytes())
-    return used
+    return head + pixels.tobytes(), used
 
 
 _TOKEN = re.compile(rb"(?:\s|#[^\n]*\n)*([^\s#]+)")

@@ -23,7 +23,7 @@ import numpy as np
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["read_raw_float", "write_raw_float", "read_file_bytes", "read_text_lines", "read_toml"]
+__all__ = ["read_raw_float", "write_raw_float", "raw_float_bytes", "read_file_bytes", "read_text_lines", "read_toml"]
 
 
 def read_file_bytes(path: str | os.PathLike[str], what: str = "file") -> bytes:
@@ -103,11 +103,16 @@ def write_raw_float(path: str | os.PathLike[str], image: np.ndarray) -> None:
     Accepts any array-like (including CPU torch tensors); values are rounded to
     float32.  The write is atomic.
     """
+    data = raw_float_bytes(path, image)
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+
+
+def raw_float_bytes(path: str | os.PathLike[str], image: np.ndarray) -> bytes:
+    """The bytes :func:`write_raw_float` writes (``path`` only names the file in errors)."""
     arr = np.asarray(image)
     if arr.ndim < 1 or arr.size == 0:
         raise InputError(f"{path}: cannot write an empty image")
     if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
         raise InputError(f"{path}: cannot write an image of dtype {arr.dtype} as float32")
-    out = np.ascontiguousarray(arr, dtype="<f4")
-    with atomic_write(path, "wb") as handle:
-        handle.write(out.tobytes())
+    return np.ascontiguousarray(arr, dtype="<f4").tobytes()

@@ -1,7 +1,8 @@
 """SMV (ADSC) images, as nanoBragg writes them for ``-intfile`` and ``-noisefile``.
 
 File layout
-    An ASCII header of ``HEADER_BYTES`` bytes (512 for nanoBragg) that starts
+    An ASCII header of ``HEADER_BYTES`` bytes (512 for nanoBragg; any multiple
+    of 512 here when the text is longer, see :func:`format_smv_header`) that starts
     with ``{\\n``, holds one ``KEY=VALUE;`` per line, ends with ``}`` and a form
     feed, and is padded with spaces; then ``SIZE1 * SIZE2`` pixels in row-major
     (slow, fast) order: ``SIZE1`` is the fast (column) count and ``SIZE2`` the
@@ -43,6 +44,7 @@ __all__ = [
     "smv_header_from_geometry",
     "format_smv_header",
     "write_smv",
+    "smv_bytes",
     "read_smv",
     "intfile_from_float",
     "roi_mask_from_bounds",
@@ -158,22 +160,29 @@ def _format_value(key: str, value: object) -> str:
 
 
 def format_smv_header(header: Mapping[str, object]) -> bytes:
-    """Render an ordered header dict as exactly ``SMV_HEADER_BYTES`` bytes, like nanoBragg.
+    """Render an ordered header dict as an SMV header, like nanoBragg; return its bytes.
 
-    ``HEADER_BYTES`` must be first (it is added if missing).  Values that are
-    not strings are formatted with ``%d`` (int) or ``%g`` (float); sequences are
-    comma-joined.
+    The text is padded with spaces to ``SMV_HEADER_BYTES`` (512) bytes, the C's
+    header, byte for byte, when it fits.  A longer text (long values, e.g. a
+    CUSTOM geometry with many digits) is padded to the next multiple of 512
+    bytes and ``HEADER_BYTES`` says that size, which SMV readers honour (the C
+    would write the longer text unpadded under ``HEADER_BYTES=512``, shifting
+    the pixels; see docs/cli.md).  ``HEADER_BYTES`` is always first (the
+    writer's value replaces any given one).  Values that are not strings are
+    formatted with ``%d`` (int) or ``%g`` (float); sequences are comma-joined.
     """
     items = dict(header)
     items.pop("HEADER_BYTES", None)
-    lines = ["{", f"HEADER_BYTES={SMV_HEADER_BYTES};"]
+    lines = []
     for key, value in items.items():
         text = _format_value(key, value)
         lines.append(f"{key}={text}" if key in _NO_SEMICOLON else f"{key}={text};")
-    body = ("\n".join(lines) + "\n}\f").encode("ascii", errors="strict")
-    if len(body) > SMV_HEADER_BYTES:
-        raise InputError(f"SMV header is {len(body)} bytes, more than the {SMV_HEADER_BYTES} available")
-    return body + b" " * (SMV_HEADER_BYTES - len(body))
+    size = SMV_HEADER_BYTES
+    while True:  # the HEADER_BYTES line itself grows with the size it states
+        body = ("\n".join(["{", f"HEADER_BYTES={size};", *lines]) + "\n}\f").encode("ascii", errors="strict")
+        if len(body) <= size:
+            return body + b" " * (size - len(body))
+        size = -(-len(body) // SMV_HEADER_BYTES) * SMV_HEADER_BYTES
 
 
 def _smv_type_for(path: str | os.PathLike[str], image: np.ndarray) -> tuple[str, np.dtype]:
@@ -188,18 +197,8 @@ def _smv_type_for(path: str | os.PathLike[str], image: np.ndarray) -> tuple[str,
     return _DTYPE_TO_TYPE[kind], np.dtype("<" + kind)
 
 
-def write_smv(path: str | os.PathLike[str], image: np.ndarray, header: Mapping[str, object] | None = None) -> None:
-    """Write a 2-D ``image`` (slow, fast) as an SMV file with a 512-byte header. Atomic.
-
-    ``uint16`` is written as ``unsigned_short`` (nanoBragg's type), ``int32`` as
-    ``signed_int``, ``uint32`` as ``unsigned_int`` and float32/float64 as
-    ``float`` (4-byte IEEE, rounded to float32).  Data are little-endian.
-    ``header`` (e.g. from :func:`smv_header_from_geometry` or :func:`read_smv`)
-    supplies the other keys, in order.  HEADER_BYTES, DIM, BYTE_ORDER and TYPE
-    describe the encoding and are always set by the writer (a header read from
-    a big-endian file can be reused); SIZE1/SIZE2, if given, must agree with
-    the image, else :class:`InputError`.
-    """
+def smv_bytes(path: str | os.PathLike[str], image: np.ndarray, header: Mapping[str, object] | None = None) -> bytes:
+    """The bytes of the SMV file :func:`write_smv` writes (``path`` only names it in errors)."""
     arr = np.asarray(image)
     if arr.ndim != 2 or arr.size == 0:
         raise InputError(f"{path}: SMV image must be a non-empty 2-D array, got shape {arr.shape}")
@@ -224,9 +223,23 @@ def write_smv(path: str | os.PathLike[str], image: np.ndarray, header: Mapping[s
         head = format_smv_header(merged)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
-    data = np.ascontiguousarray(arr, dtype=dtype).tobytes()
+    return head + np.ascontiguousarray(arr, dtype=dtype).tobytes()
+
+
+def write_smv(path: str | os.PathLike[str], image: np.ndarray, header: Mapping[str, object] | None = None) -> None:
+    """Write a 2-D ``image`` (slow, fast) as an SMV file (header of 512 bytes, or more if needed). Atomic.
+
+    ``uint16`` is written as ``unsigned_short`` (nanoBragg's type), ``int32`` as
+    ``signed_int``, ``uint32`` as ``unsigned_int`` and float32/float64 as
+    ``float`` (4-byte IEEE, rounded to float32).  Data are little-endian.
+    ``header`` (e.g. from :func:`smv_header_from_geometry` or :func:`read_smv`)
+    supplies the other keys, in order.  HEADER_BYTES, DIM, BYTE_ORDER and TYPE
+    describe the encoding and are always set by the writer (a header read from
+    a big-endian file can be reused); SIZE1/SIZE2, if given, must agree with
+    the image, else :class:`InputError`.
+    """
+    data = smv_bytes(path, image, header)
     with atomic_write(path, "wb") as handle:
-        handle.write(head)
         handle.write(data)
 
 
