@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 import nbtorch
-from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.imagefile import write_png_pair
 from experiments.workload import Workload, load_workload
+from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
 
 __all__ = ["main", "run_phases"]
 
@@ -318,9 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     nbtorch.runtime.check_device(a.device, "--device")
-    check_outdir(a.outdir)
+    check_output_dir(a.outdir)
     w = load_workload(a.problem, a.size, a.image, a.model, a.symmetry, a.dtype, a.device)
-    outdir = make_outdir(a.outdir)
+    outdir = make_output_dir(a.outdir)
     rtol = a.rtol if a.rtol is not None else (1e-6 if a.dtype == "float64" else 1e-3)
     print(f"stage_a_mapping: {w.label}, phases {','.join(map(str, a.phases))}, {a.dtype} on {a.device}", flush=True)
     out = run_phases(w, a.phases, outdir, a.steps, a.lr, a.coarse, rtol)

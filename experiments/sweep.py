@@ -49,8 +49,8 @@ import warnings
 
 import optuna
 
-from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.workload import Workload, load_workload, parameter_error
+from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
 from nbtorch.errors import InputError
 from refine.precondition import PRECONDITIONER_NAMES
 
@@ -395,14 +395,14 @@ def _main(argv: list[str]) -> int:
         return 0
     # every input is checked before anything is written: space, output folder, workload, storage
     space = load_space(args.space)
-    check_outdir(args.outdir)
+    check_output_dir(args.outdir)
     w = load_workload(args.problem, args.size, args.image, args.model)
     if args.storage:  # a storage of the user's: open it before making the folder
         url = args.storage
         storage, study = _create_study(args, url)
-        outdir = make_outdir(args.outdir)
+        outdir = make_output_dir(args.outdir)
     else:
-        outdir = make_outdir(args.outdir)
+        outdir = make_output_dir(args.outdir)
         url = f"sqlite:///{outdir.resolve() / 'sweep.db'}"
         storage, study = _create_study(args, url)
     before = len(study.trials)

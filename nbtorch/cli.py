@@ -6,34 +6,36 @@ Takes nanoBragg's flags (see ``docs/cli.md``), plus ``-c_parity``, ``-dtype``,
 ``noiseimage.img`` (unless ``-nonoise``) by default;
 ``-floatfile/-intfile/-pgmfile/-noisefile`` rename them, ``-h5file`` adds an
 NXmx HDF5 file and ``-dump`` (with ``-hkl``) a structure-factor cache.  Every
-file is written atomically (temporary file + rename).  Bad input prints one
-line ``nbtorch: error: ...`` and exits with status 2, writing nothing.
+file is written atomically (temporary file + rename).  ``@FILE`` reads flags
+from FILE, in place (blank or newline separated, ``#`` comments, shell quotes).
+Bad input prints one line ``nbtorch: error: ...`` and exits with status 2,
+writing nothing.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from nbtorch import __version__
 from nbtorch import beam_centre as bc
 from nbtorch import runtime
-from nbtorch.args import config_from_args
+from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
+from nbtorch.cli_support import Printer, argument_files, check_outputs, expand_argument_files
+from nbtorch.crng import poisson_noise_image
 from nbtorch.errors import InputError
-
-
-def say(*args, **kwargs) -> None:
-    """print() that survives a closed stdout (``nbtorch ... | head``): the run still writes its files."""
-    try:
-        print(*args, **kwargs)
-    except BrokenPipeError:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+from nbtorch.io.hdf5 import write_h5
+from nbtorch.io.hkl import grid_description, write_fdump
+from nbtorch.io.pgm import write_pgm
+from nbtorch.io.raw import write_raw_float
+from nbtorch.io.smv import intfile_from_float, roi_mask_from_bounds, smv_header_from_geometry, write_smv
+from nbtorch.printout import format_report, pixel_reports, roi_pixels, solid_angle_sum
+from nbtorch.simulator import Simulator
 
 
 def image_statistics(image: np.ndarray, roi, mask: np.ndarray | None, c_parity: bool,
@@ -86,8 +88,6 @@ def noise_image(image: np.ndarray, seed: int, adc: float, roi_mask: np.ndarray, 
     ``roi_mask`` are 0.  Returns ``(uint16 image, photons, overloads)``.
     """
     if c_parity:
-        from nbtorch.crng import poisson_noise_image
-
         noise, info = poisson_noise_image(image.astype(np.float32), seed, adc=adc, roi_mask=roi_mask)
         return noise, float(info["photons"]), int(info["overloads"])
     rng = np.random.default_rng(seed)
@@ -165,8 +165,6 @@ def h5_metadata(sim, argv: Sequence[str]) -> tuple[dict, dict]:
         "phistep_deg": s.phistep_deg, "osc_range_deg": hv["osc_range_deg"], "sources": len(s.incident),
         "mosaic_domains": len(s.mosaic_fractions), "thicksteps": s.thicksteps, "steps": s.steps,
     }
-    from nbtorch import __version__
-
     attrs = {"program": "nbtorch", "version": __version__, "command_line": " ".join(argv), "mode": "c_parity" if s.c_parity else "spec",
              "c_parity": bool(s.c_parity), "dtype": cfg.dtype, "units": "photons per pixel"}
     attrs.update({k: v for k, v in s.params.items()})  # canonical parameters (units: README)
@@ -186,15 +184,15 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     ``context`` (optional dict) is kept up to date with the ``stage`` of the run
     and the ``sim`` once built, so that :func:`main` can say what ran out of memory.
     """
-    from nbtorch.simulator import Simulator
-    from nbtorch.io.raw import write_raw_float
-    from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, write_smv, roi_mask_from_bounds
-    from nbtorch.io.pgm import write_pgm
-
     context = {} if context is None else context
     context["stage"] = "reading the inputs"
+    say = Printer()
+    typed = list(argv)
+    argv = expand_argument_files(typed, path_flags=INPUT_FILE_FLAGS)
     cfg = config_from_args(argv)
-    check_outputs(cfg)
+    outputs = output_files(cfg)
+    inputs = [named for named in cfg.model_files() if named not in outputs]  # -dump may be both
+    check_outputs(outputs, inputs + argument_files(typed))
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     runtime.check_device(cfg.device, "-device")
     t0 = time.perf_counter()
@@ -226,14 +224,10 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     context["stage"] = "writing the outputs"
 
     if cfg.printout:
-        from nbtorch.printout import format_report, pixel_reports, roi_pixels
-
         pixels = [tuple(cfg.printout_pixel)] if cfg.printout_pixel is not None else roi_pixels(s.roi, mask)
         for report in pixel_reports(sim, pixels, image):
             say(format_report(report))
         say()
-    from nbtorch.printout import solid_angle_sum
-
     omega = solid_angle_sum(sim, mask)
     say(f"solid angle subtended by detector = {omega:g} steradian ( {100 * omega / 4 / math.pi:g}% sphere)")
     say(f"fraction of structure-factor lookups outside the HKL table: {float(diag['fraction_default_F']):.3g}")
@@ -265,14 +259,10 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
         say(f"writing {noisefile} as 2-byte integers (seed {seed})")
         write_smv(noisefile, noise, header)
     if cfg.h5file:
-        from nbtorch.io.hdf5 import write_h5
-
         attrs, geometry = h5_metadata(sim, argv)
         say(f"writing {cfg.h5file} (NXmx HDF5)")
         write_h5(cfg.h5file, image.astype(np.float32), attrs, geometry)
     if cfg.dump_file and cfg.hkl_file and s.F_grid is not None:
-        from nbtorch.io.hkl import write_fdump
-
         say(f"writing dump file for next time: {cfg.dump_file}")
         write_fdump(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))
     say(f"done in {time.perf_counter() - t0:.2f} s")
@@ -291,30 +281,6 @@ def output_files(cfg) -> list[tuple[str, str]]:
     if cfg.dump_file and cfg.hkl_file:
         out.append(("-dump", cfg.dump_file))
     return out
-
-
-def check_outputs(cfg) -> None:
-    """Fail before simulating if an output cannot be written (so a failed run writes nothing)."""
-    from nbtorch.io.atomic import check_not_inputs
-
-    seen: dict[str, str] = {}
-    outputs = output_files(cfg)
-    check_not_inputs([named for named in cfg.model_files() if named not in outputs], outputs)
-    for flag, path in outputs:
-        p = Path(path)
-        key = os.path.abspath(path)
-        if key in seen:
-            raise InputError(f"{seen[key]} and {flag} both write {path}: give them different names")
-        seen[key] = flag
-        parent = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise InputError(f"{flag} {path}: is a directory")
-        if parent.exists() and not parent.is_dir():
-            raise InputError(f"{flag} {path}: {parent} is not a directory")
-        if not parent.is_dir():
-            raise InputError(f"{flag} {path}: directory {parent} does not exist")
-        if not os.access(parent, os.W_OK):
-            raise InputError(f"{flag} {path}: directory {parent} is not writable")
 
 
 def use_progress(cfg) -> bool:
@@ -340,8 +306,6 @@ def out_of_memory_message(exc: BaseException, context: dict) -> str:
         parts.append(f"{(x1 - x0 + 1) * (y1 - y0 + 1)} pixels, oversample {s.oversample}, {s.samples_per_pixel:.6g} "
                      f"samples and {s.evaluations_per_pixel:.6g} evaluations per pixel")
         if s.F_grid is not None:
-            from nbtorch.io.hkl import grid_description
-
             parts.append(f"structure-factor grid: {grid_description(s.hkl_min, s.hkl_max)}")
     words = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     sizes = f" ({'; '.join(parts)})" if parts else ""
