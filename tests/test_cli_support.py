@@ -143,3 +143,15 @@ def test_output_dir_checked_then_made(workdir):
         check_output_dir("f")
     assert not (workdir / "a").exists() and check_output_dir("a/b").name == "b"
     assert make_output_dir("a/b", "--out").is_dir()
+
+
+# --- the tools' old module paths ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bench", "gradcheck_report"])
+def test_tool_shims_run_the_tools(name):
+    """``python -m nbtorch.bench`` and ``python -m nbtorch.gradcheck_report`` run nbtorch.tools' main."""
+    import importlib
+
+    shim, tool = importlib.import_module(f"nbtorch.{name}"), importlib.import_module(f"nbtorch.tools.{name}")
+    assert shim.main is tool.main
