@@ -318,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "-help"):
         print(__doc__)
-        print("usage: nbtorch -cell a b c alpha beta gamma | -mat FILE  [-hkl FILE | -default_F F] [nanoBragg flags...]")
+        print("usage: nbtorch -cell a b c alpha beta gamma | -mat FILE  [-hkl FILE | -default_F F] [nanoBragg flags...]"
+              "  (@FILE: flags from FILE)")
         return 0 if argv else 2
     context: dict = {}
     try:

@@ -94,7 +94,8 @@ def test_bad_argument_file_is_one_line_naming_it(tmp_path, make, needle):
 
 
 def test_nbtorch_reads_flags_from_an_argument_file(workdir, capsys):
-    (workdir / "flags.txt").write_text("# the crystal\n" + SMALL.replace(" -N 3", "\n-N 3\n") + "\n-floatfile 'a b.bin'\n")
+    text = "# the crystal\n" + SMALL.replace(" -N 3", "\n-N 3\n") + "\n-floatfile 'a b.bin'  # quoted\n"
+    (workdir / "flags.txt").write_text(text)
     assert main(["@flags.txt", "-N", "2", *QUIET_OUTPUTS]) == 0  # the command line after the file wins
     assert main([*SMALL.split(), "-N", "2", "-floatfile", "ref.bin", *QUIET_OUTPUTS]) == 0
     np.testing.assert_array_equal(read_raw_float("a b.bin", (16, 16)), read_raw_float("ref.bin", (16, 16)))
