@@ -5,7 +5,7 @@
   gradients, eager and compiled Adam runs, their trajectories compared);
 * ``sweep``: optuna hyper-parameter sweeps of the refinement (``workload`` and ``imagefile``
   are their helpers: the refinement input and a minimal PNG writer);
-* ``cli``: their shared argument checks and one-line errors (exit status 2).
+* their argument checks and one-line errors (exit status 2) come from :mod:`nbtorch.cli_support`.
 
 See docs/experiments.md.
 """

@@ -37,9 +37,15 @@ import numpy as np
 import torch
 
 import nbtorch
-from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.imagefile import write_png_pair
 from experiments.workload import Workload, load_workload
+from nbtorch import runtime
+from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
+from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.simulator import ORIENTATION_DELTAS
+from refine import Adam, TensorBoardCallback, refine, stage_a
+from refine.objective import ImageObjective, make_view, poisson_deviance
+from refine.parameters import SYMMETRIES, ParameterMap, ParameterSpace
 
 __all__ = ["main", "run_phases"]
 
@@ -95,11 +101,6 @@ def phase1(w: Workload, outdir: Path) -> dict:
 # ---------------------------------------------------------------------------------- phase 2
 def _objective(w: Workload, sim):
     """(ParameterMap over the Stage-A names, raw -> loss) at the start, full image, Poisson loss."""
-    from nbtorch.setup import PARAMETER_NAMES
-    from nbtorch.simulator import ORIENTATION_DELTAS
-    from refine.objective import ImageObjective, make_view, poisson_deviance
-    from refine.parameters import ParameterMap, ParameterSpace
-
     obs = torch.as_tensor(w.observed, dtype=sim.dtype, device=sim.device)
     valid = torch.isfinite(obs) & (obs >= 0)
     obs = torch.where(valid, obs, torch.zeros((), dtype=obs.dtype))
@@ -161,9 +162,7 @@ def phase2(w: Workload, outdir: Path, h: float = 1e-4, tol: float = 2e-3) -> dic
 
 # ------------------------------------------------------------------------------ phases 3, 4
 def _run(w: Workload, outdir: Path, label: str, compile: bool | None, steps: int, lr: float, coarse: bool) -> dict:
-    from torch._dynamo.utils import counters
-
-    from refine import Adam, TensorBoardCallback, refine, stage_a
+    from torch._dynamo.utils import counters  # lazy: torch._dynamo costs seconds of startup, phases 3-4 only
 
     stages = stage_a(Adam(lr=lr, schedule="constant"), max_steps=steps, final_steps=steps, coarse=coarse)
     sim = w.simulator(compile=compile)
@@ -206,8 +205,6 @@ def phase3(w: Workload, outdir: Path, steps: int, lr: float, coarse: bool) -> di
 
 
 def phase4(w: Workload, outdir: Path, steps: int, lr: float, coarse: bool) -> dict:
-    from nbtorch import runtime
-
     disabled = runtime.env_disables_compile()
     run = _run(w, outdir, "phase4", None, steps, lr, coarse)
     finite = run["status"] != "failed" and all(math.isfinite(v) for v in run["history"]["loss"])
@@ -295,8 +292,6 @@ PROG = "python -m experiments.stage_a_mapping"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from refine.parameters import SYMMETRIES
-
     ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--phases", type=_phases, default=[1, 2, 3, 4, 5], help="comma-separated, default 1,2,3,4,5")
     ap.add_argument("--problem", default="cubic_mosflm", help="bank problem (without --image)")
@@ -318,9 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     nbtorch.runtime.check_device(a.device, "--device")
-    check_outdir(a.outdir)
+    check_output_dir(a.outdir)
     w = load_workload(a.problem, a.size, a.image, a.model, a.symmetry, a.dtype, a.device)
-    outdir = make_outdir(a.outdir)
+    outdir = make_output_dir(a.outdir)
     rtol = a.rtol if a.rtol is not None else (1e-6 if a.dtype == "float64" else 1e-3)
     print(f"stage_a_mapping: {w.label}, phases {','.join(map(str, a.phases))}, {a.dtype} on {a.device}", flush=True)
     out = run_phases(w, a.phases, outdir, a.steps, a.lr, a.coarse, rtol)

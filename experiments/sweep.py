@@ -36,22 +36,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import warnings
-
 import optuna
 
-from experiments.cli import Parser, check_outdir, int_at_least, make_outdir, positive_float, run_main
 from experiments.workload import Workload, load_workload, parameter_error
+from losses import LOSSES
+from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
 from nbtorch.errors import InputError
+from nbtorch.io import read_toml
+from refine import LBFGS, Adam, Convergence, refine, single_stage, stage_a
 from refine.precondition import PRECONDITIONER_NAMES
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -79,8 +82,6 @@ NUMBERS: dict[str, tuple[float, bool]] = {"lr": (0, False), "history_size": (1, 
 
 
 def _loss_names() -> tuple[str, ...]:
-    from losses import LOSSES
-
     return tuple(LOSSES)  # the registry's names (poisson first)
 
 
@@ -138,8 +139,6 @@ def load_space(path: str | None) -> dict[str, Any]:
     """The default search space updated by a ``--space`` TOML file (checked: :class:`InputError` if bad)."""
     space = dict(DEFAULT_SPACE)
     if path:
-        from nbtorch.io import read_toml
-
         user = read_toml(path, "--space")
         unknown = set(user) - set(DEFAULT_SPACE)
         if unknown:
@@ -165,6 +164,7 @@ def make_storage(url: str, heartbeat_s: int = 10, grace_s: int = 30):
     """
     try:
         if url.startswith("journal:"):
+            # here, not on top: optuna < 4 has no JournalFileBackend, an unusable --storage like the others
             from optuna.storages import JournalStorage
             from optuna.storages.journal import JournalFileBackend
 
@@ -231,8 +231,6 @@ class TrialCallback:
 
 
 def _stages(params: dict, w: Workload, steps: int):
-    from refine import LBFGS, Adam, Convergence, single_stage, stage_a
-
     if params["optimizer"] == "adam":
         strategy = Adam(lr=params["lr"])
     else:
@@ -249,9 +247,7 @@ def make_objective(w: Workload, space: dict, steps: int, outdir: Path):
     """``trial -> value`` refining ``w`` with settings drawn from ``space``."""
 
     def objective(trial: optuna.Trial) -> float:
-        from torch.utils.tensorboard import SummaryWriter
-
-        from refine import refine
+        from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard costs ~0.5 s of startup
 
         params = {}
         for name in ("optimizer", "lr", "loss", "schedule", "precondition"):
@@ -360,8 +356,6 @@ def _pruner() -> optuna.pruners.BasePruner:
 
 def _run_worker(args: argparse.Namespace, url: str, n: int, index: int, w: Workload | None = None,
                 space: dict | None = None) -> None:
-    import logging
-
     logging.getLogger("refine.loop").addFilter(_not_pruned)
     if w is None:
         w = load_workload(args.problem, args.size, args.image, args.model)
@@ -395,14 +389,14 @@ def _main(argv: list[str]) -> int:
         return 0
     # every input is checked before anything is written: space, output folder, workload, storage
     space = load_space(args.space)
-    check_outdir(args.outdir)
+    check_output_dir(args.outdir)
     w = load_workload(args.problem, args.size, args.image, args.model)
     if args.storage:  # a storage of the user's: open it before making the folder
         url = args.storage
         storage, study = _create_study(args, url)
-        outdir = make_outdir(args.outdir)
+        outdir = make_output_dir(args.outdir)
     else:
-        outdir = make_outdir(args.outdir)
+        outdir = make_output_dir(args.outdir)
         url = f"sqlite:///{outdir.resolve() / 'sweep.db'}"
         storage, study = _create_study(args, url)
     before = len(study.trials)

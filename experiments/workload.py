@@ -20,6 +20,10 @@ import torch
 
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
+from nbtorch.setup import resolve
+from refine import make_problem
+from refine.data import load_image
+from refine.problems import misorientation_deg
 
 __all__ = ["Workload", "load_workload", "parameter_error", "DTYPES"]
 
@@ -73,9 +77,6 @@ def load_workload(problem: str = "cubic_mosflm", size: int = 32, image: str | No
     if image is not None or model is not None:
         if image is None or model is None:
             raise InputError("--image and --model go together: give both (or neither, for a --problem)")
-        from nbtorch.setup import resolve
-        from refine.data import load_image
-
         try:
             tokens = tuple(shlex.split(model))
         except ValueError as exc:
@@ -94,8 +95,6 @@ def load_workload(problem: str = "cubic_mosflm", size: int = 32, image: str | No
                         symmetry=symmetry or "triclinic",
                         free=("scale", "background", "orientation", "cell", "beam_centre", "mosaic"),
                         fixed=("distance",), dtype=DTYPES[dtype], device=device)
-    from refine import make_problem
-
     p = make_problem(problem, size=size, option_prefix="--")
     return Workload(label=f"{problem} ({size}x{size})", args=p.args, observed=p.observed, start=dict(p.start),
                     truth=dict(p.truth), symmetry=symmetry or p.symmetry, free=p.free, fixed=p.fixed,
@@ -104,8 +103,6 @@ def load_workload(problem: str = "cubic_mosflm", size: int = 32, image: str | No
 
 def parameter_error(values: Mapping[str, float], start: Mapping[str, float], truth: Mapping[str, float]) -> float:
     """RMS over the perturbed names of ``(value - truth) / (start - truth)``, misorientation included."""
-    from refine.problems import misorientation_deg
-
     terms = []
     for n in ERROR_NAMES:
         if n in values and n in truth and n in start:

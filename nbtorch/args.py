@@ -324,6 +324,8 @@ def _is_value(token: str) -> bool:
         return False
 
 
+#: flags whose value is a file that is read (``-dump`` too: the ``nbtorch`` command writes it only with ``-hkl``)
+INPUT_FILE_FLAGS = ("-mat", "-hkl", "-dump", "-sourcefile", "-img", "-mask")
 #: flags whose value is a file name (the others taking text: -dtype, -device, -phi_carryover_mode)
 _FILE_FLAGS = ("-mat", "-hkl", "-dump", "-sourcefile", "-img", "-mask", "-floatfile", "-floatimage", "-intfile",
                "-intimage", "-noisefile", "-noiseimage", "-pgmfile", "-pgmimage", "-h5file")

@@ -6,34 +6,37 @@ Takes nanoBragg's flags (see ``docs/cli.md``), plus ``-c_parity``, ``-dtype``,
 ``noiseimage.img`` (unless ``-nonoise``) by default;
 ``-floatfile/-intfile/-pgmfile/-noisefile`` rename them, ``-h5file`` adds an
 NXmx HDF5 file and ``-dump`` (with ``-hkl``) a structure-factor cache.  Every
-file is written atomically (temporary file + rename).  Bad input prints one
-line ``nbtorch: error: ...`` and exits with status 2, writing nothing.
+file is written atomically (temporary file + rename).  ``@FILE`` reads flags
+from FILE, in place (blank or newline separated, ``#`` comments, shell quotes).
+Bad input prints one line ``nbtorch: error: ...`` and exits with status 2,
+writing nothing.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from nbtorch import __version__
 from nbtorch import beam_centre as bc
 from nbtorch import runtime
-from nbtorch.args import config_from_args
+from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
+from nbtorch.cli_support import Printer, argument_files, check_outputs, expand_argument_files
+from nbtorch.crng import poisson_noise_image
 from nbtorch.errors import InputError
-
-
-def say(*args, **kwargs) -> None:
-    """print() that survives a closed stdout (``nbtorch ... | head``): the run still writes its files."""
-    try:
-        print(*args, **kwargs)
-    except BrokenPipeError:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+from nbtorch.io.atomic import write_files_together
+from nbtorch.io.hdf5 import h5_writer
+from nbtorch.io.hkl import fdump_bytes, grid_description
+from nbtorch.io.pgm import pgm_bytes
+from nbtorch.io.raw import raw_float_bytes
+from nbtorch.io.smv import intfile_from_float, roi_mask_from_bounds, smv_bytes, smv_header_from_geometry
+from nbtorch.printout import format_report, pixel_reports, roi_pixels, solid_angle_sum
+from nbtorch.simulator import Simulator
 
 
 def image_statistics(image: np.ndarray, roi, mask: np.ndarray | None, c_parity: bool,
@@ -86,8 +89,6 @@ def noise_image(image: np.ndarray, seed: int, adc: float, roi_mask: np.ndarray, 
     ``roi_mask`` are 0.  Returns ``(uint16 image, photons, overloads)``.
     """
     if c_parity:
-        from nbtorch.crng import poisson_noise_image
-
         noise, info = poisson_noise_image(image.astype(np.float32), seed, adc=adc, roi_mask=roi_mask)
         return noise, float(info["photons"]), int(info["overloads"])
     rng = np.random.default_rng(seed)
@@ -165,8 +166,6 @@ def h5_metadata(sim, argv: Sequence[str]) -> tuple[dict, dict]:
         "phistep_deg": s.phistep_deg, "osc_range_deg": hv["osc_range_deg"], "sources": len(s.incident),
         "mosaic_domains": len(s.mosaic_fractions), "thicksteps": s.thicksteps, "steps": s.steps,
     }
-    from nbtorch import __version__
-
     attrs = {"program": "nbtorch", "version": __version__, "command_line": " ".join(argv), "mode": "c_parity" if s.c_parity else "spec",
              "c_parity": bool(s.c_parity), "dtype": cfg.dtype, "units": "photons per pixel"}
     attrs.update({k: v for k, v in s.params.items()})  # canonical parameters (units: README)
@@ -186,16 +185,15 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     ``context`` (optional dict) is kept up to date with the ``stage`` of the run
     and the ``sim`` once built, so that :func:`main` can say what ran out of memory.
     """
-    from nbtorch.simulator import Simulator
-    from nbtorch.io.atomic import write_files_together
-    from nbtorch.io.raw import raw_float_bytes
-    from nbtorch.io.smv import intfile_from_float, smv_header_from_geometry, smv_bytes, roi_mask_from_bounds
-    from nbtorch.io.pgm import pgm_bytes
-
     context = {} if context is None else context
     context["stage"] = "reading the inputs"
+    say = Printer()
+    typed = list(argv)
+    argv = expand_argument_files(typed, path_flags=INPUT_FILE_FLAGS)
     cfg = config_from_args(argv)
-    check_outputs(cfg)
+    outputs = output_files(cfg)
+    inputs = [named for named in cfg.model_files() if named not in outputs]  # -dump may be both
+    check_outputs(outputs, inputs + argument_files(typed))
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     runtime.check_device(cfg.device, "-device")
     t0 = time.perf_counter()
@@ -230,14 +228,10 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     context["stage"] = "writing the outputs"
 
     if cfg.printout:
-        from nbtorch.printout import format_report, pixel_reports, roi_pixels
-
         pixels = [tuple(cfg.printout_pixel)] if cfg.printout_pixel is not None else roi_pixels(s.roi, mask)
         for report in pixel_reports(sim, pixels, image):
             say(format_report(report))
         say()
-    from nbtorch.printout import solid_angle_sum
-
     omega = solid_angle_sum(sim, mask)
     say(f"solid angle subtended by detector = {omega:g} steradian ( {100 * omega / 4 / math.pi:g}% sphere)")
     say(f"fraction of structure-factor lookups outside the HKL table: {float(diag['fraction_default_F']):.3g}")
@@ -245,10 +239,10 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
 
     # every output is built in memory first and written together at the end, so that a
     # failure (a header, the file system) leaves no output file at all
-    outputs: list = []
+    files: list = []  # (path, bytes or writer): built first, then written together or not at all
     floatfile = cfg.floatfile or "floatimage.bin"
     say(f"writing {floatfile} as {image.size} 4-byte floats")
-    outputs.append((floatfile, raw_float_bytes(floatfile, image.astype(np.float32))))
+    files.append((floatfile, raw_float_bytes(floatfile, image.astype(np.float32))))
     say(f"max_I = {st['max']:g}  at {st['max_x']:g} {st['max_y']:g}")
     say(f"mean= {st['mean']:g} rms= {st['rms']:g} rmsd= {st['rmsd']:g}")
     header = smv_header_from_geometry(**header_values(sim))
@@ -257,32 +251,28 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     intfile = cfg.intfile or "intimage.img"
     say(f"intfile_scale = {scale:g}")
     say(f"writing {intfile} as 2-byte integers")
-    outputs.append((intfile, smv_bytes(intfile, intimage, header)))
+    files.append((intfile, smv_bytes(intfile, intimage, header)))
     if not cfg.nopgm:
         pgmfile = cfg.pgmfile or "image.pgm"
         pscale = cfg.pgmscale if cfg.pgmscale > 0 else (250.0 / (5.0 * st["rmsd"]) if st["rmsd"] > 0 else scale)
         say(f"pgm_scale = {pscale:g}")
         say(f"writing {pgmfile} as 1-byte integers")
-        outputs.append((pgmfile, pgm_bytes(pgmfile, image, pscale, roi_mask=roi_mask)[0]))
+        files.append((pgmfile, pgm_bytes(pgmfile, image, pscale, roi_mask=roi_mask)[0]))
     if not cfg.nonoise:
         seed = cfg.seed if cfg.seed is not None else int(time.time())
         noise, photons, overloads = noise_image(image, seed, cfg.adc, roi_mask, s.c_parity)
         noisefile = cfg.noisefile or "noiseimage.img"
         say(f"{photons:.0f} photons on noise image ({overloads} overloads)")
         say(f"writing {noisefile} as 2-byte integers (seed {seed})")
-        outputs.append((noisefile, smv_bytes(noisefile, noise, header)))
+        files.append((noisefile, smv_bytes(noisefile, noise, header)))
     if cfg.h5file:
-        from nbtorch.io.hdf5 import h5_writer
-
         attrs, geometry = h5_metadata(sim, argv)
         say(f"writing {cfg.h5file} (NXmx HDF5)")
-        outputs.append((cfg.h5file, h5_writer(cfg.h5file, image.astype(np.float32), attrs, geometry)))
+        files.append((cfg.h5file, h5_writer(cfg.h5file, image.astype(np.float32), attrs, geometry)))
     if cfg.dump_file and cfg.hkl_file and s.F_grid is not None:
-        from nbtorch.io.hkl import fdump_bytes
-
         say(f"writing dump file for next time: {cfg.dump_file}")
-        outputs.append((cfg.dump_file, fdump_bytes(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))))
-    write_files_together(outputs)
+        files.append((cfg.dump_file, fdump_bytes(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))))
+    write_files_together(files)
     say(f"done in {time.perf_counter() - t0:.2f} s")
     return 0
 
@@ -299,30 +289,6 @@ def output_files(cfg) -> list[tuple[str, str]]:
     if cfg.dump_file and cfg.hkl_file:
         out.append(("-dump", cfg.dump_file))
     return out
-
-
-def check_outputs(cfg) -> None:
-    """Fail before simulating if an output cannot be written (so a failed run writes nothing)."""
-    from nbtorch.io.atomic import check_not_inputs
-
-    seen: dict[str, str] = {}
-    outputs = output_files(cfg)
-    check_not_inputs([named for named in cfg.model_files() if named not in outputs], outputs)
-    for flag, path in outputs:
-        p = Path(path)
-        key = os.path.abspath(path)
-        if key in seen:
-            raise InputError(f"{seen[key]} and {flag} both write {path}: give them different names")
-        seen[key] = flag
-        parent = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise InputError(f"{flag} {path}: is a directory")
-        if parent.exists() and not parent.is_dir():
-            raise InputError(f"{flag} {path}: {parent} is not a directory")
-        if not parent.is_dir():
-            raise InputError(f"{flag} {path}: directory {parent} does not exist")
-        if not os.access(parent, os.W_OK):
-            raise InputError(f"{flag} {path}: directory {parent} is not writable")
 
 
 def use_progress(cfg) -> bool:
@@ -348,8 +314,6 @@ def out_of_memory_message(exc: BaseException, context: dict) -> str:
         parts.append(f"{(x1 - x0 + 1) * (y1 - y0 + 1)} pixels, oversample {s.oversample}, {s.samples_per_pixel:.6g} "
                      f"samples and {s.evaluations_per_pixel:.6g} evaluations per pixel")
         if s.F_grid is not None:
-            from nbtorch.io.hkl import grid_description
-
             parts.append(f"structure-factor grid: {grid_description(s.hkl_min, s.hkl_max)}")
     words = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     sizes = f" ({'; '.join(parts)})" if parts else ""
@@ -362,7 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "-help"):
         print(__doc__)
-        print("usage: nbtorch -cell a b c alpha beta gamma | -mat FILE  [-hkl FILE | -default_F F] [nanoBragg flags...]")
+        print("usage: nbtorch -cell a b c alpha beta gamma | -mat FILE  [-hkl FILE | -default_F F] [nanoBragg flags...]"
+              "  (@FILE: flags from FILE)")
         return 0 if argv else 2
     context: dict = {}
     try:

@@ -7,7 +7,7 @@ Units are in the field names (``_mm``, ``_A``, ``_deg``, ``_mrad``, ``_um``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 CONVENTIONS = ("mosflm", "xds", "dials", "adxv", "denzo", "custom")
 SHAPES = ("square", "round", "gauss", "tophat")
@@ -144,7 +144,3 @@ class SimulationConfig:
     def replace(self, **changes) -> "SimulationConfig":
         """A copy with some fields changed."""
         return replace(self, **changes)
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))

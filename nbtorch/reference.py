@@ -32,15 +32,6 @@ def _unit(a):
     return [a[0] / n, a[1] / n, a[2] / n], n
 
 
-def _rotate(v, axis, phi):
-    # plain-Python Rodrigues on purpose, not nbtorch.physics.rotation: the reference shares no code
-    # with the vectorised physics it checks (module docstring)
-    c, s = math.cos(phi), math.sin(phi)
-    d = _dot(axis, v) * (1 - c)
-    x = _cross(axis, v)
-    return [axis[i] * d + v[i] * c + x[i] * s for i in range(3)]
-
-
 def _sincg(x, n):
     return n if x == 0 else math.sin(n * x) / math.sin(x)
 

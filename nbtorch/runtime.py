@@ -123,11 +123,6 @@ def compile_policy(purpose: str = "simulator", evaluations: float | None = None,
     return big, f"{purpose}: {evaluations:.3g} evaluations {'>=' if big else '<'} {threshold:.3g}"
 
 
-def compile_requested(explicit: bool | None = None) -> bool:
-    """Whether a simulator built from Python should use torch.compile (:func:`compile_policy`, ``simulator``)."""
-    return compile_policy("simulator", explicit=explicit)[0]
-
-
 def check_device(device: str, flag: str) -> None:
     """Raise :class:`InputError` (naming the command-line ``flag``) unless ``device`` is ``cpu`` or an
     available ``cuda[:N]``."""
@@ -185,12 +180,6 @@ def _known_inductor_options(options: dict) -> dict:
     if dropped:
         log.debug("Inductor of torch %s lacks options %s; compiling without them", torch.__version__, dropped)
     return {k: v for k, v in options.items() if k in known}
-
-
-def forget_kernel(key: tuple) -> None:
-    """Drop a cached kernel (after a failed compilation)."""
-    with _LOCK:
-        _KERNELS.pop(key, None)
 
 
 def cached_kernel_keys() -> list[tuple]:

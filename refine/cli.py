@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 
+from nbtorch.cli_support import Parser, Printer, argument_files
 from nbtorch.errors import InputError
 from refine.precondition import PRECONDITIONER_NAMES
 
@@ -41,21 +40,14 @@ _STAGE_KEYS = ("name", "free", "optimizer", "lr", "history_size", "precondition"
                "n_factor", "ftol", "xtol")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one-line :class:`InputError` (exit status 2 in :func:`main`)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise InputError(message)
-
-
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in str(text).split(",") if t.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``--help`` text)."""
-    p = _Parser(prog=PROG, description="Refine a nanoBragg model against a measured still image.",
-                epilog="Tutorial and every option: docs/refinement.md", allow_abbrev=False)
+    p = Parser(prog=PROG, description="Refine a nanoBragg model against a measured still image.",
+               epilog="Tutorial and every option: docs/refinement.md")
     g = p.add_argument_group("input")
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus (.h5, .nxs) or raw (.bin, with --shape)")
@@ -350,59 +342,16 @@ def _check_loss(name: str) -> None:
         raise InputError(f"--loss: unknown loss {name!r}; valid: {', '.join(LOSSES)}")
 
 
-def _check_outputs(paths: dict[str, str | None]) -> list[Path]:
-    """Refuse output paths that cannot be written; return the missing directories to create before writing
-    (output directories are made as needed, like ``--logdir``; nothing is created here)."""
-    from nbtorch.io.atomic import check_directory_can_be_made
-
-    seen: dict[str, str] = {}
-    to_make: list[Path] = []
-    for flag, path in paths.items():
-        if not path:
-            continue
-        p = Path(path)
-        key = os.path.abspath(path)
-        if key in seen:
-            raise InputError(f"{seen[key]} and {flag} both name {path}: give them different names")
-        seen[key] = flag
-        if flag == "--logdir":  # a directory, created (or appended to) by TensorBoard
-            if p.exists() and not p.is_dir():
-                raise InputError(f"{flag} {path}: exists and is not a directory")
-            directory = p
-        else:
-            if p.is_dir():
-                raise InputError(f"{flag} {path}: is a directory")
-            directory = p.parent if str(p.parent) else Path(".")
-        check_directory_can_be_made(directory, f"{flag} {path}")
-        if not directory.exists() and flag != "--logdir":
-            to_make.append(directory)
-    return to_make
-
-
 def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """``(option, path)`` of the files the command itself reads (``@FILE`` tokens of ``--model`` too)."""
     inputs = [("--image", args.image), ("--mask", args.mask), ("--config", args.config),
               ("--spots", args.spots if args.spots != "find" else None)]
     if isinstance(args.model, str):
-        inputs += [("--model", tok[1:]) for tok in args.model.split() if tok.startswith("@") and len(tok) > 1]
+        inputs += argument_files(args.model.split(), "--model")
     return inputs
 
 
 # ------------------------------------------------------------------------------ the run
-
-
-class _Say:
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def __call__(self, *parts: Any) -> None:
-        if self.quiet:
-            return
-        try:
-            print(*parts, flush=True)
-        except BrokenPipeError:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
-            self.quiet = True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -420,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.images:
             from refine.batch import run_batch
 
-            return run_batch(args, run, (lambda line: None) if args.quiet else print)
+            return run_batch(args, run, Printer(args.quiet))
         return run(args)
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from nbtorch import Simulator, config_from_args, eager, runtime
+from nbtorch.cli_support import Printer, check_outputs
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import check_not_inputs
 from refine.callbacks import TensorBoardCallback
 from refine.cli import (
-    PROG, _DEFAULT_DATASET, _check_loss, _check_outputs, _command_inputs, _Say, bounds_values, build_stages,
+    PROG, _DEFAULT_DATASET, _check_loss, _command_inputs, bounds_values, build_stages,
     prior_values, start_values,
 )
 from refine.data import load_image
@@ -141,7 +142,7 @@ def check_arguments(args: argparse.Namespace) -> Checked:
 
         require_matplotlib("--report")
         outputs["--report"] = args.report
-    make_dirs = _check_outputs({**outputs, "--logdir": args.logdir})
+    make_dirs = check_outputs({**outputs, "--logdir": args.logdir}, folders=("--logdir",), make_missing=True)
     check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
     if args.resume and not Path(ckpt_path).is_file():
         raise InputError(f"--resume: checkpoint {ckpt_path} not found "
@@ -301,7 +302,7 @@ def _callbacks(args: argparse.Namespace, sim: Simulator, say) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
-    say = _Say(args.quiet)
+    say = Printer(args.quiet)
     t0 = time.monotonic()
     checked = check_arguments(args)
     inputs = load_inputs(args, checked, say)

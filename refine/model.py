@@ -41,13 +41,12 @@ directory is looked up beside FILE.
 
 from __future__ import annotations
 
-import os
 import shlex
-from pathlib import Path
 from typing import Sequence
 
-from nbtorch.args import config_from_args
+from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
 from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m
+from nbtorch.cli_support import expand_argument_files
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
 from refine.data import MeasuredImage
@@ -55,7 +54,6 @@ from refine.data import MeasuredImage
 __all__ = ["expand_model_args", "header_flags", "model_config", "fit_scale_background", "crystal_system",
            "tie_start_cell", "INPUT_FILE_FLAGS"]
 
-INPUT_FILE_FLAGS = ("-mat", "-hkl", "-dump", "-sourcefile", "-img", "-mask")
 _GIVEN = {
     "wavelength": ("-lambda", "-wavelength", "-energy", "-img"),
     "distance": ("-distance", "-close_distance", "-img"),
@@ -77,26 +75,7 @@ def _split(model: str | Sequence[str]) -> list[str]:
 
 def expand_model_args(model: str | Sequence[str]) -> list[str]:
     """Tokens of ``model`` with every ``@FILE`` replaced by FILE's flags (paths resolved beside FILE)."""
-    out: list[str] = []
-    for tok in _split(model):
-        if not (tok.startswith("@") and len(tok) > 1):
-            out.append(tok)
-            continue
-        path = Path(tok[1:])
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise InputError(f"--model {tok}: args file not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"--model {tok}: cannot read args file: {exc}") from None
-        inner = shlex.split(text, comments=True)
-        for i, t in enumerate(inner):
-            if i > 0 and inner[i - 1] in INPUT_FILE_FLAGS and not os.path.isabs(t) and not os.path.exists(t):
-                beside = path.parent / t
-                if beside.exists():
-                    t = str(beside.resolve())
-            out.append(t)
-    return out
+    return expand_argument_files(_split(model), "--model", path_flags=INPUT_FILE_FLAGS)
 
 
 def _has(tokens: Sequence[str], quantity: str) -> bool:

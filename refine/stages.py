@@ -130,10 +130,6 @@ class Stage:
                 "roi_radius": self.roi_radius if self.roi_radius is not None else 0.0}
 
 
-def _steps(strategy: AbstractStrategy, lbfgs: int, adam: int) -> int:
-    return adam if isinstance(strategy, Adam) else lbfgs
-
-
 def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | None = None,
             final_steps: int | None = None, coarse: bool = True,
             precondition: str | None | bool = True) -> tuple[Stage, ...]:

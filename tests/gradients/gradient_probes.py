@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import nbtorch
-from nbtorch.gradcheck_report import CASES, GradientProbe
+from nbtorch.tools.gradcheck_report import CASES, GradientProbe
 
 _PROBES: dict[str, GradientProbe] = {}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nbtorch.gradcheck_report import CASES, PROBED_NAMES, GradientProbe, build_simulator
+from nbtorch.tools.gradcheck_report import CASES, PROBED_NAMES, GradientProbe, build_simulator
 
 pytestmark = pytest.mark.slow
 CASE = "mosaic"

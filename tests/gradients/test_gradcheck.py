@@ -19,7 +19,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import PARAMETER_NAMES
-from nbtorch.gradcheck_report import CASES, CELL_PARAMS, GEOMETRY_PARAMS, ORIENTATION_DELTAS, PROBED_NAMES
+from nbtorch.tools.gradcheck_report import CASES, CELL_PARAMS, GEOMETRY_PARAMS, ORIENTATION_DELTAS, PROBED_NAMES
 
 RTOL = 1e-5
 ATOL = 1e-9  # Jacobian entries are d(normalised sum)/d(unit): 1e-5 .. 5

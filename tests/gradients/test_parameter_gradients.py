@@ -1,6 +1,6 @@
 """Every refinable parameter: autograd == central finite difference, on ROIs of real images.
 
-Cases (``nbtorch.gradcheck_report.CASES``): spec and ``-c_parity``; square, round
+Cases (``nbtorch.tools.gradcheck_report.CASES``): spec and ``-c_parity``; square, round
 and gauss spots; anisotropic N; an HKL table with nearest-neighbour lookup and
 with tricubic interpolation (ROIs across the table edge, so ``default_F`` and the
 table both matter); a rotated MOSFLM detector (BEAM pivot); XDS (SAMPLE pivot);
@@ -27,7 +27,7 @@ import torch
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import PARAMETER_NAMES
-from nbtorch.gradcheck_report import ALL_PARAMS, ATOL, CASES, MIN_GRAD, PROBED_NAMES, RTOL
+from nbtorch.tools.gradcheck_report import ALL_PARAMS, ATOL, CASES, MIN_GRAD, PROBED_NAMES, RTOL
 
 _GRADS: dict[str, dict[str, float]] = {}
 

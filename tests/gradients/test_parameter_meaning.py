@@ -23,7 +23,7 @@ import torch
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import Simulator, config_from_args
-from nbtorch.gradcheck_report import CASES, build_simulator, direct_beam_pixel
+from nbtorch.tools.gradcheck_report import CASES, build_simulator, direct_beam_pixel
 from nbtorch.physics.lattice import nearest_index
 from nbtorch.physics.structure import nearest_structure_factor, tricubic_structure_factor
 

@@ -22,7 +22,7 @@ from torch.autograd import gradcheck, gradgradcheck
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import PARAMETER_NAMES, Simulator, config_from_args
-from nbtorch.gradcheck_report import ALL_PARAMS, ORIENTATION_DELTAS, PROBED_NAMES, direct_beam_pixel
+from nbtorch.tools.gradcheck_report import ALL_PARAMS, ORIENTATION_DELTAS, PROBED_NAMES, direct_beam_pixel
 from nbtorch.physics.detector import subpixel_positions
 from nbtorch.physics.lattice import lattice_factor, nearest_index, sincg
 

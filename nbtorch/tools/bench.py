@@ -1,0 +1,188 @@
+"""Benchmark harness: ``python -m nbtorch.tools.bench``.
+
+::
+
+    python -m nbtorch.tools.bench --sizes 256,512,1024 --case cubic|heavy --device cpu --dtype float32 \\
+        --iterations 5 [--disable-compile] [--c-bin PATH] [--grad] [--threads N] --json out.json
+
+Cases: ``cubic`` is the 100 A cubic cell, N 5, lambda 6.2 A, 100 mm, 0.1 mm
+pixels, default_F 100; ``heavy`` adds ``-mosaic 0.5 -mosaic_dom 10
+-mosaic_seed 1 -phi 10 -osc 0.3 -phisteps 3 -oversample 1`` (30 evaluations
+per pixel).  The first JSON record describes the machine; then one record per
+size with ``compile_mode``, ``cold_s``, ``warm_s`` (median) and min/max,
+``construct_s`` (a second simulator with the same key), ``grad_s``
+(forward+backward of a scalar loss w.r.t. the cell and detector parameters,
+median of ``max(3, iterations)`` warm runs; ``grad_min_s``) with ``--grad``,
+``peak_rss_mb``, and with ``--c-bin`` the C program's time on the same
+arguments and thread count (``c_s``), ``speedup_vs_c`` and ``corr_vs_c``.  Ratios come from one run on one machine; nothing here is a
+unit-test assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CASES = {
+    "cubic": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100",
+    "heavy": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100 "
+             "-mosaic 0.5 -mosaic_dom 10 -mosaic_seed 1 -phi 10 -osc 0.3 -phisteps 3 -oversample 1",
+}
+GRAD_PARAMS = ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma",
+               "distance", "beam_x", "beam_y", "detector_rotx", "detector_roty", "detector_rotz", "twotheta")
+
+
+@contextlib.contextmanager
+def compile_env(disable: bool):
+    """Set NANOBRAGG_DISABLE_COMPILE=1 while building simulators; restore the caller's environment exactly."""
+    name = "NANOBRAGG_DISABLE_COMPILE"
+    before = os.environ.get(name)
+    if disable:
+        os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def case_args(case: str, size: int) -> list[str]:
+    return CASES[case].split() + ["-detpixels", str(size)]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_c(c_bin: str, args: list[str], threads: int) -> tuple[float, np.ndarray]:
+    """Time the C program on the same arguments and threads; return (seconds, image)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [c_bin, *args, "-floatfile", "c.bin", "-nonoise", "-nopgm", "-noprogress", "-intfile", "c.img"]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
+        seconds = time.perf_counter() - t0
+        return seconds, np.fromfile(Path(tmp) / "c.bin", "<f4")
+
+
+def bench_size(ns, size: int) -> dict:
+    from nbtorch import Simulator, config_from_args
+
+    dtype = torch.float32 if ns.dtype == "float32" else torch.float64
+    args = case_args(ns.case, size) + (["-c_parity"] if ns.c_parity else [])
+    cfg = config_from_args(args)
+    rec: dict = {"size": size, "case": ns.case, "dtype": ns.dtype, "device": ns.device}
+    with compile_env(ns.disable_compile):
+        t0 = time.perf_counter()
+        sim = Simulator(cfg, dtype=dtype, device=ns.device)
+        with torch.no_grad():
+            img = sim()
+        _sync(ns.device)
+        rec["cold_s"] = time.perf_counter() - t0
+        times = []
+        for _ in range(ns.iterations):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                img = sim()
+            _sync(ns.device)
+            times.append(time.perf_counter() - t0)
+        rec.update(warm_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times))
+        rec["compile_mode"] = sim.compile_mode
+        rec["compile_reason"] = sim.compile_reason
+        t0 = time.perf_counter()
+        Simulator(cfg, dtype=dtype, device=ns.device)
+        rec["construct_s"] = time.perf_counter() - t0
+        rec["evaluations"] = size * size * sim.evaluations_per_pixel()
+        rec["ns_per_evaluation"] = rec["warm_s"] / rec["evaluations"] * 1e9
+        if ns.grad:
+            params = {n: getattr(sim, n).detach().clone().to(dtype).requires_grad_(True) for n in GRAD_PARAMS}
+            t0 = time.perf_counter()
+            loss = sim(**params).square().mean()
+            loss.backward()
+            _sync(ns.device)
+            grad_times = []
+            for _ in range(max(3, ns.iterations)):
+                t0 = time.perf_counter()
+                loss = sim(**params).square().mean()
+                loss.backward()
+                _sync(ns.device)
+                grad_times.append(time.perf_counter() - t0)
+            rec["grad_s"] = statistics.median(grad_times)
+            rec["grad_min_s"] = min(grad_times)
+            rec["grad_over_forward"] = rec["grad_s"] / rec["warm_s"]
+    rec["peak_rss_mb"] = peak_rss_mb()
+    c_cmd = "nanoBragg " + " ".join(shlex.quote(a) for a in case_args(ns.case, size)) + " -floatfile c.bin -nonoise -nopgm"
+    rec["c_command"] = f"OMP_NUM_THREADS={ns.threads} {c_cmd}"
+    if ns.c_bin:
+        c_s, c_img = run_c(ns.c_bin, case_args(ns.case, size), ns.threads)
+        ours = img.detach().double().cpu().numpy().ravel()
+        rec.update(c_s=c_s, speedup_vs_c=c_s / rec["warm_s"], corr_vs_c=float(np.corrcoef(ours, c_img)[0, 1]))
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nbtorch.tools.bench", description="nbtorch benchmark harness")
+    ap.add_argument("--sizes", default="256,512,1024")
+    ap.add_argument("--case", choices=sorted(CASES), default="cubic")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--disable-compile", action="store_true")
+    ap.add_argument("--c-bin", default=None, help="path to a C nanoBragg build to compare against")
+    ap.add_argument("--c-parity", action="store_true", help="simulate with -c_parity (mosaic domains etc. as the C)")
+    ap.add_argument("--grad", action="store_true")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args(argv)
+    try:
+        sizes = [int(s) for s in ns.sizes.split(",") if s]
+    except ValueError:
+        print(f"bench: --sizes must be comma-separated integers, got {ns.sizes!r}", file=sys.stderr)
+        return 2
+    if ns.c_bin and not os.access(ns.c_bin, os.X_OK):
+        print(f"bench: --c-bin {ns.c_bin}: not an executable file", file=sys.stderr)
+        return 2
+    torch.set_num_threads(ns.threads)
+    header = {
+        "machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version(),
+        "torch": torch.__version__, "threads": ns.threads, "cpu_count": os.cpu_count(),
+        "device_name": torch.cuda.get_device_name(0) if ns.device.startswith("cuda") else platform.processor() or "cpu",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    records = [header]
+    print(json.dumps(header))
+    for size in sizes:
+        rec = bench_size(ns, size)
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    if ns.json:
+        from nbtorch.io.atomic import atomic_write
+
+        with atomic_write(ns.json, "w") as fh:
+            json.dump(records, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
