@@ -296,7 +296,7 @@ def test_long_smv_header_is_valid(workdir, capsys, mode):
 
 def test_failed_output_leaves_no_output(workdir, capsys, monkeypatch):
     # a folder that disappears during the run (check_outputs passed): the last output fails to be written
-    monkeypatch.setattr(cli, "check_outputs", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_outputs", lambda *args, **kwargs: None)
     argv = SMALL + ["-seed", "1", "-floatfile", "f.bin", "-intfile", "i.img", "-pgmfile", "p.pgm",
                     "-noisefile", "gone/n.img"]
     assert main(argv) == 2
