@@ -45,7 +45,10 @@ def _csv(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (``--help`` text)."""
+    """The argument parser (``--help`` text).
+
+    Long because it is the option table, one ``add_argument`` per option in ``--help`` order; splitting
+    it would only scatter the table."""
     p = Parser(prog=PROG, description="Refine a nanoBragg model against a measured still image.",
                epilog="Tutorial and every option: docs/refinement.md")
     g = p.add_argument_group("input")
@@ -222,36 +225,35 @@ def start_values(items: Sequence[str] | None) -> dict[str, float]:
     return out
 
 
+def _number_pairs(items: Sequence[str] | None, flag: str, form: str) -> dict[str, tuple[float, float, str]]:
+    """``flag name=x:y,...`` as ``name -> (x, y, text)``; ``form`` (e.g. ``low:high``) names the two numbers."""
+    out = {}
+    for name, text in _pairs(items, flag).items():
+        first, sep, second = text.partition(":")
+        try:
+            out[name] = (float(first), float(second), text)
+        except ValueError:
+            raise InputError(f"{flag} {name}: expected {form}, got {text!r}") from None
+        if not sep:
+            raise InputError(f"{flag} {name}: expected {form}, got {text!r}")
+    return out
+
+
 def prior_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
     """``--prior name=mean:sigma,...`` (Gaussian priors, each name in its own unit)."""
     from refine.objective import check_priors
 
-    out = {}
-    for name, text in _pairs(items, "--prior").items():
-        mean, sep, sigma = text.partition(":")
-        try:
-            out[name] = (float(mean), float(sigma))
-        except ValueError:
-            raise InputError(f"--prior {name}: expected mean:sigma, got {text!r}") from None
-        if not sep:
-            raise InputError(f"--prior {name}: expected mean:sigma, got {text!r}")
-    return check_priors(out, "--prior")
+    pairs = _number_pairs(items, "--prior", "mean:sigma")
+    return check_priors({name: (mean, sigma) for name, (mean, sigma, _) in pairs.items()}, "--prior")
 
 
 def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
     """``--bounds name=low:high,...``."""
     out = {}
-    for name, text in _pairs(items, "--bounds").items():
-        lo, sep, hi = text.partition(":")
-        try:
-            out[name] = (float(lo), float(hi))
-        except ValueError:
-            raise InputError(f"--bounds {name}: expected low:high, got {text!r}") from None
-        if not sep:
-            raise InputError(f"--bounds {name}: expected low:high, got {text!r}")
-        lo_v, hi_v = out[name]
-        if not (math.isfinite(lo_v) and math.isfinite(hi_v) and lo_v < hi_v):
+    for name, (low, high, text) in _number_pairs(items, "--bounds", "low:high").items():
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise InputError(f"--bounds {name}: need finite low < high, got {text!r}")
+        out[name] = (low, high)
     return out
 
 
