@@ -6,7 +6,7 @@
                    [--refine cell,orientation,beam_x,beam_y,mosaic,scale,background | --stages stage_a]
                    [--symmetry NAME] [--fix distance] [--start cell_a=57.8,cell_c=150]
                    [--optimizer lbfgs|adam] [--loss poisson|gaussian|mse|...] [--max-steps N]
-                   [--roi X0 X1 Y0 Y1] [--dmin D] [--dmax D] [--subsample F] [--spots FILE|find]
+                   [--roi X0 X1 Y0 Y1] [--dmin D] [--dmax D] [--subsample F] [--spots FILE|find [--spot-columns X,Y]]
                    [--out result.h5] [--json result.json] [--logdir runs/NAME] [--resume]
                    [--device cpu|cuda] [--dtype float64|float32] [--quiet]
     nbtorch-refine --problem tetragonal_mosflm --size 64 ...      # a synthetic problem with known truth
@@ -110,8 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dmax", type=float, help="low-resolution limit (Å): mask pixels with d > dmax")
     g.add_argument("--subsample", type=float, help="fit a random fraction of the pixels (with --spot-window: of "
                                                    "the pixels outside the spot windows)")
-    g.add_argument("--spots", help="observed spots: a text file (x y ... per line, pixels, centres at i+0.5) or "
-                                   "'find'; reports the rms spot offset before and after")
+    g.add_argument("--spots", help="observed spots: a text table (pixels, centres at i+0.5; x and y named by its "
+                                   "header, e.g. 'x y', 'x_px y_px', 'xyzobs.px.value', or a header-less 'x y [z]') "
+                                   "or 'find'; reports the rms spot offset before and after")
+    g.add_argument("--spot-columns", metavar="X,Y", help="the x (fast) and y (slow) columns of the --spots table: "
+                                                          "two header names or 1-based column numbers (e.g. "
+                                                          "xobs,yobs or 6,7)")
     g.add_argument("--spot-window", type=int, help="fit the pixels within this many pixels of a spot "
                                                    "(plus --subsample of the others)")
     g.add_argument("--seed", type=int, default=0, help="seed of --subsample (default %(default)s)")

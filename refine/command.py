@@ -117,6 +117,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if both:
         raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
     check_pixel_options(args.subsample, args.spot_window, bool(args.spots))
+    if args.spot_columns and (not args.spots or args.spots == "find"):
+        raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
 
 
 def check_arguments(args: argparse.Namespace) -> Checked:
@@ -307,7 +309,8 @@ def run(args: argparse.Namespace) -> int:
     checked = check_arguments(args)
     inputs = load_inputs(args, checked, say)
     sim = _simulator(args, checked, inputs)
-    spots = read_spot_list(args.spots) if args.spots and args.spots != "find" else args.spots
+    spots = (read_spot_list(args.spots, args.spot_columns, inputs.observed.shape) if args.spots and args.spots != "find"
+             else args.spots)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.dmin, dmax_A=args.dmax, spots=spots,
                            spot_window_px=args.spot_window, subsample=args.subsample, seed=args.seed,
                            spots_source=f"--spots {args.spots}")

@@ -20,21 +20,47 @@ rings, detector artefacts).  The refinement reports the number and, above
 :data:`EXCESS_WARNING`, says so in ``result.warnings`` instead of letting
 "converged" stand alone.
 
-Pure functions of tensors; no I/O.
+A fit can also be at the noise level and still say little: when the refined
+model has signal on only a few fitted pixels, a handful of spots decides every
+parameter.  :func:`signal_support` counts the fitted pixels whose predicted
+Bragg signal stands out of the background's shot noise (at least
+:data:`SIGNAL_SIGMA` standard deviations, ``sqrt(background)``) and the spots
+among them (local maxima of the Bragg part, so spots whose tails touch count
+one each), and warns when there are fewer
+than :data:`MIN_SPOTS_PER_PARAMETER` spots per refined parameter.  The
+threshold: a spot's position gives two numbers (its x and y centroid) and its
+intensity a third, so one spot per parameter would leave the fit exactly
+determined, with any error in one spot (a misfit, a mis-indexed or partial
+reflection, a detector artefact) passing straight into the parameters; five per
+parameter is the usual rule of thumb of least squares for an over-determined,
+outlier-tolerant fit.  The counts are in ``result.fit`` (``signal_pixels``,
+``signal_spots``, ``parameters``, ``spots_per_parameter``) and the warning in
+``result.fit["support_warning"]``, ``result.warnings`` and the log.
+
+Pure functions of tensors and arrays; no I/O.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["expected_poisson_deviance", "FitQuality", "assess_poisson_fit", "EXCESS_WARNING"]
+__all__ = ["expected_poisson_deviance", "FitQuality", "assess_poisson_fit", "EXCESS_WARNING", "SignalSupport",
+           "signal_support", "background_image", "MIN_SPOTS_PER_PARAMETER", "SIGNAL_SIGMA"]
+
+log = logging.getLogger(__name__)
 
 #: final loss / noise expectation above which a converged refinement gets a warning
 EXCESS_WARNING = 10.0
+#: fewer spots with signal per refined parameter than this gives a warning (module docstring: why 5)
+MIN_SPOTS_PER_PARAMETER = 5
+#: a fitted pixel carries signal when the model's Bragg part is at least this many sqrt(background)
+SIGNAL_SIGMA = 3.0
 
 _SUM_BELOW = 30.0  # below this mean the expectation is summed over k; above, the asymptotic series
 _K_MAX = 120  # Pois(k > 120; m <= 30) < 1e-30
@@ -109,3 +135,83 @@ def assess_poisson_fit(loss: float, model: Tensor, weights: Tensor) -> FitQualit
     expected = float((w * expected_poisson_deviance(model.detach())).sum())
     excess = loss / expected if expected > 0 else math.inf
     return FitQuality(loss=float(loss), expected=expected, excess=float(excess), pixels=int((w > 0).sum()))
+
+
+@dataclass(frozen=True)
+class SignalSupport:
+    """How many fitted pixels and spots carry the refined model's signal, against the parameters refined.
+
+    Attributes:
+        signal_pixels: fitted pixels whose Bragg part is at least :data:`SIGNAL_SIGMA` ``sqrt(background)``.
+        spots: local maxima of the Bragg part among those pixels (one per spot, also where spots touch).
+        parameters: refined parameters.
+    """
+
+    signal_pixels: int
+    spots: int
+    parameters: int
+
+    @property
+    def per_parameter(self) -> float:
+        return self.spots / self.parameters if self.parameters else math.inf
+
+    @property
+    def warning(self) -> str | None:
+        """One line when there are fewer than :data:`MIN_SPOTS_PER_PARAMETER` spots per refined parameter."""
+        if not self.parameters or self.spots >= MIN_SPOTS_PER_PARAMETER * self.parameters:
+            return None
+        if self.spots == 0:
+            return (f"no fitted pixel carries the model's signal ({SIGNAL_SIGMA:g} sqrt(background) above the "
+                    f"background) for {self.parameters} refined parameters: the model's spots miss the fitted pixels "
+                    "or its scale is ~0, so no spot determines the result; check the start (orientation, beam "
+                    "centre, cell) and the fitted pixels")
+        return (f"only {self.spots} spots ({self.signal_pixels} pixels) carry the model's signal on the fitted pixels "
+                f"for {self.parameters} refined parameters (fewer than {MIN_SPOTS_PER_PARAMETER} per parameter): "
+                "the result rests on a few spots; fit more of the image (--roi, --dmin, --subsample, --spot-window) "
+                "or refine fewer parameters")
+
+    def to_dict(self) -> dict[str, float | int | str | None]:
+        return {"signal_pixels": self.signal_pixels, "signal_spots": self.spots, "parameters": self.parameters,
+                "spots_per_parameter": self.per_parameter, "support_warning": self.warning}
+
+
+def background_image(shape: tuple[int, int], params: dict) -> np.ndarray:
+    """The refined background (photons per pixel) on a (slow, fast) image: ``background [+ background_x * dx +
+    background_y * dy]``, ``dx, dy`` the offsets from the image centre as in :mod:`refine.objective`."""
+    ny, nx = int(shape[0]), int(shape[1])
+    bg = np.full((ny, nx), float(params.get("background", 0.0)))
+    bx, by = float(params.get("background_x", 0.0) or 0.0), float(params.get("background_y", 0.0) or 0.0)
+    if bx:
+        bg += bx * (np.arange(nx) - (nx - 1) / 2.0)[None, :]
+    if by:
+        bg += by * (np.arange(ny) - (ny - 1) / 2.0)[:, None]
+    return bg
+
+
+def signal_support(model: np.ndarray, background: np.ndarray | float, mask: np.ndarray,
+                   parameters: int) -> SignalSupport:
+    """:class:`SignalSupport` of a refined ``model`` image (photons, background included).
+
+    Arguments:
+        model: (slow, fast) model photons; ``background``: the background part (an image or a number).
+        mask: (slow, fast) bool, True = fitted pixel; ``parameters``: how many were refined.
+    """
+    model = np.asarray(model, dtype=np.float64)
+    bg = np.broadcast_to(np.asarray(background, dtype=np.float64), model.shape)
+    bragg = np.where(np.isfinite(model - bg), model - bg, -np.inf)
+    signal = np.asarray(mask, dtype=bool) & (bragg >= SIGNAL_SIGMA * np.sqrt(np.maximum(bg, 1.0)))
+    n_pixels = int(signal.sum())
+    # spots: local maxima (not below any of the 8 neighbours) of the Bragg part among the signal pixels, so
+    # spots whose tails touch still count one each
+    ny, nx = bragg.shape
+    padded = np.pad(bragg, 1, constant_values=-np.inf)
+    peak = signal.copy()
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            if dy or dx:
+                peak &= bragg >= padded[1 + dy:1 + dy + ny, 1 + dx:1 + dx + nx]
+    n_spots = int(peak.sum())
+    support = SignalSupport(n_pixels, n_spots, int(parameters))
+    if support.warning is not None:
+        log.warning("%s", support.warning)
+    return support

@@ -12,13 +12,33 @@ with a strategy from :mod:`refine.strategies`:
    :attr:`Status.DIVERGED` and restore the last finite point; an exception
    from the model stops it with :attr:`Status.FAILED`; otherwise the
    convergence tests of :class:`Convergence` are applied;
-4. **stop** with :attr:`Status.CONVERGED`, :attr:`Status.MAX_STEPS` or
-   :attr:`Status.TIME_BUDGET`.
+4. **stop** with :attr:`Status.CONVERGED`, :attr:`Status.MAX_STEPS`,
+   :attr:`Status.TIME_BUDGET` or :attr:`Status.NO_STEP`.
 
 Convergence (all in raw units, where one unit is a typical step): the run has
 converged when the gradient's largest component is at most ``gtol``, or when
 for ``patience`` consecutive steps the loss changed by at most
 ``ftol + rtol * |loss|`` **and** no raw parameter moved by more than ``xtol``.
+
+A gradient at most ``gtol`` *at the start* means one of two things, and a run
+that took no step is never reported as simply "converged":
+
+* the start is a true minimum (e.g. a synthetic image without noise, started
+  at its truth): the loss is curved there;
+* the model is **degenerate**: the loss does not depend on the parameters at
+  all, e.g. a scale that underflowed to ~1e-150 or a model that is zero on
+  every fitted pixel, so every derivative vanishes.
+
+The loop tells them apart by probing: it evaluates the loss one raw unit
+(a typical step) from the start along each parameter.  If any of these
+changes the loss by at most ``ftol + rtol * |loss|``, the loss is flat along
+that parameter (a scale of ~1e-150 leaves every geometry parameter
+undetermined, while the background alone may still sit at its optimum), the
+run ends with :attr:`Status.NO_STEP` (``ok`` is False: the parameters are the
+start, not a result) and the message says why; otherwise the start is a
+minimum (curved along every parameter) and the run ends with
+:attr:`Status.CONVERGED`, its message saying that no step was needed.  The probes cost one evaluation per parameter and
+happen only in this case.
 
 After every step ``on_step(state)`` is called with the :class:`LoopState`
 (outside any compiled region); every ``checkpoint_every`` steps
@@ -56,6 +76,7 @@ class Status(enum.Enum):
     TIME_BUDGET = "time_budget"
     DIVERGED = "diverged"
     FAILED = "failed"
+    NO_STEP = "no_step"
 
     @property
     def message(self) -> str:
@@ -63,7 +84,10 @@ class Status(enum.Enum):
 
     @property
     def ok(self) -> bool:
-        """True when the parameters are usable (converged, or stopped by a step or time limit)."""
+        """True when the parameters are usable (converged, or stopped by a step or time limit).
+
+        False for :attr:`NO_STEP`: a degenerate start is not a result (``nbtorch-refine`` exits with 1).
+        """
         return self in (Status.CONVERGED, Status.MAX_STEPS, Status.TIME_BUDGET)
 
 
@@ -73,7 +97,12 @@ _MESSAGES = {
     Status.TIME_BUDGET: "stopped when the time budget ran out",
     Status.DIVERGED: "stopped: the loss, gradient or parameters became NaN/Inf; the last finite point was kept",
     Status.FAILED: "stopped: evaluating the model raised an error; the last good point was kept",
+    Status.NO_STEP: "no step taken: the loss does not change with some parameter at the start (a degenerate model, "
+                    "e.g. a scale of ~0 or a model that is 0 on every fitted pixel); the start was kept",
 }
+
+#: raw units (one = a typical step) of the probes that tell a flat start from a minimum
+PROBE_STEP = 1.0
 
 
 @dataclass(frozen=True)
@@ -276,7 +305,10 @@ def minimise(
     # ---- steps -------------------------------------------------------------------------
     status, message = None, ""
     if state.grad_norm <= convergence.gtol:
-        status, message = Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol at the start"
+        if state.step == 0:
+            status, message = _classify_start(fn, state, convergence, counter)
+        else:  # a resumed run: it took its steps before
+            status, message = Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g}"
     while status is None:
         if state.step >= convergence.max_steps:
             status, message = Status.MAX_STEPS, f"reached max_steps={convergence.max_steps}"
@@ -339,6 +371,41 @@ def minimise(
     state.elapsed_s = elapsed()
     state.evaluations = counter["evals"]
     return LoopResult(status, message, state)
+
+
+def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState, convergence: Convergence,
+                    counter: dict) -> tuple[Status, str]:
+    """Status of a start whose gradient is already at most ``gtol``: a minimum, or a degenerate (flat) loss.
+
+    Evaluates the loss :data:`PROBE_STEP` raw units from the start along each parameter (no gradients); a
+    probe that fails or is not finite counts as a change.  One parameter the loss does not depend on is
+    enough for :attr:`Status.NO_STEP`: a minimum is curved along every parameter.
+    """
+    x0 = state.raw.detach()
+    tol = convergence.ftol + convergence.rtol * abs(state.loss)
+    flat: list[int] = []
+    for i in range(x0.numel()):
+        xi = x0.clone()
+        xi[i] += PROBE_STEP
+        try:
+            with torch.no_grad():
+                value = float(fn(xi)[0].detach())
+        except Exception:  # noqa: BLE001 - a model that breaks one step away is not flat
+            value = math.nan
+        counter["evals"] += 1
+        if math.isfinite(value) and abs(value - state.loss) <= tol:
+            flat.append(i)
+    state.evaluations = counter["evals"]
+    if flat:
+        which = ", ".join(str(i) for i in flat[:8]) + (", ..." if len(flat) > 8 else "")
+        log.warning("no step taken: the gradient is %.3g and the loss does not change when parameter(s) %s of %d "
+                    "move by %g raw units", state.grad_norm, which, x0.numel(), PROBE_STEP)
+        return Status.NO_STEP, (f"no step taken: gradient {state.grad_norm:.3g} <= gtol at the start, but the loss "
+                                f"does not change when parameter(s) {which} (of {x0.numel()}) move by "
+                                f"{PROBE_STEP:g} raw units (a degenerate model: a scale of ~0, or no model signal "
+                                "on the fitted pixels)")
+    return Status.CONVERGED, (f"no step needed: gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g} at the "
+                              "start, which is a minimum (the loss rises along every parameter)")
 
 
 def _record(state: LoopState, step_norm: float, lr: float) -> dict:

@@ -41,7 +41,9 @@ directory is looked up beside FILE.
 
 from __future__ import annotations
 
+import math
 import shlex
+import sys
 from typing import Sequence
 
 from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
@@ -52,7 +54,7 @@ from nbtorch.errors import InputError
 from refine.data import MeasuredImage
 
 __all__ = ["expand_model_args", "header_flags", "model_config", "fit_scale_background", "crystal_system",
-           "tie_start_cell", "INPUT_FILE_FLAGS"]
+           "tie_start_cell", "INPUT_FILE_FLAGS", "MIN_BRAGG_FRACTION"]
 
 _GIVEN = {
     "wavelength": ("-lambda", "-wavelength", "-energy", "-img"),
@@ -143,6 +145,14 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
     return cfg, tokens, notes
 
 
+#: smallest share of the fitted counts the starting model's Bragg part may explain (below: a collapsed scale)
+MIN_BRAGG_FRACTION = 1e-9
+
+_START_HINT = ("give the start yourself (--start scale=...,background=...) or check the starting model's orientation "
+               "(-mat, --start misset_*), cell, beam centre and distance, or fit more pixels (--subsample, --roi, "
+               "--spot-window)")
+
+
 def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, float]:
     """Starting ``scale`` and ``background`` for ``model = scale * simulator + background``: the Poisson
     maximum-likelihood pair for the starting model on the ``mask`` pixels (one eager simulation).
@@ -150,9 +160,23 @@ def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, floa
     A measured image's scale is unknown by orders of magnitude (``-default_F``, fluence, exposure), and
     a start far off makes the first steps of a refinement move the geometry to absorb it.
 
+    A start that cannot be right is refused rather than handed to the optimiser, where every derivative
+    would be ~0 and the run would stop at once (``Status.NO_STEP``):
+
+    * no fitted pixel has a finite, non-negative count;
+    * the starting model is 0 (or not finite) on every fitted pixel: none of its spots is fitted;
+    * the observed counts are not higher where the model has its spots than on average (the
+      model-weighted mean count is at most the plain mean): the likelihood's best scale is 0, the
+      model's spots miss the observed ones;
+    * the fitted scale is not a positive normal number, or the model's Bragg part explains less than
+      :data:`MIN_BRAGG_FRACTION` of the fitted counts (a scale that collapsed towards 0).
+
     Arguments:
         sim: the simulator; ``values``: canonical parameters (and ``orient_x/y/z``) of the start.
         observed: (slow, fast) counts; ``mask``: (slow, fast) bool, True = pixel fitted.
+
+    Raises:
+        InputError: one line saying which of the above happened and what to do.
     """
     import numpy as np
     import torch
@@ -169,11 +193,23 @@ def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, floa
     obs = np.asarray(observed, dtype=np.float64)[y0:y1 + 1, x0:x1 + 1][m_roi]
     ok = np.isfinite(obs) & (obs >= 0)
     model, obs = model[ok], obs[ok]
-    if model.size == 0 or not model.max() > 0:
-        return 1.0, max(float(np.median(obs)) if obs.size else 1.0, 1e-3)
+    n = int(model.size)
+    if n == 0:
+        raise InputError("starting scale: no fitted pixel has a usable count (finite, >= 0); check --mask, --roi, "
+                         "--dmin/--dmax and --subsample")
+    model = np.where(np.isfinite(model), model, 0.0)
+    if not model.max() > 0:
+        raise InputError(f"starting scale: the starting model is 0 on all {n} fitted pixels (none of its spots is "
+                         f"fitted), so no scale can be fitted; {_START_HINT}")
+    mean_obs = float(obs.mean())
+    mean_at_spots = float(np.sum(model * obs) / np.sum(model))
+    if not mean_at_spots > mean_obs:
+        raise InputError(f"starting scale: the observed counts are not higher where the starting model has its spots "
+                         f"({mean_at_spots:.4g} vs {mean_obs:.4g} on average over {n} fitted pixels): its spots miss "
+                         f"the observed ones and the best scale is 0; {_START_HINT}")
     # least squares for a start, then the Poisson fixed point s <- s sum(w m)/sum(m), b <- b mean(w), w = k/mu
     coef = np.linalg.lstsq(np.c_[model, np.ones_like(model)], obs, rcond=None)[0]
-    s = max(float(coef[0]), 1e-6 * max(float(obs.mean()), 1.0) / max(float(model.mean()), 1e-300))
+    s = max(float(coef[0]), 1e-6 * max(mean_obs, 1.0) / max(float(model.mean()), 1e-300))
     b = max(float(coef[1]), 1e-3)
     for _ in range(200):
         mu = s * model + b
@@ -183,6 +219,12 @@ def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, floa
         s, b = max(s_new, 1e-300), max(b_new, 1e-6)
         if done:
             break
+    bragg = s * float(np.sum(model))
+    share = bragg / (bragg + b * n) if math.isfinite(bragg) and bragg + b * n > 0 else math.nan
+    if not (math.isfinite(s) and s >= sys.float_info.min and math.isfinite(b)) or not share >= MIN_BRAGG_FRACTION:
+        raise InputError(f"starting scale: the Poisson fit of the starting model gives no usable scale (scale {s:.4g}, "
+                         f"its spots explain "
+                         f"{share:.3g} of the counts on {n} fitted pixels); {_START_HINT}")
     return s, b
 
 

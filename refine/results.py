@@ -88,7 +88,11 @@ class RefinementResult:
         symmetry: crystal system.
         hparams: flat settings of the run.
         fit: the final fit against shot noise (:class:`refine.fit_quality.FitQuality` as a dict:
-            ``loss``, ``expected_loss``, ``excess``, ``pixels``), empty for losses other than Poisson.
+            ``loss``, ``expected_loss``, ``excess``, ``pixels``), empty for losses other than Poisson;
+            completed when the result is made by the signal it rests on
+            (:func:`refine.fit_quality.signal_support`: ``signal_pixels``, ``signal_spots``,
+            ``parameters``, ``spots_per_parameter``, ``support_warning``; the warning is added to
+            ``warnings`` too).
         warnings: one line each: what makes the result doubtful although the optimiser stopped
             normally (e.g. a fit far from the noise level).
         esd_kinds: kind -> name -> esd for the three kinds of :mod:`refine.uncertainty`: ``sandwich``
@@ -123,6 +127,18 @@ class RefinementResult:
     fit: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     esd_kinds: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the signal the fit rests on: from the result's own images, so every way of making a result reports it
+        if not self.fit or "signal_spots" in self.fit or np.ndim(self.model) != 2 or np.shape(self.mask) != np.shape(self.model):
+            return
+        from refine.fit_quality import background_image, signal_support
+
+        support = signal_support(self.model, background_image(np.shape(self.model), self.params), self.mask,
+                                 len(self.free))
+        object.__setattr__(self, "fit", {**self.fit, **support.to_dict()})
+        if support.warning is not None:
+            object.__setattr__(self, "warnings", tuple(self.warnings) + (support.warning,))
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``result.json`` document (plain Python types)."""

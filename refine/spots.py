@@ -9,7 +9,8 @@ data.
 Coordinates: ``(x, y)`` = (fast, slow) in **pixels from the corner of pixel (0, 0)**, so the
 centre of pixel index ``i`` is at ``i + 0.5`` (DIALS, the thaumatin spot lists and nanoBragg agree).
 
-* :func:`read_spot_list`: a whitespace table whose first two columns are x, y (``#`` comments);
+* :func:`read_spot_list`: a text table: x, y named by its header (ours, DIALS-like names) or by
+  ``--spot-columns``, or a header-less ``x y [z]``; positions off the detector are refused;
 * :func:`find_spots`: a simple spot finder (local-mean background, threshold, 8-connected
   components of at least ``min_pixels``, background-subtracted centroids);
 * :func:`window_mask`: the pixels within a square window around each spot (to simulate only those);
@@ -33,25 +34,183 @@ __all__ = ["read_spot_list", "find_spots", "window_mask", "model_centroids", "sp
            "render_pixels"]
 
 
-def read_spot_list(path: str) -> np.ndarray:
-    """Spots ``(n, 2)`` (x fast, y slow; pixel centres at ``i + 0.5``) from the first two columns of a text file."""
+#: header names (lower case, units in brackets dropped) of the observed x (fast) and y (slow) pixel positions
+X_NAMES = ("x", "xobs", "x_obs", "x_px", "xobs_px", "x_obs_px", "x.px", "xobs.px", "xobs.px.value", "x_fast", "fast",
+           "xcentroid", "x_centroid", "xcen")
+Y_NAMES = ("y", "yobs", "y_obs", "y_px", "yobs_px", "y_obs_px", "y.px", "yobs.px", "yobs.px.value", "y_slow", "slow",
+           "ycentroid", "y_centroid", "ycen")
+#: header names that stand for three columns (DIALS' ``xyzobs.px.value``, ``miller_index`` ...)
+_TRIPLES = {"xyzobs": ("xobs", "yobs", "zobs"), "xyzcal": ("xcal", "ycal", "zcal"), "miller_index": ("h", "k", "l"),
+            "hkl": ("h", "k", "l")}
+#: most numeric columns of a header-less file read as ``x y [z or intensity]``
+HEADERLESS_MAX_COLUMNS = 3
+
+
+def _fields(text: str) -> list[str]:
+    """Whitespace-, comma- or semicolon-separated fields; brackets around vectors dropped."""
+    for ch in ",;()":
+        text = text.replace(ch, " ")
+    return text.split()
+
+
+def _norm(name: str) -> str:
+    """A header name without units or notes in brackets, lower case (``x_px(fast)`` -> ``x_px``)."""
+    name = name.strip().lower()
+    for ch in "([":
+        name = name.split(ch, 1)[0]
+    return name.strip()
+
+
+def _header_columns(line: str) -> list[str]:
+    """Column names of a header line, names that stand for three columns expanded (``xyzobs.px.value``)."""
+    out: list[str] = []
+    for tok in line.replace(",", " ").replace(";", " ").split():
+        key = _norm(tok)
+        stem = key.split(".", 1)[0]
+        if stem in _TRIPLES:
+            out += [c + key[len(stem):] for c in _TRIPLES[stem]]
+        else:
+            out.append(key)
+    return out
+
+
+def _find(columns: Sequence[str], names: Sequence[str]) -> int | None:
+    for i, c in enumerate(columns):
+        if c in names:
+            return i
+    return None
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
+
+
+def read_spot_list(path: str, columns: Sequence[str] | str | None = None,
+                   shape: tuple[int, int] | None = None) -> np.ndarray:
+    """Observed spots ``(n, 2)`` (x fast, y slow; pixels from the corner of pixel (0, 0), centres at ``i + 0.5``).
+
+    Accepted text tables (fields separated by blanks, commas or semicolons; ``#`` starts a comment):
+
+    * **a header naming the columns**: a first line that is not numbers, or a ``#`` comment line, whose
+      names include an x and a y column, case-insensitive, units in brackets ignored: ``x``/``y``,
+      ``xobs``/``yobs``, ``x_px``/``y_px`` (the thaumatin lists: ``# x_px(fast) y_px(slow) ...``),
+      ``xobs.px.value`` ..., and names standing for three columns: ``xyzobs.px.value`` (x y z, as DIALS
+      writes its reflection tables), ``miller_index``/``hkl`` (h k l).  Predicted positions (``x_pred``,
+      ``xcal``) are never taken for observed ones;
+    * **no header**: at most :data:`HEADERLESS_MAX_COLUMNS` numeric columns, ``x y [z or intensity]``.  A
+      wider table without a header is refused: its x and y cannot be told (a DIALS table ``h k l ... x y``
+      would be read as x = h, y = k);
+    * ``columns``: the x and y columns named explicitly (``--spot-columns``), two names of the header or
+      two 1-based column numbers (``"x_px,y_px"``, ``"4,5"``); this overrides the above.
+
+    Arguments:
+        path: the text file.
+        columns: the x and y columns (a ``"x,y"`` string or two items); None = from the header.
+        shape: (slow, fast) pixels of the detector: every position must lie on it (``0 <= x <= fast``,
+            ``0 <= y <= slow``); None = not checked.
+
+    Raises:
+        InputError: one line naming the file and the problem: no usable rows, columns that cannot be
+            identified, a value that is not a number, positions off the detector.
+    """
     from nbtorch.io.raw import read_text_lines
 
+    lines = read_text_lines(path, "spot list")
+    where = f"spot list {path}"
+    # the header: a non-numeric first line, or the last comment naming x and y before the first data row
+    header: list[str] | None = None
+    first_data = None
+    for number, line in enumerate(lines, 1):
+        body, _, comment = line.partition("#")
+        toks = _fields(body)
+        if not toks:
+            if comment.strip():
+                cols = _header_columns(comment)
+                if _find(cols, X_NAMES) is not None and _find(cols, Y_NAMES) is not None:
+                    header = cols
+            continue
+        if not any(_is_number(t) for t in toks):  # a line of names: the header
+            header = _header_columns(body)
+            continue
+        first_data = number
+        break
+    if first_data is None:
+        raise InputError(f"{where}: no spots found in the file (no row of numbers)")
+
+    # the x and y columns
+    if columns is not None:
+        items = _csv_items(columns)
+        if len(items) != 2:
+            raise InputError(f"--spot-columns: expected two columns (x,y), got {','.join(items) or 'nothing'}")
+        ix, iy = (_column_index(c, header, where) for c in items)
+        how = f"--spot-columns {','.join(items)}"
+    elif header is not None:
+        ix, iy = _find(header, X_NAMES), _find(header, Y_NAMES)
+        if ix is None or iy is None:
+            raise InputError(f"{where}: the header names no x and y columns ({' '.join(header[:12])}); "
+                             "name them with --spot-columns X,Y (names or 1-based numbers)")
+        how = f"header columns {header[ix]}, {header[iy]}"
+    else:
+        width = len(_fields(lines[first_data - 1].split("#", 1)[0]))
+        if width > HEADERLESS_MAX_COLUMNS:
+            raise InputError(f"{where}: {width} columns and no header naming them, so x and y cannot be told; add a "
+                             "header line (e.g. 'x y ...') or name them with --spot-columns X,Y (1-based numbers)")
+        ix, iy = 0, 1
+        how = "columns 1 and 2 (no header)"
+    if ix == iy:
+        raise InputError(f"{where}: x and y are the same column ({how})")
+
     rows = []
-    for number, line in enumerate(read_text_lines(path, "spot list"), 1):
-        body = line.split("#", 1)[0].split()
-        if not body:
+    for number, line in enumerate(lines[first_data - 1:], first_data):
+        toks = _fields(line.split("#", 1)[0])
+        if not toks:
             continue
         try:
-            x, y = float(body[0]), float(body[1])
+            x, y = float(toks[ix]), float(toks[iy])
         except (ValueError, IndexError):
-            raise InputError(f"{path} line {number}: expected 'x y ...' (numbers), got {line.strip()!r}") from None
+            raise InputError(f"{where} line {number}: expected numbers in columns {ix + 1} and {iy + 1} (x, y: "
+                             f"{how}), got {line.strip()!r}") from None
         if not (math.isfinite(x) and math.isfinite(y)):
-            raise InputError(f"{path} line {number}: spot position is not finite")
-        rows.append((x, y))
+            raise InputError(f"{where} line {number}: spot position is not finite")
+        rows.append((x, y, number))
     if not rows:
-        raise InputError(f"{path}: no spots found in the file")
-    return np.asarray(rows, dtype=np.float64)
+        raise InputError(f"{where}: no spots found in the file")
+    out = np.asarray([r[:2] for r in rows], dtype=np.float64)
+    if shape is not None:
+        slow, fast = int(shape[0]), int(shape[1])
+        off = (out[:, 0] < 0) | (out[:, 0] > fast) | (out[:, 1] < 0) | (out[:, 1] > slow)
+        if off.any():
+            k = int(np.argmax(off))
+            raise InputError(f"{where}: {int(off.sum())} of {len(out)} positions fall outside the {fast} x {slow} "
+                             f"pixel detector (line {rows[k][2]}: x={out[k, 0]:g}, y={out[k, 1]:g}; x and y read "
+                             f"from {how}); wrong columns? name them with --spot-columns X,Y")
+    return out
+
+
+def _csv_items(columns: Sequence[str] | str) -> list[str]:
+    if isinstance(columns, str):
+        return [c.strip() for c in columns.split(",") if c.strip()]
+    return [str(c).strip() for c in columns if str(c).strip()]
+
+
+def _column_index(item: str, header: list[str] | None, where: str) -> int:
+    """0-based index of one ``--spot-columns`` item: a 1-based number or a header name."""
+    if item.isdigit():
+        if int(item) < 1:
+            raise InputError(f"--spot-columns: column numbers start at 1, got {item}")
+        return int(item) - 1
+    if header is None:
+        raise InputError(f"--spot-columns: {where} has no header naming its columns, so {item!r} cannot be found; "
+                         "give 1-based column numbers")
+    key = _norm(item)
+    if key not in header:
+        raise InputError(f"--spot-columns: no column {item!r} in the header of {where} "
+                         f"(columns: {' '.join(header[:16])})")
+    return header.index(key)
 
 
 def _box_sum(a: np.ndarray, k: int) -> np.ndarray:

@@ -53,10 +53,66 @@ def test_refinement_reports_the_fit_and_warns_on_a_false_minimum(problem_cache):
     stuck = refine(problem, stages=(Stage("scale", ("scale", "background")),), progress=False, esds=False)
     assert stuck.status.ok
     assert stuck.fit["excess"] > EXCESS_WARNING
-    assert len(stuck.warnings) == 1 and "shot noise" in stuck.warnings[0]
+    assert len(stuck.warnings) == 2 and "shot noise" in stuck.warnings[0]
+    # the scale shrank towards 0 to fit spots predicted beside the observed ones: no pixel carries the model's signal
+    assert stuck.fit["signal_spots"] == 0 and stuck.warnings[1] == stuck.fit["support_warning"]
+    assert stuck.warnings[1].startswith("no fitted pixel carries the model's signal")
     assert stuck.to_json_dict()["warnings"] == list(stuck.warnings)
     assert "warning:" in stuck.summary()
     # at the truth the same report is quiet
     at_truth = refine(problem, start=problem.truth, stages=(Stage("scale", ("scale", "background")),),
                       progress=False, esds=False)
     assert at_truth.fit["excess"] < 1.5 and at_truth.warnings == ()
+
+
+def _spot_image(centres, shape=(64, 64), height=400.0, background=20.0):
+    y, x = np.mgrid[:shape[0], :shape[1]]
+    bragg = sum(height * np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / 2.0) for cx, cy in centres)
+    return bragg + background
+
+
+def test_signal_support_counts_pixels_and_spots_and_warns_below_five_spots_per_parameter(caplog):
+    from refine.fit_quality import MIN_SPOTS_PER_PARAMETER, signal_support
+
+    centres = [(cx, cy) for cx in range(6, 64, 16) for cy in range(6, 64, 20)]  # 4 x 3 = 12 spots
+    centres.append((centres[0][0] + 3, centres[0][1]))  # touching the first one: still its own spot
+    model = _spot_image(centres)
+    mask = np.ones(model.shape, dtype=bool)
+    s = signal_support(model, 20.0, mask, 2)
+    assert s.spots == 13 and s.warning is None
+    # the pixels whose Bragg part is >= 3 sqrt(20): a radius of about 2.6 pixels around each spot
+    assert 12 * 18 < s.signal_pixels < 13 * 26
+    assert s.to_dict() == {"signal_pixels": s.signal_pixels, "signal_spots": 13, "parameters": 2,
+                           "spots_per_parameter": 6.5, "support_warning": None}
+    with caplog.at_level("WARNING", logger="refine.fit_quality"):
+        few = signal_support(model, 20.0, mask, 3)
+    assert 13 < MIN_SPOTS_PER_PARAMETER * 3 and few.warning.startswith("only 13 spots")
+    assert "3 refined parameters" in few.warning and "\n" not in few.warning
+    assert few.warning in caplog.text
+    # pixels not fitted do not count, and a planar background is taken off before the threshold
+    mask[:, 32:] = False
+    assert signal_support(model, 20.0, mask, 1).spots == 7
+    from refine.fit_quality import background_image
+
+    bg = background_image(model.shape, {"background": 20.0, "background_x": 2.0, "background_y": -1.0})
+    assert bg[0, 0] == pytest.approx(20.0 - 2.0 * 31.5 + 31.5) and bg.mean() == pytest.approx(20.0)
+    assert signal_support(model - 20.0 + bg, bg, np.ones(model.shape, bool), 2).spots == 13
+
+
+def test_refinement_result_reports_the_signal_support(problem_cache):
+    from refine.fit_quality import MIN_SPOTS_PER_PARAMETER
+
+    problem = problem_cache("cubic_mosflm", 64)
+    full = refine(problem, start=problem.truth, stages=(Stage("scale", ("scale", "background")),), progress=False,
+                  esds=False)
+    assert full.fit["signal_spots"] >= MIN_SPOTS_PER_PARAMETER * 2 and full.fit["support_warning"] is None
+    assert full.fit["signal_pixels"] > full.fit["signal_spots"] and full.fit["parameters"] == 2
+    # a corner of the image, where a spot or two remain, for three parameters
+    corner = np.zeros(problem.observed.shape, dtype=bool)
+    corner[:12, :12] = True
+    few = refine(problem, start=problem.truth, mask=corner, stages=(Stage("s", ("scale", "background", "cell_a")),),
+                 progress=False, esds=False)
+    assert few.fit["signal_spots"] < MIN_SPOTS_PER_PARAMETER * 3 and few.fit["parameters"] == 3
+    assert few.fit["support_warning"] in few.warnings and "refined parameters" in few.fit["support_warning"]
+    doc = few.to_json_dict()
+    assert doc["fit"]["signal_spots"] == few.fit["signal_spots"] and few.fit["support_warning"] in doc["warnings"]

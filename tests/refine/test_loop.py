@@ -27,10 +27,12 @@ START = torch.tensor([-1.2, 1.0], dtype=F64)
 
 
 def test_status_enum_has_messages():
-    assert {s.value for s in Status} == {"converged", "max_steps", "time_budget", "diverged", "failed"}
+    assert {s.value for s in Status} == {"converged", "max_steps", "time_budget", "diverged", "failed",
+                                          "no_step"}
     for s in Status:
         assert isinstance(s.message, str) and len(s.message) > 10
     assert Status.CONVERGED.ok and Status.MAX_STEPS.ok and not Status.DIVERGED.ok and not Status.FAILED.ok
+    assert not Status.NO_STEP.ok and "converged" not in Status.NO_STEP.message
 
 
 @pytest.mark.parametrize("strategy, fn, steps, target, tol", [
@@ -75,6 +77,32 @@ def test_max_steps_and_time_budget():
 def test_gradient_tolerance():
     res = minimise(quadratic, torch.tensor([1.0, -2.0], dtype=F64), LBFGS(), Convergence(gtol=1e-6))
     assert res.status is Status.CONVERGED and res.state.step == 0 and "gtol" in res.message
+    assert "minimum" in res.message and "converged" not in res.message
+
+
+@pytest.mark.parametrize("strategy", [LBFGS(), Adam()])
+def test_flat_start_is_no_step_not_converged(strategy):
+    """#20: a scale that underflowed (1e-150) makes every derivative ~0; that is no result, not convergence."""
+    scale = 1e-150
+
+    def degenerate(x):
+        return 1234.5 + scale * ((x - torch.tensor([3.0, -1.0], dtype=F64)) ** 2).sum(), None
+
+    res = minimise(degenerate, START, strategy, Convergence(max_steps=50))
+    assert res.status is Status.NO_STEP and not res.status.ok
+    assert res.state.step == 0 and "converged" not in res.message and "degenerate" in res.message
+    assert torch.equal(res.state.raw, START)
+    assert res.state.evaluations == 1 + 2  # the start and one probe per parameter
+
+
+def test_start_at_the_background_optimum_with_a_collapsed_scale_is_no_step():
+    """The #20 case: the background at its optimum (curved), everything else flat because the scale is ~0."""
+    def f(x):
+        return 1e-150 * ((x[0] - 2.0) ** 2 + x[2] ** 2) + (x[1] - 1.0) ** 2, None
+
+    res = minimise(f, torch.tensor([0.0, 1.0, 0.0], dtype=F64), LBFGS(), Convergence())
+    assert res.status is Status.NO_STEP and res.state.step == 0
+    assert "parameter(s) 0, 2 (of 3)" in res.message
 
 
 @pytest.mark.parametrize("strategy", [LBFGS(), Adam(lr=0.5)])

@@ -193,3 +193,23 @@ def test_bad_optimizer_options(argv, message):
 
     with pytest.raises(InputError, match=message):
         build_stages(parse_args(["--problem", "cubic_mosflm", *argv]))
+
+
+def test_spot_list_with_named_columns(refine_cli, tmp_path):
+    """--spots with a DIALS-style table: x and y named by --spot-columns (the header-less table alone is refused)."""
+    from refine.spots import find_spots
+
+    crystal = "-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45"
+    img = simulate(f"{crystal} {geometry}", background=1.0)
+    write_cbf(tmp_path / "obs.cbf", img, {"pixel_size_mm": 0.1})
+    found = find_spots(img.astype(float))
+    assert len(found) >= 5
+    (tmp_path / "refl.txt").write_text("".join(f"0 0 1 100.0 {x:.3f} {y:.3f} 0.5\n" for x, y in found))
+    common = ("--image", "obs.cbf", "--model", f"{crystal} {geometry}", "--refine", "scale,background",
+              "--max-steps", "2", "--spots", "refl.txt", "--no-esds")
+    r = refine_cli(*common)
+    assert r.code == 2 and "7 columns and no header naming them" in r.err
+    r = refine_cli(*common, "--spot-columns", "5,6")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(r.json()["spots"]["observed"], np.round(found, 3))

@@ -19,6 +19,8 @@ def images(tmp_path):
     nan[4, 5] = np.nan
     write_raw_float(tmp_path / "nan.bin", nan)
     write_cbf(tmp_path / "big.cbf", np.zeros((40, 40), dtype=np.int32))
+    (tmp_path / "dials.txt").write_text("-2 1 3 0 33.0 7.5 9.5 0.5\n1 1 -4 0 12.0 20.5 3.5 0.5\n")  # h k l id I x y z
+    (tmp_path / "off.txt").write_text("x y\n7.5 9.5\n33.5 3.5\n")  # the second spot is off the 32 x 32 detector
     return tmp_path
 
 
@@ -34,6 +36,8 @@ CASES = {
     "NaN pixels": (["--image", "nan.bin", "--shape", "32", "32", "--model", SMALL_MODEL], "1 NaN/Inf pixel(s)"),
     "raw without shape": (["--image", "nan.bin", "--model", SMALL_MODEL], "needs its shape (--shape SLOW FAST)"),
     "no model": (["--image", "ok.cbf"], "--model"),
+    "spot columns without spots": (["--problem", "cubic_mosflm", "--size", "16", "--spot-columns", "x,y"],
+                                   "--spot-columns names the columns of a --spots file"),
     "prior without sigma": (["--problem", "cubic_mosflm", "--size", "16", "--prior", "cell_a=5"],
                             "--prior cell_a: expected mean:sigma, got '5'"),
     "prior sigma zero": (["--problem", "cubic_mosflm", "--size", "16", "--prior", "cell_a=5:0"],
@@ -89,6 +93,14 @@ CASES = {
                         "--bounds cell_a: need finite low < high, got '50:40'"),
     "bounds not numbers": (["--problem", "cubic_mosflm", "--bounds", "cell_a=40"], "--bounds cell_a: expected low:high"),
     "bounds nan": (["--problem", "cubic_mosflm", "--bounds", "cell_a=nan:50"], "--bounds cell_a: need finite"),
+    "spot table without header": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "dials.txt"],
+                                  "spot list dials.txt: 8 columns and no header naming them"),
+    "spots off the detector": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "off.txt"],
+                               "1 of 2 positions fall outside the 32 x 32 pixel detector (line 3: x=33.5, y=3.5"),
+    "spot columns off the detector": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "dials.txt",
+                                       "--spot-columns", "1,2"], "positions fall outside"),
+    "spot columns unknown name": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "off.txt",
+                                   "--spot-columns", "xobs,yobs"], "--spot-columns: no column 'xobs' in the header"),
     "dmin above dmax": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--dmin", "5", "--dmax", "2"], "--dmin 5"),
 }
 

@@ -76,3 +76,61 @@ def test_args_file_paths_resolved_beside_it(tmp_path, monkeypatch):
     tokens = expand_model_args("@sub/geo.txt -N 3")
     assert tokens == ["-mat", str((tmp_path / "sub" / "A.mat").resolve()), "-lambda", "1.0", "-distance", "50",
                       "-N", "3"]
+
+
+class _StubSim:
+    """Just what fit_scale_background needs: the ROI and a render of a fixed Bragg image."""
+
+    def __init__(self, image: np.ndarray) -> None:
+        from types import SimpleNamespace
+
+        self.image = torch.as_tensor(image, dtype=torch.float64)
+        self.setup = SimpleNamespace(roi=(0, image.shape[1] - 1, 0, image.shape[0] - 1))
+
+    def render(self, **overrides):
+        return self.image, None
+
+
+def _spots(shape, centres, height=500.0):
+    y, x = np.mgrid[:shape[0], :shape[1]]
+    r2 = [(x - cx) ** 2 + (y - cy) ** 2 for cx, cy in centres]
+    return sum(np.where(r < 9, height * np.exp(-r / 2.0), 0.0) for r in r2)  # compact: 0 beyond 3 px
+
+
+SPOTS = [(8, 8), (20, 10), (30, 25), (12, 28)]
+
+
+def test_fit_scale_background_recovers_a_matching_start():
+    from refine.model import fit_scale_background
+
+    bragg = _spots((36, 40), SPOTS)
+    obs = np.random.default_rng(3).poisson(0.2 * bragg + 7.0).astype(np.float64)
+    s, b = fit_scale_background(_StubSim(bragg), {}, obs, np.ones(obs.shape, bool))
+    assert s == pytest.approx(0.2, rel=0.05) and b == pytest.approx(7.0, rel=0.05)
+
+
+def test_fit_scale_background_refuses_a_model_whose_spots_miss():
+    """#20: spots beside the observed ones made the scale collapse to 1.9e-150 and the run 'converge' at step 0."""
+    from nbtorch.errors import InputError
+    from refine.model import fit_scale_background
+
+    obs = np.random.default_rng(3).poisson(0.2 * _spots((36, 40), SPOTS) + 7.0).astype(np.float64)
+    elsewhere = _spots((36, 40), [(cx + 5, cy + 4) for cx, cy in SPOTS])
+    with pytest.raises(InputError, match="its spots miss the observed ones") as exc:
+        fit_scale_background(_StubSim(elsewhere), {}, obs, np.ones(obs.shape, bool))
+    assert "\n" not in str(exc.value) and "--start scale=" in str(exc.value)
+
+
+def test_fit_scale_background_refuses_a_model_that_is_zero_on_the_fitted_pixels():
+    from nbtorch.errors import InputError
+    from refine.model import fit_scale_background
+
+    bragg = _spots((36, 40), SPOTS)
+    obs = np.random.default_rng(3).poisson(0.2 * bragg + 7.0).astype(np.float64)
+    fitted = bragg == 0  # e.g. a tiny --subsample that keeps none of the model's spot pixels
+    assert fitted.any() and not fitted.all()
+    with pytest.raises(InputError, match=r"is 0 on all \d+ fitted pixels") as exc:
+        fit_scale_background(_StubSim(bragg), {}, obs, fitted)
+    assert "\n" not in str(exc.value) and "--subsample" in str(exc.value)
+    with pytest.raises(InputError, match="no fitted pixel has a usable count"):
+        fit_scale_background(_StubSim(bragg), {}, -np.ones(obs.shape), np.ones(obs.shape, bool))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
+from nbtorch.errors import InputError
 from refine.selection import resolution_map, resolution_mask, subsample_mask
 from refine.spots import find_spots, model_centroids, read_spot_list, spot_offsets, window_mask
 
@@ -108,3 +109,83 @@ def test_subsample_mask_is_seeded():
     assert 2200 < a.sum() < 2800
     with pytest.raises(ValueError):
         subsample_mask(m, 0.0)
+
+
+THAU_HEADER = ("# observed spots on thau_3_2_0003 found by the helper (median-filter background, threshold)\n"
+               "# x_px(fast) y_px(slow) [pixel centre = index+0.5]  summed_counts_above_bg  n_pixels  indexed(1/0)  "
+               "h k l  x_pred y_pred (for indexed rows)\n")
+
+
+def test_read_spot_list_our_own_format(tmp_path):
+    (tmp_path / "s.txt").write_text(THAU_HEADER + "  1219.69      9.07        176    7 0    .    .    .         .         .\n"
+                                                  "   747.33    236.75        338   15 1  -26   17   12    746.39    238.56\n")
+    got = read_spot_list(tmp_path / "s.txt", shape=(2527, 2463))
+    np.testing.assert_array_equal(got, [[1219.69, 9.07], [747.33, 236.75]])
+
+
+DIALS_ROWS = "-26 17 12 0 338.0 747.33 236.75 0.5\n-22 19 -4 0 126.0 1046.17 245.52 0.5\n"
+
+
+@pytest.mark.parametrize("header", [
+    "# h k l id intensity.sum.value xyzobs.px.value\n",  # DIALS names; xyzobs stands for three columns
+    "miller_index id intensity.sum.value xyzobs.px.value\n",  # a header line that is not a comment
+    "H K L ID I XOBS YOBS ZOBS\n",  # case-insensitive
+    "h,k,l,id,I,x,y,z\n",  # commas
+])
+def test_read_spot_list_finds_x_and_y_by_the_header(tmp_path, header):
+    rows = DIALS_ROWS.replace(" ", ",") if "," in header else DIALS_ROWS
+    (tmp_path / "s.txt").write_text(header + rows)
+    np.testing.assert_array_equal(read_spot_list(tmp_path / "s.txt", shape=(2527, 2463)),
+                                  [[747.33, 236.75], [1046.17, 245.52]])
+
+
+def test_read_spot_list_refuses_a_wide_table_without_a_header(tmp_path):
+    """#20: a DIALS-style table h k l ... x y z was read as if h, k were x, y."""
+    (tmp_path / "s.txt").write_text(DIALS_ROWS)
+    with pytest.raises(InputError, match="8 columns and no header naming them, so x and y cannot be told") as exc:
+        read_spot_list(tmp_path / "s.txt")
+    assert "--spot-columns" in str(exc.value) and "\n" not in str(exc.value)
+    # ... unless the columns are named
+    for cols in ("6,7", ["6", "7"]):
+        np.testing.assert_array_equal(read_spot_list(tmp_path / "s.txt", cols), [[747.33, 236.75], [1046.17, 245.52]])
+    # a narrow header-less table is x y [z]
+    (tmp_path / "xyz.txt").write_text("10.5 20.5 0.5\n11 21 0.5\n")
+    np.testing.assert_array_equal(read_spot_list(tmp_path / "xyz.txt"), [[10.5, 20.5], [11.0, 21.0]])
+
+
+def test_read_spot_list_spot_columns_by_name_and_their_errors(tmp_path):
+    (tmp_path / "s.txt").write_text("h k l x_pred y_pred xcal ycal\n1 2 3 5.5 6.5 7.5 8.5\n")
+    with pytest.raises(InputError, match="the header names no x and y columns"):  # predictions are not observations
+        read_spot_list(tmp_path / "s.txt")
+    np.testing.assert_array_equal(read_spot_list(tmp_path / "s.txt", "X_PRED,y_pred"), [[5.5, 6.5]])
+    (tmp_path / "p.txt").write_text("h k l x_pred y_pred\n1 2 3 5.5 6.5\n")
+    with pytest.raises(InputError, match="the header names no x and y columns"):
+        read_spot_list(tmp_path / "p.txt")
+    with pytest.raises(InputError, match="no column 'xobs' in the header"):
+        read_spot_list(tmp_path / "s.txt", "xobs,yobs")
+    with pytest.raises(InputError, match="expected two columns"):
+        read_spot_list(tmp_path / "s.txt", "4")
+    with pytest.raises(InputError, match="column numbers start at 1"):
+        read_spot_list(tmp_path / "s.txt", "0,1")
+    with pytest.raises(InputError, match="the same column"):
+        read_spot_list(tmp_path / "s.txt", "4,x_pred")
+    (tmp_path / "n.txt").write_text(DIALS_ROWS)
+    with pytest.raises(InputError, match="has no header naming its columns"):
+        read_spot_list(tmp_path / "n.txt", "x,y")
+    with pytest.raises(InputError, match="line 1: expected numbers in columns 9 and 2"):
+        read_spot_list(tmp_path / "n.txt", "9,2")
+
+
+def test_read_spot_list_refuses_positions_off_the_detector_and_files_without_rows(tmp_path):
+    (tmp_path / "s.txt").write_text("x y\n5 6\n40.5 3\n")
+    assert read_spot_list(tmp_path / "s.txt").shape == (2, 2)  # no detector given: not checked
+    with pytest.raises(InputError, match=r"1 of 2 positions fall outside the 32 x 30 pixel detector \(line 3: "
+                                         r"x=40.5, y=3"):
+        read_spot_list(tmp_path / "s.txt", shape=(30, 32))
+    (tmp_path / "h.txt").write_text("# x y\n-26 17\n")
+    with pytest.raises(InputError, match="outside"):
+        read_spot_list(tmp_path / "h.txt", shape=(30, 32))
+    for text in ("", "# nothing here\n\n", "x y z\n"):
+        (tmp_path / "e.txt").write_text(text)
+        with pytest.raises(InputError, match="no spots found in the file"):
+            read_spot_list(tmp_path / "e.txt")
