@@ -211,6 +211,135 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+class _Evaluator:
+    """``fn`` at the loop's parameters ``x`` with its gradient, cached by the bytes of ``x`` (a line search
+    re-evaluates points), counted, and checked: a NaN/Inf loss or gradient raises :class:`_NonFinite`."""
+
+    def __init__(self, fn: Callable[[Tensor], tuple[Tensor, Any]], x: Tensor, evaluations: int = 0) -> None:
+        self.fn, self.x, self.evaluations = fn, x, evaluations
+        self.cache: dict[bytes, tuple[Tensor, Tensor, Any]] = {}
+
+    def __call__(self) -> tuple[Tensor, Tensor, Any]:
+        key = self.x.detach().cpu().numpy().tobytes()
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        with torch.enable_grad():
+            xi = self.x.detach().clone().requires_grad_(True)
+            loss, aux = self.fn(xi)
+            if not _finite(loss.detach()):
+                raise _NonFinite(f"loss is {float(loss.detach())}")
+            (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
+            grad = torch.zeros_like(xi) if grad is None else grad
+        if not _finite(grad):
+            bad = int((~torch.isfinite(grad)).nonzero()[0, 0])
+            raise _NonFinite(f"gradient component {bad} is {float(grad[bad])}")
+        self.evaluations += 1
+        entry = (loss.detach(), grad.detach(), aux)
+        if len(self.cache) >= 16:
+            self.cache.pop(next(iter(self.cache)))
+        self.cache[key] = entry
+        return entry
+
+    def closure(self) -> Tensor:
+        """The optimizers' closure: the loss, with ``x.grad`` set."""
+        loss, grad, _ = self()
+        self.x.grad = grad.clone()
+        return loss
+
+    def keep_only(self, raw: Tensor) -> None:
+        """Forget every point but ``raw`` (the next step starts from it)."""
+        key = raw.cpu().numpy().tobytes()
+        self.cache = {key: self.cache[key]} if key in self.cache else {}
+
+
+def _start(evaluate: _Evaluator, optimizer, on_step, t_start: float) -> LoopState | LoopResult:
+    """The state at the starting point (reported to ``on_step``), or a FAILED result when it is not usable."""
+    x = evaluate.x
+    try:
+        loss0, grad0, aux0 = evaluate()
+    except _NonFinite as exc:
+        state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
+        return LoopResult(Status.FAILED, f"the starting point is not usable: {exc}", state)
+    except Exception as exc:  # noqa: BLE001 - reported as a status
+        log.exception("evaluating the starting point failed")
+        state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
+        return LoopResult(Status.FAILED, f"evaluating the starting point raised {type(exc).__name__}: {exc}", state)
+    state = LoopState(0, x.detach().clone(), float(loss0), grad0.clone(), copy.deepcopy(optimizer.state_dict()),
+                      evaluations=evaluate.evaluations, aux=aux0)
+    state.history.append(_record(state, 0.0, math.nan))
+    if on_step is not None:
+        try:
+            on_step(state)
+        except KeyboardInterrupt:
+            state.elapsed_s = time.monotonic() - t_start
+            raise LoopInterrupted(state.snapshot()) from None
+    return state
+
+
+def _limit_reached(state: LoopState, convergence: Convergence, elapsed_s: float) -> tuple[Status | None, str]:
+    if state.step >= convergence.max_steps:
+        return Status.MAX_STEPS, f"reached max_steps={convergence.max_steps}"
+    if convergence.time_budget_s is not None and elapsed_s >= convergence.time_budget_s:
+        return Status.TIME_BUDGET, f"time budget of {convergence.time_budget_s:g} s used"
+    return None, ""
+
+
+def _step(strategy: AbstractStrategy, optimizer, evaluate: _Evaluator, state: LoopState, convergence: Convergence,
+          elapsed) -> tuple[LoopState, Status | None, str]:
+    """One step of ``strategy`` from ``state``: the new state, or the last good one with DIVERGED/FAILED."""
+    x = evaluate.x
+    good = state.snapshot(history=False)  # the history list is only appended to after a full step
+    n_history = len(state.history)
+    lr = getattr(strategy, "learning_rate", None)
+    lr_now = lr(state.step, convergence.max_steps) if lr is not None else float(getattr(strategy, "lr", math.nan))
+    try:
+        strategy.step(optimizer, evaluate.closure, state.step, convergence.max_steps)
+        if not _finite(x.detach()):
+            raise _NonFinite("the parameters became NaN/Inf")
+        loss, grad, aux = evaluate()
+    except KeyboardInterrupt:
+        del good.history[n_history:]
+        good = good.snapshot()
+        good.elapsed_s = elapsed()
+        raise LoopInterrupted(good) from None
+    except _NonFinite as exc:
+        del good.history[n_history:]
+        return good, Status.DIVERGED, f"step {state.step + 1}: {exc}; parameters restored to step {state.step}"
+    except Exception as exc:  # noqa: BLE001 - a failing model is a status, not a crash
+        log.exception("refinement step %d failed", state.step + 1)
+        del good.history[n_history:]
+        return good, Status.FAILED, (f"step {state.step + 1} raised {type(exc).__name__}: {exc}; "
+                                     f"parameters restored to step {state.step}")
+    new_raw = x.detach().clone()
+    df = abs(float(loss) - state.loss)
+    dx = float((new_raw - state.raw).abs().max()) if new_raw.numel() else 0.0
+    small = df <= convergence.ftol + convergence.rtol * abs(float(loss)) and dx <= convergence.xtol
+    state = LoopState(state.step + 1, new_raw, float(loss), grad.clone(), copy.deepcopy(optimizer.state_dict()),
+                      state.small_steps + 1 if small else 0, evaluate.evaluations, elapsed(), state.history, aux)
+    state.history.append(_record(state, dx, lr_now))
+    evaluate.keep_only(new_raw)
+    if state.grad_norm <= convergence.gtol:
+        return state, Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g}"
+    if state.small_steps >= convergence.patience:
+        return state, Status.CONVERGED, (f"loss change {df:.3g} and parameter change {dx:.3g} below tolerances "
+                                         f"for {state.small_steps} steps")
+    return state, None, ""
+
+
+def _report_step(state: LoopState, on_step, on_checkpoint, checkpoint_every: int, elapsed) -> None:
+    """The step is complete: tell ``on_step`` and checkpoint; an interrupt from here on keeps the step."""
+    try:
+        if on_step is not None:
+            on_step(state)
+        if on_checkpoint is not None and checkpoint_every > 0 and state.step % checkpoint_every == 0:
+            on_checkpoint(state.snapshot())
+    except KeyboardInterrupt:
+        done = state.snapshot()
+        done.elapsed_s = elapsed()
+        raise LoopInterrupted(done) from None
+
+
 def minimise(
     fn: Callable[[Tensor], tuple[Tensor, Any]],
     raw0: Tensor,
@@ -242,139 +371,43 @@ def minimise(
     t_start = time.monotonic()
     x = (resume.raw if resume is not None else raw0).detach().clone().requires_grad_(True)
     optimizer = strategy.init(x)
-    cache: dict[bytes, tuple[Tensor, Tensor, Any]] = {}
-    counter = {"evals": 0}
-
-    def evaluate() -> tuple[Tensor, Tensor, Any]:
-        key = x.detach().cpu().numpy().tobytes()
-        hit = cache.get(key)
-        if hit is not None:
-            return hit
-        with torch.enable_grad():
-            xi = x.detach().clone().requires_grad_(True)
-            loss, aux = fn(xi)
-            if not _finite(loss.detach()):
-                raise _NonFinite(f"loss is {float(loss.detach())}")
-            (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
-            grad = torch.zeros_like(xi) if grad is None else grad
-        if not _finite(grad):
-            bad = int((~torch.isfinite(grad)).nonzero()[0, 0])
-            raise _NonFinite(f"gradient component {bad} is {float(grad[bad])}")
-        counter["evals"] += 1
-        entry = (loss.detach(), grad.detach(), aux)
-        if len(cache) >= 16:
-            cache.pop(next(iter(cache)))
-        cache[key] = entry
-        return entry
-
-    def closure() -> Tensor:
-        loss, grad, _ = evaluate()
-        x.grad = grad.clone()
-        return loss
-
-    # ---- init --------------------------------------------------------------------------
+    evaluate = _Evaluator(fn, x)
     if resume is not None:
         state = resume.snapshot()
         optimizer.load_state_dict(copy.deepcopy(resume.optimizer))
-        counter["evals"] = state.evaluations
+        evaluate.evaluations = state.evaluations
         elapsed0 = state.elapsed_s
     else:
         elapsed0 = 0.0
-        try:
-            loss0, grad0, aux0 = evaluate()
-        except _NonFinite as exc:
-            state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
-            return LoopResult(Status.FAILED, f"the starting point is not usable: {exc}", state)
-        except Exception as exc:  # noqa: BLE001 - reported as a status
-            log.exception("evaluating the starting point failed")
-            state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
-            return LoopResult(Status.FAILED, f"evaluating the starting point raised {type(exc).__name__}: {exc}", state)
-        state = LoopState(0, x.detach().clone(), float(loss0), grad0.clone(), copy.deepcopy(optimizer.state_dict()),
-                          evaluations=counter["evals"], aux=aux0)
-        state.history.append(_record(state, 0.0, math.nan))
-        if on_step is not None:
-            try:
-                on_step(state)
-            except KeyboardInterrupt:
-                state.elapsed_s = time.monotonic() - t_start
-                raise LoopInterrupted(state.snapshot()) from None
+        started = _start(evaluate, optimizer, on_step, t_start)
+        if isinstance(started, LoopResult):
+            return started
+        state = started
 
     def elapsed() -> float:
         return elapsed0 + time.monotonic() - t_start
 
-    # ---- steps -------------------------------------------------------------------------
     status, message = None, ""
     if state.grad_norm <= convergence.gtol:
         if state.step == 0:
-            status, message = _classify_start(fn, state, convergence, counter)
+            status, message = _classify_start(fn, state, convergence, evaluate)
         else:  # a resumed run: it took its steps before
             status, message = Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g}"
     while status is None:
-        if state.step >= convergence.max_steps:
-            status, message = Status.MAX_STEPS, f"reached max_steps={convergence.max_steps}"
+        status, message = _limit_reached(state, convergence, elapsed())
+        if status is not None:
             break
-        if convergence.time_budget_s is not None and elapsed() >= convergence.time_budget_s:
-            status, message = Status.TIME_BUDGET, f"time budget of {convergence.time_budget_s:g} s used"
+        state, status, message = _step(strategy, optimizer, evaluate, state, convergence, elapsed)
+        if status in (Status.DIVERGED, Status.FAILED):
             break
-        good = state.snapshot(history=False)  # the history list is only appended to after a full step
-        n_history = len(state.history)
-        lr = getattr(strategy, "learning_rate", None)
-        lr_now = lr(state.step, convergence.max_steps) if lr is not None else float(getattr(strategy, "lr", math.nan))
-        try:
-            strategy.step(optimizer, closure, state.step, convergence.max_steps)
-            if not _finite(x.detach()):
-                raise _NonFinite("the parameters became NaN/Inf")
-            loss, grad, aux = evaluate()
-        except KeyboardInterrupt:
-            del good.history[n_history:]
-            good = good.snapshot()
-            good.elapsed_s = elapsed()
-            raise LoopInterrupted(good) from None
-        except _NonFinite as exc:
-            status = Status.DIVERGED
-            message = f"step {state.step + 1}: {exc}; parameters restored to step {state.step}"
-            state = good
-            del state.history[n_history:]
-            break
-        except Exception as exc:  # noqa: BLE001 - a failing model is a status, not a crash
-            log.exception("refinement step %d failed", state.step + 1)
-            status = Status.FAILED
-            message = f"step {state.step + 1} raised {type(exc).__name__}: {exc}; parameters restored to step {state.step}"
-            state = good
-            del state.history[n_history:]
-            break
-        new_raw = x.detach().clone()
-        df = abs(float(loss) - state.loss)
-        dx = float((new_raw - state.raw).abs().max()) if new_raw.numel() else 0.0
-        small = df <= convergence.ftol + convergence.rtol * abs(float(loss)) and dx <= convergence.xtol
-        state = LoopState(state.step + 1, new_raw, float(loss), grad.clone(), copy.deepcopy(optimizer.state_dict()),
-                          state.small_steps + 1 if small else 0, counter["evals"], elapsed(), state.history, aux)
-        state.history.append(_record(state, dx, lr_now))
-        # keep only the current point in the cache: the next step starts from it
-        key = new_raw.cpu().numpy().tobytes()
-        cache = {key: cache[key]} if key in cache else {}
-        try:  # the step is complete: an interrupt from here on keeps it
-            if on_step is not None:
-                on_step(state)
-            if on_checkpoint is not None and checkpoint_every > 0 and state.step % checkpoint_every == 0:
-                on_checkpoint(state.snapshot())
-        except KeyboardInterrupt:
-            done = state.snapshot()
-            done.elapsed_s = elapsed()
-            raise LoopInterrupted(done) from None
-        if state.grad_norm <= convergence.gtol:
-            status, message = Status.CONVERGED, f"gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g}"
-        elif state.small_steps >= convergence.patience:
-            status = Status.CONVERGED
-            message = (f"loss change {df:.3g} and parameter change {dx:.3g} below tolerances "
-                       f"for {state.small_steps} steps")
+        _report_step(state, on_step, on_checkpoint, checkpoint_every, elapsed)
     state.elapsed_s = elapsed()
-    state.evaluations = counter["evals"]
+    state.evaluations = evaluate.evaluations
     return LoopResult(status, message, state)
 
 
 def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState, convergence: Convergence,
-                    counter: dict) -> tuple[Status, str]:
+                    counter: _Evaluator) -> tuple[Status, str]:
     """Status of a start whose gradient is already at most ``gtol``: a minimum, or a degenerate (flat) loss.
 
     Evaluates the loss :data:`PROBE_STEP` raw units from the start along each parameter (no gradients); a
@@ -392,10 +425,10 @@ def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState
                 value = float(fn(xi)[0].detach())
         except Exception:  # noqa: BLE001 - a model that breaks one step away is not flat
             value = math.nan
-        counter["evals"] += 1
+        counter.evaluations += 1
         if math.isfinite(value) and abs(value - state.loss) <= tol:
             flat.append(i)
-    state.evaluations = counter["evals"]
+    state.evaluations = counter.evaluations
     if flat:
         which = ", ".join(str(i) for i in flat[:8]) + (", ..." if len(flat) > 8 else "")
         log.warning("no step taken: the gradient is %.3g and the loss does not change when parameter(s) %s of %d "
