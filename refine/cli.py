@@ -25,12 +25,20 @@ import argparse
 import math
 import shlex
 import sys
+from dataclasses import replace
 from typing import Any, Sequence
 
-
+from losses import LOSSES
 from nbtorch.cli_support import Parser, Printer, argument_files
 from nbtorch.errors import InputError
+from nbtorch.io import read_toml
+from refine.loop import Convergence
+from refine.objective import check_priors
+from refine.parameters import BASE_NAMES
 from refine.precondition import PRECONDITIONER_NAMES
+from refine.runner import RefinementInterrupted
+from refine.stages import Stage, coarse_to_fine, stage_a
+from refine.strategies import LBFGS, Adam
 
 __all__ = ["main", "build_parser", "parse_args", "run"]
 
@@ -147,8 +155,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str], list | None]:
     """Command-line tokens equivalent to a TOML config, and its ``[[stages]]`` tables (None if absent)."""
-    from nbtorch.io import read_toml
-
     data = read_toml(path, "--config")
     actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
     tokens: list[str] = []
@@ -214,8 +220,6 @@ def _pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
 
 def start_values(items: Sequence[str] | None) -> dict[str, float]:
     """``--start name=value,...`` as floats, names checked."""
-    from refine.parameters import BASE_NAMES
-
     out: dict[str, float] = {}
     for name, text in _pairs(items, "--start").items():
         if name not in BASE_NAMES:
@@ -245,8 +249,6 @@ def _number_pairs(items: Sequence[str] | None, flag: str, form: str) -> dict[str
 
 def prior_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
     """``--prior name=mean:sigma,...`` (Gaussian priors, each name in its own unit)."""
-    from refine.objective import check_priors
-
     pairs = _number_pairs(items, "--prior", "mean:sigma")
     return check_priors({name: (mean, sigma) for name, (mean, sigma, _) in pairs.items()}, "--prior")
 
@@ -262,8 +264,6 @@ def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]
 
 
 def _strategy(name: str, lr: float | None, history_size: int | None = None):
-    from refine.strategies import LBFGS, Adam
-
     if name == "adam":
         if history_size is not None:
             raise InputError("--history-size: only for --optimizer lbfgs")
@@ -276,8 +276,6 @@ def build_stages(args: argparse.Namespace):
     """The stages of the run: ``--refine`` (one stage, ``--coarse`` adds coarse copies), ``[[stages]]`` tables
     from ``--config``, or ``--stages stage_a``; None = the core's default (stage_a with ``--optimizer``).
     ``--precondition`` (when given) replaces every stage's own."""
-    from dataclasses import replace
-
     stages = _build_stages(args)
     if stages is None or args.precondition is None:
         return stages
@@ -296,9 +294,6 @@ def _precondition(value: Any, index: int) -> str | None:
 
 
 def _build_stages(args: argparse.Namespace):
-    from refine.loop import Convergence
-    from refine.stages import Stage, coarse_to_fine, stage_a
-
     if args.history_size is not None and args.history_size < 1:
         raise InputError(f"--history-size: must be >= 1, got {args.history_size}")
     strategy = _strategy(args.optimizer, args.lr, args.history_size)
@@ -342,8 +337,6 @@ def _build_stages(args: argparse.Namespace):
 
 
 def _check_loss(name: str) -> None:
-    from losses import LOSSES
-
     if name not in LOSSES:
         raise InputError(f"--loss: unknown loss {name!r}; valid: {', '.join(LOSSES)}")
 
@@ -381,8 +374,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        from refine.runner import RefinementInterrupted
-
         where = ""
         if isinstance(exc, RefinementInterrupted) and exc.checkpoint is not None:
             where = f"; continue with the same command and --resume (checkpoint {exc.checkpoint})"

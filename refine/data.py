@@ -57,6 +57,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from nbtorch.errors import InputError
+from nbtorch.io.cbf import read_cbf
+from nbtorch.io.hdf5 import read_h5_image
+from nbtorch.io.raw import read_raw_float
+from nbtorch.io.smv import header_value, read_smv
 
 __all__ = ["MeasuredImage", "load_image", "load_mask", "detect_format", "FORMATS"]
 
@@ -151,8 +155,6 @@ def _float(value: Any) -> float | None:
 
 
 def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
-    from nbtorch.io.smv import header_value, read_smv
-
     image, header = read_smv(path)
     geo: dict[str, float] = {}
     pixel = header_value(path, header, "PIXEL_SIZE") if "PIXEL_SIZE" in header else None
@@ -189,8 +191,6 @@ def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
 
 
 def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
-    from nbtorch.io.cbf import read_cbf
-
     image, header = read_cbf(path)
     geo: dict[str, float] = {}
     for src, dst in (("wavelength_A", "wavelength_A"), ("distance_mm", "distance_mm"), ("pixel_size_mm", "pixel_mm"),
@@ -202,8 +202,6 @@ def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
 
 
 def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, dict, dict, np.ndarray | None]:
-    from nbtorch.io.hdf5 import read_h5_image
-
     image, meta = read_h5_image(path, dataset=dataset, frame=frame)
     geo: dict[str, float] = {}
     if "wavelength_A" in meta:
@@ -241,8 +239,6 @@ def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, 
 
 
 def _read_raw(path: str, shape: Sequence[int] | None, dtype: str) -> tuple[np.ndarray, dict, dict]:
-    from nbtorch.io.raw import read_raw_float
-
     if shape is None:
         raise InputError(f"{path}: a raw image needs its shape (--shape SLOW FAST)")
     if len(shape) != 2:

@@ -46,12 +46,18 @@ import shlex
 import sys
 from typing import Sequence
 
+import numpy as np
+import torch
+
+from nbtorch import eager
 from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
 from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m
 from nbtorch.cli_support import expand_argument_files
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
+from nbtorch.parameters import PARAMETER_NAMES
 from refine.data import MeasuredImage
+from refine.parameters import CELL, SYMMETRIES, constrained_cell
 
 __all__ = ["expand_model_args", "header_flags", "model_config", "fit_scale_background", "crystal_system",
            "tie_start_cell", "INPUT_FILE_FLAGS", "MIN_BRAGG_FRACTION"]
@@ -178,11 +184,6 @@ def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, floa
     Raises:
         InputError: one line saying which of the above happened and what to do.
     """
-    import numpy as np
-    import torch
-
-    from nbtorch import eager
-    from nbtorch.parameters import PARAMETER_NAMES
 
     x0, x1, y0, y1 = sim.setup.roi
     overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64) for n in PARAMETER_NAMES if n in values}
@@ -246,8 +247,6 @@ _SPACE_GROUPS = {
 
 def crystal_system(name: str | None) -> str | None:
     """``--symmetry``: a crystal system name, or a space-group symbol mapped to its system."""
-    from refine.parameters import SYMMETRIES
-
     if name is None:
         return None
     key = name.strip()
@@ -271,8 +270,6 @@ def tie_start_cell(symmetry: str, model: dict, start: dict) -> dict[str, float]:
     A tied value given in ``start`` (or coming from the model while its partner does too) must agree within
     1 % (lengths) or 1 degree (angles): otherwise the cell does not belong to the crystal system.
     """
-    from refine.parameters import CELL, constrained_cell
-
     base = {n: float(start.get(n, model[n])) for n in CELL}
     implied = {n: float(v) for n, v in constrained_cell(symmetry, base).items()}
     for n in CELL:

@@ -13,6 +13,11 @@ import math
 
 import numpy as np
 
+from nbtorch.io.atomic import atomic_output_path, atomic_write
+from nbtorch.setup import PARAMETER_NAMES
+from refine.parameters import NUISANCE
+from refine.results import jsonable, save_h5
+
 __all__ = ["results_table", "parameter_rows", "write_outputs", "ESD_NOTE"]
 
 
@@ -44,9 +49,6 @@ def results_table(result, truth: dict | None = None) -> str:
 def parameter_rows(result, truth: dict | None = None) -> tuple[list[str], list[list[str]]]:
     """The table's heading and rows as text (``result``: anything with ``params``, ``initial_params``,
     ``esds``, ``free`` and ``units``): the printed table and the HTML report share them."""
-    from nbtorch.setup import PARAMETER_NAMES
-    from refine.parameters import NUISANCE
-
     rows = []
     changed = {n for n in result.params if n in result.initial_params
                and result.params[n] != result.initial_params[n]}
@@ -82,9 +84,6 @@ ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the
 
 def write_outputs(result, h5_path: str, json_path: str, extra: dict) -> None:
     """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both."""
-    from nbtorch.io.atomic import atomic_output_path, atomic_write
-    from refine.results import jsonable, save_h5
-
     doc = result.to_json_dict()
     doc.update(extra)
     text = json.dumps(jsonable(doc), indent=2, allow_nan=False)

@@ -29,7 +29,6 @@ and ``result_json`` (the JSON document).  Both files are written atomically
 from __future__ import annotations
 
 import enum
-
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from refine.fit_quality import background_image, signal_support
 from refine.loop import Status
 
 __all__ = ["RefinementResult", "StageSummary", "save_json", "save_h5", "load_h5"]
@@ -132,7 +132,6 @@ class RefinementResult:
         # the signal the fit rests on: from the result's own images, so every way of making a result reports it
         if not self.fit or "signal_spots" in self.fit or np.ndim(self.model) != 2 or np.shape(self.mask) != np.shape(self.model):
             return
-        from refine.fit_quality import background_image, signal_support
 
         support = signal_support(self.model, background_image(np.shape(self.model), self.params), self.mask,
                                  len(self.free))

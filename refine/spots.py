@@ -29,6 +29,9 @@ import numpy as np
 import torch
 
 from nbtorch.errors import InputError
+from nbtorch.io.raw import read_text_lines
+from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.simulator import ORIENTATION_DELTAS
 
 __all__ = ["read_spot_list", "find_spots", "window_mask", "model_centroids", "spot_offsets", "SpotOffsets",
            "render_pixels"]
@@ -117,8 +120,6 @@ def read_spot_list(path: str, columns: Sequence[str] | str | None = None,
         InputError: one line naming the file and the problem: no usable rows, columns that cannot be
             identified, a value that is not a number, positions off the detector.
     """
-    from nbtorch.io.raw import read_text_lines
-
     lines = read_text_lines(path, "spot list")
     where = f"spot list {path}"
     # the header: a non-numeric first line, or the last comment naming x and y before the first data row
@@ -294,9 +295,6 @@ def render_pixels(sim, values: Mapping[str, float], pixels: np.ndarray) -> np.nd
 
     Only those pixels are computed (a :meth:`~nbtorch.Simulator.restricted` copy of ``sim``; ``sim`` is unchanged).
     """
-    from nbtorch.setup import PARAMETER_NAMES
-    from nbtorch.simulator import ORIENTATION_DELTAS
-
     pixels = np.asarray(pixels, dtype=bool)
     ys, xs = np.nonzero(pixels)
     if ys.size == 0:
