@@ -122,9 +122,18 @@ def read_spot_list(path: str, columns: Sequence[str] | str | None = None,
     """
     lines = read_text_lines(path, "spot list")
     where = f"spot list {path}"
-    # the header: a non-numeric first line, or the last comment naming x and y before the first data row
+    header, first_data = _spot_header(lines, where)
+    ix, iy, how = _xy_columns(lines, header, first_data, columns, where)
+    out, line_numbers = _spot_rows(lines, first_data, ix, iy, how, where)
+    if shape is not None:
+        _check_on_detector(out, line_numbers, shape, how, where)
+    return out
+
+
+def _spot_header(lines: Sequence[str], where: str) -> tuple[list[str] | None, int]:
+    """The header (a non-numeric first line, or the last comment naming x and y before the first data row)
+    and the line number of the first data row."""
     header: list[str] | None = None
-    first_data = None
     for number, line in enumerate(lines, 1):
         body, _, comment = line.partition("#")
         toks = _fields(body)
@@ -137,12 +146,13 @@ def read_spot_list(path: str, columns: Sequence[str] | str | None = None,
         if not any(_is_number(t) for t in toks):  # a line of names: the header
             header = _header_columns(body)
             continue
-        first_data = number
-        break
-    if first_data is None:
-        raise InputError(f"{where}: no spots found in the file (no row of numbers)")
+        return header, number
+    raise InputError(f"{where}: no spots found in the file (no row of numbers)")
 
-    # the x and y columns
+
+def _xy_columns(lines: Sequence[str], header: list[str] | None, first_data: int,
+                columns: Sequence[str] | str | None, where: str) -> tuple[int, int, str]:
+    """The 0-based x and y columns and how they were chosen (named, from the header, or the only two)."""
     if columns is not None:
         items = _csv_items(columns)
         if len(items) != 2:
@@ -164,8 +174,13 @@ def read_spot_list(path: str, columns: Sequence[str] | str | None = None,
         how = "columns 1 and 2 (no header)"
     if ix == iy:
         raise InputError(f"{where}: x and y are the same column ({how})")
+    return ix, iy, how
 
-    rows = []
+
+def _spot_rows(lines: Sequence[str], first_data: int, ix: int, iy: int, how: str,
+               where: str) -> tuple[np.ndarray, list[int]]:
+    """``(n, 2)`` x, y of every data row and their line numbers."""
+    rows, numbers = [], []
     for number, line in enumerate(lines[first_data - 1:], first_data):
         toks = _fields(line.split("#", 1)[0])
         if not toks:
@@ -177,19 +192,22 @@ def read_spot_list(path: str, columns: Sequence[str] | str | None = None,
                              f"{how}), got {line.strip()!r}") from None
         if not (math.isfinite(x) and math.isfinite(y)):
             raise InputError(f"{where} line {number}: spot position is not finite")
-        rows.append((x, y, number))
+        rows.append((x, y))
+        numbers.append(number)
     if not rows:
         raise InputError(f"{where}: no spots found in the file")
-    out = np.asarray([r[:2] for r in rows], dtype=np.float64)
-    if shape is not None:
-        slow, fast = int(shape[0]), int(shape[1])
-        off = (out[:, 0] < 0) | (out[:, 0] > fast) | (out[:, 1] < 0) | (out[:, 1] > slow)
-        if off.any():
-            k = int(np.argmax(off))
-            raise InputError(f"{where}: {int(off.sum())} of {len(out)} positions fall outside the {fast} x {slow} "
-                             f"pixel detector (line {rows[k][2]}: x={out[k, 0]:g}, y={out[k, 1]:g}; x and y read "
-                             f"from {how}); wrong columns? name them with --spot-columns X,Y")
-    return out
+    return np.asarray(rows, dtype=np.float64), numbers
+
+
+def _check_on_detector(out: np.ndarray, line_numbers: list[int], shape: tuple[int, int], how: str,
+                       where: str) -> None:
+    slow, fast = int(shape[0]), int(shape[1])
+    off = (out[:, 0] < 0) | (out[:, 0] > fast) | (out[:, 1] < 0) | (out[:, 1] > slow)
+    if off.any():
+        k = int(np.argmax(off))
+        raise InputError(f"{where}: {int(off.sum())} of {len(out)} positions fall outside the {fast} x {slow} "
+                         f"pixel detector (line {line_numbers[k]}: x={out[k, 0]:g}, y={out[k, 1]:g}; x and y read "
+                         f"from {how}); wrong columns? name them with --spot-columns X,Y")
 
 
 def _csv_items(columns: Sequence[str] | str) -> list[str]:

@@ -54,8 +54,8 @@ def test_spot_list_bad_rows(tmp_path):
 
     cases = {"inf.txt": ("1 2\n10 inf 3\n", "inf.txt line 2: spot position is not finite"),
              "nan.txt": ("nan 2\n", "nan.txt line 1: spot position is not finite"),
-             "one.txt": ("10\n", "one.txt line 1: expected 'x y ...' (numbers), got '10'"),
-             "empty.txt": ("# nothing\n\n", "empty.txt: no spots found in the file")}
+             "one.txt": ("10\n", "one.txt line 1: expected numbers in columns 1 and 2 (x, y: columns 1 and 2 (no header)), got '10'"),
+             "empty.txt": ("# nothing\n\n", "empty.txt: no spots found in the file (no row of numbers)")}
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)
         with pytest.raises(InputError) as info:
