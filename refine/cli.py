@@ -32,6 +32,7 @@ from losses import LOSSES
 from nbtorch.cli_support import Parser, Printer, argument_files
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
+from refine.identifiability import TOO_FEW_SPOTS
 from refine.loop import Convergence
 from refine.objective import check_priors
 from refine.parameters import BASE_NAMES
@@ -121,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spots", help="observed spots: a text table (pixels, centres at i+0.5; x and y named by its "
                                    "header, e.g. 'x y', 'x_px y_px', 'xyzobs.px.value', or a header-less 'x y [z]') "
                                    "or 'find'; reports the rms spot offset before and after")
+    g.add_argument("--too-few-spots", choices=TOO_FEW_SPOTS, default="fix",
+                   help="with --spots, fewer than 5 observed spots per refined parameter: fix the least determined "
+                        "parameters (default: domain size, mosaic, cell angles, cell lengths, distance, tilts, beam "
+                        "centre, in that order, until 5 per parameter), warn and refine all, or fail")
     g.add_argument("--spot-columns", metavar="X,Y", help="the x (fast) and y (slow) columns of the --spots table: "
                                                           "two header names or 1-based column numbers (e.g. "
                                                           "xobs,yobs or 6,7)")

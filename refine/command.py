@@ -14,6 +14,8 @@ the option table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import math
 import os
 import time
@@ -35,6 +37,7 @@ from refine.cli import (
 )
 from refine.data import load_image
 from refine.degeneracy import extended_uncertainties
+from refine.identifiability import drift_warning
 from refine.model import crystal_system, model_config, tie_start_cell
 from refine.parameters import ParameterSpace
 from refine.pixels import check_pixel_options, choose_pixels, starting_scale_background
@@ -45,6 +48,8 @@ from refine.selection import check_roi
 from refine.spots import read_spot_list, spot_offsets
 
 __all__ = ["run", "check_arguments", "load_inputs", "write_and_report"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,16 @@ def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after) ->
             "observed": spots, "predicted_start": before.predicted, "predicted_final": after.predicted}
 
 
+def _with_drift_warning(result, spots: dict):
+    """``result`` with :func:`refine.identifiability.drift_warning`'s line added when the spots drifted."""
+    warning = drift_warning(spots["rms_px_start_common"], spots["rms_px_final_common"], spots["n_common"],
+                            result.loss_initial, result.loss_final)
+    if warning is None:
+        return result
+    log.warning("%s", warning)
+    return dataclasses.replace(result, warnings=tuple(result.warnings) + (warning,))
+
+
 def _extra_esds(sim: Simulator, result, args: argparse.Namespace) -> dict:
     with eager():  # second derivatives: never through a compiled graph
         u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
@@ -333,13 +348,15 @@ def run(args: argparse.Namespace) -> int:
     result = refine(sim, inputs.observed, start=start, free=inputs.free_default if args.refine is None else None,
                     fixed=inputs.fixed, symmetry=inputs.symmetry, bounds=checked.bounds, mask=choice.mask,
                     stages=checked.stages, strategy=args.optimizer, background=args.background, loss=args.loss,
-                    priors=checked.priors, callbacks=_callbacks(args, sim, say),
+                    priors=checked.priors, n_spots=None if choice.spots is None else len(choice.spots),
+                    too_few_spots=args.too_few_spots, callbacks=_callbacks(args, sim, say),
                     progress=False if args.quiet else None, time_budget_s=args.time_budget,
                     checkpoint=checked.ckpt_path, checkpoint_every=args.checkpoint_every,
                     resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds)
     if choice.spots is not None:
         after = _spot_offsets(sim, dict(result.params), choice.spots)
         inputs.extra["spots"] = _spots_report(args, choice.spots, before, after)
+        result = _with_drift_warning(result, inputs.extra["spots"])
     if args.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
     write_and_report(args, checked, inputs, result, say, t0)

@@ -80,7 +80,7 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
     loss_final, model, used, model_roi = _full_images(plan, objective, view, values)
     obs_np = plan.observed.detach().cpu().numpy()
     fit: dict[str, Any] = {}
-    warnings: list[str] = []
+    warnings: list[str] = list(plan.warnings)
     if plan.loss_fn is poisson_deviance:
         quality = assess_poisson_fit(loss_final, model_roi, objective.weights)
         fit = quality.to_dict()

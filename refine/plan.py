@@ -21,6 +21,7 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.simulator import Simulator
+from refine.identifiability import reduce_free
 from refine.objective import LossFn, check_priors, resolve_loss
 from refine.parameters import BASE_NAMES, REFINABLE, ParameterSpace
 from refine.problems import Problem
@@ -48,6 +49,8 @@ class RunPlan:
         fingerprint: what a checkpoint must match to be resumed (shape, observed image, stages, symmetry,
             priors).
         hparams: flat settings for the callbacks (TensorBoard's hparams).
+        warnings: one line each, said before the run and kept in the result (e.g. parameters fixed
+            because the spots are too few: :func:`refine.identifiability.reduce_free`).
     """
 
     sim: Simulator
@@ -66,6 +69,7 @@ class RunPlan:
     time_budget_s: float | None
     fingerprint: dict
     hparams: dict
+    warnings: tuple[str, ...] = ()
 
 
 def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmetry):
@@ -132,6 +136,18 @@ def _stage_plan(space: ParameterSpace, stages: Sequence[Stage], free) -> tuple[t
     return tuple(plan)
 
 
+def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str, bounds, fixed: tuple,
+                      values0: dict, stages: Sequence[Stage], free):
+    """The parameter space (start checked against it), each stage's names and every name refined."""
+    space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
+                           background=background, bounds=dict(bounds or {}), fixed=fixed,
+                           pixel_mm=sim.setup.pixel_m * 1000.0)
+    space.check_start(values0)
+    plan = _stage_plan(space, stages, free)
+    names = tuple(n for n in REFINABLE if any(n in stage_names for _, stage_names in plan))
+    return space, plan, names
+
+
 def _hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss) -> dict[str, Any]:
     hparams: dict[str, Any] = {
         "strategy": ",".join(sorted({s.strategy.name for s, _ in plan})), "symmetry": symmetry, "loss": loss_name,
@@ -161,8 +177,13 @@ def make_plan(
     priors: Mapping[str, tuple[float, float]] | None = None,
     time_budget_s: float | None = None,
     compile_loss: bool = False,
+    n_spots: int | None = None,
+    too_few_spots: str = "fix",
 ) -> RunPlan:
     """Check the arguments of :func:`refine.refine` (same meaning) and return the run's plan.
+
+    With ``n_spots`` (observed spots in the fitted region), too few spots for the names refined are
+    handled by ``too_few_spots`` (:func:`refine.identifiability.reduce_free`: fix, warn or fail).
 
     Raises:
         InputError: unknown names, a start breaking the symmetry, a shape mismatch, no usable pixel,
@@ -178,12 +199,14 @@ def make_plan(
     if not stages:
         raise InputError("stages: at least one stage is needed")
     named = set(free or ()) | set(fixed) | {n for s in stages for n in s.free}
-    space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
-                           background=background, bounds=dict(bounds or {}), fixed=fixed,
-                           pixel_mm=sim.setup.pixel_m * 1000.0)
-    space.check_start(values0)
-    plan = _stage_plan(space, stages, free)
-    names = tuple(n for n in REFINABLE if any(n in stage_names for _, stage_names in plan))
+    space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed, values0, stages, free)
+    warnings: tuple[str, ...] = ()
+    if n_spots is not None:
+        more_fixed, warning = reduce_free(names, n_spots, too_few_spots)
+        warnings = (warning,) if warning else ()
+        if more_fixed:
+            space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed + more_fixed,
+                                                   values0, stages, free)
     loss_fn = resolve_loss(loss)
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     priors = check_priors(priors)
@@ -198,4 +221,5 @@ def make_plan(
     return RunPlan(sim=sim, observed=obs, valid=valid, start=values0, space=space, stages=plan, names=names,
                    loss_fn=loss_fn, loss_name=loss_name, priors=priors, symmetry=symmetry, background=background,
                    compile_loss=compile_loss, time_budget_s=time_budget_s, fingerprint=fingerprint,
-                   hparams=_hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss))
+                   hparams=_hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss),
+                   warnings=warnings)

@@ -220,6 +220,8 @@ def refine(
     esds: bool = True,
     compile_loss: bool = False,
     priors: Mapping[str, tuple[float, float]] | None = None,
+    n_spots: int | None = None,
+    too_few_spots: str = "fix",
 ) -> RefinementResult:
     """Refine simulator parameters against an observed image.
 
@@ -255,6 +257,10 @@ def refine(
         priors: name -> (mean, sigma): Gaussian priors (restraints) on any base name, in its own units
             (:data:`refine.parameters.UNITS`); each adds ``0.5 ((value - mean) / sigma)^2`` to the loss
             and ``1 / sigma^2`` to the Fisher information of the esds.
+        n_spots: observed spots in the fitted region (None: not known, no check); with fewer than
+            :data:`refine.fit_quality.MIN_SPOTS_PER_PARAMETER` per refined parameter ``too_few_spots``
+            decides: ``"fix"`` (default) fixes the least determined names, ``"warn"``, ``"fail"``
+            (:mod:`refine.identifiability`).
 
     Returns:
         :class:`~refine.results.RefinementResult`.
@@ -266,7 +272,8 @@ def refine(
     """
     plan = make_plan(problem_or_simulator, observed, start=start, free=free, fixed=fixed, symmetry=symmetry,
                      bounds=bounds, mask=mask, stages=stages, strategy=strategy, background=background, loss=loss,
-                     priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss)
+                     priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss, n_spots=n_spots,
+                     too_few_spots=too_few_spots)
     cb = CallbackList(list(callbacks))
     if progress is not False:
         cb.callbacks.append(ProgressCallback(quiet=None if progress is None else not progress))

@@ -20,6 +20,7 @@ def images(tmp_path):
     write_raw_float(tmp_path / "nan.bin", nan)
     write_cbf(tmp_path / "big.cbf", np.zeros((40, 40), dtype=np.int32))
     (tmp_path / "dials.txt").write_text("-2 1 3 0 33.0 7.5 9.5 0.5\n1 1 -4 0 12.0 20.5 3.5 0.5\n")  # h k l id I x y z
+    (tmp_path / "two.txt").write_text("x y\n7.5 9.5\n20.5 3.5\n")  # two spots on the 32 x 32 detector
     (tmp_path / "off.txt").write_text("x y\n7.5 9.5\n33.5 3.5\n")  # the second spot is off the 32 x 32 detector
     return tmp_path
 
@@ -93,6 +94,9 @@ CASES = {
                         "--bounds cell_a: need finite low < high, got '50:40'"),
     "bounds not numbers": (["--problem", "cubic_mosflm", "--bounds", "cell_a=40"], "--bounds cell_a: expected low:high"),
     "bounds nan": (["--problem", "cubic_mosflm", "--bounds", "cell_a=nan:50"], "--bounds cell_a: need finite"),
+    "too few spots": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "two.txt", "--too-few-spots", "fail",
+                       "--start", "scale=1,background=1"],
+                      "2 observed spots in the fitted region for 16 refined parameters"),
     "spot table without header": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "dials.txt"],
                                   "spot list dials.txt: 8 columns and no header naming them"),
     "spots off the detector": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "off.txt"],
