@@ -270,6 +270,7 @@ def refine(
             mismatch, a checkpoint from another problem).
         RefinementInterrupted: Ctrl-C (a ``KeyboardInterrupt``), after writing the checkpoint.
     """
+    # the four steps of the module docstring; the function's length is its argument documentation
     plan = make_plan(problem_or_simulator, observed, start=start, free=free, fixed=fixed, symmetry=symmetry,
                      bounds=bounds, mask=mask, stages=stages, strategy=strategy, background=background, loss=loss,
                      priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss, n_spots=n_spots,
