@@ -162,9 +162,13 @@ def experiment_flags(exp: DialsExperiment, image_index: int = 0) -> list[str]:
     return flags
 
 
+def _tensor(sim, value) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=sim.dtype, device=sim.device)
+
+
 def _params(sim, values: dict) -> dict[str, torch.Tensor]:
     # tensors of the simulator's dtype: a Python float would pass through float32 (torch's default dtype)
-    return sim.parameters_dict(**{k: sim._t(float(v)) for k, v in values.items() if k in SIMULATOR_NAMES})
+    return sim.parameters_dict(**{k: _tensor(sim, float(v)) for k, v in values.items() if k in SIMULATOR_NAMES})
 
 
 def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int = 0) -> dict:
@@ -184,11 +188,11 @@ def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int =
                             p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
         misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
         delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
-        orientation = delta @ misset @ sim._t(setup.orientation0)
+        orientation = delta @ misset @ _tensor(sim, setup.orientation0)
         real, _ = crystal_real_and_reciprocal(cell, orientation, setup.cell_quirk)
         # a refined phi0 rotates the crystal about the spindle; the datum is the nominal angle's
         turn = (p["phi0"] - nominal_phi_deg(exp, image_index)) * deg
-        rot = rotation_matrix_axis_angle(sim._t(setup.spindle), turn)
+        rot = rotation_matrix_axis_angle(_tensor(sim, setup.spindle), turn)
         real = real @ rot.transpose(-1, -2)
         to_np = [t.detach().cpu().double().numpy() for t in (geom.pix0, geom.fdet, geom.sdet, geom.beam, real)]
     pix0_m, f, s, b, real_nb = to_np
@@ -223,17 +227,17 @@ def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.n
                             p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
         misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
         delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
-        orientation = delta @ misset @ sim._t(setup.orientation0)
+        orientation = delta @ misset @ _tensor(sim, setup.orientation0)
         _, recip = crystal_real_and_reciprocal(cell, orientation, setup.cell_quirk)
-        hkl_t = sim._t(np.asarray(hkl, dtype=np.float64))
-        phi = sim._t(np.broadcast_to(np.asarray(phi_deg, dtype=np.float64), (len(hkl_t),)).copy()) * deg
-        rot = rotation_matrix_axis_angle(sim._t(setup.spindle).expand(len(phi), 3), phi)  # (n, 3, 3)
+        hkl_t = _tensor(sim, np.asarray(hkl, dtype=np.float64))
+        phi = _tensor(sim, np.broadcast_to(np.asarray(phi_deg, dtype=np.float64), (len(hkl_t),)).copy()) * deg
+        rot = rotation_matrix_axis_angle(_tensor(sim, setup.spindle).expand(len(phi), 3), phi)  # (n, 3, 3)
         S = torch.einsum("nij,nj->ni", rot, hkl_t @ recip)
         s0 = geom.beam / p["wavelength"]
         if delpsi_rad is not None:
             axis = torch.linalg.cross(S, s0.expand_as(S), dim=-1)
             axis = axis / torch.linalg.vector_norm(axis, dim=-1, keepdim=True)
-            S = torch.einsum("nij,nj->ni", rotation_matrix_axis_angle(axis, sim._t(np.asarray(delpsi_rad))), S)
+            S = torch.einsum("nij,nj->ni", rotation_matrix_axis_angle(axis, _tensor(sim, np.asarray(delpsi_rad))), S)
         d = s0 + S
         t = (geom.pix0 * geom.odet).sum() / (d * geom.odet).sum(-1)
         rel = t[:, None] * d - geom.pix0

@@ -5,7 +5,8 @@
 * the Bragg spots of the model built from the .expt land where DIALS predicted them (``xyzcal``):
   stills within 0.5 px of ``xyzcal.px`` (which includes DIALS' parallax correction) and to 1e-6 px of
   the plane intersection ``xyzcal.mm / pixel`` once DIALS' stills rotation ``delpsical.rad`` is applied;
-  a rotation scan to 1e-6 px at each reflection's calculated spindle angle.
+  a rotation scan to 1e-6 px at each reflection's calculated spindle angle;
+* the Simulator's rendered still spots have centroids within 0.5 px of ``xyzcal.px``.
 """
 
 from __future__ import annotations
@@ -147,3 +148,15 @@ def test_converter_errors(tmp_path: Path) -> None:
         experiment_flags(read_expt(bad))
     with pytest.raises(InputError, match="no image 9"):
         experiment_flags(read_expt(SCAN.with_suffix(".expt")), 9)
+
+
+def test_rendered_still_spots_on_dials_predictions() -> None:
+    """The Simulator's own spots (rendered in windows around them) have centroids within 0.5 px of xyzcal.px."""
+    from refine.spots import spot_offsets
+
+    exp = read_expt(STILLS.with_suffix(".expt"), 1)
+    sim = _sim(exp, extra=("-N", "20", "-default_F", "100", "-oversample", "2"))
+    cal = _reflections(STILLS, 1)["xyzcal.px"][:, :2]
+    off = spot_offsets(sim, dict(sim.setup.params), cal)
+    assert off.matched.all()
+    assert np.abs(off.predicted - cal).max() < 0.5 and off.rms() < 0.3
