@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     it would only scatter the table."""
     p = Parser(prog=PROG, description="Refine a nanoBragg model against a measured still image.",
                epilog="Tutorial and every option: docs/refinement.md")
-    g = p.add_argument_group("input")
+    g = input_group = p.add_argument_group("input")
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus (.h5, .nxs) or raw (.bin, with --shape)")
     g.add_argument("--images", nargs="+", metavar="IMAGE", help="independent mode: refine each of these images on its "
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spot-window", type=int, help="fit the pixels within this many pixels of a spot "
                                                    "(plus --subsample of the others)")
     g.add_argument("--seed", type=int, default=0, help="seed of --subsample (default %(default)s)")
-    g = p.add_argument_group("output")
+    g = output_group = p.add_argument_group("output")
     g.add_argument("--out", default="result.h5", help="result HDF5 file (default %(default)s)")
     g.add_argument("--json", help="result JSON file (default: --out with .json)")
     g.add_argument("--report", help="self-contained HTML report of the run (parameter table, loss and parameters per "
@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", dest="compile", action="store_const", const=True,
                    help="torch.compile the simulator kernel (default: only for big jobs)")
     g.add_argument("--no-compile", dest="compile", action="store_const", const=False, help="never compile")
+    from refine.dials import add_options as add_dials_options
+
+    add_dials_options(input_group, output_group)
     return p
 
 
@@ -349,7 +352,8 @@ def _check_loss(name: str) -> None:
 def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """``(option, path)`` of the files the command itself reads (``@FILE`` tokens of ``--model`` too)."""
     inputs = [("--image", args.image), ("--mask", args.mask), ("--config", args.config),
-              ("--spots", args.spots if args.spots != "find" else None)]
+              ("--spots", args.spots if args.spots != "find" else None), ("--expt", args.expt),
+              ("--refl", args.refl)]
     if isinstance(args.model, str):
         inputs += argument_files(args.model.split(), "--model")
     return inputs

@@ -37,6 +37,7 @@ from refine.cli import (
 )
 from refine.data import load_image
 from refine.degeneracy import extended_uncertainties
+from refine.dials import check_dials_options, model_tokens, refl_spots, write_expt_out
 from refine.identifiability import drift_warning
 from refine.model import crystal_system, model_config, tie_start_cell
 from refine.parameters import ParameterSpace
@@ -121,7 +122,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     both = sorted(set(args.refine or ()) & set(args.fix or ()))
     if both:
         raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
-    check_pixel_options(args.subsample, args.spot_window, bool(args.spots))
+    check_pixel_options(args.subsample, args.spot_window, bool(args.spots or args.refl))
     if args.spot_columns and (not args.spots or args.spots == "find"):
         raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
 
@@ -130,8 +131,9 @@ def check_arguments(args: argparse.Namespace) -> Checked:
     """Every check that needs no data; nothing is read or written."""
     if bool(args.image) == bool(args.problem):
         raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
-    if args.image and not args.model:
-        raise InputError("--model: the starting model's nanoBragg flags are required with --image "
+    check_dials_options(args)
+    if args.image and not (args.model or args.expt):
+        raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "
                          '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
     symmetry = crystal_system(args.symmetry)
     stages = build_stages(args)
@@ -149,6 +151,8 @@ def check_arguments(args: argparse.Namespace) -> Checked:
 
         require_matplotlib("--report")
         outputs["--report"] = args.report
+    if args.expt_out:
+        outputs["--expt-out"] = args.expt_out
     make_dirs = check_outputs({**outputs, "--logdir": args.logdir}, folders=("--logdir",), make_missing=True)
     check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
     if args.resume and not Path(ckpt_path).is_file():
@@ -181,7 +185,7 @@ def _load_image(args: argparse.Namespace, checked: Checked, say) -> Inputs:
         raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
     say(f"{PROG}: {obs.describe()}")
     roi = check_roi(args.roi, obs.shape) if args.roi else None
-    cfg, tokens, notes = model_config(args.model, obs, roi)
+    cfg, tokens, notes = model_config(model_tokens(args), obs, roi)
     for note in notes:
         say(f"  {note}")
     return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,
@@ -237,7 +241,7 @@ def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray):
 
 def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after) -> dict:
     both = before.matched & after.matched
-    return {"source": args.spots, "n": int(len(spots)),
+    return {"source": args.spots or args.refl, "n": int(len(spots)),
             "matched_start": int(before.matched.sum()), "matched_final": int(after.matched.sum()),
             "rms_px_start": before.rms(), "rms_px_final": after.rms(),
             "rms_px_start_common": before.rms(both), "rms_px_final_common": after.rms(both),
@@ -326,9 +330,11 @@ def run(args: argparse.Namespace) -> int:
     sim = _simulator(args, checked, inputs)
     spots = (read_spot_list(args.spots, args.spot_columns, inputs.observed.shape) if args.spots and args.spots != "find"
              else args.spots)
+    if args.refl:
+        spots = refl_spots(args)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.dmin, dmax_A=args.dmax, spots=spots,
                            spot_window_px=args.spot_window, subsample=args.subsample, seed=args.seed,
-                           spots_source=f"--spots {args.spots}")
+                           spots_source=f"--refl {args.refl}" if args.refl else f"--spots {args.spots}")
     if choice.spots is not None:
         say(f"  {len(choice.spots)} observed spots in the fitted region")
     sim = choice.simulator(sim)
@@ -359,5 +365,8 @@ def run(args: argparse.Namespace) -> int:
         result = _with_drift_warning(result, inputs.extra["spots"])
     if args.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
+    if args.expt_out:
+        write_expt_out(args, sim, result.params)
+        say(f"  wrote the refined DIALS experiment {args.expt_out}")
     write_and_report(args, checked, inputs, result, say, t0)
     return 0 if result.status.ok else 1

@@ -1,0 +1,247 @@
+"""A DIALS experiment as nanoBragg flags, and a model's geometry written back as a DIALS experiment.
+
+Frames
+    The DIALS lab frame (dxtbx) has ``x`` along the horizontal detector fast direction, ``y`` up and
+    ``z`` towards the source: the beam travels along ``-z`` (a beam model's ``direction`` points to
+    the source, ``s0 = -direction/λ``).  nanoBragg's frame (MOSFLM convention, ``docs/conventions.md``)
+    has ``x`` along the beam.  The two differ by a proper rotation (the C's own DIALS origin printout,
+    ``nanobragg-physics.md`` "DIALS origin"):
+
+    ``nb = (-d_z, d_y, d_x)``, ``d = (nb_z, nb_y, -nb_x)``  (:data:`NB_FROM_DIALS`, det = +1),
+
+    so the beam ``(0, 0, -1)`` of DIALS is nanoBragg's ``(1, 0, 0)`` and DIALS ``x`` (horizontal)
+    is nanoBragg's spindle/polarization ``z``.
+
+The flags (:func:`experiment_flags`, CUSTOM convention, every vector in nanoBragg's frame)
+    * ``-lambda`` the beam's wavelength (Å); ``-beam_vector`` = ``-direction`` (propagation);
+      ``-polar_vector`` = ``unit(normal × direction)`` (the E-vector, perpendicular to the
+      polarization plane's normal) and ``-polar K`` with the Kahn factor ``K = 2·fraction - 1``;
+    * ``-fdet_vector -sdet_vector`` the panel's fast and slow axes, ``-odet_vector unit(f × s)``;
+      the panel origin (the corner of pixel (0, 0), mm) is ``-Fc·f - Sc·s + close·o``, solved
+      exactly (f and s need not be orthogonal) and given as ``-Xbeam Fc -Ybeam Sc
+      -close_distance close -pivot sample`` (CUSTOM: ``Xbeam`` is the near point ``Fclose``);
+      ``-pixel`` (square pixels only), ``-detpixels_f/_s`` the image size;
+    * ``-cell`` and ``-misset`` from the real-space vectors: the reciprocal basis is split into a
+      cell and the rotation U (``recip = B(cell) U^T``, as ``-mat``), and ``U = Rz·Ry·Rx``
+      gives the misset angles;
+    * with a goniometer: ``-spindle_axis`` = setting rotation · rotation axis, and the crystal is
+      taken at the datum ``setting · fixed · A``; with a scan, ``-phi`` the start angle of the image
+      (array index ``image_index``, 0 = first image) and ``-osc`` the oscillation width (deg).
+
+    Pixel coordinates need no shift: DIALS and nbtorch both put pixel centres at ``i + 0.5``.
+    Sensor thickness and parallax are not carried over (DIALS' ``xyzcal.mm`` is the plain
+    plane intersection; ``xyzcal.px`` may include a parallax correction).
+
+:func:`refined_document` goes the other way: from a simulator's geometry at given parameter values
+to the experiment's document, changing only the beam (direction, wavelength, polarization
+fraction), the panel (origin, fast and slow axes) and the crystal's real-space vectors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from nbtorch.errors import InputError
+from nbtorch.io.dials import DialsExperiment, updated_document
+from nbtorch.parameters import SIMULATOR_NAMES
+from nbtorch.physics.crystal import crystal_real_and_reciprocal, orientation_from_reciprocal
+from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
+
+__all__ = ["NB_FROM_DIALS", "nb_from_dials", "dials_from_nb", "experiment_flags", "nominal_phi_deg",
+           "misset_from_rotation_deg", "refined_document", "bragg_positions_px"]
+
+#: v_nb = NB_FROM_DIALS @ v_dials (a proper rotation; its transpose goes back)
+NB_FROM_DIALS = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+
+def nb_from_dials(v) -> np.ndarray:
+    """DIALS lab-frame vector(s) (..., 3) -> nanoBragg frame."""
+    return np.asarray(v, dtype=np.float64) @ NB_FROM_DIALS.T
+
+
+def dials_from_nb(v) -> np.ndarray:
+    """nanoBragg-frame vector(s) (..., 3) -> DIALS lab frame."""
+    return np.asarray(v, dtype=np.float64) @ NB_FROM_DIALS
+
+
+def _unit(v) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.linalg.norm(v)
+
+
+def _fmt(v) -> str:
+    return repr(float(v))
+
+
+def _vec_flags(flag: str, v) -> list[str]:
+    return [flag, *(_fmt(x) for x in v)]
+
+
+def misset_from_rotation_deg(u: np.ndarray) -> tuple[float, float, float]:
+    """Angles ``(x, y, z)`` in degrees with ``u = Rz(z) Ry(y) Rx(x)`` (``-misset``'s order)."""
+    y = math.atan2(-u[2, 0], math.hypot(u[0, 0], u[1, 0]))
+    x = math.atan2(u[2, 1], u[2, 2])
+    z = math.atan2(u[1, 0], u[0, 0])
+    return tuple(math.degrees(a) for a in (x, y, z))  # type: ignore[return-value]
+
+
+def _goniometer_setting(exp: DialsExperiment) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(setting · fixed rotation, spindle axis)`` in the DIALS frame (identity and None without a goniometer)."""
+    g = exp.goniometer
+    if g is None:
+        return np.eye(3), None
+    fixed = np.asarray(g.get("fixed_rotation", np.eye(3).ravel()), dtype=np.float64).reshape(3, 3)
+    setting = np.asarray(g.get("setting_rotation", np.eye(3).ravel()), dtype=np.float64).reshape(3, 3)
+    return setting @ fixed, setting @ _unit(g["rotation_axis"])
+
+
+def nominal_phi_deg(exp: DialsExperiment, image_index: int = 0) -> float:
+    """The scan angle (deg) at the start of image ``image_index`` (0 = first image of the scan); 0 for a still."""
+    if exp.scan is None:
+        return 0.0
+    start, width = (float(v) for v in exp.scan["oscillation"])
+    first, last = (int(v) for v in exp.scan["image_range"])
+    if not 0 <= image_index <= last - first:
+        raise InputError(f"{exp.path}: no image {image_index} in the scan (images 0..{last - first})")
+    return start + image_index * width
+
+
+def _real_vectors_dials(exp: DialsExperiment) -> np.ndarray:
+    return np.array([exp.crystal[k] for k in ("real_space_a", "real_space_b", "real_space_c")], dtype=np.float64)
+
+
+def experiment_flags(exp: DialsExperiment, image_index: int = 0) -> list[str]:
+    """nanoBragg flags (CUSTOM convention, nanoBragg frame) for experiment ``exp`` (see the module docstring).
+
+    Raises:
+        InputError: non-square pixels, a left-handed crystal basis, a detector facing away from the sample,
+            a beam parallel to the polarization normal.
+    """
+    path, panel, beam = exp.path, exp.panel, exp.beam
+    pf, ps = (float(v) for v in panel["pixel_size"])
+    if not (pf > 0 and abs(pf - ps) <= 1e-12 * pf):
+        raise InputError(f"{path}: pixels of {pf:g} x {ps:g} mm are not square; nanoBragg has one -pixel size")
+    nf, ns = (int(v) for v in panel["image_size"])
+    f = _unit(nb_from_dials(panel["fast_axis"]))
+    s = _unit(nb_from_dials(panel["slow_axis"]))
+    o = _unit(np.cross(f, s))
+    origin_mm = nb_from_dials(panel["origin"])
+    neg_fc, neg_sc, close = np.linalg.solve(np.stack([f, s, o], axis=1), origin_mm)
+    if not close > 0:
+        raise InputError(f"{path}: the panel's fast x slow normal points towards the sample (origin . normal = "
+                         f"{close:.4g} mm); such a detector is not supported")
+    direction = _unit(beam["direction"])
+    b = nb_from_dials(-direction)
+    normal = np.asarray(beam.get("polarization_normal", (0.0, 1.0, 0.0)), dtype=np.float64)
+    e_vec = np.cross(normal, direction)
+    if not np.linalg.norm(e_vec) > 1e-12:
+        raise InputError(f"{path}: beam 'polarization_normal' is parallel to the beam direction")
+    kahn = 2.0 * float(beam.get("polarization_fraction", 0.5)) - 1.0
+    flags = ["-lambda", _fmt(beam["wavelength"]), *_vec_flags("-beam_vector", b),
+             *_vec_flags("-polar_vector", nb_from_dials(_unit(e_vec))), "-polar", _fmt(kahn),
+             *_vec_flags("-fdet_vector", f), *_vec_flags("-sdet_vector", s), *_vec_flags("-odet_vector", o),
+             "-pixel", _fmt(pf), "-detpixels_f", str(nf), "-detpixels_s", str(ns),
+             "-Xbeam", _fmt(-neg_fc), "-Ybeam", _fmt(-neg_sc), "-close_distance", _fmt(close), "-pivot", "sample"]
+    datum, spindle = _goniometer_setting(exp)
+    real_d = _real_vectors_dials(exp) @ datum.T  # rows a, b, c at the goniometer datum (DIALS frame)
+    real = nb_from_dials(real_d)
+    if np.linalg.det(real) <= 0:
+        raise InputError(f"{path}: the crystal's real_space_a, _b, _c are left-handed or coplanar")
+    recip = np.linalg.inv(real).T  # rows a*, b*, c* (1/Å)
+    cell_t, u = orientation_from_reciprocal(torch.as_tensor(recip))
+    cell = cell_t.numpy().copy()
+    cell[3:] = np.degrees(cell[3:])
+    flags += ["-cell", *(_fmt(v) for v in cell), "-misset", *(_fmt(v) for v in misset_from_rotation_deg(u.numpy()))]
+    if spindle is not None:
+        flags += _vec_flags("-spindle_axis", nb_from_dials(spindle))
+    if exp.scan is not None:
+        flags += ["-phi", _fmt(nominal_phi_deg(exp, image_index)), "-osc", _fmt(float(exp.scan["oscillation"][1]))]
+    return flags
+
+
+def _tensor(sim, value) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=sim.dtype, device=sim.device)
+
+
+def _params(sim, values: dict) -> dict[str, torch.Tensor]:
+    # tensors of the simulator's dtype: a Python float would pass through float32 (torch's default dtype)
+    return sim.parameters_dict(**{k: _tensor(sim, float(v)) for k, v in values.items() if k in SIMULATOR_NAMES})
+
+
+def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int = 0) -> dict:
+    """The experiment's document with the geometry of ``sim`` at parameter ``values`` (canonical names; the
+    simulator's own values for those left out): beam direction, wavelength and polarization fraction,
+    the panel's origin and axes, the crystal's real-space vectors at the goniometer datum.
+
+    ``sim`` must have been built from :func:`experiment_flags` of ``exp`` (maybe with more flags);
+    ``image_index`` as given there.
+    """
+    with torch.no_grad():
+        p = _params(sim, values)
+        geom = sim.geometry(p)
+        setup = sim.setup
+        deg = math.pi / 180.0
+        cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
+                            p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
+        misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
+        delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
+        orientation = delta @ misset @ _tensor(sim, setup.orientation0)
+        real, _ = crystal_real_and_reciprocal(cell, orientation, setup.cell_quirk)
+        # a refined phi0 rotates the crystal about the spindle; the datum is the nominal angle's
+        turn = (p["phi0"] - nominal_phi_deg(exp, image_index)) * deg
+        rot = rotation_matrix_axis_angle(_tensor(sim, setup.spindle), turn)
+        real = real @ rot.transpose(-1, -2)
+        to_np = [t.detach().cpu().double().numpy() for t in (geom.pix0, geom.fdet, geom.sdet, geom.beam, real)]
+    pix0_m, f, s, b, real_nb = to_np
+    datum, _ = _goniometer_setting(exp)
+    real_d = dials_from_nb(real_nb) @ np.linalg.inv(datum).T
+    kahn = float(p["polarization"])
+    beam = {"direction": [float(v) for v in dials_from_nb(-b)], "wavelength": float(p["wavelength"]),
+            "polarization_fraction": 0.5 * (1.0 + kahn)}
+    panel = {"origin": [float(v) for v in dials_from_nb(pix0_m * 1000.0)],
+             "fast_axis": [float(v) for v in dials_from_nb(f)], "slow_axis": [float(v) for v in dials_from_nb(s)]}
+    crystal = {k: [float(v) for v in real_d[i]] for i, k in enumerate(("real_space_a", "real_space_b", "real_space_c"))}
+    return updated_document(exp, beam, panel, crystal)
+
+
+def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.ndarray:
+    """Where the Bragg reflections ``hkl`` (n, 3) hit the detector of ``sim`` at parameter ``values``, with the
+    crystal turned to spindle angle ``phi_deg`` (scalar or (n,)) instead of ``phi0``: ``(n, 2)`` pixel
+    coordinates (x fast, y slow; pixel centres at ``i + 0.5``, as DIALS' ``xyzcal.px``), NaN where the
+    diffracted ray misses the detector plane.
+
+    Analytic, nanoBragg frame: ``S = h a* + k b* + l c*`` (rotated), ray ``d = b/λ + S``, plane through
+    ``pix0`` with normal ``o``; the hit is written in the (maybe skew) fast and slow axes.
+    ``delpsi_rad`` (n,) turns each ``S`` about ``unit(S × s0)`` first, as DIALS' stills predictor puts
+    the reciprocal-lattice point on the Ewald sphere (its ``delpsical.rad`` column).
+    """
+    with torch.no_grad():
+        p = _params(sim, values)
+        geom = sim.geometry(p)
+        setup = sim.setup
+        deg = math.pi / 180.0
+        cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
+                            p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
+        misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
+        delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
+        orientation = delta @ misset @ _tensor(sim, setup.orientation0)
+        _, recip = crystal_real_and_reciprocal(cell, orientation, setup.cell_quirk)
+        hkl_t = _tensor(sim, np.asarray(hkl, dtype=np.float64))
+        phi = _tensor(sim, np.broadcast_to(np.asarray(phi_deg, dtype=np.float64), (len(hkl_t),)).copy()) * deg
+        rot = rotation_matrix_axis_angle(_tensor(sim, setup.spindle).expand(len(phi), 3), phi)  # (n, 3, 3)
+        S = torch.einsum("nij,nj->ni", rot, hkl_t @ recip)
+        s0 = geom.beam / p["wavelength"]
+        if delpsi_rad is not None:
+            axis = torch.linalg.cross(S, s0.expand_as(S), dim=-1)
+            axis = axis / torch.linalg.vector_norm(axis, dim=-1, keepdim=True)
+            S = torch.einsum("nij,nj->ni", rotation_matrix_axis_angle(axis, _tensor(sim, np.asarray(delpsi_rad))), S)
+        d = s0 + S
+        t = (geom.pix0 * geom.odet).sum() / (d * geom.odet).sum(-1)
+        rel = t[:, None] * d - geom.pix0
+        basis = torch.stack([geom.fdet, geom.sdet, geom.odet], dim=1)
+        fs = torch.linalg.solve(basis, rel.T).T[:, :2] / setup.pixel_m
+        fs[t <= 0] = float("nan")
+    return fs.cpu().double().numpy()

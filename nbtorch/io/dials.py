@@ -1,0 +1,274 @@
+"""DIALS experiment (``.expt``) and reflection (``.refl``) files, without dxtbx.
+
+``.expt`` is JSON: an ``ExperimentList`` ``{"experiment": [...], "beam": [...], "detector": [...],
+"crystal": [...], "goniometer": [...], "scan": [...], ...}`` whose experiments name their models by
+index into those lists.  :func:`read_expt` returns one experiment's models as plain dicts
+(:class:`DialsExperiment`, vectors in the **DIALS lab frame**, lengths in mm and Å, angles in
+degrees) together with the whole document, so that :func:`write_expt` can write it back with only
+the refined values changed.
+
+``.refl`` is a msgpack reflection table ``["dials::af::reflection_table", 1, {"identifiers": {id:
+uuid}, "nrows": n, "data": {column: [type, [n, bytes]]}}]``, the bytes little-endian C arrays
+(``double`` float64, ``int`` int32, ``std::size_t`` uint64, ``bool`` one byte, ``vec3<double>``
+n x 3 float64, ``cctbx::miller::index<>`` n x 3 int32 ...).  :func:`read_refl` decodes the columns
+asked for; :func:`write_refl` writes a table in the same layout (used to cut test files down).
+Pixel coordinates (``xyzobs.px.value``, ``xyzcal.px``) are ``(x fast, y slow, z frame)`` with
+pixel centres at ``i + 0.5`` (the corner of pixel (0, 0) is 0, 0), as nbtorch's spot lists.
+
+Every problem is one line, an :class:`~nbtorch.errors.InputError` naming the file.  No torch here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import atomic_write
+
+__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES"]
+
+#: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
+REFL_TYPES: dict[str, tuple[str, int]] = {
+    "double": ("<f8", 1), "int": ("<i4", 1), "std::size_t": ("<u8", 1), "bool": ("u1", 1),
+    "vec2<double>": ("<f8", 2), "vec3<double>": ("<f8", 3), "int6": ("<i4", 6),
+    "cctbx::miller::index<>": ("<i4", 3), "mat3<double>": ("<f8", 9),
+}
+_REFL_MAGIC = "dials::af::reflection_table"
+
+
+@dataclass
+class DialsExperiment:
+    """One experiment of a ``.expt`` file: its models (dicts as in the file, DIALS lab frame).
+
+    ``goniometer`` and ``scan`` are None for a still.  ``document`` is the whole file, ``index``
+    the experiment's position in it (also the ``id`` of its reflections in a ``.refl``).
+    """
+
+    path: str
+    document: dict
+    index: int
+    identifier: str
+    beam: dict
+    detector: dict
+    crystal: dict
+    goniometer: dict | None
+    scan: dict | None
+
+    @property
+    def panel(self) -> dict:
+        """The detector's one panel."""
+        return self.detector["panels"][0]
+
+    def n_experiments(self) -> int:
+        return len(self.document["experiment"])
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such DIALS experiment file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the DIALS experiment file: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a DIALS .expt file (not JSON: {str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or "experiment" not in doc:
+        raise InputError(f"{path}: not a DIALS .expt file (no 'experiment' list in the JSON)")
+    return doc
+
+
+def _model(path: str, doc: dict, exp: dict, kind: str, required: bool) -> dict | None:
+    ref = exp.get(kind)
+    if ref is None:
+        if required:
+            raise InputError(f"{path}: the experiment has no {kind} model")
+        return None
+    models = doc.get(kind)
+    if not isinstance(ref, int) or not isinstance(models, list) or not 0 <= ref < len(models):
+        raise InputError(f"{path}: the experiment's {kind} {ref!r} is not an index into the file's {kind} list "
+                         "(models kept in separate files are not supported)")
+    model = models[ref]
+    if not isinstance(model, dict):
+        raise InputError(f"{path}: {kind} {ref} is not a JSON object")
+    return model
+
+
+def _vector(path: str, what: str, model: dict, key: str, n: int = 3) -> list[float]:
+    value = model.get(key)
+    try:
+        vec = [float(v) for v in value]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: {what} '{key}' missing or not {n} numbers") from None
+    if len(vec) != n or not all(np.isfinite(vec)):
+        raise InputError(f"{path}: {what} '{key}' must be {n} finite numbers, got {value!r}")
+    return vec
+
+
+def read_expt(path: str | os.PathLike[str], index: int = 0) -> DialsExperiment:
+    """Experiment ``index`` of a DIALS ``.expt`` file (checked: one panel, the vectors and sizes present).
+
+    Raises:
+        InputError: unreadable, not JSON, no experiment, ``index`` out of range, a model missing,
+            a multi-panel detector, a multi-axis goniometer, a field missing or not numbers.
+    """
+    name = os.fspath(path)
+    doc = _load_json(name)
+    exps = doc["experiment"]
+    if not isinstance(exps, list) or not exps:
+        raise InputError(f"{name}: no experiment in the file")
+    if not 0 <= index < len(exps):
+        raise InputError(f"{name}: no experiment {index} (the file has {len(exps)}: 0..{len(exps) - 1})")
+    exp = exps[index]
+    if not isinstance(exp, dict):
+        raise InputError(f"{name}: experiment {index} is not a JSON object")
+    beam = _model(name, doc, exp, "beam", True)
+    detector = _model(name, doc, exp, "detector", True)
+    crystal = _model(name, doc, exp, "crystal", True)
+    gonio = _model(name, doc, exp, "goniometer", False)
+    scan = _model(name, doc, exp, "scan", False)
+    assert beam is not None and detector is not None and crystal is not None
+    panels = detector.get("panels")
+    if not isinstance(panels, list) or not panels:
+        raise InputError(f"{name}: the detector has no panels")
+    if len(panels) != 1:
+        raise InputError(f"{name}: multi-panel detector ({len(panels)} panels); only single-panel detectors "
+                         "are supported")
+    panel = panels[0]
+    for key in ("fast_axis", "slow_axis", "origin"):
+        _vector(name, "detector panel", panel, key)
+    _vector(name, "detector panel", panel, "pixel_size", 2)
+    size = _vector(name, "detector panel", panel, "image_size", 2)
+    if any(v < 1 or v != int(v) for v in size):
+        raise InputError(f"{name}: detector panel 'image_size' must be two positive integers, got {size}")
+    _vector(name, "beam", beam, "direction")
+    wavelength = beam.get("wavelength")
+    if not isinstance(wavelength, (int, float)) or not wavelength > 0:
+        raise InputError(f"{name}: beam 'wavelength' missing or not positive ({wavelength!r})")
+    for key in ("real_space_a", "real_space_b", "real_space_c"):
+        _vector(name, "crystal", crystal, key)
+    if gonio is not None:
+        if "axes" in gonio:
+            raise InputError(f"{name}: multi-axis goniometer; only a single rotation axis is supported")
+        _vector(name, "goniometer", gonio, "rotation_axis")
+    if scan is not None:
+        _vector(name, "scan", scan, "oscillation", 2)
+        _vector(name, "scan", scan, "image_range", 2)
+    return DialsExperiment(path=name, document=doc, index=index, identifier=str(exp.get("identifier", "")),
+                           beam=beam, detector=detector, crystal=crystal, goniometer=gonio, scan=scan)
+
+
+def write_expt(path: str | os.PathLike[str], document: dict) -> None:
+    """Write an ExperimentList document as a ``.expt`` (JSON, indented as DIALS does). Atomic."""
+    text = json.dumps(document, indent=2)
+    with atomic_write(path, "w") as fh:
+        fh.write(text)
+
+
+def updated_document(experiment: DialsExperiment, beam: dict, detector_panel: dict, crystal: dict) -> dict:
+    """A copy of the experiment's document with fields of its beam, panel and crystal replaced.
+
+    Stale derived crystal fields (``B_covariance``, scan-point matrices) are dropped.
+    """
+    doc = copy.deepcopy(experiment.document)
+    exp = doc["experiment"][experiment.index]
+    doc["beam"][exp["beam"]].update(beam)
+    doc["detector"][exp["detector"]]["panels"][0].update(detector_panel)
+    cryst = doc["crystal"][exp["crystal"]]
+    cryst.update(crystal)
+    for key in ("B_covariance", "A_at_scan_points", "B_at_scan_points", "U_at_scan_points",
+                "B_covariance_at_scan_points"):
+        cryst.pop(key, None)
+    return doc
+
+
+def _unpack(path: str):
+    try:
+        import msgpack
+    except ImportError:
+        raise InputError(f"{path}: reading DIALS .refl files needs the msgpack package (pip install msgpack)") from None
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such DIALS reflection file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the DIALS reflection file: {exc.strerror or exc}") from None
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise InputError(f"{path}: not a DIALS .refl file (not msgpack: {type(exc).__name__})") from None
+    if not (isinstance(obj, list) and len(obj) == 3 and obj[0] == _REFL_MAGIC and isinstance(obj[2], dict)):
+        raise InputError(f"{path}: not a DIALS .refl file (no '{_REFL_MAGIC}' header; pickle .refl files "
+                         "of old DIALS versions are not supported)")
+    table = obj[2]
+    if not isinstance(table.get("data"), dict) or not isinstance(table.get("nrows"), int):
+        raise InputError(f"{path}: DIALS .refl file without 'nrows' and 'data'")
+    return table
+
+
+def _decode(path: str, name: str, entry, nrows: int) -> np.ndarray:
+    try:
+        kind, (n, blob) = entry
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: column {name!r} is not [type, [n, bytes]]") from None
+    if kind not in REFL_TYPES:
+        raise InputError(f"{path}: column {name!r} has type {kind!r}, which is not supported")
+    dtype, width = REFL_TYPES[kind]
+    if n != nrows or not isinstance(blob, bytes) or len(blob) != nrows * width * np.dtype(dtype).itemsize:
+        raise InputError(f"{path}: column {name!r} has {len(blob) if isinstance(blob, bytes) else '?'} bytes, "
+                         f"not {nrows} rows of {kind}")
+    arr = np.frombuffer(blob, dtype=dtype).astype(bool if kind == "bool" else dtype[1:])  # native copy
+    return arr.reshape(nrows, width) if width > 1 else arr
+
+
+def read_refl(path: str | os.PathLike[str], columns: tuple[str, ...] = ("xyzobs.px.value",),
+              experiment_id: int | None = None) -> dict[str, np.ndarray]:
+    """The ``columns`` of a DIALS ``.refl`` file as numpy arrays (rows of experiment ``experiment_id`` only
+    when given, selected by the ``id`` column).
+
+    Raises:
+        InputError: unreadable, not a msgpack reflection table, a column missing or of an unknown type.
+    """
+    name = os.fspath(path)
+    table = _unpack(name)
+    data, nrows = table["data"], table["nrows"]
+    wanted = list(columns) + (["id"] if experiment_id is not None and "id" not in columns else [])
+    out = {}
+    for col in wanted:
+        if col not in data:
+            raise InputError(f"{name}: no {col!r} column (the file has: {', '.join(sorted(data)) or 'none'})")
+        out[col] = _decode(name, col, data[col], nrows)
+    if experiment_id is not None:
+        keep = out["id"] == experiment_id
+        if not keep.any():
+            raise InputError(f"{name}: no reflections of experiment {experiment_id} (id column)")
+        out = {k: v[keep] for k, v in out.items() if k in columns}
+    return out
+
+
+def write_refl(path: str | os.PathLike[str], columns: dict[str, tuple[str, np.ndarray]],
+               identifiers: dict[int, str] | None = None) -> None:
+    """Write a DIALS ``.refl`` (msgpack) from ``{name: (type, array)}`` (types of :data:`REFL_TYPES`). Atomic."""
+    import msgpack
+
+    nrows = {len(arr) for _, arr in columns.values()}
+    if len(nrows) > 1:
+        raise InputError(f"{path}: columns of different lengths {sorted(nrows)}")
+    n = nrows.pop() if nrows else 0
+    data = {}
+    for name, (kind, arr) in columns.items():
+        dtype, width = REFL_TYPES[kind]
+        a = np.ascontiguousarray(np.asarray(arr).astype(dtype).reshape(n, width) if width > 1 else
+                                 np.asarray(arr).astype(dtype).reshape(n))
+        data[name] = [kind, [n, a.tobytes()]]
+    obj = [_REFL_MAGIC, 1, {"identifiers": dict(identifiers or {}), "nrows": n, "data": data}]
+    with atomic_write(path, "wb") as fh:
+        fh.write(msgpack.packb(obj, use_bin_type=True))

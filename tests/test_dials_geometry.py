@@ -1,0 +1,162 @@
+"""nbtorch.dials_geometry: DIALS experiments as nanoBragg flags and back, checked on real DIALS files.
+
+* the frame change is a proper rotation taking DIALS' beam (0, 0, -1) to nanoBragg's (1, 0, 0);
+* .expt -> flags -> Simulator -> .expt reproduces every refined field to 1e-9;
+* the Bragg spots of the model built from the .expt land where DIALS predicted them (``xyzcal``):
+  stills within 0.5 px of ``xyzcal.px`` (which includes DIALS' parallax correction) and to 1e-6 px of
+  the plane intersection ``xyzcal.mm / pixel`` once DIALS' stills rotation ``delpsical.rad`` is applied;
+  a rotation scan to 1e-6 px at each reflection's calculated spindle angle;
+* the Simulator's rendered still spots have centroids within 0.5 px of ``xyzcal.px``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nbtorch import Simulator, config_from_args
+from nbtorch.dials_geometry import (
+    NB_FROM_DIALS, bragg_positions_px, dials_from_nb, experiment_flags, misset_from_rotation_deg, nb_from_dials,
+    refined_document,
+)
+from nbtorch.errors import InputError
+from nbtorch.io.dials import read_expt, read_refl
+from nbtorch.physics.rotation import rotation_matrix_xyz
+
+DATA = Path(__file__).resolve().parent / "data" / "dials"
+STILLS = DATA / "cunir_ssx_indexed"
+SCAN = DATA / "centroid_rotation_indexed"
+CASES = [(STILLS, 0), (STILLS, 1), (STILLS, 4), (SCAN, 0)]
+
+
+def _sim(exp, image_index: int = 0, extra=()) -> Simulator:
+    cfg = config_from_args(experiment_flags(exp, image_index) + ["-N", "5", "-default_F", "1", *extra])
+    return Simulator(cfg, dtype=torch.float64)
+
+
+def test_frame_change_is_a_proper_rotation() -> None:
+    assert np.allclose(NB_FROM_DIALS @ NB_FROM_DIALS.T, np.eye(3)) and np.linalg.det(NB_FROM_DIALS) == 1.0
+    assert np.array_equal(nb_from_dials([0, 0, -1]), [1, 0, 0])  # the beam
+    assert np.array_equal(nb_from_dials([1, 0, 0]), [0, 0, 1])  # horizontal: nanoBragg's spindle / E-vector
+    assert np.array_equal(nb_from_dials([0, 1, 0]), [0, 1, 0])  # up
+    v = np.random.default_rng(1).normal(size=(4, 3))
+    assert np.allclose(dials_from_nb(nb_from_dials(v)), v)
+
+
+def test_misset_angles_invert_rotation_matrix_xyz() -> None:
+    for angles in ((10.0, 20.0, 30.0), (-129.5, -36.9, 38.0), (170.0, -80.0, -5.0)):
+        u = rotation_matrix_xyz(*(torch.tensor(np.radians(a), dtype=torch.float64) for a in angles)).numpy()
+        assert np.allclose(misset_from_rotation_deg(u), angles, atol=1e-10)
+
+
+def test_flags_of_a_still() -> None:
+    flags = experiment_flags(read_expt(STILLS.with_suffix(".expt"), 1))
+    cfg = config_from_args(flags)
+    assert cfg.convention == "custom" and cfg.pivot == "sample"
+    assert cfg.wavelength_A == 1.37611 and cfg.pixel_mm == pytest.approx(0.172) and (cfg.fpixels, cfg.spixels) == (2463, 2527)
+    assert cfg.beam_vector == (1.0, 0.0, 0.0) and cfg.polar_vector == (0.0, 0.0, 1.0)
+    assert cfg.polarization == pytest.approx(0.998)
+    assert cfg.cell == pytest.approx((96.408165,) * 3 + (90.0,) * 3)  # CuNiR, cubic
+    assert "-phi" not in flags and "-spindle_axis" not in flags
+
+
+@pytest.mark.parametrize("stem,index", CASES)
+def test_expt_model_expt_round_trip(stem: Path, index: int, tmp_path: Path) -> None:
+    exp = read_expt(stem.with_suffix(".expt"), index)
+    image = 3 if exp.scan else 0
+    doc = refined_document(exp, _sim(exp, image), {}, image)
+    original, ex = exp.document, doc["experiment"][index]
+    fields = [("beam", ("direction", "wavelength", "polarization_fraction")),
+              ("crystal", ("real_space_a", "real_space_b", "real_space_c"))]
+    for kind, keys in fields:
+        for key in keys:
+            assert np.allclose(doc[kind][ex[kind]][key], original[kind][ex[kind]][key], rtol=0, atol=1e-9), key
+    for key in ("origin", "fast_axis", "slow_axis"):
+        assert np.allclose(doc["detector"][ex["detector"]]["panels"][0][key], exp.panel[key], rtol=0, atol=1e-9)
+    # everything else is untouched, and the file is valid JSON that reads back
+    assert doc["imageset"] == original["imageset"] and doc["scan"] == original["scan"]
+    out = tmp_path / "back.expt"
+    out.write_text(json.dumps(doc))
+    assert read_expt(out, index).crystal["space_group_hall_symbol"] == exp.crystal["space_group_hall_symbol"]
+
+
+def test_refined_values_move_the_written_model() -> None:
+    exp = read_expt(STILLS.with_suffix(".expt"), 0)
+    sim = _sim(exp)
+    p = sim.setup.params
+    doc = refined_document(exp, sim, {"wavelength": 1.4, "distance": p["distance"] + 1.0, "orient_z": 0.5})
+    assert doc["beam"][0]["wavelength"] == 1.4
+    moved = np.asarray(doc["detector"][0]["panels"][0]["origin"]) - exp.panel["origin"]
+    assert np.allclose(moved, [0.0, 0.0, -1.0], atol=3e-3)  # ~1 mm along the normal (SAMPLE pivot), DIALS -z
+    a0, a1 = np.asarray(exp.crystal["real_space_a"]), np.asarray(doc["crystal"][0]["real_space_a"])
+    assert np.linalg.norm(a1) == pytest.approx(np.linalg.norm(a0)) and not np.allclose(a0, a1)
+
+
+def _reflections(stem: Path, index: int, *extra: str) -> dict:
+    r = read_refl(stem.with_suffix(".refl"), ("miller_index", "xyzcal.px", "xyzcal.mm", *extra), experiment_id=index)
+    predicted = np.any(r["xyzcal.mm"] != 0, axis=1)  # rows DIALS did not predict have zeros
+    return {k: v[predicted] for k, v in r.items()}
+
+
+@pytest.mark.parametrize("index", [0, 1, 4])
+def test_still_spots_where_dials_predicts_them(index: int) -> None:
+    exp = read_expt(STILLS.with_suffix(".expt"), index)
+    sim = _sim(exp)
+    r = _reflections(STILLS, index, "delpsical.rad")
+    assert len(r["miller_index"]) > 20
+    pixel = exp.panel["pixel_size"][0]
+    on_sphere = bragg_positions_px(sim, {}, r["miller_index"], 0.0, r["delpsical.rad"])
+    assert np.abs(on_sphere - r["xyzcal.px"][:, :2]).max() < 0.5  # DIALS' parallax correction: up to 0.3 px
+    assert np.abs(on_sphere - r["xyzcal.mm"][:, :2] / pixel).max() < 1e-6
+    plain = bragg_positions_px(sim, {}, r["miller_index"], 0.0)  # the lattice point off the Ewald sphere
+    assert np.abs(plain - r["xyzcal.px"][:, :2]).max() < 1.0
+
+
+def test_rotation_scan_spots_at_their_spindle_angles() -> None:
+    exp = read_expt(SCAN.with_suffix(".expt"))
+    r = _reflections(SCAN, 0)
+    phi_deg = np.degrees(r["xyzcal.mm"][:, 2])
+    start, width = exp.scan["oscillation"]
+    assert np.allclose(phi_deg, start + r["xyzcal.px"][:, 2] * width)  # z in frames from the scan start
+    for image in (0, 4):  # the datum does not depend on the image the model was built for
+        sim = _sim(exp, image)
+        assert sim.setup.params["phi0"] == pytest.approx(start + image * width)
+        pred = bragg_positions_px(sim, {}, r["miller_index"], phi_deg)
+        assert np.abs(pred - r["xyzcal.px"][:, :2]).max() < 1e-6  # SimplePxMmStrategy: px = mm / pixel
+    near = np.abs(phi_deg - (start + 4.5 * width)) < width  # a few reflections near image 4
+    assert near.sum() >= 5
+    # the spindle sense: turning the other way misses by pixels
+    wrong = bragg_positions_px(sim, {}, r["miller_index"][near], -phi_deg[near] + 2 * start)
+    assert np.abs(wrong - r["xyzcal.px"][near, :2]).max() > 1.0
+
+
+def test_converter_errors(tmp_path: Path) -> None:
+    doc = json.loads(STILLS.with_suffix(".expt").read_text())
+    doc["detector"][0]["panels"][0]["pixel_size"] = [0.172, 0.1]
+    bad = tmp_path / "bad.expt"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="not square"):
+        experiment_flags(read_expt(bad))
+    doc = json.loads(STILLS.with_suffix(".expt").read_text())
+    doc["crystal"][0]["real_space_c"] = [-v for v in doc["crystal"][0]["real_space_c"]]
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="left-handed"):
+        experiment_flags(read_expt(bad))
+    with pytest.raises(InputError, match="no image 9"):
+        experiment_flags(read_expt(SCAN.with_suffix(".expt")), 9)
+
+
+def test_rendered_still_spots_on_dials_predictions() -> None:
+    """The Simulator's own spots (rendered in windows around them) have centroids within 0.5 px of xyzcal.px."""
+    from refine.spots import spot_offsets
+
+    exp = read_expt(STILLS.with_suffix(".expt"), 1)
+    sim = _sim(exp, extra=("-N", "20", "-default_F", "100", "-oversample", "2"))
+    cal = _reflections(STILLS, 1)["xyzcal.px"][:, :2]
+    off = spot_offsets(sim, dict(sim.setup.params), cal)
+    assert off.matched.all()
+    assert np.abs(off.predicted - cal).max() < 0.5 and off.rms() < 0.3
