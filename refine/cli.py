@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mask", help="mask file (any image format, same shape; nonzero = use the pixel)")
     g.add_argument("--saturation", type=float, help="mask pixels >= this (default: the header's count cutoff)")
     g.add_argument("--mask-nan", action="store_true", help="mask NaN/Inf pixels instead of refusing the image")
+    g.add_argument("--no-parallax", dest="parallax", action="store_false",
+                   help="leave the sensor's thickness and absorption (parallax) out of the model; by default a "
+                        "header's sensor thickness enters it with silicon's attenuation length (docs/refinement.md)")
     g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
                                    "the image header fills in wavelength, distance, beam centre, pixel size and "
                                    "detector size that the flags leave out")

@@ -185,7 +185,7 @@ def _load_image(args: argparse.Namespace, checked: Checked, say) -> Inputs:
         raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
     say(f"{PROG}: {obs.describe()}")
     roi = check_roi(args.roi, obs.shape) if args.roi else None
-    cfg, tokens, notes = model_config(model_tokens(args), obs, roi)
+    cfg, tokens, notes = model_config(model_tokens(args), obs, roi, parallax=args.parallax)
     for note in notes:
         say(f"  {note}")
     return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,

@@ -13,12 +13,18 @@ Formats (told by the first bytes, then by the name):
 format      recognised by                               geometry read from the header
 ==========  ==========================================  =====================================
 SMV         first byte ``{`` (``.img``, ``.smv``)       PIXEL_SIZE, DISTANCE, WAVELENGTH, beam
-                                                        centre (below), SATURATED_VALUE
+                                                        centre (below), SATURATED_VALUE,
+                                                        TWOTHETA, OSC_START (else PHI),
+                                                        OSC_RANGE (else OSC_WIDTH)
 mini-CBF    ``.cbf``, ``.cbf.bz2``, ``.cbf.gz``, or a   Wavelength, Detector_distance,
-            CBF header (plain, bzip2 or gzip)           Beam_xy, Pixel_size, Count_cutoff
+            CBF header (plain, bzip2 or gzip)           Beam_xy, Pixel_size, Count_cutoff,
+                                                        Detector_2theta, Start_angle,
+                                                        Angle_increment, Polarization,
+                                                        ``<material> sensor, thickness``
 HDF5/NeXus  HDF5 signature (``.h5``, ``.nxs``,          NXmx ``detector/{distance,
             ``.hdf5``); image ``/entry/data/data``,     beam_center_x/y, x_pixel_size,
-            2-D or (frame, slow, fast)                  saturation_value, pixel_mask}``,
+            2-D or (frame, slow, fast)                  saturation_value, pixel_mask,
+                                                        sensor_thickness, sensor_material}``,
                                                         ``beam/incident_wavelength``
 raw         anything else, with ``shape`` given         none
             (``.bin``, ``.raw``; element type ``dtype``,
@@ -29,7 +35,11 @@ Geometry (:attr:`MeasuredImage.geometry`, only the keys the file states):
 ``wavelength_A``; ``distance_mm``; ``pixel_mm``; ``beam_x_px``, ``beam_y_px``: the
 direct-beam spot along fast and slow in pixels from the **corner** of pixel (0, 0)
 (pixel centres at ``i + 0.5``; multiply by ``pixel_mm`` for nanoBragg's ``Fbeam``/``Sbeam``
-in mm); ``saturation`` (counts).  SMV beam centres: ``DENZO_Y_BEAM``/``DENZO_X_BEAM``
+in mm); ``saturation`` (counts); ``twotheta_deg`` (detector two-theta); ``phi_deg``, ``osc_deg``
+(start and width of the rotation, 0 for a still); ``polarization_fraction`` (Pilatus ``Polarization``:
+the fraction of the beam polarised along the E-vector); ``sensor_thickness_mm``.  What the model
+makes of each: :mod:`refine.model` (every header value is used or said not to be, one line each).
+SMV beam centres: ``DENZO_Y_BEAM``/``DENZO_X_BEAM``
 (mm along fast/slow, what nanoBragg writes) when present, else ``MOSFLM_CENTER_Y/X`` plus
 half a pixel, else ADSC's ``BEAM_CENTER_Y``/``BEAM_CENTER_X`` (fast = Y, slow = X, as DIALS
 reads ADSC headers).  Pilatus ``Beam_xy`` is already (fast, slow) pixels from the corner.
@@ -62,7 +72,7 @@ from nbtorch.io.hdf5 import read_h5_image
 from nbtorch.io.raw import read_raw_float
 from nbtorch.io.smv import header_value, read_smv
 
-__all__ = ["MeasuredImage", "load_image", "load_mask", "detect_format", "FORMATS"]
+__all__ = ["MeasuredImage", "load_image", "load_mask", "detect_format", "sensor_material", "FORMATS"]
 
 FORMATS = ("smv", "cbf", "hdf5", "raw")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -108,6 +118,18 @@ class MeasuredImage:
         why = ", ".join(f"{n} {k}" for k, n in self.masked.items() if n) or "none"
         return (f"{self.path}: {self.format}, {fast} x {slow} pixels (fast x slow), "
                 f"{used} used ({100.0 * used / self.mask.size:.1f}%); masked: {why}")
+
+
+def sensor_material(image: MeasuredImage) -> str | None:
+    """The sensor material the header names (Pilatus ``# Silicon sensor, thickness ...``, NXmx
+    ``sensor_material``), or None."""
+    if image.format == "cbf":
+        for key, rest in (image.header.get("pilatus") or {}).items():
+            if "thickness" in str(rest) and "sensor" in str(rest).lower():
+                return str(key)
+    elif image.format == "hdf5" and image.header.get("sensor_material"):
+        return str(image.header["sensor_material"])
+    return None
 
 
 def _lower_name(path: str | os.PathLike[str]) -> str:
@@ -183,6 +205,13 @@ def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
             sat = _float(header_value(path, header, key))
             if sat:
                 break
+    for keys, name in ((("TWOTHETA",), "twotheta_deg"), (("OSC_START", "PHI"), "phi_deg"),
+                       (("OSC_RANGE", "OSC_WIDTH"), "osc_deg")):
+        key = next((k for k in keys if k in header), None)
+        if key is not None:
+            v = _float(header_value(path, header, key))
+            if v is not None:
+                geo[name] = v
     if sat is None and image.dtype == np.uint16:
         sat = 65535.0
     if sat is not None:
@@ -194,7 +223,10 @@ def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
     image, header = read_cbf(path)
     geo: dict[str, float] = {}
     for src, dst in (("wavelength_A", "wavelength_A"), ("distance_mm", "distance_mm"), ("pixel_size_mm", "pixel_mm"),
-                     ("beam_x_px", "beam_x_px"), ("beam_y_px", "beam_y_px"), ("count_cutoff", "saturation")):
+                     ("beam_x_px", "beam_x_px"), ("beam_y_px", "beam_y_px"), ("count_cutoff", "saturation"),
+                     ("detector_2theta_deg", "twotheta_deg"), ("start_angle_deg", "phi_deg"),
+                     ("angle_increment_deg", "osc_deg"), ("polarization", "polarization_fraction"),
+                     ("sensor_thickness_mm", "sensor_thickness_mm")):
         v = _float(header.get(src))
         if v is not None:
             geo[dst] = v
@@ -208,6 +240,8 @@ def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, 
         geo["wavelength_A"] = float(meta["wavelength_A"])
     if "distance_mm" in meta:
         geo["distance_mm"] = float(meta["distance_mm"])
+    if _float(meta.get("sensor_thickness_mm")) is not None:
+        geo["sensor_thickness_mm"] = float(meta["sensor_thickness_mm"])
     pixel = meta.get("x_pixel_size_mm")
     if pixel:
         geo["pixel_mm"] = float(pixel)
@@ -227,6 +261,9 @@ def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, 
                 sat = _float(np.asarray(det["saturation_value"][()]).reshape(-1)[0])
                 if sat is not None:
                     geo["saturation"] = sat
+            if det is not None and "sensor_material" in det:
+                material = det["sensor_material"][()]
+                meta = {**meta, "sensor_material": material.decode() if isinstance(material, bytes) else str(material)}
             if det is not None and "pixel_mask" in det:
                 pm = np.asarray(det["pixel_mask"][()])
                 if pm.ndim == 3:

@@ -54,12 +54,15 @@ from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
 from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m
 from nbtorch.cli_support import expand_argument_files
 from nbtorch.config import SimulationConfig
+from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
 from nbtorch.parameters import PARAMETER_NAMES
-from refine.data import MeasuredImage
+from nbtorch.physics.detector import detector_geometry
+from refine.data import MeasuredImage, sensor_material
+from refine.sensor import DEFAULT_THICKSTEPS, HC_KEV_A, silicon_attenuation_length_um
 from refine.parameters import CELL, SYMMETRIES, constrained_cell
 
-__all__ = ["expand_model_args", "header_flags", "model_config", "fit_scale_background", "crystal_system",
+__all__ = ["expand_model_args", "header_flags", "model_config", "PHI_STEP_DEG", "fit_scale_background", "crystal_system",
            "tie_start_cell", "INPUT_FILE_FLAGS", "MIN_BRAGG_FRACTION"]
 
 _GIVEN = {
@@ -69,6 +72,42 @@ _GIVEN = {
     "beam": ("-Xbeam", "-Ybeam", "-Xclose", "-Yclose", "-ORGX", "-ORGY", "-pix0_vector", "-pix0_vector_mm", "-img"),
     "detector": ("-detpixels", "-detpixels_f", "-detpixels_s", "-detpixels_x", "-detpixels_y", "-detsize",
                  "-detsize_f", "-detsize_s", "-img"),
+    "twotheta": ("-twotheta", "-twotheta_axis", "-fdet_vector", "-sdet_vector", "-odet_vector", "-pix0_vector",
+                 "-pix0_vector_mm", "-img"),
+    "rotation": ("-phi", "-osc", "-phistep", "-phisteps", "-img"),
+    "polarization": ("-polar", "-nopolar"),
+    "sensor": ("-detector_thick", "-detector_abs", "-detector_thicksteps", "-thicksteps"),
+}
+
+#: the rotation of a rotation image is sampled at least this finely (-phisteps = ceil(osc / PHI_STEP_DEG))
+PHI_STEP_DEG = 0.02
+
+# header names of the geometry keys, per format (for the notes)
+_LABELS = {
+    "cbf": {"twotheta_deg": "Detector_2theta", "phi_deg": "Start_angle", "osc_deg": "Angle_increment",
+            "polarization_fraction": "Polarization", "sensor_thickness_mm": "sensor thickness"},
+    "smv": {"twotheta_deg": "TWOTHETA", "phi_deg": "OSC_START", "osc_deg": "OSC_RANGE"},
+    "hdf5": {"sensor_thickness_mm": "sensor_thickness"},
+}
+# Pilatus header lines refine.data turns into geometry (the others are said not to be used)
+_PILATUS_USED = {"Wavelength", "Detector_distance", "Beam_xy", "Pixel_size", "Count_cutoff", "Detector_2theta",
+                 "Start_angle", "Angle_increment", "Polarization", "Detector"}
+# Pilatus header lines that could move or rotate the model if they were not what the model assumes: one line each
+_PILATUS_GEOMETRY = {
+    "Oscillation_axis": "the model rotates about its spindle axis {spindle} (-spindle_axis)",
+    "Detector_Voffset": "the beam centre is Beam_xy; a detector offset belongs in --model",
+    "Alpha": "goniometer setting: the crystal orientation is the model's (-mat, -misset)",
+    "Kappa": "goniometer setting: the crystal orientation is the model's (-mat, -misset)",
+    "Chi": "goniometer setting: the crystal orientation is the model's (-mat, -misset)",
+    "Phi": "goniometer setting: the crystal orientation is the model's (-mat, -misset); the scan is Start_angle",
+    "Omega": "goniometer setting: the crystal orientation is the model's (-mat, -misset); the scan is Start_angle",
+    "Phi_increment": "the scan is Angle_increment",
+    "Omega_increment": "the scan is Angle_increment",
+    "Chi_increment": "the scan is Angle_increment",
+    "Kappa_increment": "the scan is Angle_increment",
+    "N_oscillations": "one oscillation of Angle_increment is modelled",
+    "Start_position": "translation scans are not modelled",
+    "Position_increment": "translation scans are not modelled",
 }
 
 
@@ -94,8 +133,54 @@ def _fmt(v: float) -> str:
     return repr(float(v))
 
 
-def header_flags(tokens: Sequence[str], image: MeasuredImage) -> tuple[list[str], list[str]]:
-    """Flags to add to ``tokens`` from ``image``'s header and shape, and one note per quantity filled in."""
+def _given_by(tokens: Sequence[str], quantity: str) -> str:
+    return " ".join(dict.fromkeys(t for t in tokens if t in _GIVEN[quantity]))
+
+
+def _label(image: MeasuredImage, key: str, default: str) -> str:
+    return _LABELS.get(image.format, {}).get(key, default)
+
+
+def _not_used(name: str, value: str, why: str) -> str:
+    return f"{name} {value} from the header: not used ({why})"
+
+
+def _vec(v) -> str:
+    return "(" + ", ".join(f"{float(x):g}" for x in v) + ")"
+
+
+def _swung_beam_spot(cfg: SimulationConfig, twotheta_deg: float, fclose_m: float, sclose_m: float,
+                     distance_m: float) -> tuple[float, float, float]:
+    """The direct-beam spot (Fbeam, Sbeam, m) and the along-beam distance (m) of a detector whose near point
+    is (fclose, sclose) at ``distance`` before it swings by ``twotheta`` about the sample: what a BEAM-pivot
+    convention needs to place the same detector (nbtorch.physics.detector.detector_geometry, SAMPLE pivot)."""
+    beam, f, s, o, axis, _, _ = detector_axes(cfg)
+
+    def t(v) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(v, dtype=np.float64))
+
+    rot = [t(math.radians(a)) for a in (cfg.detector_rotx_deg, cfg.detector_roty_deg, cfg.detector_rotz_deg)]
+    zero = t(0.0)
+    g = detector_geometry(t(f), t(s), t(o), t(beam), t(axis), "sample", t(distance_m), zero, zero, t(fclose_m),
+                          t(sclose_m), *rot, t(math.radians(twotheta_deg)))
+    cos_in = float(g.odet @ g.beam)
+    along = float(g.pix0 @ g.odet) / cos_in if abs(cos_in) > 1e-6 else math.inf
+    if not (math.isfinite(along) and along > 0):
+        raise InputError(f"two-theta {twotheta_deg:g} deg from the header: the direct beam does not meet the swung "
+                         "detector, so the beam-pivot convention cannot place it; use a sample-pivot convention "
+                         "(--model -xds or -dials) or give -twotheta yourself")
+    hit = along * g.beam - g.pix0
+    return float(hit @ g.fdet), float(hit @ g.sdet), along
+
+
+def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = True) -> tuple[list[str], list[str]]:
+    """Flags to add to ``tokens`` from ``image``'s header and shape, and one note per header value: how it is
+    used, or that it is not used and why (the flags in ``tokens`` always win).
+
+    Arguments:
+        parallax: model the sensor's thickness and absorption (``-detector_thick/-detector_abs``) when the
+            header gives a thickness (``--no-parallax``: False).
+    """
     geo = image.geometry
     extra: list[str] = []
     notes: list[str] = []
@@ -109,30 +194,169 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage) -> tuple[list[str]
     if not _has(tokens, "wavelength") and "wavelength_A" in geo:
         extra += ["-lambda", _fmt(geo["wavelength_A"])]
         notes.append(f"wavelength {geo['wavelength_A']:g} A from the header")
-    if not _has(tokens, "distance") and "distance_mm" in geo:
-        extra += ["-distance", _fmt(geo["distance_mm"])]
-        notes.append(f"distance {geo['distance_mm']:g} mm from the header")
-    if not _has(tokens, "beam") and "beam_x_px" in geo and "beam_y_px" in geo:
-        cfg = config_from_args(list(tokens) + extra)  # convention and pixel size of the model
-        conv, pixel_m = cfg.convention, cfg.pixel_mm / 1000.0
+    cfg = config_from_args(list(tokens) + extra)  # convention, axes, pixel size and wavelength of the model
+    conv, pixel_m = cfg.convention, cfg.pixel_mm / 1000.0
+    beam_v, _, _, _, tt_axis, polar_v, spindle_v = detector_axes(cfg)
+
+    # detector two-theta: the detector swings about the sample from its place normal to the beam, where the
+    # header's beam centre is its near point and the header's distance its distance (as DIALS reads Pilatus)
+    tt = geo.get("twotheta_deg")
+    tt_name = _label(image, "twotheta_deg", "two-theta")
+    swing = None
+    if tt is not None:
+        if _has(tokens, "twotheta"):
+            notes.append(_not_used(tt_name, f"{tt:g} deg", f"--model gives the detector's orientation: "
+                                                            f"{_given_by(tokens, 'twotheta')}"))
+        elif tt == 0:
+            notes.append(f"{tt_name} 0 deg from the header: the detector is normal to the beam")
+        else:
+            swing = float(tt)
+    distance_mm = geo.get("distance_mm") if not _has(tokens, "distance") else None
+    have_beam = not _has(tokens, "beam") and "beam_x_px" in geo and "beam_y_px" in geo
+    fast_m = geo["beam_x_px"] * pixel_m if have_beam else None
+    slow_m = geo["beam_y_px"] * pixel_m if have_beam else None
+    swing_note = ""
+    if swing is not None:
+        beam_pivot = FORCED_PIVOT.get(conv, "sample") == "beam"
+        if beam_pivot and have_beam and distance_mm is not None:
+            fast_m, slow_m, along_m = _swung_beam_spot(cfg, swing, fast_m, slow_m, distance_mm / 1000.0)
+            distance_mm = along_m * 1000.0
+            swing_note = (f"; the {conv} convention pivots about the beam spot, so the header's near point and "
+                          f"distance become the spot ({fast_m / pixel_m:.6g}, {slow_m / pixel_m:.6g}) px and "
+                          f"{distance_mm:.6g} mm along the beam on the swung detector")
+        elif beam_pivot:
+            swing_note = (f"; the {conv} convention pivots about the beam spot: the model's beam centre and distance "
+                          "are those on the swung detector")
+        else:
+            swing_note = "; SAMPLE pivot: the header's beam centre stays the near point"
+    if distance_mm is not None:
+        extra += ["-distance", _fmt(distance_mm)]
+        notes.append(f"distance {geo['distance_mm']:g} mm from the header"
+                     + (f" (as -distance {distance_mm:.6g}, along the beam to the swung detector)"
+                        if distance_mm != geo["distance_mm"] else ""))
+    if have_beam:
         # the header's spot, taken as both the beam and the close point (a detector normal to the beam)
-        fast_m, slow_m = geo["beam_x_px"] * pixel_m, geo["beam_y_px"] * pixel_m
         beam_x_m, beam_y_m = beam_centre_from_offsets_m(conv, fast_m, slow_m, pixel_m, (cfg.spixels or slow) * pixel_m)
         flags = beam_centre_flags(conv, beam_x_m * 1000.0, beam_y_m * 1000.0, cfg.pixel_mm)
         extra += flags
         notes.append(f"beam centre ({geo['beam_x_px']:g}, {geo['beam_y_px']:g}) px (fast, slow) from the header "
                      f"as {' '.join(flags)} ({conv} convention)")
+    if swing is not None:
+        extra += ["-twotheta", _fmt(swing)]  # after the beam flags: the last pivot flag wins (CUSTOM)
+        notes.append(f"{tt_name} {swing:g} deg from the header as -twotheta {swing:g} (about the {conv} two-theta "
+                     f"axis {_vec(tt_axis)}, right-handed; -twotheta/-twotheta_axis in --model override){swing_note}")
+
+    # rotation: Start_angle and Angle_increment (a still has increment 0)
+    phi, osc = geo.get("phi_deg"), geo.get("osc_deg")
+    if phi is not None or osc is not None:
+        names = " ".join(x for x in (f"{_label(image, 'phi_deg', 'phi')} {phi:g} deg" if phi is not None else "",
+                                     f"{_label(image, 'osc_deg', 'oscillation')} {osc:g} deg" if osc is not None
+                                     else "") if x)
+        names = names.replace(" deg ", " deg, ")
+        if _has(tokens, "rotation"):
+            notes.append(_not_used(names, "", f"--model gives the rotation: {_given_by(tokens, 'rotation')}")
+                         .replace("  from", " from"))
+        elif not osc:
+            notes.append(_not_used(names, "", "a still: no rotation during the exposure; the model's orientation "
+                                              "(-mat, -misset) is the crystal's on this image, -phi would rotate it")
+                         .replace("  from", " from"))
+        else:
+            start, width = (float(phi or 0.0) + min(float(osc), 0.0)), abs(float(osc))
+            steps = max(1, math.ceil(width / PHI_STEP_DEG - 1e-9))
+            extra += ["-phi", _fmt(start), "-osc", _fmt(width), "-phisteps", str(steps)]
+            notes.append(f"rotation {names} from the header as -phi {start:g} -osc {width:g} -phisteps {steps} "
+                         f"(a step per {PHI_STEP_DEG:g} deg at most) about the spindle {_vec(spindle_v)}")
+
+    # polarization: Pilatus gives the fraction p of the beam polarised along the E-vector; nanoBragg's -polar is
+    # Kahn's factor K = 2p - 1 (0: unpolarised, 1: fully polarised along -polar_vector)
+    p = geo.get("polarization_fraction")
+    if p is not None:
+        name = _label(image, "polarization_fraction", "polarization")
+        if _has(tokens, "polarization"):
+            notes.append(_not_used(name, f"{p:g}", f"--model gives {_given_by(tokens, 'polarization')}"))
+        elif not 0.0 <= p <= 1.0:
+            notes.append(_not_used(name, f"{p:g}", "a polarisation fraction lies in 0..1"))
+        else:
+            kahn = 2.0 * p - 1.0
+            extra += ["-polar", _fmt(round(kahn, 12))]
+            notes.append(f"{name} {p:g} from the header as -polar {kahn:g} (Kahn factor 2p - 1: fraction {p:g} of "
+                         f"the beam polarised along the model's E-vector {_vec(polar_v)})")
+
+    # sensor parallax
+    thick = geo.get("sensor_thickness_mm")
+    if thick is not None:
+        material = sensor_material(image)
+        name = f"{material + ' ' if material else ''}{_label(image, 'sensor_thickness_mm', 'sensor thickness')}"
+        value = f"{thick * 1000.0:g} um"
+        wavelength = cfg.wavelength_A
+        if not parallax:
+            notes.append(_not_used(name, value, "--no-parallax"))
+        elif _has(tokens, "sensor"):
+            notes.append(_not_used(name, value, f"--model gives the sensor: {_given_by(tokens, 'sensor')}"))
+        elif not thick > 0:
+            notes.append(_not_used(name, value, "not a positive thickness"))
+        elif material is not None and material.strip().lower() not in ("silicon", "si"):
+            notes.append(_not_used(name, value, f"attenuation lengths are tabulated for silicon only, not "
+                                                f"{material}; give -detector_thick and -detector_abs in --model"))
+        else:
+            try:
+                abs_um = silicon_attenuation_length_um(wavelength)
+            except InputError as exc:
+                notes.append(_not_used(name, value, str(exc)))
+            else:
+                thick_um = thick * 1000.0
+                extra += ["-detector_thick", _fmt(round(thick_um, 9)), "-detector_abs", _fmt(round(abs_um, 6)),
+                          "-detector_thicksteps", str(DEFAULT_THICKSTEPS)]
+                notes.append(f"sensor parallax: {material or 'silicon (assumed)'} {thick_um:g} um thick from the "
+                             f"header, attenuation length {abs_um:.4g} um at {HC_KEV_A / wavelength:.4g} keV "
+                             f"(NIST mu/rho, refine.sensor), as -detector_thick {thick_um:g} -detector_abs "
+                             f"{abs_um:.6g} -detector_thicksteps {DEFAULT_THICKSTEPS} (--no-parallax: off)")
+
+    notes += _pilatus_notes(image, spindle_v)
     return extra, notes
 
 
+def _pilatus_notes(image: MeasuredImage, spindle) -> list[str]:
+    """One line for each Pilatus header line that places or turns something the model does not take from
+    it, and one line for the rest (exposure and detector settings: the fitted scale and background absorb them)."""
+    if image.format != "cbf":
+        return []
+    raw = image.header.get("pilatus") or {}
+    notes: list[str] = []
+    rest: list[str] = []
+    saturation = image.header.get("count_cutoff")
+    if saturation is not None:
+        used = image.geometry.get("saturation")
+        notes.append(f"Count_cutoff {saturation} counts from the header: "
+                     + ("pixels at or above it are masked" if used == saturation
+                        else f"not used (--saturation {used:g} masks instead)"))
+    for key, text in raw.items():
+        if key in _PILATUS_USED or key.startswith("#") or "thickness" in str(text):
+            continue
+        short = " ".join(str(text).split())
+        short = short if len(short) <= 40 else short[:37] + "..."
+        if key in _PILATUS_GEOMETRY:
+            notes.append(_not_used(key, short, _PILATUS_GEOMETRY[key].format(spindle=_vec(spindle))))
+        else:
+            rest.append(f"{key} {short}".strip())
+    if "detector" in image.header:
+        rest.insert(0, f"Detector {image.header['detector']}")
+    if rest:
+        notes.append(_not_used("; ".join(rest), "", "exposure, counting and detector settings: they do not move "
+                                                     "spots, and the fitted scale and background absorb their "
+                                                     "effect on counts").replace("  from", " from"))
+    return notes
+
+
 def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
-                 roi: Sequence[int] | None = None) -> tuple[SimulationConfig, list[str], list[str]]:
+                 roi: Sequence[int] | None = None, parallax: bool = True) -> tuple[SimulationConfig, list[str], list[str]]:
     """The starting model's config, its full flag list and notes on what came from the header.
 
     Arguments:
         model: nanoBragg flags (a string or tokens; ``@FILE`` tokens are expanded).
         image: the measured image whose header fills in what the model leaves out (None: nothing).
         roi: ``(x0, x1, y0, y1)`` inclusive fast/slow pixel bounds to simulate (replaces a model ``-roi``).
+        parallax: model the sensor thickness and absorption from the header (``--no-parallax``: False).
 
     Raises:
         InputError: a bad flag (one line, naming it).
@@ -140,7 +364,7 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
     The caller checks that the simulator's detector ``(spixels, fpixels)`` equals the image's shape.
     """
     tokens = expand_model_args(model)
-    extra, notes = header_flags(tokens, image) if image is not None else ([], [])
+    extra, notes = header_flags(tokens, image, parallax) if image is not None else ([], [])
     tokens = tokens + extra
     if roi is not None:
         tokens += ["-roi", *(str(int(v)) for v in roi)]

@@ -13,13 +13,14 @@ Layout written by :func:`write_h5`::
         beam_center_x              float64, @units="mm"  (along fast, from the corner of pixel (0,0))
         beam_center_y              float64, @units="mm"  (along slow)
         x_pixel_size, y_pixel_size float64, @units="mm"  (fast, slow)
+        sensor_thickness           float64, @units="mm"  (when given)
     /entry/instrument/beam         @NX_class=NXbeam
         incident_wavelength        float64, @units="angstrom"
     /entry/nbtorch                 @NX_class=NXcollection; every ``geometry`` item as an attribute
 
 Geometry keys that fill the NXmx fields (any subset): ``distance_mm``,
 ``beam_center_x_mm``, ``beam_center_y_mm``, ``pixel_size_mm`` (both axes) or
-``x_pixel_size_mm`` / ``y_pixel_size_mm``, ``wavelength_A``.  Every geometry
+``x_pixel_size_mm`` / ``y_pixel_size_mm``, ``sensor_thickness_mm``, ``wavelength_A``.  Every geometry
 item (numbers, strings, booleans, 1-D/2-D number sequences) is also stored on
 ``/entry/nbtorch``; ``None`` values are omitted.
 
@@ -49,6 +50,7 @@ _DETECTOR_FIELDS = {
     "beam_center_y_mm": "beam_center_y",
     "x_pixel_size_mm": "x_pixel_size",
     "y_pixel_size_mm": "y_pixel_size",
+    "sensor_thickness_mm": "sensor_thickness",
 }
 _LENGTH_TO_MM = {"m": 1000.0, "metre": 1000.0, "meter": 1000.0, "mm": 1.0, "millimetre": 1.0, "millimeter": 1.0,
                  "um": 1e-3, "micron": 1e-3, "microns": 1e-3, "micrometre": 1e-3, "nm": 1e-6}

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
+from nbtorch.errors import InputError
 from nbtorch.io import write_cbf, write_h5, write_smv
+from nbtorch.physics.detector import detector_geometry
+from refine.cli import parse_args
 from refine.data import load_image
 from refine.model import expand_model_args, model_config
+from refine.sensor import HC_KEV_A, silicon_attenuation_length_um, silicon_mu_rho
 
 from cli_helpers import CRYSTAL
 
@@ -51,7 +57,7 @@ def test_header_geometry_round_trip(tmp_path, conv, fmt):
     assert sim.shape == (36, 40)
     assert sim.setup.pixel_m == pytest.approx(0.2e-3)
     np.testing.assert_allclose(_beam(sim), (fb, sb, dist, lam), rtol=1e-9, atol=1e-9)
-    assert len(notes) == 5
+    assert len([n for n in notes if "not used" not in n]) == 5  # the rest: header values said to be unused
 
 
 def test_model_flags_win_over_the_header(tmp_path):
@@ -134,3 +140,184 @@ def test_fit_scale_background_refuses_a_model_that_is_zero_on_the_fitted_pixels(
     assert "\n" not in str(exc.value) and "--subsample" in str(exc.value)
     with pytest.raises(InputError, match="no fitted pixel has a usable count"):
         fit_scale_background(_StubSim(bragg), {}, -np.ones(obs.shape), np.ones(obs.shape, bool))
+
+
+# ------------------------------------------------------------------ header values: used or said (#18, #17)
+
+HEADER = {"wavelength_A": 1.3, "distance_mm": 80.0, "pixel_size_mm": 0.2, "beam_x_px": 21.5, "beam_y_px": 17.0}
+REAL = Path(__file__).resolve().parents[3] / "shared" / "real" / "thaumatin_i24_still" / "thau_3_2_0003.cbf.bz2"
+
+
+def _cbf(tmp_path, extra=None, name="x.cbf", lines=None):
+    path = tmp_path / name
+    write_cbf(path, np.zeros((36, 40), dtype=np.int32), {**HEADER, **(extra or {})})
+    if lines:  # Pilatus lines the writer does not know, added to the text header
+        data = path.read_bytes().replace(b"# Detector:", "".join(f"# {x}\r\n" for x in lines).encode() + b"# Detector:", 1)
+        path.write_bytes(data)
+    return load_image(path)
+
+
+def _note(notes, start):
+    found = [n for n in notes if n.startswith(start)]
+    assert len(found) == 1, (start, notes)
+    return found[0]
+
+
+def test_silicon_attenuation_matches_the_nist_table():
+    assert silicon_mu_rho(10.0) == pytest.approx(33.89)
+    assert silicon_mu_rho(20.0) == pytest.approx(4.464)
+    assert silicon_mu_rho(8.0) == pytest.approx(64.68)
+    # log-log between 10 and 15 keV: 12.247 keV (the geometric mean) gets the geometric mean
+    assert silicon_mu_rho((10.0 * 15.0) ** 0.5) == pytest.approx((33.89 * 10.34) ** 0.5)
+    assert silicon_attenuation_length_um(HC_KEV_A / 10.0) == pytest.approx(1e4 / (33.89 * 2.33))
+    assert 250 < silicon_attenuation_length_um(0.96859) < 270  # 12.8 keV (the thaumatin still)
+    with pytest.raises(InputError, match="outside the silicon attenuation table"):
+        silicon_attenuation_length_um(20.0)
+
+
+def test_cbf_header_geometry_keys(tmp_path):
+    obs = _cbf(tmp_path, {"detector_2theta_deg": 20.0, "start_angle_deg": 10.0, "angle_increment_deg": 0.1,
+                          "polarization": 0.99, "sensor_thickness_mm": 0.32})
+    g = obs.geometry
+    assert (g["twotheta_deg"], g["phi_deg"], g["osc_deg"], g["polarization_fraction"], g["sensor_thickness_mm"]) == \
+        (20.0, 10.0, 0.1, 0.99, 0.32)
+
+
+def test_rotation_polarization_and_sensor_from_the_header(tmp_path):
+    obs = _cbf(tmp_path, {"start_angle_deg": 10.0, "angle_increment_deg": 0.1, "polarization": 0.99,
+                          "sensor_thickness_mm": 0.32})
+    cfg, tokens, notes = model_config(f"-mosflm {CRYSTAL}", obs)
+    assert (cfg.phi_deg, cfg.osc_deg, cfg.phisteps) == (10.0, 0.1, 5)  # a step per 0.02 deg
+    assert cfg.polarization == pytest.approx(0.98)  # Kahn factor 2p - 1
+    assert cfg.detector_thick_um == pytest.approx(320.0)
+    assert cfg.detector_abs_um == pytest.approx(silicon_attenuation_length_um(1.3), rel=1e-6)
+    assert cfg.detector_thicksteps == 3
+    assert "-phisteps 5" in _note(notes, "rotation Start_angle 10 deg, Angle_increment 0.1 deg from the header")
+    assert "as -polar 0.98 (Kahn factor 2p - 1" in _note(notes, "Polarization 0.99 from the header")
+    assert "-detector_thick 320" in _note(notes, "sensor parallax: Silicon 320 um thick from the header")
+    sim = Simulator(cfg, compile=False)
+    assert sim.setup.sensor.thicksteps == 3 and sim.setup.sensor.mu_per_m == pytest.approx(1e6 / cfg.detector_abs_um)
+
+
+def test_no_parallax_and_the_models_flags_win(tmp_path):
+    obs = _cbf(tmp_path, {"start_angle_deg": 10.0, "angle_increment_deg": 0.1, "polarization": 0.99,
+                          "sensor_thickness_mm": 0.32, "detector_2theta_deg": 15.0})
+    cfg, _, notes = model_config(f"-mosflm {CRYSTAL}", obs, parallax=False)
+    assert cfg.detector_thick_um == 0
+    assert _note(notes, "Silicon sensor thickness 320 um from the header") == \
+        "Silicon sensor thickness 320 um from the header: not used (--no-parallax)"
+    model = (f"-mosflm {CRYSTAL} -phi 0 -osc 0 -nopolar -detector_thick 100 "
+             "-fdet_vector 0 0 1 -sdet_vector 0 -1 0 -odet_vector 1 0 0")
+    cfg, _, notes = model_config(model, obs)
+    assert (cfg.phi_deg, cfg.osc_deg, cfg.twotheta_deg, cfg.detector_thick_um, cfg.nopolar) == (0, 0, 0, 100, True)
+    assert cfg.detector_abs_um is None
+    assert _note(notes, "Start_angle 10 deg, Angle_increment 0.1 deg from the header").endswith(
+        "not used (--model gives the rotation: -phi -osc)")
+    assert _note(notes, "Polarization 0.99").endswith("not used (--model gives -nopolar)")
+    assert _note(notes, "Silicon sensor thickness").endswith("not used (--model gives the sensor: -detector_thick)")
+    assert _note(notes, "Detector_2theta 15 deg").endswith(
+        "not used (--model gives the detector's orientation: -fdet_vector -sdet_vector -odet_vector)")
+
+
+def test_a_still_says_its_start_angle_is_not_used(tmp_path):
+    obs = _cbf(tmp_path, {"start_angle_deg": 89.9997, "angle_increment_deg": 0.0, "detector_2theta_deg": 0.0})
+    cfg, _, notes = model_config(f"-mosflm {CRYSTAL}", obs)
+    assert (cfg.phi_deg, cfg.osc_deg or 0, cfg.twotheta_deg) == (0, 0, 0)
+    assert "not used (a still" in _note(notes, "Start_angle 89.9997 deg, Angle_increment 0 deg from the header")
+    assert _note(notes, "Detector_2theta 0 deg") == "Detector_2theta 0 deg from the header: the detector is normal to the beam"
+
+
+def _swung(axes, fclose, sclose, distance, twotheta_deg):
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    z = t(0.0)
+    return detector_geometry(*(t(v) for v in axes), "sample", t(distance), z, z, t(fclose), t(sclose), z, z, z,
+                             t(np.radians(twotheta_deg)))
+
+
+# (beam, f, s, o, two-theta axis) of docs/conventions.md
+_AXES = {"-mosflm": ((0, 0, 1), (0, -1, 0), (1, 0, 0), (1, 0, 0), (0, 0, -1)),
+         "-adxv": ((1, 0, 0), (0, -1, 0), (0, 0, 1), (0, 0, 1), (-1, 0, 0)),
+         "-xds": ((1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 1), (1, 0, 0)),
+         "-dials": ((1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 1), (0, 1, 0))}
+
+
+@pytest.mark.parametrize("conv", list(_AXES))
+def test_detector_two_theta_swings_about_the_sample(tmp_path, conv):
+    """Whatever the convention (beam or sample pivot), the model's detector is the header's detector
+    (near point = Beam_xy at the header distance) swung by Detector_2theta about the sample."""
+    obs = _cbf(tmp_path, {"detector_2theta_deg": 25.0})
+    cfg, tokens, notes = model_config(f"{conv} {CRYSTAL}", obs)
+    assert cfg.twotheta_deg == 25.0
+    sim = Simulator(cfg, compile=False)
+    with torch.no_grad():
+        g = sim.geometry(sim.parameters_dict())
+    f, s, o, b, axis = _AXES[conv][0], _AXES[conv][1], _AXES[conv][2], _AXES[conv][3], _AXES[conv][4]
+    want = _swung((f, s, o, b, axis), 21.5 * 0.2e-3, 17.0 * 0.2e-3, 0.08, 25.0)
+    np.testing.assert_allclose(g.pix0.numpy(), want.pix0.numpy(), atol=1e-12)
+    np.testing.assert_allclose(g.fdet.numpy(), want.fdet.numpy(), atol=1e-12)
+    np.testing.assert_allclose(g.odet.numpy(), want.odet.numpy(), atol=1e-12)
+    assert "as -twotheta 25" in _note(notes, "Detector_2theta 25 deg from the header")
+
+
+def test_smv_two_theta_and_rotation(tmp_path):
+    write_smv(tmp_path / "x.img", np.zeros((36, 40), dtype=np.uint16),
+              {"PIXEL_SIZE": 0.2, "DISTANCE": 80, "WAVELENGTH": 1.3, "DENZO_X_BEAM": 3.4, "DENZO_Y_BEAM": 4.3,
+               "PHI": 5.0, "OSC_START": 5.0, "OSC_RANGE": 0.05, "TWOTHETA": 0.0})
+    obs = load_image(tmp_path / "x.img")
+    assert (obs.geometry["phi_deg"], obs.geometry["osc_deg"], obs.geometry["twotheta_deg"]) == (5.0, 0.05, 0.0)
+    cfg, _, notes = model_config(f"-xds {CRYSTAL}", obs)
+    assert (cfg.phi_deg, cfg.osc_deg, cfg.phisteps) == (5.0, 0.05, 3)
+    _note(notes, "rotation OSC_START 5 deg, OSC_RANGE 0.05 deg from the header as -phi 5 -osc 0.05 -phisteps 3")
+
+
+def test_hdf5_sensor_thickness(tmp_path):
+    pytest.importorskip("h5py")
+    write_h5(tmp_path / "x.h5", np.zeros((36, 40), dtype=np.int32),
+             geometry={"wavelength_A": 1.0, "distance_mm": 80.0, "pixel_size_mm": 0.2, "sensor_thickness_mm": 0.45})
+    obs = load_image(tmp_path / "x.h5")
+    assert obs.geometry["sensor_thickness_mm"] == pytest.approx(0.45)
+    cfg, _, notes = model_config(f"-xds {CRYSTAL}", obs)
+    assert cfg.detector_thick_um == pytest.approx(450.0)
+    assert "silicon (assumed) 450 um" in _note(notes, "sensor parallax")
+
+
+def test_header_values_the_model_does_not_take_are_said(tmp_path):
+    obs = _cbf(tmp_path, {"exposure_time_s": 0.1, "sensor_thickness_mm": 0.32}, lines=[
+        "Oscillation_axis X.CW", "Kappa 10.0000 deg.", "Threshold_setting: 6400 eV"])
+    _, _, notes = model_config(f"-mosflm {CRYSTAL}", obs)
+    assert _note(notes, "Oscillation_axis X.CW from the header") == (
+        "Oscillation_axis X.CW from the header: not used (the model rotates about its spindle axis (0, 0, 1) "
+        "(-spindle_axis))")
+    assert "not used (goniometer setting" in _note(notes, "Kappa 10.0000 deg. from the header")
+    rest = _note(notes, "Detector nbtorch synthetic")
+    assert "Threshold_setting 6400 eV" in rest and "Exposure_time 0.1 s" in rest and "not used (exposure" in rest
+    # a sensor other than silicon: no attenuation table, said
+    path = tmp_path / "cdte.cbf"
+    path.write_bytes((tmp_path / "x.cbf").read_bytes().replace(b"# Silicon sensor", b"# CdTe sensor", 1))
+    cfg, _, notes = model_config(f"-mosflm {CRYSTAL}", load_image(path))
+    assert cfg.detector_thick_um == 0
+    assert "tabulated for silicon only, not CdTe" in _note(notes, "CdTe sensor thickness 320 um from the header")
+
+
+def test_no_parallax_option():
+    assert parse_args(["--image", "x.cbf", "--model=-mosflm"]).parallax is True
+    assert parse_args(["--image", "x.cbf", "--model=-mosflm", "--no-parallax"]).parallax is False
+
+
+def test_no_parallax_in_a_config_file(tmp_path):
+    (tmp_path / "run.toml").write_text('image = "x.cbf"\nmodel = "-mosflm -N 5"\nno_parallax = true\n')
+    assert parse_args(["--config", str(tmp_path / "run.toml")]).parallax is False
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="../shared/real/thaumatin_i24_still missing")
+def test_the_real_pilatus_header():
+    obs = load_image(REAL)
+    g = obs.geometry
+    assert (g["twotheta_deg"], g["osc_deg"], g["polarization_fraction"], g["sensor_thickness_mm"]) == (0, 0, 0.99, 0.45)
+    cfg, _, notes = model_config(f"-mat {REAL.parent / 'A_thau_3_2_0003.mat'}", obs)
+    assert (cfg.phi_deg, cfg.osc_deg or 0, cfg.detector_thick_um, cfg.detector_thicksteps) == (0, 0, 450, 3)
+    assert cfg.polarization == pytest.approx(0.98)
+    assert "not used (a still" in _note(notes, "Start_angle 89.9997 deg, Angle_increment 0 deg")
+    for key in ("Oscillation_axis ", "Omega ", "Kappa ", "Chi ", "Phi ", "Detector_Voffset "):
+        assert "not used" in _note(notes, key)
+    assert "Flux 1.396021" in _note(notes, "Detector PILATUS3 6M")
