@@ -190,9 +190,9 @@ def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str
             if action.nargs in (2, 4, "+"):
                 tokens += [flag, *(str(v) for v in value)]
             else:
-                tokens += [flag, ",".join(str(v) for v in value)]
-        else:
-            tokens += [flag, str(value)]
+                tokens.append(f"{flag}={','.join(str(v) for v in value)}")
+        else:  # flag=value: a value that starts with '-' (model = "-mosflm") is not taken for an option
+            tokens.append(f"{flag}={value}")
     return tokens, stages
 
 

@@ -213,3 +213,12 @@ def test_spot_list_with_named_columns(refine_cli, tmp_path):
     r = refine_cli(*common, "--spot-columns", "5,6")
     assert r.code == 0, r.err
     np.testing.assert_allclose(r.json()["spots"]["observed"], np.round(found, 3))
+
+
+def test_config_value_starting_with_a_dash(tmp_path):
+    """A config value that starts with '-' (a one-flag model) is the option's value, not another option."""
+    from refine.cli import parse_args
+
+    (tmp_path / "run.toml").write_text('image = "x.cbf"\nmodel = "-mosflm"\nstart = { cell_a = -1 }\n')
+    args = parse_args(["--config", str(tmp_path / "run.toml")])
+    assert args.model == "-mosflm" and args.start == ["cell_a=-1"]
