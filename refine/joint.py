@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 from nbtorch.simulator import Simulator
+from refine.batch import _process_group
 from refine.loop import Convergence, LoopResult, Status, minimise
 from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
 from refine.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace, canonical_values, units_of
@@ -84,8 +86,6 @@ class _Comm:
     """The process group (or none): rank, world size and the exact gather of per-image rows."""
 
     def __init__(self) -> None:
-        import os
-
         self.dist = None
         self.rank, self.world = 0, 1
         initialised = False
@@ -98,8 +98,6 @@ class _Comm:
         if initialised:
             self.dist = dist
         elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            from refine.batch import _process_group
-
             _, _, self.dist = _process_group()
         if self.dist is not None:
             self.rank, self.world = self.dist.get_rank(), self.dist.get_world_size()
