@@ -404,10 +404,11 @@ def _fisher_raw(im: _Image, raw_i: Tensor) -> Tensor:
     obj, pmap = im.objective, im.pmap
 
     def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
-        return obj.model(pmap.expand(pmap.physical(raw)))
+        values = pmap.expand(pmap.physical(raw))
+        return obj.pixel_model(values) if obj.sparse else obj.model(values)  # sparse: the fitted pixels only
 
     def weights_fn(mu: Tensor, block: tuple[int, int]) -> Tensor:
-        w = obj.weights
+        w = obj.pixel_weights if obj.sparse else obj.weights
         return torch.where(w > 0, w / torch.clamp(mu, min=1e-12), torch.zeros_like(mu))
 
     return fisher_information(model_fn, raw_i, [(0, 0)], weights_fn)
