@@ -1,4 +1,5 @@
-"""Joint mode: many stills of one crystal form refined together (:func:`refine_joint`).
+"""Joint mode: many stills of one crystal form refined together (:func:`refine_joint`; from the command line
+``nbtorch-refine --images ... --joint --shared cell``, :mod:`refine.joint_command`; docs/many-images.md).
 
 One still determines the cell poorly; thousands of stills of one crystal form determine it well when
 their likelihoods are combined.  The parameters split into
