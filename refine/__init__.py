@@ -13,6 +13,7 @@ Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
 
 * :func:`refine`, :class:`RefinementResult`, :class:`RefinementInterrupted`, :func:`save_json`,
   :func:`save_h5`, :func:`load_h5`;
+* joint mode (many stills, shared cell; :mod:`refine.joint`): :func:`refine_joint`, :class:`JointResult`;
 * stages and step rules: :class:`Stage`, :func:`stage_a`, :func:`single_stage`,
   :func:`coarse_to_fine`, :class:`LBFGS`, :class:`Adam`, :class:`Convergence`, :class:`Status`,
   :func:`minimise` (the loop on any ``raw -> loss`` function);
@@ -23,7 +24,7 @@ Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
 * callbacks: :class:`Callback`, :class:`AbstractCallback`, :class:`NullCallback`,
   :class:`ProgressCallback`, :class:`TensorBoardCallback`, :class:`StepState`, :class:`RunInfo`;
 * checkpoints: :func:`read_checkpoint`, :func:`write_checkpoint`;
-* problems: :func:`make_problem`, :data:`PROBLEMS`, :class:`Problem`;
+* problems: :func:`make_problem`, :func:`make_stills`, :data:`PROBLEMS`, :class:`Problem`;
 * the loss: :func:`poisson_deviance`.
 """
 
@@ -33,10 +34,11 @@ from refine.callbacks import (
     AbstractCallback, Callback, NullCallback, ProgressCallback, RunInfo, StepState, TensorBoardCallback,
 )
 from refine.checkpoint import read_checkpoint, write_checkpoint
+from refine.joint import JointResult, refine_joint
 from refine.loop import Convergence, Status, minimise
 from refine.objective import poisson_deviance
 from refine.parameters import GROUPS, SYMMETRIES, UNITS, ParameterMap, ParameterSpace
-from refine.problems import PROBLEMS, Problem, make_problem
+from refine.problems import PROBLEMS, Problem, make_problem, make_stills
 from refine.results import RefinementResult, load_h5, save_h5, save_json
 from refine.runner import RefinementInterrupted, refine
 from refine.stages import Stage, coarse_to_fine, single_stage, stage_a
@@ -47,7 +49,7 @@ from refine.transforms import (
 from refine.uncertainty import Uncertainties, estimate_uncertainties
 
 __all__ = [
-    "refine", "RefinementResult", "RefinementInterrupted", "save_json", "save_h5", "load_h5",
+    "refine", "refine_joint", "JointResult", "RefinementResult", "RefinementInterrupted", "save_json", "save_h5", "load_h5",
     "Stage", "stage_a", "single_stage", "coarse_to_fine", "LBFGS", "Adam", "Convergence", "Status", "minimise",
     "ParameterSpace", "ParameterMap", "GROUPS", "SYMMETRIES", "UNITS",
     "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative", "default_transform",
@@ -55,6 +57,6 @@ __all__ = [
     "estimate_uncertainties", "Uncertainties",
     "Callback", "AbstractCallback", "NullCallback", "ProgressCallback", "TensorBoardCallback", "StepState", "RunInfo",
     "read_checkpoint", "write_checkpoint",
-    "make_problem", "PROBLEMS", "Problem",
+    "make_problem", "make_stills", "PROBLEMS", "Problem",
     "poisson_deviance",
 ]

@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out-dir", help="independent mode: folder of the per-image results and summary.csv/summary.h5 "
                                      "(default out/batch)")
     g.add_argument("--redo", action="store_true", help="independent mode: refine images already done again")
+    g.add_argument("--joint", action="store_true", help="joint mode: refine the --images together, with --shared "
+                   "names common to all; writes --out-dir/joint.json and joint.h5 (docs/many-images.md)")
+    g.add_argument("--shared", help="joint mode: groups/names shared by every image, comma-separated (default cell)")
+    g.add_argument("--per-image", help="joint mode: groups/names of each image, comma-separated "
+                                       "(default scale,background,orientation)")
     g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
     g.add_argument("--dataset", default=_DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
@@ -210,6 +215,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
         if value and not args.images:
             raise InputError(f"{flag}: only with --images (independent mode)")
+    for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image)):
+        if value and not (args.images and args.joint):
+            raise InputError(f"{flag}: only with --images and --joint (joint mode)")
     if args.f_column is not None:
         if not args.model:
             raise InputError("--f-column: names a column of the -hkl file in --model; give --model")
@@ -377,6 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(argv)
+        if args.images and args.joint:
+            from refine.joint_command import run_joint  # imports refine.command, which imports this module
+
+            return run_joint(args, Printer(args.quiet))
         if args.images:
             from refine.batch import run_batch
 

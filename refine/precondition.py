@@ -30,7 +30,8 @@ from refine.objective import ImageObjective
 from refine.parameters import ParameterMap
 from refine.uncertainty import fisher_information
 
-__all__ = ["LinearPreconditioner", "make_preconditioner", "PRECONDITIONERS", "PRECONDITIONER_NAMES"]
+__all__ = ["LinearPreconditioner", "make_preconditioner", "preconditioner_from_fisher", "PRECONDITIONERS",
+           "PRECONDITIONER_NAMES"]
 
 PRECONDITIONERS = (None, "diagonal", "full")
 #: the same as spelled on the command line and in TOML files (``"none"`` is None)
@@ -76,6 +77,17 @@ def make_preconditioner(kind: str | None, objective: ImageObjective, pmap: Param
         return torch.where(w > 0, w / torch.clamp(mu, min=1e-12), torch.zeros_like(mu))
 
     F = fisher_information(model_fn, raw0, [(0, 0)], weights_fn)
+    return preconditioner_from_fisher(kind, F, raw0)
+
+
+def preconditioner_from_fisher(kind: str | None, F: Tensor, raw0: Tensor) -> LinearPreconditioner:
+    """The preconditioner of ``kind`` at ``raw0`` for the Fisher matrix ``F`` in raw units (module docstring);
+    :func:`make_preconditioner` computes ``F`` from one image, :mod:`refine.joint` sums it over images."""
+    if kind not in PRECONDITIONERS:
+        raise InputError(f"precondition: expected one of {PRECONDITIONERS}, got {kind!r}")
+    raw0 = raw0.detach().clone()
+    if kind is None or raw0.numel() == 0:
+        return LinearPreconditioner.identity(raw0)
     diag = torch.diagonal(F)
     floor = 1e-12 * float(diag.max()) if float(diag.max()) > 0 else 1.0
     if kind == "diagonal":

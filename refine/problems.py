@@ -42,6 +42,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ from nbtorch.physics.rotation import rotation_matrix_axis_angle
 from nbtorch.simulator import Simulator
 from refine.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 
-__all__ = ["Problem", "make_problem", "PROBLEMS", "PERTURBATION", "misorientation_deg"]
+__all__ = ["Problem", "make_problem", "make_stills", "PROBLEMS", "PERTURBATION", "misorientation_deg"]
 
 PIXEL_MM = 0.1
 PEDESTAL = 40.0
@@ -189,8 +190,9 @@ def _args(spec: dict, size: int, v: dict, fdump: Path) -> list[str]:
 
 
 def make_problem(name: str, size: int = 64, seed: int | None = None, directory: str | Path | None = None,
-                 option_prefix: str = "") -> Problem:
-    """Build problem ``name`` on a ``size x size`` detector; ``seed`` overrides the noise seed.
+                 option_prefix: str = "", misset: tuple[float, float, float] | None = None) -> Problem:
+    """Build problem ``name`` on a ``size x size`` detector; ``seed`` overrides the noise seed and ``misset``
+    (deg) the crystal's true orientation (:func:`make_stills`).
 
     ``directory``: where the structure-factor file goes (default: the nbtorch cache).
     ``option_prefix``: put before ``problem``/``size`` in error messages (``"--"`` from a command
@@ -200,7 +202,7 @@ def make_problem(name: str, size: int = 64, seed: int | None = None, directory: 
         raise InputError(f"{option_prefix}problem: unknown name {name!r}; valid: {', '.join(PROBLEMS)}")
     if int(size) != size or size < 16:
         raise InputError(f"{option_prefix}size: expected an integer >= 16, got {size!r}")
-    spec = _SPECS[name]
+    spec = _SPECS[name] if misset is None else {**_SPECS[name], "misset": tuple(float(m) for m in misset)}
     size = int(size)
     seed = spec["seed"] if seed is None else int(seed)
     pert = PERTURBATION
@@ -256,3 +258,20 @@ def make_problem(name: str, size: int = 64, seed: int | None = None, directory: 
     return Problem(name=name, size=size, args=tuple(args), truth=base_truth, start=base_start,
                    symmetry=spec["symmetry"], free=free, fixed=fixed, observed=observed, seed=seed,
                    pedestal=PEDESTAL, description=desc)
+
+
+def make_stills(name: str, n: int, size: int = 64, seed: int = 0, directory: str | Path | None = None,
+                indices: Sequence[int] | None = None) -> list[Problem]:
+    """``n`` stills of one crystal (problem ``name``'s cell, mosaic, detector and structure factors) at random
+    orientations: still ``k`` has true misset angles drawn uniformly in [-180, 180) x [-60, 60) x [-180, 180) deg
+    from ``seed`` and its own noise seed ``1000 * seed + k``; its start has the bank's perturbation
+    (:data:`PERTURBATION`) about its own truth.  ``indices``: build only these stills (a process's share of a
+    joint job); the others are None.  The same ``(name, n, size, seed)`` always gives the same stills.
+    """
+    if int(n) != n or n < 1:
+        raise InputError(f"n: expected an integer >= 1, got {n!r}")
+    rng = np.random.default_rng(seed)
+    angles = rng.uniform([-180.0, -60.0, -180.0], [180.0, 60.0, 180.0], size=(int(n), 3))
+    wanted = set(range(int(n))) if indices is None else set(int(i) for i in indices)
+    return [make_problem(name, size, seed=1000 * int(seed) + k, directory=directory, misset=tuple(angles[k]))
+            if k in wanted else None for k in range(int(n))]

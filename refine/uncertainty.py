@@ -54,7 +54,7 @@ from refine.objective import ImageObjective, View
 from refine.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 
 __all__ = ["Uncertainties", "fisher_information", "information_matrices", "cluster_scores", "estimate_uncertainties",
-           "ESD_KINDS"]
+           "image_information", "ESD_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,34 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
     """
     if kind not in ESD_KINDS:
         raise ValueError(f"kind: expected one of {', '.join(ESD_KINDS)}, got {kind!r}")
+    names = pmap.names
+    theta, F, B = image_information(objective, pmap, raw, rows_per_block, cluster_px=cluster_px)
+    for i, name in enumerate(names):  # Gaussian priors add their curvature 1 / sigma^2 (their own units)
+        if name in objective.priors:
+            F[i, i] += 1.0 / objective.priors[name][1] ** 2
+    C_fisher, cond = _invert(F)
+    covariances = {"fisher": C_fisher, "scaled": C_fisher * max(1.0, float(excess) if excess is not None else 1.0),
+                   "sandwich": C_fisher @ B @ C_fisher}
+    kinds = {}
+    for name, C in covariances.items():
+        esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
+        kinds[name] = {n: float(e) for n, e in zip(names, esds)} | _derived_esds(pmap, theta, C)
+    C = covariances[kind]
+    esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
+    denom = esds[:, None] * esds[None, :]
+    corr = torch.where(denom > 0, C / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(C))
+    corr.fill_diagonal_(1.0)
+    derived = _derived_esds(pmap, theta, C)
+    return Uncertainties(tuple(names), theta.numpy().copy(), esds.numpy().copy(), C.numpy().copy(),
+                         corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
+
+
+def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int = 64,
+                      *, cluster_px: int = 8) -> tuple[Tensor, Tensor, Tensor]:
+    """``(theta, F, B)`` of one image: the physical values (P,) of ``pmap``'s free names at ``raw``, the Fisher
+    matrix ``F`` and the clustered score matrix ``B`` (:func:`information_matrices`; priors not included), in
+    the units of the names.  :func:`estimate_uncertainties` inverts them; a joint refinement
+    (:mod:`refine.joint`) sums them over images first."""
     cluster_px = _cluster_side(objective, len(pmap.names), cluster_px)
     rows_per_block = max(cluster_px, (int(rows_per_block) // cluster_px) * cluster_px)
     names = pmap.names
@@ -228,24 +256,7 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
     F, B = information_matrices(model_fn, theta.to(objective.observed.dtype), list(subs),
                                 lambda mu, block: subs[block].weights, lambda block: subs[block].observed,
                                 cluster_px)
-    for i, name in enumerate(names):  # Gaussian priors add their curvature 1 / sigma^2 (their own units)
-        if name in objective.priors:
-            F[i, i] += 1.0 / objective.priors[name][1] ** 2
-    C_fisher, cond = _invert(F)
-    covariances = {"fisher": C_fisher, "scaled": C_fisher * max(1.0, float(excess) if excess is not None else 1.0),
-                   "sandwich": C_fisher @ B @ C_fisher}
-    kinds = {}
-    for name, C in covariances.items():
-        esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
-        kinds[name] = {n: float(e) for n, e in zip(names, esds)} | _derived_esds(pmap, theta, C)
-    C = covariances[kind]
-    esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
-    denom = esds[:, None] * esds[None, :]
-    corr = torch.where(denom > 0, C / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(C))
-    corr.fill_diagonal_(1.0)
-    derived = _derived_esds(pmap, theta, C)
-    return Uncertainties(tuple(names), theta.numpy().copy(), esds.numpy().copy(), C.numpy().copy(),
-                         corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
+    return theta, F, B
 
 
 def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:

@@ -1,0 +1,610 @@
+"""Joint mode: many stills of one crystal form refined together (:func:`refine_joint`; from the command line
+``nbtorch-refine --images ... --joint --shared cell``, :mod:`refine.joint_command`; docs/many-images.md).
+
+One still determines the cell poorly; thousands of stills of one crystal form determine it well when
+their likelihoods are combined.  The parameters split into
+
+* **shared** ones (default the cell; any of ``cell``, ``detector``/``distance``, ``beam_centre``,
+  ``wavelength``, ``mosaic``, ...): one value for every image;
+* **per-image** ones (default ``scale``, ``background``, ``orientation``; ``mosaic``/``N`` too when asked):
+  one value per image.
+
+The raw vector is ``[shared raw, image-0 per-image raw, image-1 per-image raw, ...]``; image ``i`` sees
+``[shared raw, image-i raw]`` through its own :class:`~refine.parameters.ParameterMap` (every image's map
+starts the shared names at the same value, so one raw value is one physical value in all of them) and its
+own :class:`~refine.objective.ImageObjective` (the same physics and loss as a single run; a pixelwise
+loss on an unbinned view simulates only the fitted pixels).  The loss is the sum of the images' losses in
+image order, minimised by one :func:`refine.loop.minimise` (LBFGS by default) in the whitened
+coordinates of the joint Fisher matrix at the start (:mod:`refine.precondition`).
+
+**Several processes** (``torchrun --nproc-per-node N``; ``torch.distributed`` with gloo): process ``r``
+of ``W`` holds the contiguous shard :func:`image_shard` of the images (only those are simulated and kept
+in memory; the others may be passed as None).  Each evaluation computes, for each of its images, the loss
+and its gradient with respect to ``[shared, own]``; the rows ``(loss, gradient)`` of every image are
+gathered with one ``all_reduce`` (each row is non-zero in one process only, so the sum is exact) and
+every process then adds them up in image order.  The joint loss and gradient are therefore the same bits
+in every process and for any number of processes: 1 and 2 processes take identical steps and give the
+same result (the test checks 1e-8 relative; the same thread count per process is assumed, as torchrun's
+``OMP_NUM_THREADS=1`` gives).  A process whose image raises reports NaN for it, so every process stops
+together (:attr:`~refine.loop.Status.DIVERGED`) instead of waiting for the others; a time budget is
+refused under several processes (the clocks would disagree about when to stop).
+
+**Esds** (``esds=True``): the Fisher matrix ``F`` and the clustered score matrix ``B`` of each image for
+its ``[shared, own]`` names (:func:`refine.uncertainty.image_information`, the same estimate as a single
+run) are summed into the joint matrices (shared-shared blocks add up over images; each image's own block
+and its coupling to the shared block are its own; images are independent, so there is no coupling
+between two images' own blocks).  The covariance is ``C = F^-1`` (``fisher``) or ``F^-1 B F^-1``
+(``sandwich``, the default, robust to a model that misses part of the images).  The shared esds are thus
+those of the combined data with every image's nuisance parameters estimated too: for the Fisher kind,
+``1 / esd_shared^2`` is the sum over images of each image's own ``1 / esd^2`` of the shared name with its
+own nuisances profiled out (the Schur complement).  The joint matrix is dense, ``(S + n K)^2`` for ``S``
+shared and ``K`` per-image names of ``n`` images (16 000 images of 5 names: 80 000^2 doubles, too many):
+above :data:`MAX_DENSE` raw parameters the esds are skipped with a warning and the preconditioner is
+diagonal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import atomic_output_path, atomic_write
+from nbtorch.simulator import Simulator
+from refine.batch import _process_group
+from refine.loop import Convergence, LoopResult, Status, minimise
+from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
+from refine.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace, canonical_values, units_of
+from refine.plan import _observed_pixels, _start_values
+from refine.precondition import LinearPreconditioner, preconditioner_from_fisher
+from refine.results import jsonable
+from refine.strategies import AbstractStrategy, get_strategy
+from refine.uncertainty import ESD_KINDS, _derived_esds, _invert, fisher_information, image_information
+
+__all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
+           "MAX_DENSE"]
+
+log = logging.getLogger(__name__)
+
+#: most raw parameters (shared + all per-image) for the dense joint matrices (esds, full preconditioner)
+MAX_DENSE = 4000
+#: the default stopping rules (those of the default schedule's final stage, more steps)
+DEFAULT_CONVERGENCE = Convergence(max_steps=300, ftol=1e-4, xtol=1e-4)
+
+
+# -- processes ------------------------------------------------------------------------------------------
+class _Comm:
+    """The process group (or none): rank, world size and the exact gather of per-image rows."""
+
+    def __init__(self) -> None:
+        self.dist = None
+        self.rank, self.world = 0, 1
+        initialised = False
+        try:
+            import torch.distributed as dist
+
+            initialised = dist.is_available() and dist.is_initialized()
+        except ImportError:  # pragma: no cover - torch without distributed
+            dist = None
+        if initialised:
+            self.dist = dist
+        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            _, _, self.dist = _process_group()
+        if self.dist is not None:
+            self.rank, self.world = self.dist.get_rank(), self.dist.get_world_size()
+            if self.world == 1:
+                self.dist = None
+
+    def gather(self, rows: Mapping[int, Tensor], n: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """(n, *shape): row ``i`` from the process that holds image ``i`` (exact: the others add zeros)."""
+        out = torch.zeros((n, *shape), dtype=dtype)
+        for i, row in rows.items():
+            out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
+        if self.dist is not None:
+            self.dist.all_reduce(out)
+        return out
+
+
+def image_shard(n: int, rank: int | None = None, world: int | None = None) -> range:
+    """The images process ``rank`` of ``world`` holds: a contiguous block (default: this process, under
+    torchrun after setting up the gloo group; else every image)."""
+    if rank is None or world is None:
+        comm = _Comm()
+        rank, world = comm.rank, comm.world
+    return range(n * rank // world, n * (rank + 1) // world)
+
+
+# -- the images -----------------------------------------------------------------------------------------
+@dataclass
+class _Image:
+    """One image this process holds: its index, objective (whole fitted image) and map ``[shared, own]``."""
+
+    index: int
+    objective: ImageObjective
+    pmap: ParameterMap
+    start: dict
+
+
+def _image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
+           space: ParameterSpace, names: tuple[str, ...], loss_fn: LossFn) -> _Image:
+    if not isinstance(sim, Simulator):
+        raise InputError(f"simulators[{index}]: expected a Simulator, got {type(sim).__name__}")
+    obs, valid = _observed_pixels(sim, observed, mask)
+    values = _start_values(sim, obs, valid, start)
+    values.update(shared_start)
+    try:
+        space.check_start(values)
+    except InputError as exc:
+        raise InputError(f"image {index}: {exc}") from None
+    view = make_view(sim, values, valid)
+    return _Image(index, ImageObjective(sim, obs, view, loss_fn), ParameterMap(space, values, names), values)
+
+
+class _Joint:
+    """The joint loss and gradient over the images of every process (module docstring)."""
+
+    def __init__(self, images: Sequence[_Image], n: int, n_shared: int, n_own: int, comm: _Comm,
+                 dtype: torch.dtype) -> None:
+        self.images, self.n, self.S, self.K, self.comm, self.dtype = images, n, n_shared, n_own, comm, dtype
+
+    def image_raw(self, raw: Tensor, i: int) -> Tensor:
+        lo = self.S + i * self.K
+        return torch.cat([raw[:self.S], raw[lo:lo + self.K]])
+
+    def rows(self, raw: Tensor) -> Tensor:
+        """(n, 1 + S + K): each image's loss and gradient in ``[shared, own]``; NaN where an image failed."""
+        local = {}
+        for im in self.images:
+            r = self.image_raw(raw.detach(), im.index).clone().requires_grad_(True)
+            try:
+                with torch.enable_grad():
+                    loss, _ = im.objective.evaluate(im.pmap.expand(im.pmap.physical(r)))
+                    (g,) = torch.autograd.grad(loss, r, allow_unused=True)
+                g = torch.zeros_like(r) if g is None else g
+                local[im.index] = torch.cat([loss.detach().reshape(1), g.detach()])
+            except Exception:  # noqa: BLE001 - every process must stop together: NaN tells them
+                log.exception("image %d: evaluating the model failed", im.index)
+                local[im.index] = torch.full((1 + self.S + self.K,), math.nan, dtype=self.dtype)
+        return self.comm.gather(local, self.n, (1 + self.S + self.K,), self.dtype)
+
+    def loss_and_grad(self, raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(joint loss, joint gradient (P,), per-image losses (n,)), summed in image order."""
+        rows = self.rows(raw)
+        loss = rows[:, 0].sum()
+        grad = torch.cat([rows[:, 1:1 + self.S].sum(0), rows[:, 1 + self.S:].reshape(-1)])
+        return loss, grad, rows[:, 0].clone()
+
+    def assemble(self, blocks: Tensor) -> Tensor:
+        """The joint (P, P) matrix from per-image ``[shared, own]`` blocks (n, S + K, S + K)."""
+        S, K = self.S, self.K
+        P = S + self.n * K
+        out = torch.zeros(P, P, dtype=blocks.dtype)
+        for i in range(self.n):
+            idx = torch.cat([torch.arange(S), torch.arange(S + i * K, S + (i + 1) * K)])
+            out[idx[:, None], idx[None, :]] += blocks[i]
+        return out
+
+
+class _JointLoss(torch.autograd.Function):
+    """``raw -> joint loss``: the forward pass computes the loss and the all-reduced gradient, the backward
+    pass hands the stored gradient back (every process gets the same)."""
+
+    @staticmethod
+    def forward(ctx, raw: Tensor, joint: _Joint, out: list) -> Tensor:  # type: ignore[override]
+        loss, grad, losses = joint.loss_and_grad(raw.detach())
+        ctx.save_for_backward(grad)
+        out.append(losses)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return g * grad, None, None
+
+
+# -- the result -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JointResult:
+    """What a joint refinement produced.
+
+    Attributes:
+        status, message: how the loop ended (:class:`~refine.loop.Status`).
+        shared: final value of every shared canonical name (all six cell values when the cell is shared).
+        shared_esds: their esds (the default ``esd_kind``; tied names such as ``cell_b`` of a cubic cell too).
+        images: per image, every canonical value at the end (the shared ones included; the orientation as
+            ``misset_x/y/z``), plus ``scale`` and ``background``.
+        image_esds: per image, the esds of its per-image names (and ``misset_x/y/z`` when the orientation
+            is refined).
+        initial_shared, initial_images: the same at the start.
+        shared_names, per_image_names: the refined names (raw order: shared, then each image's own).
+        esd_kind: ``"sandwich"`` (None without esds); ``esds_by_kind``: kind -> ``{"shared": {...},
+            "images": [{...}, ...]}`` for ``sandwich``, ``fisher``.
+        shared_correlation: (S, S) correlation of the shared names; ``fisher_condition``: condition number of
+            the unit-diagonal joint Fisher matrix.
+        loss_initial, loss_final: joint loss (sum over images); ``image_losses``: each image's final loss.
+        steps, evaluations, wall_s: the loop; ``world_size``: processes that shared the images.
+        history: one dict per point of the loop (step, loss, grad_norm, step_norm, evaluations).
+        warnings: one line each.
+    """
+
+    status: Status
+    message: str
+    shared: dict
+    shared_esds: dict
+    images: tuple
+    image_esds: tuple
+    initial_shared: dict
+    initial_images: tuple
+    shared_names: tuple
+    per_image_names: tuple
+    symmetry: str
+    loss_name: str
+    loss_initial: float
+    loss_final: float
+    image_losses: tuple
+    steps: int
+    evaluations: int
+    wall_s: float
+    world_size: int
+    units: dict
+    esd_kind: str | None = None
+    esds_by_kind: dict = field(default_factory=dict)
+    shared_correlation: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    fisher_condition: float = math.nan
+    history: tuple = ()
+    warnings: tuple = ()
+
+    @property
+    def n_images(self) -> int:
+        return len(self.images)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``joint.json`` document (plain Python types)."""
+        return {
+            "format": "nbtorch-refine-joint", "status": self.status.value, "message": self.message,
+            "n_images": self.n_images, "shared_names": list(self.shared_names),
+            "per_image_names": list(self.per_image_names), "symmetry": self.symmetry, "loss": self.loss_name,
+            "shared": self.shared, "shared_esds": self.shared_esds, "initial_shared": self.initial_shared,
+            "images": [{"params": p, "esds": e, "initial_params": q, "loss_final": l}
+                       for p, e, q, l in zip(self.images, self.image_esds, self.initial_images, self.image_losses)],
+            "loss_initial": self.loss_initial, "loss_final": self.loss_final, "steps": self.steps,
+            "evaluations": self.evaluations, "wall_s": self.wall_s, "world_size": self.world_size,
+            "units": self.units, "esd_kind": self.esd_kind, "esds_by_kind": self.esds_by_kind,
+            "shared_correlation": {"names": list(self.shared_names),
+                                   "matrix": np.asarray(self.shared_correlation).tolist()},
+            "fisher_condition": self.fisher_condition, "history": list(self.history),
+            "warnings": list(self.warnings),
+        }
+
+    def summary(self) -> str:
+        """The shared values with esds, one line each, and the run's outcome."""
+        lines = [f"joint refinement of {self.n_images} images: {self.status.value} after {self.steps} steps "
+                 f"(loss {self.loss_initial:.6g} -> {self.loss_final:.6g}, {self.wall_s:.1f} s, "
+                 f"{self.world_size} process{'es' if self.world_size > 1 else ''})"]
+        for n, v in self.shared.items():
+            e = self.shared_esds.get(n)
+            lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
+                         + f" {self.units.get(n, '')}")
+        return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
+
+
+def save_joint_json(result: JointResult, path: str | Path) -> Path:
+    """Write ``joint.json`` atomically (non-finite numbers become ``null``)."""
+    path = Path(path)
+    with atomic_write(path, "w") as fh:
+        fh.write(json.dumps(jsonable(result.to_json_dict()), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def save_joint_h5(result: JointResult, path: str | Path) -> Path:
+    """Write ``joint.h5`` atomically: attributes (status, message, losses, steps, ...); groups ``shared``,
+    ``shared_esds``, ``initial_shared`` (one scalar per name, attribute ``units``); ``images/<name>`` and
+    ``image_esds/<name>`` (one value per image, NaN where absent); ``shared_correlation`` (attribute
+    ``names``); ``image_losses``; and ``result_json`` (the JSON document)."""
+    import h5py
+
+    path = Path(path)
+    doc = json.dumps(jsonable(result.to_json_dict()), allow_nan=False)
+    with atomic_output_path(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["format"] = "nbtorch-refine-joint"
+            for k in ("loss_initial", "loss_final", "steps", "evaluations", "wall_s", "world_size",
+                      "fisher_condition", "n_images"):
+                h5.attrs[k] = getattr(result, k)
+            for k in ("message", "symmetry", "loss_name"):
+                h5.attrs[k] = getattr(result, k)
+            h5.attrs["status"] = result.status.value
+            h5.attrs["esd_kind"] = result.esd_kind or ""
+            for group, values in (("shared", result.shared), ("shared_esds", result.shared_esds),
+                                  ("initial_shared", result.initial_shared)):
+                g = h5.create_group(group)
+                for name, v in values.items():
+                    g.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
+            for group, rows in (("images", result.images), ("image_esds", result.image_esds),
+                                ("initial_images", result.initial_images)):
+                g = h5.create_group(group)
+                for name in dict.fromkeys(k for r in rows for k in r):
+                    d = g.create_dataset(name, data=np.array([r.get(name, math.nan) for r in rows], dtype=np.float64))
+                    d.attrs["units"] = result.units.get(name, "")
+            d = h5.create_dataset("shared_correlation", data=np.asarray(result.shared_correlation, dtype=np.float64))
+            d.attrs["names"] = np.array([n.encode() for n in result.shared_names])
+            h5.create_dataset("image_losses", data=np.asarray(result.image_losses, dtype=np.float64))
+            h5.create_dataset("result_json", data=doc)
+    return path
+
+
+def load_joint_h5(path: str | Path) -> dict[str, Any]:
+    """Read a ``joint.h5`` into plain dicts and arrays (the JSON document under ``"json"``)."""
+    import h5py
+
+    out: dict[str, Any] = {}
+    with h5py.File(path, "r") as h5:
+        out.update({k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()})
+        for group in ("shared", "shared_esds", "initial_shared"):
+            out[group] = {k: float(h5[group][k][()]) for k in h5[group]}
+        for group in ("images", "image_esds", "initial_images"):
+            out[group] = {k: h5[group][k][()] for k in h5[group]}
+        out["shared_correlation"] = h5["shared_correlation"][()]
+        out["image_losses"] = h5["image_losses"][()]
+        raw = h5["result_json"][()]
+        out["json"] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    return out
+
+
+# -- the run --------------------------------------------------------------------------------------------
+def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str]) -> tuple[tuple, tuple]:
+    shared_names = space.expand(tuple(shared))
+    per_names = space.expand(tuple(per_image))
+    both = sorted(set(shared_names) & set(per_names))
+    if both:
+        raise InputError(f"shared and per_image both name {', '.join(both)}")
+    if not shared_names:
+        raise InputError("shared: nothing to share (a joint refinement needs at least one shared name)")
+    return shared_names, per_names
+
+
+def _shared_start(simulators, observed_images, masks, start, comm: _Comm, n: int, local: range) -> dict:
+    """Every base value of image 0 (from this process's first image when it is image 0, else gathered) with
+    ``start`` over it: the shared names start there in every image."""
+    rows = {}
+    if local and local[0] == 0:
+        sim = simulators[0]
+        if isinstance(sim, Simulator):
+            obs, valid = _observed_pixels(sim, observed_images[0], None if masks is None else masks[0])
+            v = _start_values(sim, obs, valid, start)
+            rows[0] = torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64)
+    got = comm.gather(rows, 1, (len(BASE_NAMES),), torch.float64)[0]
+    return {k: float(x) for k, x in zip(BASE_NAMES, got)}
+
+
+def _shared_canonical(shared_names: Sequence[str]) -> list[str]:
+    """The canonical names a shared name determines (all six cell values for any cell name; N_a/b/c for N)."""
+    out: list[str] = []
+    for n in shared_names:
+        if n in CELL:
+            out.extend(c for c in CELL if c not in out)
+        elif n == "N":
+            out.extend(("N_a", "N_b", "N_c"))
+        else:
+            out.append(n)
+    return out
+
+
+def _fisher_raw(im: _Image, raw_i: Tensor) -> Tensor:
+    """The image's Fisher matrix in raw units of ``[shared, own]`` (the preconditioner's)."""
+    obj, pmap = im.objective, im.pmap
+
+    def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
+        values = pmap.expand(pmap.physical(raw))
+        return obj.pixel_model(values) if obj.sparse else obj.model(values)  # sparse: the fitted pixels only
+
+    def weights_fn(mu: Tensor, block: tuple[int, int]) -> Tensor:
+        w = obj.pixel_weights if obj.sparse else obj.weights
+        return torch.where(w > 0, w / torch.clamp(mu, min=1e-12), torch.zeros_like(mu))
+
+    return fisher_information(model_fn, raw_i, [(0, 0)], weights_fn)
+
+
+def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPreconditioner:
+    """Whitening by the joint Fisher matrix at the start (``full``), or its diagonal."""
+    if kind is None:
+        return LinearPreconditioner.identity(raw0)
+    q = joint.S + joint.K
+    local = {im.index: _fisher_raw(im, joint.image_raw(raw0, im.index)) for im in joint.images}
+    blocks = joint.comm.gather(local, joint.n, (q, q), raw0.dtype)
+    if kind == "full" and raw0.numel() > MAX_DENSE:
+        log.warning("joint: %d raw parameters > %d: diagonal preconditioning", raw0.numel(), MAX_DENSE)
+        kind = "diagonal"
+    if kind == "diagonal":
+        diag = torch.cat([torch.diagonal(blocks[:, :joint.S, :joint.S], dim1=1, dim2=2).sum(0),
+                          torch.diagonal(blocks[:, joint.S:, joint.S:], dim1=1, dim2=2).reshape(-1)])
+        return preconditioner_from_fisher("diagonal", torch.diag(diag), raw0)
+    return preconditioner_from_fisher(kind, joint.assemble(blocks), raw0)
+
+
+def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
+          starts: Sequence[dict]) -> tuple[dict, float, np.ndarray]:
+    """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices."""
+    S, K, n = joint.S, joint.K, joint.n
+    q = S + K
+    th, Fs, Bs = {}, {}, {}
+    for im in joint.images:
+        theta, F, B = image_information(im.objective, im.pmap, joint.image_raw(raw, im.index))
+        th[im.index], Fs[im.index], Bs[im.index] = theta, F, B
+    thetas = joint.comm.gather(th, n, (q,), torch.float64)
+    F = joint.assemble(joint.comm.gather(Fs, n, (q, q), torch.float64))
+    B = joint.assemble(joint.comm.gather(Bs, n, (q, q), torch.float64))
+    C_fisher, cond = _invert(F)
+    out: dict[str, dict] = {}
+    shared_map = ParameterMap(space, starts[0], shared_names)
+    corr = np.zeros((S, S))
+    for kind, C in (("sandwich", C_fisher @ B @ C_fisher), ("fisher", C_fisher)):
+        esd = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
+        shared = {nm: float(e) for nm, e in zip(shared_names, esd[:S])}
+        shared |= _derived_esds(shared_map, thetas[0, :S], C[:S, :S])
+        images = []
+        for i in range(n):
+            sl = slice(S + i * K, S + (i + 1) * K)
+            own = {nm: float(e) for nm, e in zip(per_names, esd[sl])}
+            if K:
+                own |= _derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], C[sl, sl])
+            images.append(own)
+        out[kind] = {"shared": shared, "images": images}
+        if kind == ESD_KINDS[0]:
+            d = esd[:S]
+            denom = d[:, None] * d[None, :]
+            c = torch.where(denom > 0, C[:S, :S] / torch.where(denom > 0, denom, torch.ones_like(denom)),
+                            torch.zeros_like(denom))
+            c.fill_diagonal_(1.0)
+            corr = c.numpy().copy()
+    return out, cond, corr
+
+
+def refine_joint(
+    simulators: Sequence[Simulator | None],
+    observed_images: Sequence[Any],
+    masks: Sequence[Any] | None = None,
+    *,
+    shared: Sequence[str] = ("cell",),
+    per_image: Sequence[str] = ("scale", "background", "orientation"),
+    symmetry: str = "triclinic",
+    start: Mapping[str, float] | None = None,
+    image_starts: Sequence[Mapping[str, float] | None] | None = None,
+    strategy: str | AbstractStrategy | None = None,
+    convergence: Convergence | None = None,
+    precondition: str | None = "full",
+    background: str = "constant",
+    loss: str | LossFn = "poisson",
+    esds: bool = True,
+) -> JointResult:
+    """Refine shared parameters (default the cell) and per-image ones of many stills together.
+
+    Arguments:
+        simulators: one :class:`nbtorch.Simulator` per image (its parameters are the image's starting model);
+            under torchrun only those of this process's :func:`image_shard` are used (the others may be None).
+        observed_images: (slow, fast) photons per image (same rule); ``masks``: None or one bool mask (or None)
+            per image, True = use the pixel.
+        shared: groups/names with one value for all images (:data:`refine.parameters.GROUPS`, names).
+        per_image: groups/names with one value per image; every other name stays at its start.
+        symmetry: crystal system of the cell.
+        start: starting values of the shared names (base names; default: image 0's simulator).
+        image_starts: per image, starting values overriding its simulator's (e.g. a known beam centre).
+        strategy: ``"lbfgs"`` (default) or ``"adam"`` or a strategy object; ``convergence``: its stopping
+            rules (default :data:`DEFAULT_CONVERGENCE`).
+        precondition: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``
+            or None.
+        background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`.
+        esds: estimate esds at the end (module docstring).
+
+    Returns:
+        :class:`JointResult` (the same in every process).
+
+    Raises:
+        InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the
+            symmetry, an image without usable pixels, a time budget under several processes.
+    """
+    t0 = time.monotonic()
+    n = len(simulators)
+    if n < 1 or len(observed_images) != n:
+        raise InputError(f"observed_images: expected one image per simulator ({n}), got {len(observed_images)}")
+    if masks is not None and len(masks) != n:
+        raise InputError(f"masks: expected one per image ({n}), got {len(masks)}")
+    if image_starts is not None and len(image_starts) != n:
+        raise InputError(f"image_starts: expected one per image ({n}), got {len(image_starts)}")
+    comm = _Comm()
+    local = image_shard(n, comm.rank, comm.world)
+    conv = convergence or DEFAULT_CONVERGENCE
+    if comm.world > 1 and conv.time_budget_s is not None:
+        raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
+    first = next((simulators[i] for i in local if isinstance(simulators[i], Simulator)), None)
+    if local and first is None:
+        raise InputError(f"simulators: images {local.start}..{local.stop - 1} of this process are missing")
+    space = ParameterSpace(symmetry=symmetry, background=background,
+                           pixel_mm=first.setup.pixel_m * 1000.0 if first is not None else 0.1)
+    shared_names, per_names = _names(space, shared, per_image)
+    loss_fn = resolve_loss(loss)
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
+    first_start = dict((image_starts[0] or {}) if image_starts is not None else {})
+    base = _shared_start(simulators, observed_images, masks, {**first_start, **(start or {})}, comm, n, local)
+    shared_start = {k: base[k] for k in BASE_NAMES if k in _shared_canonical(shared_names) or k in shared_names}
+    if any(k in CELL for k in shared_names):
+        shared_start.update({k: base[k] for k in CELL})
+    names = shared_names + per_names
+    images = [_image(i, simulators[i], observed_images[i], None if masks is None else masks[i],
+                     image_starts[i] if image_starts is not None else None, shared_start, space, names, loss_fn)
+              for i in local]
+    dtype = torch.float64
+    joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
+    start_rows = comm.gather({im.index: torch.tensor([im.start[k] for k in BASE_NAMES], dtype=dtype)
+                              for im in images}, n, (len(BASE_NAMES),), dtype)
+    starts = [{k: float(x) for k, x in zip(BASE_NAMES, row)} for row in start_rows]
+    raw0 = torch.cat([torch.zeros(joint.S, dtype=dtype)] + [
+        ParameterMap(space, starts[i], per_names).raw0(dtype) for i in range(n)])
+    if shared_names:  # bounded transforms start away from 0
+        raw0[:joint.S] = ParameterMap(space, starts[0], shared_names).raw0(dtype)
+    pre = _preconditioner(precondition, joint, raw0)
+    losses_seen: list = []
+
+    def fn(z: Tensor) -> tuple[Tensor, Tensor]:
+        losses_seen.clear()
+        value = _JointLoss.apply(pre.to_raw(z), joint, losses_seen)
+        return value, losses_seen[-1]
+
+    res: LoopResult = minimise(fn, pre.z0(), get_strategy(strategy), conv)
+    raw = pre.to_raw(res.state.raw).detach()
+    final_rows = {}
+    for im in images:
+        v = im.pmap.values_at(joint.image_raw(raw, im.index))
+        final_rows[im.index] = torch.tensor([v[k] for k in BASE_NAMES], dtype=dtype)
+    finals = [{k: float(x) for k, x in zip(BASE_NAMES, row)}
+              for row in comm.gather(final_rows, n, (len(BASE_NAMES),), dtype)]
+    warnings: list[str] = []
+    esd_fields: dict[str, Any] = {}
+    if esds and raw.numel() > MAX_DENSE:
+        warnings.append(f"esds skipped: {raw.numel()} raw parameters > MAX_DENSE={MAX_DENSE} (dense joint matrix)")
+    elif esds:
+        try:
+            by_kind, cond, corr = _esds(joint, raw, space, shared_names, per_names, starts)
+            esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)
+        except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
+            log.warning("joint esd estimation failed: %s", exc)
+            warnings.append(f"esd estimation failed: {exc}")
+    keep = _shared_canonical(shared_names)
+
+    def canon(values: dict) -> dict:
+        out = canonical_values(values)
+        if background != "planar":
+            out.pop("background_x", None)
+            out.pop("background_y", None)
+        return out
+
+    image_params = tuple(canon(v) for v in finals)
+    initial_images = tuple(canon(v) for v in starts)
+    kind = esd_fields.get("esd_kind")
+    by = esd_fields.get("esds_by_kind", {})
+    image_losses = res.state.aux if isinstance(res.state.aux, Tensor) else torch.full((n,), math.nan)
+    history = tuple({k: h[k] for k in ("step", "loss", "grad_norm", "step_norm", "evaluations")}
+                    for h in res.state.history)
+    all_names = list(keep) + list(per_names) + list(image_params[0]) + ["misset_x", "misset_y", "misset_z"]
+    return JointResult(
+        status=res.status, message=res.message,
+        shared={k: image_params[0][k] for k in keep}, shared_esds=dict(by[kind]["shared"]) if kind else {},
+        images=image_params, image_esds=tuple(by[kind]["images"]) if kind else tuple({} for _ in range(n)),
+        initial_shared={k: initial_images[0][k] for k in keep}, initial_images=initial_images,
+        shared_names=tuple(shared_names), per_image_names=tuple(per_names), symmetry=symmetry, loss_name=loss_name,
+        loss_initial=float(res.state.history[0]["loss"]) if res.state.history else math.nan,
+        loss_final=float(res.state.loss), image_losses=tuple(float(x) for x in image_losses),
+        steps=res.state.step, evaluations=res.state.evaluations, wall_s=time.monotonic() - t0,
+        world_size=comm.world, units=units_of(dict.fromkeys(all_names)), history=history,
+        warnings=tuple(warnings), **{k: v for k, v in esd_fields.items() if k != "esd_kind"},
+        esd_kind=kind)

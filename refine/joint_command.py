@@ -1,0 +1,92 @@
+"""``nbtorch-refine --images ... --joint``: the images refined together (:func:`refine.joint.refine_joint`).
+
+::
+
+    nbtorch-refine --images 'data/run7_*.cbf' --model "..." --joint --shared cell --out-dir out/joint
+    torchrun --nproc-per-node 2 -m refine.cli --images @stills.txt --model "..." --joint --out-dir out/joint
+
+Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
+``--dmin``/``--dmax``, ``--spots``, ``--roi``, ...; :mod:`refine.command`), each process only its block of
+the images (:func:`refine.joint.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
+``scale,background,orientation``) name the groups; ``--optimizer``, ``--max-steps`` (the loop's steps, default
+300), ``--background``, ``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages, checkpoints and reports
+do not.  Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.joint`).  The exit
+status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Callable
+
+from nbtorch.errors import InputError
+from refine.batch import expand_image_list, per_image_args
+from refine.command import _simulator, check_arguments, load_inputs
+from refine.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
+from refine.model import crystal_system
+from refine.pixels import choose_pixels, starting_scale_background
+from refine.spots import read_spot_list
+
+__all__ = ["run_joint", "split_names"]
+
+
+def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    """``"cell,distance"`` -> ``("cell", "distance")`` (``default`` for None)."""
+    if text is None:
+        return default
+    names = tuple(t.strip() for t in str(text).split(",") if t.strip())
+    if not names:
+        raise InputError(f"{flag}: expected comma-separated names or groups, got {text!r}")
+    return names
+
+
+def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
+    """(simulator on the chosen pixels, observed, pixel mask, start, symmetry) of one image."""
+    a = per_image_args(args, image, out_dir)
+    a.quiet = args.quiet
+    checked = check_arguments(a)
+    inputs = load_inputs(a, checked, say)
+    sim = _simulator(a, checked, inputs)
+    spots = (read_spot_list(a.spots, a.spot_columns, inputs.observed.shape) if a.spots and a.spots != "find"
+             else a.spots)
+    choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=a.dmin, dmax_A=a.dmax, spots=spots,
+                           spot_window_px=a.spot_window, subsample=a.subsample, seed=a.seed,
+                           spots_source=f"--spots {a.spots}")
+    sim = choice.simulator(sim)
+    start = inputs.start
+    if not {"scale", "background"} <= set(start):
+        start = starting_scale_background(sim, inputs.observed, choice.mask, start)
+    say(f"  {image}: fitting {choice.n_used} of {choice.mask.size} pixels")
+    return sim, inputs.observed, choice.mask, start, inputs.symmetry
+
+
+def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    """Load this process's images, refine all jointly, write ``joint.json``/``joint.h5``; the exit status."""
+    t0 = time.monotonic()
+    images = expand_image_list(args.images)
+    out_dir = Path(args.out_dir or "out/joint")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
+    shared = split_names(args.shared, ("cell",), "--shared")
+    per_image = split_names(args.per_image, ("scale", "background", "orientation"), "--per-image")
+    n = len(images)
+    shard = image_shard(n)
+    say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
+        f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
+    sims, observed, masks, starts = [None] * n, [None] * n, [None] * n, [None] * n
+    symmetry = crystal_system(args.symmetry) or "triclinic"
+    for i in shard:
+        sims[i], observed[i], masks[i], starts[i], _ = _load(args, images[i], out_dir, say)
+    conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
+    result = refine_joint(sims, observed, masks, shared=shared, per_image=per_image,
+                          symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
+                          convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds)
+    if _Comm().rank == 0:  # the process group refine_joint used
+        out_dir.mkdir(parents=True, exist_ok=True)
+        json_path = save_joint_json(result, out_dir / "joint.json")
+        h5_path = save_joint_h5(result, out_dir / "joint.h5")
+        say(result.summary())
+        say(f"{time.monotonic() - t0:.1f} s; results: {json_path} and {h5_path}")
+    return 0 if result.status.ok else 1

@@ -1,0 +1,44 @@
+"""nbtorch-refine --images ... --joint (refine.joint_command): stills of one crystal at different orientations
+refined together from the command line; the options' checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import simulate
+from nbtorch.io.cbf import write_cbf
+
+GEOMETRY = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45"
+CRYSTAL = "-N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
+MISSETS = ("10 20 30", "-40 5 75")
+
+
+def test_joint_command_refines_a_shared_cell(refine_cli, tmp_path):
+    for k, misset in enumerate(MISSETS):
+        img = simulate(f"-cell 30 30 40 90 90 90 -misset {misset} {CRYSTAL} {GEOMETRY}", background=1.0, seed=20 + k)
+        write_cbf(tmp_path / f"still_{k}.cbf", img, {"pixel_size_mm": 0.1})
+    # per-image models: the orientation follows the image ({stem}: still_0, still_1), the cell starts 0.3 % off
+    (tmp_path / "still_0.txt").write_text(f"-cell 30.09 30.09 40.12 90 90 90 -misset {MISSETS[0]} {CRYSTAL} {GEOMETRY}")
+    (tmp_path / "still_1.txt").write_text(f"-cell 30.09 30.09 40.12 90 90 90 -misset {MISSETS[1]} {CRYSTAL} {GEOMETRY}")
+    r = refine_cli("--images", "still_0.cbf", "still_1.cbf", "--model", "@{stem}.txt", "--joint", "--shared", "cell",
+                   "--symmetry", "tetragonal", "--max-steps", "40", "--out-dir", "joint")
+    assert r.code == 0, r.err
+    doc = json.loads((r.tmp / "joint" / "joint.json").read_text())
+    assert doc["n_images"] == 2 and doc["shared_names"] == ["cell_a", "cell_c"]
+    assert doc["per_image_names"] == ["orient_x", "orient_y", "orient_z", "scale", "background"]
+    assert doc["shared"]["cell_a"] == pytest.approx(30.0, abs=0.03)
+    assert doc["shared"]["cell_c"] == pytest.approx(40.0, abs=0.04)
+    assert doc["shared_esds"]["cell_a"] > 0 and (r.tmp / "joint" / "joint.h5").is_file()
+    assert "joint refinement of 2 images" in r.out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--problem", "cubic_mosflm", "--joint"), "--joint: only with --images and --joint"),
+    (("--images", "a.cbf", "--shared", "cell"), "--shared: only with --images and --joint"),
+    (("--problem", "cubic_mosflm", "--per-image", "scale"), "--per-image: only with --images and --joint"),
+])
+def test_joint_options_need_images_and_joint(refine_cli, argv, message):
+    r = refine_cli(*argv)
+    assert r.code == 2 and message in r.err
