@@ -65,11 +65,11 @@ from refine.batch import _process_group
 from refine.loop import Convergence, LoopResult, Status, minimise
 from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
 from refine.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace, canonical_values, units_of
-from refine.plan import _observed_pixels, _start_values
+from refine.plan import observed_pixels, starting_values
 from refine.precondition import LinearPreconditioner, preconditioner_from_fisher
 from refine.results import jsonable
 from refine.strategies import AbstractStrategy, get_strategy
-from refine.uncertainty import ESD_KINDS, _derived_esds, _invert, fisher_information, image_information
+from refine.uncertainty import ESD_KINDS, derived_esds, invert_information, fisher_information, image_information
 
 __all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
            "MAX_DENSE"]
@@ -139,8 +139,8 @@ def _image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float
            space: ParameterSpace, names: tuple[str, ...], loss_fn: LossFn) -> _Image:
     if not isinstance(sim, Simulator):
         raise InputError(f"simulators[{index}]: expected a Simulator, got {type(sim).__name__}")
-    obs, valid = _observed_pixels(sim, observed, mask)
-    values = _start_values(sim, obs, valid, start)
+    obs, valid = observed_pixels(sim, observed, mask)
+    values = starting_values(sim, obs, valid, start)
     values.update(shared_start)
     try:
         space.check_start(values)
@@ -380,8 +380,8 @@ def _shared_start(simulators, observed_images, masks, start, comm: _Comm, n: int
     if local and local[0] == 0:
         sim = simulators[0]
         if isinstance(sim, Simulator):
-            obs, valid = _observed_pixels(sim, observed_images[0], None if masks is None else masks[0])
-            v = _start_values(sim, obs, valid, start)
+            obs, valid = observed_pixels(sim, observed_images[0], None if masks is None else masks[0])
+            v = starting_values(sim, obs, valid, start)
             rows[0] = torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64)
     got = comm.gather(rows, 1, (len(BASE_NAMES),), torch.float64)[0]
     return {k: float(x) for k, x in zip(BASE_NAMES, got)}
@@ -444,20 +444,20 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
     thetas = joint.comm.gather(th, n, (q,), torch.float64)
     F = joint.assemble(joint.comm.gather(Fs, n, (q, q), torch.float64))
     B = joint.assemble(joint.comm.gather(Bs, n, (q, q), torch.float64))
-    C_fisher, cond = _invert(F)
+    C_fisher, cond = invert_information(F)
     out: dict[str, dict] = {}
     shared_map = ParameterMap(space, starts[0], shared_names)
     corr = np.zeros((S, S))
     for kind, C in (("sandwich", C_fisher @ B @ C_fisher), ("fisher", C_fisher)):
         esd = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
         shared = {nm: float(e) for nm, e in zip(shared_names, esd[:S])}
-        shared |= _derived_esds(shared_map, thetas[0, :S], C[:S, :S])
+        shared |= derived_esds(shared_map, thetas[0, :S], C[:S, :S])
         images = []
         for i in range(n):
             sl = slice(S + i * K, S + (i + 1) * K)
             own = {nm: float(e) for nm, e in zip(per_names, esd[sl])}
             if K:
-                own |= _derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], C[sl, sl])
+                own |= derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], C[sl, sl])
             images.append(own)
         out[kind] = {"shared": shared, "images": images}
         if kind == ESD_KINDS[0]:

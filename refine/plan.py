@@ -28,7 +28,7 @@ from refine.problems import Problem
 from refine.stages import Stage, stage_a
 from refine.strategies import AbstractStrategy
 
-__all__ = ["RunPlan", "make_plan"]
+__all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmet
     raise InputError(f"problem_or_simulator: expected a Problem or a Simulator, got {type(problem_or_simulator).__name__}")
 
 
-def _observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
+def observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
     """The observed image on the simulator's device and dtype (0 where unusable) and the usable pixels:
     finite, >= 0, inside ``mask`` and the model's own mask."""
     if observed is None:
@@ -106,7 +106,7 @@ def _observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
     return torch.where(valid, obs, torch.zeros((), dtype=obs.dtype, device=obs.device)), valid
 
 
-def _start_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None) -> dict:
+def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None) -> dict:
     """The simulator's parameters, no rotation, scale 1, the median observed pixel as background, then
     ``start`` over them (names checked)."""
     values = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
@@ -193,8 +193,8 @@ def make_plan(
         problem_or_simulator, observed, start, free, fixed, symmetry)
     symmetry = symmetry or "triclinic"
     fixed = tuple(fixed or ())
-    obs, valid = _observed_pixels(sim, observed, mask)
-    values0 = _start_values(sim, obs, valid, start)
+    obs, valid = observed_pixels(sim, observed, mask)
+    values0 = starting_values(sim, obs, valid, start)
     stages = tuple(stages) if stages is not None else stage_a(strategy)
     if not stages:
         raise InputError("stages: at least one stage is needed")

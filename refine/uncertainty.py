@@ -54,7 +54,7 @@ from refine.objective import ImageObjective, View
 from refine.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 
 __all__ = ["Uncertainties", "fisher_information", "information_matrices", "cluster_scores", "estimate_uncertainties",
-           "image_information", "ESD_KINDS"]
+           "image_information", "ESD_KINDS", "derived_esds", "invert_information"]
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def information_matrices(model_fn, theta: Tensor, rows: Sequence[tuple[int, int]
     return F, B
 
 
-def _invert(F: Tensor) -> tuple[Tensor, float]:
+def invert_information(F: Tensor) -> tuple[Tensor, float]:
     d = torch.sqrt(torch.clamp(torch.diagonal(F), min=torch.finfo(F.dtype).tiny))
     Fn = F / (d[:, None] * d[None, :])
     evals = torch.linalg.eigvalsh(Fn)
@@ -213,19 +213,19 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
     for i, name in enumerate(names):  # Gaussian priors add their curvature 1 / sigma^2 (their own units)
         if name in objective.priors:
             F[i, i] += 1.0 / objective.priors[name][1] ** 2
-    C_fisher, cond = _invert(F)
+    C_fisher, cond = invert_information(F)
     covariances = {"fisher": C_fisher, "scaled": C_fisher * max(1.0, float(excess) if excess is not None else 1.0),
                    "sandwich": C_fisher @ B @ C_fisher}
     kinds = {}
     for name, C in covariances.items():
         esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
-        kinds[name] = {n: float(e) for n, e in zip(names, esds)} | _derived_esds(pmap, theta, C)
+        kinds[name] = {n: float(e) for n, e in zip(names, esds)} | derived_esds(pmap, theta, C)
     C = covariances[kind]
     esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
     denom = esds[:, None] * esds[None, :]
     corr = torch.where(denom > 0, C / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(C))
     corr.fill_diagonal_(1.0)
-    derived = _derived_esds(pmap, theta, C)
+    derived = derived_esds(pmap, theta, C)
     return Uncertainties(tuple(names), theta.numpy().copy(), esds.numpy().copy(), C.numpy().copy(),
                          corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
 
@@ -274,7 +274,7 @@ def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:
     return side
 
 
-def _derived_esds(pmap: ParameterMap, theta: Tensor, C: Tensor) -> dict[str, float]:
+def derived_esds(pmap: ParameterMap, theta: Tensor, C: Tensor) -> dict[str, float]:
     """Esds of canonical names that follow from the free ones (linear error propagation)."""
     names = list(pmap.names)
     out: dict[str, float] = {}

@@ -24,7 +24,7 @@ from refine import refine
 from refine.joint import image_shard, load_joint_h5, refine_joint, save_joint_h5, save_joint_json
 from refine.objective import ImageObjective, make_view
 from refine.parameters import ParameterMap, ParameterSpace, SYMMETRIES
-from refine.plan import _observed_pixels
+from refine.plan import observed_pixels
 from refine.problems import make_stills
 from refine.uncertainty import estimate_uncertainties
 
@@ -87,7 +87,7 @@ def test_joint_esds_combine_the_images_fisher_blocks(stills, joint, singles):
     info = np.zeros((3, 3))
     for p, params in zip(stills, joint.images):
         sim = p.simulator()
-        obs, valid = _observed_pixels(sim, p.observed, None)
+        obs, valid = observed_pixels(sim, p.observed, None)
         values = {**params, "orient_x": 0.0, "orient_y": 0.0, "orient_z": 0.0, "background_x": 0.0,
                   "background_y": 0.0}
         objective = ImageObjective(sim, obs, make_view(sim, values, valid))
