@@ -47,8 +47,8 @@ import torch
 from nbtorch.errors import InputError
 from nbtorch.io.dials import DialsExperiment, updated_document
 from nbtorch.parameters import SIMULATOR_NAMES
-from nbtorch.physics.crystal import crystal_real_and_reciprocal, orientation_from_reciprocal
-from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
+from nbtorch.physics.crystal import orientation_from_reciprocal
+from nbtorch.physics.rotation import rotation_matrix_axis_angle
 
 __all__ = ["NB_FROM_DIALS", "nb_from_dials", "dials_from_nb", "experiment_flags", "nominal_phi_deg",
            "misset_from_rotation_deg", "refined_document", "bragg_positions_px"]
@@ -184,12 +184,7 @@ def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int =
         geom = sim.geometry(p)
         setup = sim.setup
         deg = math.pi / 180.0
-        cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
-                            p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
-        misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
-        delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
-        orientation = delta @ misset @ _tensor(sim, setup.orientation0)
-        real, _ = crystal_real_and_reciprocal(cell, orientation, setup.cell_quirk)
+        real, _ = sim.crystal_vectors(p)
         # a refined phi0 rotates the crystal about the spindle; the datum is the nominal angle's
         turn = (p["phi0"] - nominal_phi_deg(exp, image_index)) * deg
         rot = rotation_matrix_axis_angle(_tensor(sim, setup.spindle), turn)
@@ -223,12 +218,7 @@ def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.n
         geom = sim.geometry(p)
         setup = sim.setup
         deg = math.pi / 180.0
-        cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
-                            p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
-        misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
-        delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
-        orientation = delta @ misset @ _tensor(sim, setup.orientation0)
-        _, recip = crystal_real_and_reciprocal(cell, orientation, setup.cell_quirk)
+        _, recip = sim.crystal_vectors(p)
         hkl_t = _tensor(sim, np.asarray(hkl, dtype=np.float64))
         phi = _tensor(sim, np.broadcast_to(np.asarray(phi_deg, dtype=np.float64), (len(hkl_t),)).copy()) * deg
         rot = rotation_matrix_axis_angle(_tensor(sim, setup.spindle).expand(len(phi), 3), phi)  # (n, 3, 3)

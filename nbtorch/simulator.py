@@ -216,17 +216,25 @@ class Simulator(nn.Module):
             p["detector_rotx"] * deg, p["detector_roty"] * deg, p["detector_rotz"] * deg, p["twotheta"] * deg,
         )
 
-    def crystal(self, p: dict[str, Tensor], first_evaluation: bool = False) -> tuple[Tensor, Tensor]:
-        """``(real_A (Φ, M, 3, 3), recip (3, 3))``: crystal vectors per phi step and mosaic domain."""
+    def crystal_vectors(self, p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """``(real (3, 3), recip (3, 3))``: the crystal's real-space (Å, rows a, b, c) and reciprocal (1/Å)
+        vectors in the lab frame at phi 0 without mosaic: the cell, ``-mat``/``-misset`` and the small
+        orientation deltas ``orient_x/y/z`` of ``p`` (canonical parameters, degrees)."""
         s = self.setup
-        t = self._t
         deg = math.pi / 180.0
         cell = torch.stack([p["cell_a"], p["cell_b"], p["cell_c"],
                             p["cell_alpha"] * deg, p["cell_beta"] * deg, p["cell_gamma"] * deg])
         misset = rotation_matrix_xyz(p["misset_x"] * deg, p["misset_y"] * deg, p["misset_z"] * deg)
         delta = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
-        orientation = delta @ misset @ t(s.orientation0)
-        real, recip = crystal_real_and_reciprocal(cell, orientation, s.cell_quirk)
+        orientation = delta @ misset @ self._t(s.orientation0)
+        return crystal_real_and_reciprocal(cell, orientation, s.cell_quirk)
+
+    def crystal(self, p: dict[str, Tensor], first_evaluation: bool = False) -> tuple[Tensor, Tensor]:
+        """``(real_A (Φ, M, 3, 3), recip (3, 3))``: crystal vectors per phi step and mosaic domain."""
+        s = self.setup
+        t = self._t
+        deg = math.pi / 180.0
+        real, recip = self.crystal_vectors(p)
         phi = phi_angles(p["phi0"] * deg, s.phistep_deg * deg, s.phisteps, s.phi_quirk, first_evaluation)
         r_phi = rotation_matrix_axis_angle(t(s.spindle).expand(len(phi), 3), phi)  # (Φ, 3, 3)
         angles = p["mosaic_spread"] * deg * t(s.mosaic_fractions)

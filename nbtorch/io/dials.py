@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nbtorch.errors import InputError
+from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
 __all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES"]
@@ -69,13 +70,7 @@ class DialsExperiment:
 
 
 def _load_json(path: str) -> dict:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such DIALS experiment file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the DIALS experiment file: {exc.strerror or exc}") from None
+    raw = read_file_bytes(path, "DIALS experiment file")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -194,13 +189,7 @@ def _unpack(path: str):
         import msgpack
     except ImportError:
         raise InputError(f"{path}: reading DIALS .refl files needs the msgpack package (pip install msgpack)") from None
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such DIALS reflection file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the DIALS reflection file: {exc.strerror or exc}") from None
+    raw = read_file_bytes(path, "DIALS reflection file")
     try:
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several types for malformed input

@@ -78,7 +78,7 @@ def test_write_expt_keeps_the_document(tmp_path: Path) -> None:
 
 
 def test_expt_errors(tmp_path: Path) -> None:
-    _error(lambda: read_expt(tmp_path / "missing.expt"), "missing.expt", "no such")
+    _error(lambda: read_expt(tmp_path / "missing.expt"), "missing.expt", "not found")
     bad = tmp_path / "bad.expt"
     bad.write_text("{not json")
     _error(lambda: read_expt(bad), "bad.expt", "not JSON")
@@ -100,7 +100,7 @@ def test_expt_errors(tmp_path: Path) -> None:
 
 
 def test_refl_errors(tmp_path: Path) -> None:
-    _error(lambda: read_refl(tmp_path / "none.refl"), "none.refl", "no such")
+    _error(lambda: read_refl(tmp_path / "none.refl"), "none.refl", "not found")
     bad = tmp_path / "bad.refl"
     bad.write_bytes(b"\x80\x04 pickle, not msgpack")
     _error(lambda: read_refl(bad), "bad.refl", "not a DIALS .refl")

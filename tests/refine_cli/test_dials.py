@@ -77,7 +77,7 @@ def test_refined_distance_reaches_the_expt_out(refine_cli, observed):
     (("--expt-out", "x.expt"), "--expt-out: writes the refined --expt; give --expt"),
     (("--expt", "truth.expt", "--refl", "spots.refl", "--spots", "s.txt"), "--refl and --spots both"),
     (("--expt", "truth.expt", "--expt-index", "3"), "--expt "),
-    (("--expt", "missing.expt"), "missing.expt: no such DIALS experiment file"),
+    (("--expt", "missing.expt"), "missing.expt: DIALS experiment file not found"),
     (("--expt", "truth.expt", "--refl", "truth.expt"), "--refl truth.expt: not a DIALS .refl file"),
 ])
 def test_dials_option_errors(refine_cli, observed, argv, message):
