@@ -372,6 +372,7 @@ def minimise(
     x = (resume.raw if resume is not None else raw0).detach().clone().requires_grad_(True)
     optimizer = strategy.init(x)
     evaluate = _Evaluator(fn, x)
+    raw_start = x.detach().clone()
     if resume is not None:
         state = resume.snapshot()
         optimizer.load_state_dict(copy.deepcopy(resume.optimizer))
@@ -401,9 +402,20 @@ def minimise(
         if status in (Status.DIVERGED, Status.FAILED):
             break
         _report_step(state, on_step, on_checkpoint, checkpoint_every, elapsed)
+    if status is Status.CONVERGED and resume is None and state.step > 0 and _went_nowhere(state, raw_start, convergence):
+        # steps that changed nothing: a minimum where it started, or a loss flat in some parameter
+        status, message = _classify_start(fn, state, convergence, evaluate)
+        message = f"{state.step} steps moved nothing; {message}"
     state.elapsed_s = elapsed()
     state.evaluations = evaluate.evaluations
     return LoopResult(status, message, state)
+
+
+def _went_nowhere(state: LoopState, raw_start: Tensor, convergence: Convergence) -> bool:
+    """The run ended within ``xtol`` of its start and the loss within ``ftol``: no step did anything."""
+    first_loss = state.history[0]["loss"] if state.history else state.loss
+    dx = float((state.raw - raw_start).abs().max()) if raw_start.numel() else 0.0
+    return dx <= convergence.xtol and abs(state.loss - first_loss) <= convergence.ftol + convergence.rtol * abs(state.loss)
 
 
 def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState, convergence: Convergence,

@@ -289,7 +289,7 @@ def refine(
     for index in range(state.first_stage, len(plan.stages)):
         res = run_stage(plan, state, index, cb, checkpoint, checkpoint_every)
         status, message = res.status, f"stage {plan.stages[index][0].name}: {res.message}"
-        if res.status in (Status.DIVERGED, Status.FAILED, Status.TIME_BUDGET):
+        if res.status in (Status.DIVERGED, Status.FAILED, Status.TIME_BUDGET, Status.NO_STEP):
             break
         if index + 1 < len(plan.stages):
             save_checkpoint(checkpoint, plan, state, index + 1, state.values, None, plan.stages[index + 1][1])

@@ -105,6 +105,23 @@ def test_start_at_the_background_optimum_with_a_collapsed_scale_is_no_step():
     assert "parameter(s) 0, 2 (of 3)" in res.message
 
 
+def test_steps_that_move_nothing_are_no_step():
+    """A gradient just above gtol along a flat direction: the steps change nothing and the run stopped on
+    'small steps'; that is a flat loss, not convergence (the real still with --start scale=9.9e-25)."""
+    def f(x):
+        return 1234.5 + 1e-150 * (x[0] - 2.0) ** 2 + 1e-7 * x[1], None
+
+    res = minimise(f, torch.tensor([0.0, 0.0], dtype=F64), LBFGS(), Convergence(max_steps=50))
+    assert res.state.step > 0 and res.status is Status.NO_STEP, res.message
+    assert "moved nothing" in res.message and "converged" not in res.message
+
+    def curved(x):  # a true minimum reached at once: still converged
+        return ((x - 1.0) ** 2).sum(), None
+
+    ok = minimise(curved, torch.tensor([1.0 + 1e-9, 1.0], dtype=F64), LBFGS(), Convergence(gtol=1e-12, max_steps=50))
+    assert ok.status is Status.CONVERGED, ok.message
+
+
 @pytest.mark.parametrize("strategy", [LBFGS(), Adam(lr=0.5)])
 def test_nan_stops_with_diverged_and_keeps_last_finite_point(strategy):
     def f(x):
