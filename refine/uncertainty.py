@@ -50,6 +50,7 @@ import torch
 import nbtorch
 from torch import Tensor
 
+from nbtorch.physics.kernel import analytic_jvp
 from refine.objective import ImageObjective, View
 from refine.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 
@@ -100,10 +101,11 @@ def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple
     """``(mu, J)``: the model ``model_fn(theta)`` (any shape) and its Jacobian (pixels, P), pixels flattened.
 
     First derivatives only, by forward-mode autograd: one pass of the model with the P tangents
-    batched (:func:`torch.func.jacfwd`).  Run eagerly: a compiled graph would drop the tangents.
+    batched (:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
+    (:func:`nbtorch.physics.kernel.analytic_jvp`).  Run eagerly: a compiled graph would drop the tangents.
     """
     th = theta.detach()
-    with nbtorch.eager(), torch.no_grad():
+    with nbtorch.eager(), analytic_jvp(), torch.no_grad():
         if th.numel() == 0:
             mu = model_fn(th)
             return mu, mu.new_zeros(mu.numel(), 0)

@@ -1,7 +1,8 @@
 """The esds from first derivatives (forward mode, sparse pixels) equal those of the former path: dense image
 blocks of 64 rows and a Jacobian by an eager double backward (reproduced here as the reference), to 1e-6
 relative, for every kind, with and without priors, on the synthetic problems and on a sparse, restricted
-(measured-like) case."""
+(measured-like) case; with interpolated structure factors (autograd's forward mode through the hot loop) and
+without (the analytic jvp of :class:`nbtorch.physics.square_sum.SquareOrientationSum`, as in the tutorial)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 import torch
 
 import nbtorch
+from nbtorch import Simulator
+from nbtorch.args import config_from_args
+import nbtorch.physics.square_sum as square_sum
 import refine.uncertainty as unc
 from refine.objective import ImageObjective, make_view, poisson_deviance
 from refine.parameters import ParameterMap, ParameterSpace
@@ -38,8 +42,10 @@ def dense_loss(model, observed, weights):  # not ``pixelwise``: the objective ev
     return poisson_deviance(model, observed, weights)
 
 
-def _case(problem, restricted: bool, priors: bool):
-    sim = problem.simulator()
+def _case(problem, restricted: bool, priors: bool, analytic: bool = False):
+    # analytic: no F interpolation, so the hot loop's forward mode is SquareOrientationSum's jvp
+    sim = Simulator(config_from_args(list(problem.args) + (["-nointerpolate"] if analytic else [])),
+                    dtype=torch.float64, compile=False)
     truth = problem.truth
     use = torch.ones(sim.shape, dtype=torch.bool)
     if restricted:  # a sparse pixel choice, the simulator computing only those pixels (as nbtorch-refine does)
@@ -60,10 +66,13 @@ def _case(problem, restricted: bool, priors: bool):
     return pmap, new, old
 
 
-@pytest.mark.parametrize("name,restricted,priors", [("cubic_mosflm", False, False), ("tetragonal_mosflm", False, True),
-                                                     ("tetragonal_mosflm", True, True)])
-def test_first_derivative_esds_equal_the_double_backward_ones(problem_cache, monkeypatch, name, restricted, priors):
-    pmap, new_obj, old_obj = _case(problem_cache(name, 32), restricted, priors)
+@pytest.mark.parametrize("name,restricted,priors,analytic", [
+    ("cubic_mosflm", False, False, False), ("tetragonal_mosflm", False, True, False),
+    ("tetragonal_mosflm", True, True, False), ("tetragonal_mosflm", True, True, True),
+    ("cubic_mosflm", False, False, True)])
+def test_first_derivative_esds_equal_the_double_backward_ones(problem_cache, monkeypatch, name, restricted, priors,
+                                                              analytic):
+    pmap, new_obj, old_obj = _case(problem_cache(name, 32), restricted, priors, analytic)
     assert new_obj.sparse and not old_obj.sparse
     new = unc.estimate_uncertainties(new_obj, pmap, pmap.raw0(), excess=3.0)
     with monkeypatch.context() as m:
@@ -79,14 +88,22 @@ def test_first_derivative_esds_equal_the_double_backward_ones(problem_cache, mon
     assert new.condition == pytest.approx(old.condition, rel=1e-6)
 
 
-def test_jacobian_is_exact_and_blocks_do_not_matter(problem_cache):
-    pmap, obj, _ = _case(problem_cache("tetragonal_mosflm", 32), True, False)
+@pytest.mark.parametrize("analytic", [False, True])
+def test_jacobian_is_exact_and_blocks_do_not_matter(problem_cache, analytic):
+    pmap, obj, _ = _case(problem_cache("tetragonal_mosflm", 32), True, False, analytic)
     theta = torch.stack(list(pmap.physical(pmap.raw0()).values())).detach()
 
     def model(th):
         return obj.pixel_model(pmap.expand({n: th[i] for i, n in enumerate(pmap.names)}))
 
-    mu, J = unc.pixel_jacobian(model, theta)
+    calls = []
+    original = square_sum.square_sum_jvp
+    square_sum.square_sum_jvp = lambda *a: calls.append(1) or original(*a)
+    try:
+        mu, J = unc.pixel_jacobian(model, theta)
+    finally:
+        square_sum.square_sum_jvp = original
+    assert bool(calls) == analytic
     mu_ref, J_ref = double_backward_jacobian(model, theta)
     assert torch.allclose(mu, mu_ref, rtol=1e-13, atol=0)
     assert torch.allclose(J, J_ref, rtol=1e-12, atol=1e-12 * float(J_ref.abs().max()))
