@@ -28,11 +28,13 @@ Three covariances are reported (``Uncertainties.kinds``):
   least 30 non-empty clusters per free parameter.  For a right model it equals ``fisher``
   on average (checked over noisy realisations: ``tests/refine/test_esd_calibration.py``).
 
-``J`` is computed with reverse-mode autograd only (no forward-mode support is
-needed from the simulator): ``g(u) = J^T u`` is the gradient of ``u . mu``
-with ``create_graph=True``, and ``dg_i / du = J[:, i]``; this costs one
-backward pass per parameter on top of one forward pass, done block by block of
-image rows so memory stays bounded.  ``F`` is inverted after scaling to unit
+``J`` is computed from first derivatives only, by forward-mode autograd
+(:func:`pixel_jacobian`): one eager pass of the model carrying the P tangents at once
+(:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
+(:func:`nbtorch.physics.square_sum.square_sum_jvp`).  Nothing here needs second derivatives: ``F``,
+``B`` and the priors' curvature are all built from ``J``.  A sparse objective (the fitted pixels only,
+:class:`~refine.objective.ImageObjective`) is evaluated on its fitted pixels, in blocks of whole rows
+so memory stays bounded.  ``F`` is inverted after scaling to unit
 diagonal; a (near-)singular ``F`` (degenerate parameters, e.g. cell lengths
 and detector distance on a low-angle still) is reported through
 :attr:`Uncertainties.condition` and the pseudo-inverse is used.
