@@ -3,8 +3,8 @@
 :func:`compile_policy` decides, per simulator and purpose (never at import time), in this order:
 
 1. inside :func:`eager` (e.g. gradient tests): eager, always;
-2. purpose ``esds``: eager: the uncertainty estimate differentiates twice (``create_graph=True``),
-   which a compiled backward does not support;
+2. purpose ``esds``: eager: the uncertainty estimate's Jacobian is forward-mode autograd
+   (:func:`refine.uncertainty.pixel_jacobian`), whose tangents a compiled graph drops;
 3. an explicit ``compile=True/False`` argument (``-compile``, ``--compile``, ``--no-compile``) wins;
 4. ``NANOBRAGG_DISABLE_COMPILE=1`` or ``NANOBRAG_DISABLE_COMPILE=1`` (both spellings) selects eager, on
    CPU and CUDA alike; ``0`` or unset means no objection.  Any other value is an error naming the variable;
@@ -111,7 +111,7 @@ def compile_policy(purpose: str = "simulator", evaluations: float | None = None,
     if in_eager_block():
         return False, "inside nbtorch.eager()"
     if purpose == "esds":
-        return False, "eager for the uncertainty estimate (second derivatives)"
+        return False, "eager for the uncertainty estimate (forward-mode derivatives)"
     if explicit is not None:
         return bool(explicit), f"compile={bool(explicit)} requested"
     if env_disables_compile():

@@ -14,7 +14,7 @@ the loop then works on ``z`` with ``raw = raw0 + A z``:
   (eigenvalues floored at ``1e-10 lambda_max``): the Gauss-Newton Hessian becomes
   the identity.
 
-Cost: one forward pass and one backward pass per free parameter.  ``A`` is
+Cost: one forward-mode pass with a tangent per free parameter (:func:`refine.uncertainty.pixel_jacobian`).  ``A`` is
 stored in checkpoints so a resumed stage uses the same one.
 """
 

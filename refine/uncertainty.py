@@ -28,11 +28,13 @@ Three covariances are reported (``Uncertainties.kinds``):
   least 30 non-empty clusters per free parameter.  For a right model it equals ``fisher``
   on average (checked over noisy realisations: ``tests/refine/test_esd_calibration.py``).
 
-``J`` is computed with reverse-mode autograd only (no forward-mode support is
-needed from the simulator): ``g(u) = J^T u`` is the gradient of ``u . mu``
-with ``create_graph=True``, and ``dg_i / du = J[:, i]``; this costs one
-backward pass per parameter on top of one forward pass, done block by block of
-image rows so memory stays bounded.  ``F`` is inverted after scaling to unit
+``J`` is computed from first derivatives only, by forward-mode autograd
+(:func:`pixel_jacobian`): one eager pass of the model carrying the P tangents at once
+(:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
+(:func:`nbtorch.physics.square_sum.square_sum_jvp`).  Nothing here needs second derivatives: ``F``,
+``B`` and the priors' curvature are all built from ``J``.  A sparse objective (the fitted pixels only,
+:class:`~refine.objective.ImageObjective`) is evaluated on its fitted pixels, in blocks of whole rows
+so memory stays bounded.  ``F`` is inverted after scaling to unit
 diagonal; a (near-)singular ``F`` (degenerate parameters, e.g. cell lengths
 and detector distance on a low-angle still) is reported through
 :attr:`Uncertainties.condition` and the pseudo-inverse is used.
@@ -50,6 +52,7 @@ import torch
 import nbtorch
 from torch import Tensor
 
+from nbtorch.physics.kernel import analytic_jvp
 from refine.objective import ImageObjective, View
 from refine.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 
@@ -96,6 +99,27 @@ class Uncertainties:
         return out
 
 
+def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mu, J)``: the model ``model_fn(theta)`` (any shape) and its Jacobian (pixels, P), pixels flattened.
+
+    First derivatives only, by forward-mode autograd: one pass of the model with the P tangents
+    batched (:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
+    (:func:`nbtorch.physics.kernel.analytic_jvp`).  Run eagerly: a compiled graph would drop the tangents.
+    """
+    th = theta.detach()
+    with nbtorch.eager(), analytic_jvp(), torch.no_grad():
+        if th.numel() == 0:
+            mu = model_fn(th)
+            return mu, mu.new_zeros(mu.numel(), 0)
+
+        def both(t: Tensor) -> tuple[Tensor, Tensor]:
+            out = model_fn(t)
+            return out.reshape(-1), out
+
+        J, mu = torch.func.jacfwd(both, has_aux=True)(th)
+    return mu.detach(), J.detach()
+
+
 def fisher_information(model_fn: Callable[[Tensor, tuple[int, int]], Tensor], theta: Tensor,
                        rows: Sequence[tuple[int, int]], weights_fn: Callable[[Tensor, tuple[int, int]], Tensor]) -> Tensor:
     """``sum over row blocks of J^T diag(w) J``.
@@ -110,49 +134,59 @@ def fisher_information(model_fn: Callable[[Tensor, tuple[int, int]], Tensor], th
     """
     P = theta.numel()
     F = torch.zeros(P, P, dtype=theta.dtype)
-    # double backward does not run through compiled graphs: evaluate eagerly
-    with nbtorch.eager():
-        for block in rows:
-            F += _block_fisher(model_fn, theta, block, weights_fn)
+    for block in rows:
+        mu, J = pixel_jacobian(lambda th: model_fn(th, block), theta)
+        w = weights_fn(mu, block).reshape(-1)
+        F += J.T @ (w[:, None] * J)
     return F
 
 
-def _block_fisher(model_fn, theta: Tensor, block: tuple[int, int], weights_fn) -> Tensor:
-    """``J^T diag(w) J`` of one block."""
-    mu, J = _block_jacobian(model_fn, theta, block)
-    w = weights_fn(mu, block).reshape(-1)
-    return J.T @ (w[:, None] * J)
-
-
-def _block_jacobian(model_fn, theta: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """``mu`` of one block and ``J`` (pixels, P): ``J[:, i] = d g_i / d u`` with ``g = J^T u = grad(u . mu)``."""
-    P = theta.numel()
-    th = theta.detach().clone().requires_grad_(True)
-    mu = model_fn(th, block)
-    u = torch.zeros_like(mu, requires_grad=True)
-    (g,) = torch.autograd.grad((u * mu).sum(), th, create_graph=True)
-    cols = []
-    for i in range(P):
-        col = None
-        if g[i].requires_grad:
-            (col,) = torch.autograd.grad(g[i], u, retain_graph=True, allow_unused=True)
-        cols.append(torch.zeros_like(mu) if col is None else col)
-    J = torch.stack([c.reshape(-1) for c in cols], -1).detach()  # (pixels, P)
-    return mu.detach(), J
+def cluster_index(flat: Tensor, shape: tuple[int, int], cluster_px: int) -> tuple[Tensor, int]:
+    """``(index, count)``: the square of ``cluster_px`` pixels each pixel at row-major position ``flat`` of an image
+    of ``shape`` (rows, columns) falls in, and the number of squares (the last ones partial)."""
+    rows, cols = shape
+    k = max(int(cluster_px), 1)
+    across = -(-cols // k)
+    return (flat // cols // k) * across + (flat % cols) // k, (-(-rows // k)) * across
 
 
 def cluster_scores(J: Tensor, factor: Tensor, shape: tuple[int, int], cluster_px: int) -> Tensor:
     """(clusters, P): the sums of the per-pixel scores ``J_p * factor_p`` over squares of ``cluster_px`` pixels
     of an image block of ``shape`` (rows, columns; pixels row-major as in ``J``)."""
-    rows, cols = shape
-    P = J.shape[1]
-    k = max(int(cluster_px), 1)
-    s = (J * factor.reshape(-1, 1)).reshape(rows, cols, P)
-    pr, pc = (-rows) % k, (-cols) % k
-    if pr or pc:
-        s = torch.nn.functional.pad(s.permute(2, 0, 1), (0, pc, 0, pr)).permute(1, 2, 0)
-    R, Cn = s.shape[0] // k, s.shape[1] // k
-    return s.reshape(R, k, Cn, k, P).sum(dim=(1, 3)).reshape(-1, P)
+    index, count = cluster_index(torch.arange(J.shape[0], device=J.device), shape, cluster_px)
+    return _sum_scores(J, factor.reshape(-1), index, count)
+
+
+def _sum_scores(J: Tensor, factor: Tensor, index: Tensor, count: int) -> Tensor:
+    return J.new_zeros(count, J.shape[1]).index_add_(0, index, J * factor[:, None])
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Pixels of one block: ``model(theta) -> mu`` (flattened), their observed counts and weights (flattened),
+    and each pixel's cluster (``cluster`` (pixels,), ``clusters`` in all)."""
+
+    model: Callable[[Tensor], Tensor]
+    observed: Tensor
+    weights: Tensor
+    cluster: Tensor
+    clusters: int
+
+
+def _add_information(F: Tensor, B: Tensor, block: _Block, theta: Tensor) -> None:
+    """``F += J^T diag(w / mu) J`` and ``B += S^T S`` (clustered Poisson scores) of one block."""
+    mu, J = pixel_jacobian(block.model, theta)
+    _accumulate(F, B, mu.reshape(-1), J, block.observed, block.weights, block.cluster, block.clusters)
+
+
+def _accumulate(F: Tensor, B: Tensor, mu: Tensor, J: Tensor, observed: Tensor, w: Tensor, cluster: Tensor,
+                clusters: int) -> None:
+    safe = torch.clamp(mu, min=1e-12)
+    inv = torch.where(w > 0, w / safe, torch.zeros_like(mu))
+    F += J.T @ (inv[:, None] * J)
+    factor = torch.where(w > 0, w * (observed - mu) / safe, torch.zeros_like(mu))
+    S = _sum_scores(J, factor, cluster, clusters)
+    B += S.T @ S
 
 
 def information_matrices(model_fn, theta: Tensor, rows: Sequence[tuple[int, int]], weights_fn, observed_fn,
@@ -165,16 +199,12 @@ def information_matrices(model_fn, theta: Tensor, rows: Sequence[tuple[int, int]
     P = theta.numel()
     F = torch.zeros(P, P, dtype=theta.dtype)
     B = torch.zeros(P, P, dtype=theta.dtype)
-    with nbtorch.eager():
-        for block in rows:
-            mu, J = _block_jacobian(model_fn, theta, block)
-            w = weights_fn(mu, block)
-            safe = torch.clamp(mu, min=1e-12)
-            inv = torch.where(w > 0, w / safe, torch.zeros_like(mu))
-            F += J.T @ (inv.reshape(-1, 1) * J)
-            factor = torch.where(w > 0, w * (observed_fn(block) - mu) / safe, torch.zeros_like(mu))
-            S = cluster_scores(J, factor, tuple(mu.shape[-2:]) if mu.dim() >= 2 else (1, mu.numel()), cluster_px)
-            B += S.T @ S
+    for block in rows:
+        mu, J = pixel_jacobian(lambda th: model_fn(th, block), theta)
+        shape = tuple(mu.shape[-2:]) if mu.dim() >= 2 else (1, mu.numel())
+        index, count = cluster_index(torch.arange(mu.numel()), shape, cluster_px)
+        _accumulate(F, B, mu.reshape(-1), J, observed_fn(block).reshape(-1), weights_fn(mu, block).reshape(-1),
+                    index, count)
     return F, B
 
 
@@ -190,7 +220,8 @@ def invert_information(F: Tensor) -> tuple[Tensor, float]:
 ESD_KINDS = ("sandwich", "scaled", "fisher")
 
 
-def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int = 64,
+def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: Tensor,
+                           rows_per_block: int | None = None,
                            *, excess: float | None = None, cluster_px: int = 8,
                            kind: str = "sandwich") -> Uncertainties:
     """Esds and correlations of ``pmap``'s free parameters at ``raw`` for the pixels of ``objective``.
@@ -200,7 +231,8 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
         pmap: the parameter map whose free names are estimated.
         raw: (P,) raw parameters (the refined point).
         rows_per_block: image rows per Jacobian block (memory bound; rounded to a multiple of
-            ``cluster_px`` so that no cluster straddles two blocks).
+            ``cluster_px`` so that no cluster straddles two blocks); None: 64, or when the objective
+            is sparse the rows of about :data:`PIXELS_PER_BLOCK` fitted pixels.
         excess: the fit's loss over its shot-noise expectation, for the ``scaled`` esds (None: 1).
         cluster_px: side of the pixel squares of the sandwich's clusters.
         kind: which covariance is the result's (``esds``, ``covariance``, ``correlation``):
@@ -230,33 +262,60 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
                          corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
 
 
-def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int = 64,
+def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int | None = None,
                       *, cluster_px: int = 8) -> tuple[Tensor, Tensor, Tensor]:
     """``(theta, F, B)`` of one image: the physical values (P,) of ``pmap``'s free names at ``raw``, the Fisher
     matrix ``F`` and the clustered score matrix ``B`` (:func:`information_matrices`; priors not included), in
     the units of the names.  :func:`estimate_uncertainties` inverts them; a joint refinement
     (:mod:`refine.joint`) sums them over images first."""
     cluster_px = _cluster_side(objective, len(pmap.names), cluster_px)
-    rows_per_block = max(cluster_px, (int(rows_per_block) // cluster_px) * cluster_px)
     names = pmap.names
     with torch.no_grad():
         theta = torch.stack([v.detach() for v in pmap.physical(raw.detach()).values()]) if names else torch.zeros(0)
+    theta = theta.to(objective.observed.dtype)
+    P = len(names)
+    F = torch.zeros(P, P, dtype=theta.dtype)
+    B = torch.zeros(P, P, dtype=theta.dtype)
+    for block in _blocks(objective, pmap, rows_per_block, cluster_px):
+        _add_information(F, B, block, theta)
+    return theta, F, B
+
+
+#: fitted pixels per Jacobian block of a sparse objective (rows_per_block None)
+PIXELS_PER_BLOCK = 1 << 16
+
+
+def _blocks(objective: ImageObjective, pmap: ParameterMap, rows_per_block: int | None, k: int) -> list[_Block]:
+    """The objective's pixels in blocks of whole rows (a multiple of ``k``, the cluster side; binned views whole)."""
     view: View = objective.view
     n_rows = view.shape[0]
-    step = n_rows if view.bin > 1 else max(int(rows_per_block), 1)  # binned views are evaluated whole
-    subs = {}
+    if rows_per_block is None:
+        per_row = float(view.mask.sum()) / n_rows if objective.sparse else view.shape[1]
+        rows_per_block = max(1, int(PIXELS_PER_BLOCK / max(per_row, 1.0)))
+    step = n_rows if view.bin > 1 else max(k, (int(rows_per_block) // k) * k)
+    out = []
     for r in range(0, n_rows, step):
-        block = (r, min(r + step, n_rows))
-        subs[block] = objective if block == (0, n_rows) else objective.rows(*block)
+        sub = objective if (r, min(r + step, n_rows)) == (0, n_rows) else objective.rows(r, min(r + step, n_rows))
+        out.append(_sparse_block(sub, pmap, k) if sub.sparse else _image_block(sub, pmap, k))
+    return out
 
-    def model_fn(th: Tensor, block: tuple[int, int]) -> Tensor:
-        values = pmap.expand({n: th[i] for i, n in enumerate(names)})
-        return subs[block].model(values)
 
-    F, B = information_matrices(model_fn, theta.to(objective.observed.dtype), list(subs),
-                                lambda mu, block: subs[block].weights, lambda block: subs[block].observed,
-                                cluster_px)
-    return theta, F, B
+def _values(pmap: ParameterMap, th: Tensor) -> dict:
+    return pmap.expand({n: th[i] for i, n in enumerate(pmap.names)})
+
+
+def _sparse_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
+    """The fitted pixels of ``sub`` only (:meth:`ImageObjective.pixel_model`)."""
+    index, count = cluster_index(sub._used, sub.view.shape, k)
+    return _Block(lambda th: sub.pixel_model(_values(pmap, th)), sub._obs_px, sub.pixel_weights, index, count)
+
+
+def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
+    """The (binned) image of ``sub`` (:meth:`ImageObjective.model`)."""
+    shape = tuple(sub.weights.shape[-2:]) if sub.weights.dim() >= 2 else (1, sub.weights.numel())
+    index, count = cluster_index(torch.arange(sub.weights.numel(), device=sub.weights.device), shape, k)
+    return _Block(lambda th: sub.model(_values(pmap, th)), sub.observed.reshape(-1), sub.weights.reshape(-1),
+                  index, count)
 
 
 def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:

@@ -210,7 +210,7 @@ def test_check_device_names_the_flag():
     ("refinement", 200_000, None, None, True),
     ("refinement", 1e7, False, None, False),
     ("refinement", 1e7, None, "NANOBRAGG_DISABLE_COMPILE", False),
-    ("esds", None, True, None, False),  # second derivatives never meet a compiled graph, whatever is asked
+    ("esds", None, True, None, False),  # forward-mode tangents never meet a compiled graph, whatever is asked
 ])
 def test_compile_policy(monkeypatch, purpose, evaluations, explicit, env, expected):
     from nbtorch.runtime import compile_policy

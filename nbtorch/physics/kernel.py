@@ -29,6 +29,8 @@ with ``steps = Q Φ M oversample^2`` (layers are not counted).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -279,6 +281,35 @@ def analytic_orientation_sum(
     return out[0], dict(zip(keys, out[1:]))
 
 
+_ANALYTIC_JVP = contextvars.ContextVar("nbtorch_analytic_jvp", default=False)
+
+
+@contextlib.contextmanager
+def analytic_jvp():
+    """Inside: the eager hot loop goes through :class:`~nbtorch.physics.square_sum.SquareOrientationSum` where it
+    applies, so that forward-mode derivatives (:func:`torch.func.jacfwd`) use its analytic ``jvp`` (the
+    factors computed once for every tangent) instead of differentiating every operation of the loop."""
+    token = _ANALYTIC_JVP.set(True)
+    try:
+        yield
+    finally:
+        _ANALYTIC_JVP.reset(token)
+
+
+def eager_orientation_sum(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions,
+                          diagnostics: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+    """The eager hot stage: :func:`orientation_sum`, or inside :func:`analytic_jvp` for a square crystal whose
+    structure factors need no derivative, the same sum through the analytic forward-mode derivative."""
+    if diagnostics or not _ANALYTIC_JVP.get() or opt.shape != "square" or opt.interpolate or (
+            inp.F_grid is not None and inp.F_grid.requires_grad):
+        return orientation_sum(sx, sy, sz, inp, opt, diagnostics)
+    # the forward is square_sum of the Function's own inputs (an autograd.Function under torch.func may not
+    # use tensors it did not receive)
+    out = square_orientation_sum(sx, sy, sz, inp.real_A, inp.n_cells, inp.F_grid, inp.hkl_min, inp.hkl_max,
+                                 inp.default_F)
+    return out[0], {}
+
+
 def _detached(inp: KernelInputs, **tensors: Tensor) -> KernelInputs:
     """``inp`` with ``tensors`` swapped in and every tensor detached (same metadata: same compiled graph)."""
     values = {f.name: getattr(inp, f.name) for f in fields(inp)}
@@ -306,7 +337,7 @@ def combine(sums: Tensor, terms: PixelTerms, inp: KernelInputs, opt: KernelOptio
 
 
 Stages = tuple[Callable, Callable, Callable]
-EAGER_STAGES: Stages = (tile_pixel_terms, orientation_sum, combine)
+EAGER_STAGES: Stages = (tile_pixel_terms, eager_orientation_sum, combine)
 
 
 def accumulate_pixels(

@@ -91,23 +91,74 @@ def square_sum_backward(grad, sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_
     return gs[0], gs[1], gs[2], grad_real, grad_n, grad_f
 
 
+def square_sum_jvp(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F,
+                   d_s: tuple | None, d_real, d_n, d_f, d_grid=None) -> Tensor:
+    """The tangent of :func:`square_sum` (forward mode) for the tangents ``d_s`` (of ``sx, sy, sz``), ``d_real``,
+    ``d_n``, ``d_f`` and ``d_grid`` (of the table; None: zero), with the factors of :func:`square_sum_backward` left unreduced over pixels::
+
+        d sums[x] = sum_j grad_S_j[x] dS_j[x] + sum_{e,i,j} G_i[e, x] S_j[x] dA_ij(e)
+                    + sum_i D_i[x] dN_i + Fd[x] d default_F
+
+    Under :func:`torch.func.jacfwd` the tangents carry a batch of P directions: the factors above are
+    computed once, each direction then costs a few products (a matrix product for ``dA``).
+    """
+    hkl = list(miller_indices((sx, sy, sz), real_A))
+    hkl0 = [nearest_index(h) for h in hkl]
+    parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], d_n is not None) for i in range(3)]
+    f = [p[0] for p in parts]
+    others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
+    latt = f[0] * others[0]
+    F, defaulted = _f_and_default(hkl0, F_grid, hkl_min, hkl_max, default_F)
+    common = (2.0 * F * F) * latt
+    E, X = real_A.shape[0] * real_A.shape[1], sx.numel()
+    out = sx.new_zeros(X)
+    if d_s is not None or d_real is not None:
+        G = torch.stack([(common * others[i] * parts[i][1]).reshape(E, X) for i in range(3)], 1)  # (E, 3, X)
+        if d_s is not None:
+            grad_S = real_A.reshape(E * 3, 3).transpose(0, 1) @ G.reshape(E * 3, X)  # (3, X)
+            out = out + sum(grad_S[j] * d_s[j].reshape(X) for j in range(3))
+        if d_real is not None:
+            S = torch.stack((sx, sy, sz), 0).reshape(1, 1, 3, X)
+            W = (G.reshape(E, 3, 1, X) * S).reshape(E * 9, X)
+            out = out + d_real.reshape(1, E * 9) @ W
+    if d_n is not None:
+        for i in range(3):
+            out = out + (common * others[i] * parts[i][2]).reshape(E, X).sum(0) * d_n[i]
+    if d_f is not None:
+        d = (2.0 * default_F) * latt * latt
+        d = d if defaulted is None else torch.where(defaulted, d, torch.zeros_like(d))
+        out = out + d.reshape(E, X).sum(0) * d_f
+    if d_grid is not None:  # the table's own entries (e.g. reflections that follow default_F)
+        dF = nearest_structure_factor(tuple(hkl0), d_grid, hkl_min, hkl_max, torch.zeros_like(default_F))
+        out = out + ((2.0 * F * latt * latt) * dF).reshape(E, X).sum(0)
+    return out.reshape(sx.shape)
+
+
 class SquareOrientationSum(torch.autograd.Function):
-    """``sum over (Φ, M) of F^2 L^2``; differentiable in S, real_A, N and default_F.
+    """``sum over (Φ, M) of F^2 L^2``; differentiable in S, real_A, N and default_F, in reverse mode
+    (:func:`square_sum_backward`) and forward mode (:func:`square_sum_jvp`, also under
+    :func:`torch.func.jacfwd`).
 
     ``forward_fn(sx, sy, sz, real_A, n_cells, default_F)`` returns ``(sums, *extra)``
     (``extra``: tensors without gradient, e.g. diagnostics), run without
     gradients; ``backward_fn`` has the signature of :func:`square_sum_backward`.
     """
 
+    generate_vmap_rule = True  # jacfwd: the tangents batched
+
     @staticmethod
-    def forward(sx, sy, sz, real_A, n_cells, default_F, table, forward_fn, backward_fn):  # type: ignore[override]
+    def forward(sx, sy, sz, real_A, n_cells, default_F, F_grid, hkl_min, hkl_max, forward_fn,  # type: ignore[override]
+                backward_fn):
+        if forward_fn is None:
+            return (square_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F),)
         return tuple(forward_fn(sx, sy, sz, real_A, n_cells, default_F))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        sx, sy, sz, real_A, n_cells, default_F, table, _, backward_fn = inputs
+        sx, sy, sz, real_A, n_cells, default_F, F_grid, hkl_min, hkl_max, _, backward_fn = inputs
         ctx.save_for_backward(sx, sy, sz, real_A, n_cells, default_F)
-        ctx.table, ctx.backward_fn = table, backward_fn
+        ctx.save_for_forward(sx, sy, sz, real_A, n_cells, default_F, F_grid, hkl_min, hkl_max)
+        ctx.table, ctx.backward_fn, ctx.n_extra = (F_grid, hkl_min, hkl_max), backward_fn, len(output) - 1
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
@@ -116,7 +167,17 @@ class SquareOrientationSum(torch.autograd.Function):
         need = ctx.needs_input_grad
         grads = ctx.backward_fn(grad, sx, sy, sz, real_A, n_cells, *ctx.table, default_F,
                                 any(need[:3]), need[3], need[4], need[5])
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None, None)
+
+    @staticmethod
+    def jvp(ctx, d_sx, d_sy, d_sz, d_real, d_n, d_f, d_grid, *_):  # type: ignore[override]
+        sx, sy, sz, real_A, n_cells, default_F, F_grid, hkl_min, hkl_max = ctx.saved_tensors
+        d_s = None
+        if not (d_sx is None and d_sy is None and d_sz is None):
+            d_s = tuple(torch.zeros_like(sx) if d is None else d for d in (d_sx, d_sy, d_sz))
+        tangent = square_sum_jvp(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F, d_s, d_real,
+                                 d_n, d_f, d_grid)
+        return (tangent, *([None] * ctx.n_extra))
 
 
 def square_orientation_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F,
@@ -127,8 +188,5 @@ def square_orientation_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max
     Without ``forward_fn`` the forward is :func:`square_sum` (no extras).  The
     table (``F_grid``, ``hkl_min``, ``hkl_max``) enters without gradient.
     """
-    table = (F_grid, hkl_min, hkl_max)
-    if forward_fn is None:
-        def forward_fn(sx, sy, sz, real_A, n_cells, default_F):
-            return (square_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F),)
-    return SquareOrientationSum.apply(sx, sy, sz, real_A, n_cells, default_F, table, forward_fn, backward_fn)
+    return SquareOrientationSum.apply(sx, sy, sz, real_A, n_cells, default_F, F_grid, hkl_min, hkl_max, forward_fn,
+                                      backward_fn)

@@ -130,3 +130,42 @@ def test_sincg_derivatives_against_mpmath(dtype, rtol, n):
             # scales: |f| <= n, |df/ddh| <~ n^3, |df/dn| <~ 1 (relative to those)
             for got, ref, scale in zip((f[i], fd[i], fn[i]), want, (n, n**3 * math.pi, 1.0)):
                 assert abs(float(got) - float(ref)) <= rtol * scale, (x, float(got), float(ref))
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_forward_mode_matches_autograd_batched(with_table):
+    """The analytic jvp, batched by torch.func.jacfwd (the esds' Jacobian), equals autograd's forward mode of the
+    plain sum, for every input and for a table whose missing entries follow default_F (a tangent of the table)."""
+    xs = _inputs(4)
+    table = _table() if with_table else None
+
+    def flat(v):
+        return torch.cat([t.reshape(-1) for t in v])
+
+    sizes = [t.numel() for t in xs]
+
+    def split(v):
+        parts = torch.split(v, sizes)
+        return [p.reshape(t.shape) for p, t in zip(parts, xs)]
+
+    def grid_of(dflt):  # entries 0 and 5 of the flat table are missing: they follow default_F
+        if table is None:
+            return None
+        present = torch.ones_like(table[0], dtype=torch.bool).reshape(-1)
+        present[[0, 5]] = False
+        return torch.where(present.reshape(table[0].shape), table[0], dflt)
+
+    def ours(v):
+        a = split(v)
+        grid = grid_of(a[5])
+        return _ours(a, None if grid is None else (grid, table[1], table[2]))
+
+    def plain(v):
+        a = split(v)
+        grid = grid_of(a[5])
+        return _plain(*a, table=None if grid is None else (grid, table[1], table[2]))
+
+    x = flat(xs)
+    J = torch.func.jacfwd(ours)(x)
+    J_ref = torch.func.jacfwd(plain)(x)
+    assert torch.allclose(J, J_ref, rtol=1e-10, atol=1e-10 * float(J_ref.abs().max()))
