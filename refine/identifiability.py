@@ -7,7 +7,8 @@ can determine finds *a* minimum and calls it converged (a real case: 8 spots, a 
 answer walked 0.6 deg in orientation and 0.75 % in a cell edge to match intensities with one F for all
 reflections).  Like DIALS's automatic parameter reduction, the number of observed spots in the fitted
 region is compared with :data:`~refine.fit_quality.MIN_SPOTS_PER_PARAMETER` (5, the reason is in
-:mod:`refine.fit_quality`) per refined parameter.  When there are fewer, the user's choice applies
+:mod:`refine.fit_quality`) per refined parameter that the spots determine (every refined name but the
+nuisance ones, scale and background, which every fitted pixel determines).  When there are fewer, the user's choice applies
 (``too_few_spots``, ``nbtorch-refine --too-few-spots``):
 
 * ``"fix"`` (default): fix parameters in :data:`FIX_ORDER` (what a few spot positions determine least
@@ -31,6 +32,7 @@ from typing import Sequence
 
 from nbtorch.errors import InputError
 from refine.fit_quality import MIN_SPOTS_PER_PARAMETER
+from refine.parameters import NUISANCE
 
 __all__ = ["TOO_FEW_SPOTS", "FIX_ORDER", "DRIFT_TOLERANCE", "reduce_free", "drift_warning"]
 
@@ -52,7 +54,8 @@ def reduce_free(names: Sequence[str], n_spots: int, policy: str = "fix",
     the warning to give (None when the spots suffice).
 
     Arguments:
-        names: every name the run would refine (expanded: ``cell_a``, ``orient_x``, ``scale``...).
+        names: every name the run would refine (expanded: ``cell_a``, ``orient_x``, ``scale``...); the
+            nuisance names (scale, background) are not counted.
         n_spots: observed spots in the fitted region.
         policy: ``"fix"``, ``"warn"`` or ``"fail"`` (the module docstring).
 
@@ -61,7 +64,7 @@ def reduce_free(names: Sequence[str], n_spots: int, policy: str = "fix",
     """
     if policy not in TOO_FEW_SPOTS:
         raise InputError(f"too_few_spots: expected one of {', '.join(TOO_FEW_SPOTS)}, got {policy!r}")
-    names = tuple(names)
+    names = tuple(n for n in names if n not in NUISANCE)  # scale and background come from every pixel, not spots
     if n_spots >= minimum * len(names):
         return (), None
     needed = math.ceil(minimum * len(names))

@@ -54,7 +54,7 @@ def test_builders_alone_match_resolve(cfg):
                                                                "cell_beta", "cell_gamma")])
     assert np.array_equal(sampling.incident, s.incident) and sampling.steps == s.steps
     assert resolve_sensor(cfg, False, sampling) == s.sensor
-    assert resolve_structure_factors(cfg, crystal.n_cells).dmin_A == s.dmin_A
+    assert resolve_structure_factors(cfg, crystal.n_cells, detector).dmin_A == s.dmin_A
 
 
 def test_replace_pixel_mask_keeps_the_pieces(cfg):
