@@ -521,6 +521,8 @@ def refine_joint(
         raise InputError(f"masks: expected one per image ({n}), got {len(masks)}")
     if image_starts is not None and len(image_starts) != n:
         raise InputError(f"image_starts: expected one per image ({n}), got {len(image_starts)}")
+    # checks, the per-image objectives, one loop, the result (_joint_esds, _joint_result); ~45 of the
+    # function's lines are its signature and argument docs
     comm = _Comm()
     local = image_shard(n, comm.rank, comm.world)
     conv = convergence or DEFAULT_CONVERGENCE
@@ -568,6 +570,14 @@ def refine_joint(
         final_rows[im.index] = torch.tensor([v[k] for k in BASE_NAMES], dtype=dtype)
     finals = [{k: float(x) for k, x in zip(BASE_NAMES, row)}
               for row in comm.gather(final_rows, n, (len(BASE_NAMES),), dtype)]
+    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, starts)
+    return _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
+                         background=background, symmetry=symmetry, loss_name=loss_name, wall_s=time.monotonic() - t0,
+                         world=comm.world)
+
+
+def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts) -> tuple[list[str], dict]:
+    """The joint esds as the result's fields, and the warnings (skipped above MAX_DENSE, or failed)."""
     warnings: list[str] = []
     esd_fields: dict[str, Any] = {}
     if esds and raw.numel() > MAX_DENSE:
@@ -579,6 +589,14 @@ def refine_joint(
         except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
             log.warning("joint esd estimation failed: %s", exc)
             warnings.append(f"esd estimation failed: {exc}")
+    return warnings, esd_fields
+
+
+def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_fields: dict, warnings: list[str], *,
+                  shared_names, per_names, background: str, symmetry: str, loss_name: str, wall_s: float,
+                  world: int) -> JointResult:
+    """The :class:`JointResult` of a finished loop: canonical values per image, the shared ones, esds."""
+    n = len(finals)
     keep = _shared_canonical(shared_names)
 
     def canon(values: dict) -> dict:
@@ -604,7 +622,7 @@ def refine_joint(
         shared_names=tuple(shared_names), per_image_names=tuple(per_names), symmetry=symmetry, loss_name=loss_name,
         loss_initial=float(res.state.history[0]["loss"]) if res.state.history else math.nan,
         loss_final=float(res.state.loss), image_losses=tuple(float(x) for x in image_losses),
-        steps=res.state.step, evaluations=res.state.evaluations, wall_s=time.monotonic() - t0,
-        world_size=comm.world, units=units_of(dict.fromkeys(all_names)), history=history,
+        steps=res.state.step, evaluations=res.state.evaluations, wall_s=wall_s,
+        world_size=world, units=units_of(dict.fromkeys(all_names)), history=history,
         warnings=tuple(warnings), **{k: v for k, v in esd_fields.items() if k != "esd_kind"},
         esd_kind=kind)

@@ -195,9 +195,26 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
         extra += ["-lambda", _fmt(geo["wavelength_A"])]
         notes.append(f"wavelength {geo['wavelength_A']:g} A from the header")
     cfg = config_from_args(list(tokens) + extra)  # convention, axes, pixel size and wavelength of the model
-    conv, pixel_m = cfg.convention, cfg.pixel_mm / 1000.0
-    beam_v, _, _, _, tt_axis, polar_v, spindle_v = detector_axes(cfg)
+    _, _, _, _, tt_axis, polar_v, spindle_v = detector_axes(cfg)
 
+    geometry_extra, geometry_notes = _detector_flags(tokens, image, cfg, tt_axis)
+    extra += geometry_extra
+    notes += geometry_notes
+    for more_extra, more_notes in (_rotation_flags(tokens, image, spindle_v), _polarization_flags(tokens, image, polar_v),
+                                   _sensor_flags(tokens, image, cfg.wavelength_A, parallax)):
+        extra += more_extra
+        notes += more_notes
+    notes += _pilatus_notes(image, spindle_v)
+    return extra, notes
+
+
+def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, tt_axis) -> tuple[list[str], list[str]]:
+    """Distance, beam centre and two-theta from the header (flags and notes), for the model ``cfg`` so far."""
+    geo = image.geometry
+    extra: list[str] = []
+    notes: list[str] = []
+    conv, pixel_m = cfg.convention, cfg.pixel_mm / 1000.0
+    slow = image.shape[0]
     # detector two-theta: the detector swings about the sample from its place normal to the beam, where the
     # header's beam centre is its near point and the header's distance its distance (as DIALS reads Pilatus)
     tt = geo.get("twotheta_deg")
@@ -246,6 +263,14 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
         notes.append(f"{tt_name} {swing:g} deg from the header as -twotheta {swing:g} (about the {conv} two-theta "
                      f"axis {_vec(tt_axis)}, right-handed; -twotheta/-twotheta_axis in --model override){swing_note}")
 
+    return extra, notes
+
+
+def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> tuple[list[str], list[str]]:
+    """The rotation of the image (start angle and width; a still has width 0) as -phi/-osc/-phisteps."""
+    geo = image.geometry
+    extra: list[str] = []
+    notes: list[str] = []
     # rotation: Start_angle and Angle_increment (a still has increment 0)
     phi, osc = geo.get("phi_deg"), geo.get("osc_deg")
     if phi is not None or osc is not None:
@@ -267,6 +292,14 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
             notes.append(f"rotation {names} from the header as -phi {start:g} -osc {width:g} -phisteps {steps} "
                          f"(a step per {PHI_STEP_DEG:g} deg at most) about the spindle {_vec(spindle_v)}")
 
+    return extra, notes
+
+
+def _polarization_flags(tokens: Sequence[str], image: MeasuredImage, polar_v) -> tuple[list[str], list[str]]:
+    """The header's polarisation fraction as nanoBragg's Kahn factor."""
+    geo = image.geometry
+    extra: list[str] = []
+    notes: list[str] = []
     # polarization: Pilatus gives the fraction p of the beam polarised along the E-vector; nanoBragg's -polar is
     # Kahn's factor K = 2p - 1 (0: unpolarised, 1: fully polarised along -polar_vector)
     p = geo.get("polarization_fraction")
@@ -282,13 +315,20 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
             notes.append(f"{name} {p:g} from the header as -polar {kahn:g} (Kahn factor 2p - 1: fraction {p:g} of "
                          f"the beam polarised along the model's E-vector {_vec(polar_v)})")
 
+    return extra, notes
+
+
+def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float, parallax: bool) -> tuple[list[str], list[str]]:
+    """The sensor's thickness and absorption (parallax), unless ``parallax`` is False."""
+    geo = image.geometry
+    extra: list[str] = []
+    notes: list[str] = []
     # sensor parallax
     thick = geo.get("sensor_thickness_mm")
     if thick is not None:
         material = sensor_material(image)
         name = f"{material + ' ' if material else ''}{_label(image, 'sensor_thickness_mm', 'sensor thickness')}"
         value = f"{thick * 1000.0:g} um"
-        wavelength = cfg.wavelength_A
         if not parallax:
             notes.append(_not_used(name, value, "--no-parallax"))
         elif _has(tokens, "sensor"):
@@ -312,7 +352,6 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
                              f"(NIST mu/rho, refine.sensor), as -detector_thick {thick_um:g} -detector_abs "
                              f"{abs_um:.6g} -detector_thicksteps {DEFAULT_THICKSTEPS} (--no-parallax: off)")
 
-    notes += _pilatus_notes(image, spindle_v)
     return extra, notes
 
 
