@@ -51,7 +51,7 @@ from nbtorch.physics.crystal import orientation_from_reciprocal
 from nbtorch.physics.rotation import rotation_matrix_axis_angle
 
 __all__ = ["NB_FROM_DIALS", "nb_from_dials", "dials_from_nb", "experiment_flags", "nominal_phi_deg",
-           "misset_from_rotation_deg", "refined_document", "bragg_positions_px"]
+           "misset_from_rotation_deg", "refined_document", "still_experiment", "bragg_positions_px"]
 
 #: v_nb = NB_FROM_DIALS @ v_dials (a proper rotation; its transpose goes back)
 NB_FROM_DIALS = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -200,6 +200,43 @@ def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int =
              "fast_axis": [float(v) for v in dials_from_nb(f)], "slow_axis": [float(v) for v in dials_from_nb(s)]}
     crystal = {k: [float(v) for v in real_d[i]] for i, k in enumerate(("real_space_a", "real_space_b", "real_space_c"))}
     return updated_document(exp, beam, panel, crystal)
+
+
+def still_experiment(sim, image_path: str = "", hall_symbol: str = " P 1") -> DialsExperiment:
+    """A DIALS still experiment (beam, one-panel detector, crystal; no goniometer or scan) shaped for
+    :func:`refined_document`, for a ``sim`` not built from a ``.expt``: its fields are placeholders that
+    :func:`refined_document` overwrites with the simulator's geometry, except the panel's size and pixel
+    size, the beam's polarization normal (from the simulator's E-vector) and the space group
+    (``hall_symbol``, e.g. ``" P 4abw 2nw"`` for P41212).
+    """
+    setup = sim.setup
+    ny, nx = (int(v) for v in sim.shape)
+    pixel_mm = float(setup.pixel_m) * 1000.0
+    direction = dials_from_nb(-np.asarray(setup.beam, dtype=np.float64))
+    e_vec = dials_from_nb(np.asarray(setup.polar_axis, dtype=np.float64))
+    normal = _unit(np.cross(direction, e_vec))
+    zero = [0.0, 0.0, 0.0]
+    document = {
+        "__id__": "ExperimentList",
+        "experiment": [{"__id__": "Experiment", "identifier": "", "beam": 0, "detector": 0, "crystal": 0,
+                        "imageset": 0}],
+        "imageset": [{"__id__": "ImageSet", "images": [str(image_path)] if image_path else [], "mask": "",
+                      "gain": "", "pedestal": "", "dx": "", "dy": "", "params": {}}],
+        "beam": [{"direction": list(direction), "wavelength": 1.0, "divergence": 0.0, "sigma_divergence": 0.0,
+                  "polarization_normal": [float(v) for v in normal], "polarization_fraction": 0.5,
+                  "flux": 0.0, "transmission": 1.0}],
+        "detector": [{"panels": [{"name": "Panel", "type": "SENSOR_PAD", "fast_axis": [1.0, 0.0, 0.0],
+                                  "slow_axis": [0.0, -1.0, 0.0], "origin": zero, "raw_image_offset": [0, 0],
+                                  "image_size": [nx, ny], "pixel_size": [pixel_mm, pixel_mm],
+                                  "trusted_range": [-1.0, 1.0e9], "thickness": 0.0, "material": "", "mu": 0.0,
+                                  "identifier": "", "gain": 1.0, "pedestal": 0.0,
+                                  "px_mm_strategy": {"type": "SimplePxMmStrategy"}}]}],
+        "crystal": [{"__id__": "crystal", "real_space_a": zero, "real_space_b": zero, "real_space_c": zero,
+                     "space_group_hall_symbol": hall_symbol}],
+    }
+    return DialsExperiment(path=str(image_path), document=document, index=0, identifier="",
+                           beam=document["beam"][0], detector=document["detector"][0],
+                           crystal=document["crystal"][0], goniometer=None, scan=None)
 
 
 def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.ndarray:

@@ -33,13 +33,15 @@ def add_options(input_group, output_group) -> None:
                              help="rotation scans: image of the scan that --image is, 0 = the first (default %(default)s)")
     input_group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
                                             "spot list (as --spots)")
-    output_group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt; needs --expt)")
+    output_group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
+                                                 "document with the refined values, or without --expt a new still "
+                                                 "experiment (space group from --symmetry when it names one)")
 
 
 def check_dials_options(args: argparse.Namespace) -> None:
     """Checks that need no file."""
-    if args.expt_out and not args.expt:
-        raise InputError("--expt-out: writes the refined --expt; give --expt")
+    if args.expt_out and not args.expt and not args.image:
+        raise InputError("--expt-out: writes the refined model of a measured image; give --image (or --expt)")
     if args.refl and args.spots:
         raise InputError("--refl and --spots both give the observed spots; drop one")
     for flag, value in (("--expt-index", args.expt_index), ("--expt-image", args.expt_image)):
@@ -89,10 +91,24 @@ def refl_spots(args: argparse.Namespace) -> np.ndarray:
     return np.ascontiguousarray(xyz[:, :2])
 
 
+def _hall_symbol(symmetry: str | None) -> str:
+    """The Hall symbol of ``--symmetry`` when it names a space group (gemmi), else P 1."""
+    try:
+        import gemmi
+    except ImportError:
+        return " P 1"
+    group = gemmi.find_spacegroup_by_name(symmetry) if symmetry else None
+    return group.hall if group is not None else " P 1"
+
+
 def write_expt_out(args: argparse.Namespace, sim, params) -> None:
-    """Write ``--expt-out``: the ``--expt`` document with ``sim``'s geometry at the refined ``params``."""
-    from nbtorch.dials_geometry import refined_document
+    """Write ``--expt-out``: the ``--expt`` document (or, without one, a new still experiment of ``--image``)
+    with ``sim``'s geometry at the refined ``params``."""
+    from nbtorch.dials_geometry import refined_document, still_experiment
     from nbtorch.io.dials import write_expt
 
-    doc = refined_document(_experiment(args), sim, dict(params), args.expt_image)
+    if args.expt:
+        doc = refined_document(_experiment(args), sim, dict(params), args.expt_image)
+    else:
+        doc = refined_document(still_experiment(sim, args.image, _hall_symbol(args.symmetry)), sim, dict(params))
     write_expt(args.expt_out, doc)

@@ -73,8 +73,35 @@ def test_refined_distance_reaches_the_expt_out(refine_cli, observed):
     assert abs(z[2] - z[0]) < 0.3 * abs(z[1] - z[0]), z
 
 
+def test_expt_out_without_expt_writes_a_new_still_experiment(refine_cli, observed):
+    """A model given by nanoBragg flags alone is written as a new DIALS still experiment that reads back as the
+    same model: a run started from it (no --model geometry) starts where the first one ended."""
+    flags = " ".join(experiment_flags(read_expt(observed / "truth.expt")))
+    first = refine_cli("--image", "obs.cbf", "--model", f"{flags} {CRYSTAL}", "--refine", "scale,background",
+                       "--max-steps", "3", "--no-esds", "--symmetry", "P212121", "--expt-out", "new.expt",
+                       "--json", "first.json", "--out", "first.h5")
+    assert first.code == 0, first.err
+    new, truth = read_expt(observed / "new.expt"), read_expt(observed / "truth.expt")
+    assert new.goniometer is None and new.scan is None
+    assert new.crystal["space_group_hall_symbol"].strip() == "P 2ac 2ab"
+    for key in ("origin", "fast_axis", "slow_axis"):
+        assert np.allclose(new.panel[key], truth.panel[key], rtol=0, atol=1e-9), key
+    for key in ("real_space_a", "real_space_b", "real_space_c"):
+        assert np.allclose(new.crystal[key], truth.crystal[key], rtol=0, atol=1e-9), key
+    again = refine_cli("--image", "obs.cbf", "--expt", "new.expt", "--model", CRYSTAL, "--refine", "scale,background",
+                       "--max-steps", "3", "--no-esds", "--json", "again.json", "--out", "again.h5")
+    assert again.code == 0, again.err
+    p1, p2 = first.json("first.json")["params"], again.json("again.json")["params"]
+    for name in ("cell_a", "cell_b", "cell_c", "beam_x", "beam_y", "distance", "wavelength"):
+        assert p2[name] == pytest.approx(p1[name], rel=1e-9, abs=1e-9), name
+
+
+def test_expt_out_needs_a_measured_image(refine_cli):
+    r = refine_cli("--problem", "cubic_mosflm", "--size", "16", "--expt-out", "x.expt")
+    assert r.code == 2 and "--expt-out: writes the refined model of a measured image" in r.err
+
+
 @pytest.mark.parametrize("argv,message", [
-    (("--expt-out", "x.expt"), "--expt-out: writes the refined --expt; give --expt"),
     (("--expt", "truth.expt", "--refl", "spots.refl", "--spots", "s.txt"), "--refl and --spots both"),
     (("--expt", "truth.expt", "--expt-index", "3"), "--expt "),
     (("--expt", "missing.expt"), "missing.expt: DIALS experiment file not found"),
