@@ -41,7 +41,7 @@ from refine.dials import check_dials_options, model_tokens, refl_spots, write_ex
 from refine.identifiability import drift_warning
 from refine.model import crystal_system, model_config, tie_start_cell
 from refine.parameters import ParameterSpace
-from refine.pixels import check_pixel_options, choose_pixels, starting_scale_background
+from refine.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.problems import make_problem
 from refine.report import ESD_NOTE, results_table, write_outputs
 from refine.runner import refine
@@ -227,13 +227,6 @@ def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Si
     return sim
 
 
-def _model_values(sim: Simulator, start: dict) -> dict[str, float]:
-    """The simulator's parameters with the start values over them (the names the simulator knows)."""
-    values = {n: float(v) for n, v in sim.setup.params.items()}
-    values.update({k: v for k, v in start.items() if k in values})
-    return values
-
-
 def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray):
     with eager():  # a few renders of small windows: not worth a compiled graph
         return spot_offsets(sim, values, spots)
@@ -348,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
         start = starting_scale_background(sim, inputs.observed, choice.mask, start)
         say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
             "(Poisson fit of the starting model)")
-    before = None if choice.spots is None else _spot_offsets(sim, _model_values(sim, start), choice.spots)
+    before = None if choice.spots is None else _spot_offsets(sim, model_values(sim, start), choice.spots)
     for directory in checked.make_dirs:
         directory.mkdir(parents=True, exist_ok=True)
     result = refine(sim, inputs.observed, start=start, free=inputs.free_default if args.refine is None else None,

@@ -262,7 +262,6 @@ def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: Simulation
         extra += ["-twotheta", _fmt(swing)]  # after the beam flags: the last pivot flag wins (CUSTOM)
         notes.append(f"{tt_name} {swing:g} deg from the header as -twotheta {swing:g} (about the {conv} two-theta "
                      f"axis {_vec(tt_axis)}, right-handed; -twotheta/-twotheta_axis in --model override){swing_note}")
-
     return extra, notes
 
 
@@ -271,7 +270,6 @@ def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> t
     geo = image.geometry
     extra: list[str] = []
     notes: list[str] = []
-    # rotation: Start_angle and Angle_increment (a still has increment 0)
     phi, osc = geo.get("phi_deg"), geo.get("osc_deg")
     if phi is not None or osc is not None:
         names = " ".join(x for x in (f"{_label(image, 'phi_deg', 'phi')} {phi:g} deg" if phi is not None else "",
@@ -291,7 +289,6 @@ def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> t
             extra += ["-phi", _fmt(start), "-osc", _fmt(width), "-phisteps", str(steps)]
             notes.append(f"rotation {names} from the header as -phi {start:g} -osc {width:g} -phisteps {steps} "
                          f"(a step per {PHI_STEP_DEG:g} deg at most) about the spindle {_vec(spindle_v)}")
-
     return extra, notes
 
 
@@ -314,7 +311,6 @@ def _polarization_flags(tokens: Sequence[str], image: MeasuredImage, polar_v) ->
             extra += ["-polar", _fmt(round(kahn, 12))]
             notes.append(f"{name} {p:g} from the header as -polar {kahn:g} (Kahn factor 2p - 1: fraction {p:g} of "
                          f"the beam polarised along the model's E-vector {_vec(polar_v)})")
-
     return extra, notes
 
 
@@ -323,7 +319,6 @@ def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float
     geo = image.geometry
     extra: list[str] = []
     notes: list[str] = []
-    # sensor parallax
     thick = geo.get("sensor_thickness_mm")
     if thick is not None:
         material = sensor_material(image)
@@ -351,7 +346,6 @@ def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float
                              f"header, attenuation length {abs_um:.4g} um at {HC_KEV_A / wavelength:.4g} keV "
                              f"(NIST mu/rho, refine.sensor), as -detector_thick {thick_um:g} -detector_abs "
                              f"{abs_um:.6g} -detector_thicksteps {DEFAULT_THICKSTEPS} (--no-parallax: off)")
-
     return extra, notes
 
 

@@ -37,7 +37,7 @@ from refine.model import fit_scale_background
 from refine.selection import resolution_mask, roi_mask, subsample_mask
 from refine.spots import find_spots, window_mask
 
-__all__ = ["PixelChoice", "choose_pixels", "check_pixel_options", "starting_scale_background"]
+__all__ = ["PixelChoice", "choose_pixels", "check_pixel_options", "model_values", "starting_scale_background"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,13 @@ def choose_pixels(sim, observed, mask=None, *, dmin_A: float | None = None, dmax
     return PixelChoice(mask=use, spots=chosen_spots)
 
 
+def model_values(sim, start: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The simulator's parameters with the names of ``start`` that the simulator knows put over them."""
+    values = {n: float(v) for n, v in sim.setup.params.items()}
+    values.update({k: float(v) for k, v in (start or {}).items() if k in values})
+    return values
+
+
 def starting_scale_background(sim, observed, pixels: np.ndarray,
                               start: Mapping[str, float] | None = None) -> dict[str, float]:
     """``start`` completed with the Poisson fit of ``scale`` and ``background`` of the starting model
@@ -137,9 +144,7 @@ def starting_scale_background(sim, observed, pixels: np.ndarray,
     out = dict(start or {})
     if {"scale", "background"} <= set(out):
         return out
-    values = {n: float(v) for n, v in sim.setup.params.items()}
-    values.update({k: v for k, v in out.items() if k in values})
-    scale, background = fit_scale_background(sim, values, observed, pixels)
+    scale, background = fit_scale_background(sim, model_values(sim, out), observed, pixels)
     out.setdefault("scale", scale)
     out.setdefault("background", background)
     return out
