@@ -177,6 +177,30 @@ class Simulator(nn.Module):
         new._setup = dataclasses.replace(self._setup, pixel_mask=mask if old is None else (mask & old))
         return new
 
+    def with_structure_factors(self, F_grid: np.ndarray, hkl_min) -> "Simulator":
+        """A simulator whose structure-factor table is ``F_grid`` ((nh, nk, nl), F of ``hkl_min + index``; every
+        entry listed, reflections outside follow ``default_F``), e.g. the table a refinement of the amplitudes
+        edits (:mod:`refine.structure_factors`).  Pixels, parameters and kernel options are this simulator's;
+        ``self`` is unchanged."""
+        grid = np.asarray(F_grid, dtype=np.float64)
+        lo = np.asarray(hkl_min, dtype=np.float64).reshape(3)
+        if grid.ndim != 3 or not np.all(np.isfinite(grid)) or np.any(grid < 0):
+            raise InputError(f"structure-factor table: expected a finite, non-negative 3-d array, got shape {grid.shape}")
+        new = copy.copy(self)
+        new.__dict__ = dict(self.__dict__)
+        for table in ("_buffers", "_parameters", "_modules"):
+            new.__dict__[table] = dict(self.__dict__[table])
+        new.__dict__.pop("_pixel_cache", None)
+        sf = dataclasses.replace(self._setup.structure_factors, F_grid=grid, F_present=None, hkl_min=lo,
+                                 hkl_max=lo + np.array(grid.shape) - 1)
+        new._setup = dataclasses.replace(self._setup, structure_factors=sf)
+        for name in ("F_grid", "F_present"):  # plain attributes (None) or buffers
+            new.__dict__.pop(name, None)
+            new._buffers.pop(name, None)
+        new._buffers["F_grid"] = torch.as_tensor(grid, dtype=torch.float64, device=self.device)
+        new.__dict__["F_present"] = None
+        return new
+
     @property
     def shape(self) -> tuple[int, int]:
         """Image shape (slow, fast)."""

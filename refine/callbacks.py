@@ -23,10 +23,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
 from nbtorch.parameters import MISSET_NAMES, ORIENTATION_DELTAS
 from refine.parameters import REFINABLE
+from refine.structure_factors import is_amplitude
 
 if TYPE_CHECKING:  # pragma: no cover
     from refine.loop import Status
@@ -246,9 +248,15 @@ class TensorBoardCallback(AbstractCallback):
         w.add_scalar("loss", state.loss, s)
         w.add_scalar("grad_norm", state.grad_norm, s)
         w.add_scalar("stage", state.stage_index, s)
+        amplitudes = []
         for name, value in state.params.items():
+            if is_amplitude(name):  # hundreds of them: one histogram, not a tag each
+                amplitudes.append(value)
+                continue
             w.add_scalar(parameter_tag(name), value, s)
             w.add_scalar(parameter_tag(name, "grads"), state.grads.get(name, 0.0), s)
+        if amplitudes:
+            w.add_histogram("structure_factors", np.asarray(amplitudes), s)
         if any(n in ORIENTATION_DELTAS for n in state.params):
             for name in MISSET_NAMES:
                 w.add_scalar(parameter_tag(name), state.canonical[name], s)

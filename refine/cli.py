@@ -40,6 +40,7 @@ from refine.precondition import PRECONDITIONER_NAMES
 from refine.runner import RefinementInterrupted
 from refine.stages import Stage, coarse_to_fine, stage_a
 from refine.strategies import LBFGS, Adam
+from refine.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
 
 __all__ = ["main", "build_parser", "parse_args", "run"]
 
@@ -102,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
+    g.add_argument("--structure-factors", action="store_true",
+                   help="then refine one amplitude F_h_k_l per symmetry-unique reflection the fitted pixels see, with "
+                        "the geometry (a last stage; needs a space group: --space-group or --symmetry P41212)")
+    g.add_argument("--space-group", help="space group of the amplitudes (default: --symmetry when it names one)")
+    g.add_argument("--f-start", default="auto", choices=AMPLITUDE_STARTS,
+                   help="starting amplitudes: file (the model's -hkl), one (-default_F for all), estimate (EM from "
+                        "the observed spots at the refined geometry); auto (default): file with -hkl, else estimate")
+    g.add_argument("--f-min-photons", type=float, default=DEFAULT_MIN_PHOTONS,
+                   help="Bragg photons a reflection needs on the fitted pixels to be refined (default %(default)s)")
+    g.add_argument("--f-restraint", type=float, metavar="SIGMA",
+                   help="restrain each amplitude towards its resolution bin's mean, relative width SIGMA (e.g. 0.5)")
     g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
     g.add_argument("--bounds", type=_csv, help="name=low:high,... refine inside open intervals")
     g.add_argument("--prior", type=_csv, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
@@ -143,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = output_group = p.add_argument_group("output")
     g.add_argument("--out", default="result.h5", help="result HDF5 file (default %(default)s)")
     g.add_argument("--json", help="result JSON file (default: --out with .json)")
+    g.add_argument("--hkl-out", help="with --structure-factors: the refined amplitudes as a nanoBragg -hkl file, "
+                                     "every equivalent written (default: --out with .hkl)")
     g.add_argument("--report", help="self-contained HTML report of the run (parameter table, loss and parameters per "
                                     "step, image crops with spots, spot offsets, residuals, correlations)")
     g.add_argument("--logdir", help="TensorBoard log directory (default: no logs)")

@@ -47,6 +47,7 @@ from refine.report import ESD_NOTE, results_table, write_outputs
 from refine.runner import refine
 from refine.selection import check_roi
 from refine.spots import read_spot_list, spot_offsets
+from refine.structure_factors import AmplitudeOptions, check_space_group
 
 __all__ = ["run", "check_arguments", "load_inputs", "write_and_report"]
 
@@ -67,6 +68,7 @@ class Checked:
     json_path: str
     ckpt_path: str
     dtype: torch.dtype
+    amplitudes: AmplitudeOptions | None = None
 
 
 @dataclass
@@ -153,6 +155,9 @@ def check_arguments(args: argparse.Namespace) -> Checked:
         outputs["--report"] = args.report
     if args.expt_out:
         outputs["--expt-out"] = args.expt_out
+    amplitudes = amplitude_options(args)
+    if amplitudes is not None:
+        outputs["--hkl-out"] = args.hkl_out or str(Path(args.out).with_suffix(".hkl"))
     make_dirs = check_outputs({**outputs, "--logdir": args.logdir}, folders=("--logdir",), make_missing=True)
     check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
     if args.resume and not Path(ckpt_path).is_file():
@@ -160,7 +165,27 @@ def check_arguments(args: argparse.Namespace) -> Checked:
                          "(run once without --resume, or give --checkpoint)")
     return Checked(symmetry=symmetry, stages=stages, start=start, bounds=bounds, priors=priors, outputs=outputs,
                    make_dirs=make_dirs, json_path=json_path, ckpt_path=ckpt_path,
-                   dtype=torch.float64 if args.dtype == "float64" else torch.float32)
+                   dtype=torch.float64 if args.dtype == "float64" else torch.float32, amplitudes=amplitudes)
+
+
+def amplitude_options(args: argparse.Namespace) -> AmplitudeOptions | None:
+    """``--structure-factors`` and its options (None without it); the space group from ``--space-group`` or a
+    space-group ``--symmetry``."""
+    named = [f for f, v in (("--space-group", args.space_group), ("--f-restraint", args.f_restraint),
+                            ("--hkl-out", args.hkl_out)) if v is not None]
+    if not args.structure_factors:
+        if named:
+            raise InputError(f"{named[0]}: only with --structure-factors")
+        return None
+    group = args.space_group
+    if group is None and args.symmetry and crystal_system(args.symmetry) != args.symmetry.strip().lower():
+        group = args.symmetry
+    if group is None:
+        raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
+                         "equivalent reflections share one amplitude")
+    check_space_group(group)
+    return AmplitudeOptions(group, start=args.f_start, min_photons=args.f_min_photons,
+                            restraint_sigma=args.f_restraint)
 
 
 def _load_problem(args: argparse.Namespace, checked: Checked, say) -> Inputs:
@@ -275,7 +300,8 @@ def _say_extra_esds(say, result, e: dict) -> None:
 
 def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
     """Write the result files (and the HTML report), then print the summary."""
-    write_outputs(result, args.out, checked.json_path, inputs.extra)
+    write_outputs(result, args.out, checked.json_path, inputs.extra,
+                  hkl_path=checked.outputs.get("--hkl-out") if result.amplitudes is not None else None)
     if args.report:
         from refine.html_report import write_report  # matplotlib: only when a report is asked for
 
@@ -298,6 +324,10 @@ def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs,
             f"{s['n']} matched)")
     if "esd_extra" in inputs.extra:
         _say_extra_esds(say, result, inputs.extra["esd_extra"])
+    if result.amplitudes is not None:
+        sf = result.structure_factors()
+        say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}); "
+            f"written to {checked.outputs['--hkl-out']}")
     say(f"wrote {args.out} and {checked.json_path}{' and ' + args.report if args.report else ''} "
         f"({time.monotonic() - t0:.1f} s in all)")
     if args.logdir:
@@ -351,7 +381,10 @@ def run(args: argparse.Namespace) -> int:
                     too_few_spots=args.too_few_spots, callbacks=_callbacks(args, sim, say),
                     progress=False if args.quiet else None, time_budget_s=args.time_budget,
                     checkpoint=checked.ckpt_path, checkpoint_every=args.checkpoint_every,
-                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds)
+                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds,
+                    structure_factors=checked.amplitudes)
+    if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
+        sim = result.amplitudes.simulator(sim, result.refined)
     if choice.spots is not None:
         after = _spot_offsets(sim, dict(result.params), choice.spots)
         inputs.extra["spots"] = _spots_report(args, choice.spots, before, after)

@@ -91,6 +91,8 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
         log.info("%s", w)
     params, init_params = canonical_values(values), canonical_values(initial_values)
+    if plan.amplitudes is not None:  # the amplitudes' start (the estimate, when there is one) for the report
+        init_params.update({n: float(initial_values.get(n, plan.amplitudes.starts[n])) for n in plan.amplitudes.names})
     if plan.background != "planar":
         for d in (params, init_params):
             d.pop("background_x", None)
@@ -105,4 +107,5 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         loss_initial=loss_initial, loss_final=loss_final, steps=sum(s.steps for s in stage_summaries),
         evaluations=sum(s.evaluations for s in stage_summaries), wall_s=wall_s, stages=stage_summaries,
         history=history.to_dict(), observed=obs_np, model=model, residuals=np.where(used, obs_np - model, 0.0),
-        mask=used, symmetry=plan.symmetry, hparams=plan.hparams, fit=fit, warnings=tuple(warnings), **uncertainty)
+        mask=used, symmetry=plan.symmetry, hparams=plan.hparams, fit=fit, warnings=tuple(warnings),
+        amplitudes=plan.amplitudes, **uncertainty)

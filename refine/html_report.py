@@ -36,6 +36,7 @@ from nbtorch.io.atomic import atomic_write
 from refine import figures
 from refine.report import ESD_NOTE, parameter_rows
 from refine.results import load_h5
+from refine.structure_factors import is_amplitude
 
 __all__ = ["load_report_data", "render_report", "write_report", "main"]
 
@@ -113,6 +114,20 @@ def _summary(doc: dict) -> str:
     return "".join(parts)
 
 
+def _structure_factor_summary(doc: dict) -> str:
+    """One paragraph on the refined amplitudes (all of them: result.json's ``structure_factors``)."""
+    sf = doc.get("structure_factors") or {}
+    rows = sf.get("reflections") or []
+    if not rows:
+        return "<p>No amplitude was refined.</p>"
+    F = np.array([r[4] for r in rows], float)
+    esd = np.array([np.nan if r[5] is None else r[5] for r in rows], float)
+    rel = esd / np.where(F > 0, F, np.nan)
+    return (f"<p>{len(rows)} amplitudes refined in {html.escape(str(sf.get('space_group', '')))} (start: "
+            f"{html.escape(str(sf.get('start', '')))}): median F {np.nanmedian(F):.4g}, median relative esd "
+            f"{np.nanmedian(rel):.3g}; every value is in result.json (structure_factors) and the HKL file.</p>")
+
+
 def render_report(data: dict[str, Any], title: str = "nbtorch-refine report") -> str:
     """The HTML page (a string) for ``data`` from :func:`load_report_data`."""
     doc = data["json"]
@@ -161,6 +176,10 @@ def render_report(data: dict[str, Any], title: str = "nbtorch-refine report") ->
     ]
     corr = np.asarray(data.get("correlation", np.zeros((0, 0))))
     names = list(data.get("names", free))
+    keep = [i for i, n in enumerate(names) if not is_amplitude(n)]  # hundreds of amplitudes: their own section
+    if len(keep) < len(names) and corr.size:
+        corr, names = corr[np.ix_(keep, keep)], [names[i] for i in keep]
+        sections += ["<h2>Structure factors</h2>", _structure_factor_summary(doc)]
     if corr.size:
         sections += ["<h2>Correlations</h2>", _figure(
             figures.correlation_figure(names, corr), "correlation matrix",

@@ -33,6 +33,7 @@ from typing import Sequence
 from nbtorch.errors import InputError
 from refine.fit_quality import MIN_SPOTS_PER_PARAMETER
 from refine.parameters import NUISANCE
+from refine.structure_factors import is_amplitude
 
 __all__ = ["TOO_FEW_SPOTS", "FIX_ORDER", "DRIFT_TOLERANCE", "reduce_free", "drift_warning"]
 
@@ -64,7 +65,9 @@ def reduce_free(names: Sequence[str], n_spots: int, policy: str = "fix",
     """
     if policy not in TOO_FEW_SPOTS:
         raise InputError(f"too_few_spots: expected one of {', '.join(TOO_FEW_SPOTS)}, got {policy!r}")
-    names = tuple(n for n in names if n not in NUISANCE)  # scale and background come from every pixel, not spots
+    # scale and background come from every pixel, an amplitude from its own spot's intensity (each free one
+    # has photons there: refine.structure_factors); the spots' positions decide the rest
+    names = tuple(n for n in names if n not in NUISANCE and not is_amplitude(n))
     if n_spots >= minimum * len(names):
         return (), None
     needed = math.ceil(minimum * len(names))

@@ -213,6 +213,10 @@ class ImageObjective:
         loss: ``(model, observed, weights) -> scalar`` (e.g. :func:`poisson_deviance`).
         n_factor: simulate ``N * n_factor`` (spot broadening; 1 = none).
         compile_loss: wrap ``loss`` in ``torch.compile(fullgraph=True)``.
+        priors: name -> (mean, sigma), Gaussian restraints added to the loss.
+        amplitudes: the run's :class:`~refine.structure_factors.AmplitudeTable` (the simulator must hold its
+            table): the values' ``F_h_k_l`` are put into the structure-factor table of every evaluation.
+        restraint: an :class:`~refine.structure_factors.AmplitudeRestraint` added to the loss.
 
     With ``view.bin == 1`` and a pixelwise ``loss`` (see the module docstring) the loss
     is evaluated on the fitted pixels only (``sparse`` is True).  ``observed`` and
@@ -223,8 +227,11 @@ class ImageObjective:
 
     def __init__(self, sim: Simulator, observed: Tensor, view: View, loss: LossFn = poisson_deviance,
                  n_factor: float = 1.0, compile_loss: bool = False,
-                 priors: Mapping[str, tuple[float, float]] | None = None) -> None:
+                 priors: Mapping[str, tuple[float, float]] | None = None, amplitudes=None,
+                 restraint=None) -> None:
         self.sim = sim
+        self.amplitudes = amplitudes
+        self.restraint = restraint
         self.priors = check_priors(priors)
         self.view = view
         self.n_factor = float(n_factor)
@@ -271,7 +278,8 @@ class ImageObjective:
             raise InputError("rows: only unbinned views can be split into row blocks")
         x0, x1, y0, y1 = self.view.roi
         sub = View(roi=(x0, x1, y0 + r0, y0 + r1 - 1), mask=self.view.mask[r0:r1], bin=1, fraction=self.view.fraction)
-        out = ImageObjective(self.sim, self.observed_full, sub, self.loss, n_factor=self.n_factor)
+        out = ImageObjective(self.sim, self.observed_full, sub, self.loss, n_factor=self.n_factor,
+                             amplitudes=self.amplitudes)
         out.loss_fn = self.loss_fn
         return out
 
@@ -280,6 +288,8 @@ class ImageObjective:
         if self.n_factor != 1.0:
             for n in ("N_a", "N_b", "N_c"):
                 overrides[n] = overrides[n] * self.n_factor
+        if self.amplitudes is not None:
+            overrides["F_grid"] = self.amplitudes.grid(values, self.observed.dtype, self.observed.device)
         return overrides
 
     def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
@@ -306,6 +316,12 @@ class ImageObjective:
         flat = aux.new_zeros(self.view.shape[0] * self.view.shape[1]).index_put((self._used,), aux)
         return flat.reshape(self.view.shape)
 
+    def pixels(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor, Tensor]:
+        """``(model, observed, weights)`` of the fitted pixels (sparse) or the view's (binned) image, flattened."""
+        if self.sparse:
+            return self.pixel_model(values), self._obs_px, self.pixel_weights
+        return self.model(values).reshape(-1), self.observed.reshape(-1), self.weights.reshape(-1)
+
     def evaluate(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor]:
         """``(loss, aux)``: the loss (with the priors' term) and the model in the cheapest form (see
         :meth:`model_image`)."""
@@ -317,6 +333,8 @@ class ImageObjective:
             loss = self.loss_fn(model, self.observed, self.weights)
         if self.priors:
             loss = loss + self.prior_term(values)
+        if self.restraint is not None:
+            loss = loss + self.restraint(values, loss.dtype, loss.device)
         return loss, model
 
     def prior_term(self, values: Mapping[str, Tensor | float]) -> Tensor:

@@ -32,6 +32,8 @@ group           names
 ``wavelength``  ``wavelength``
 ``scale``       ``scale``
 ``background``  ``background`` (+ ``background_x background_y`` when planar)
+``structure_factors``  one amplitude ``F_h_k_l`` per visible symmetry-unique reflection
+                (:mod:`refine.structure_factors`; the run's table decides which)
 ==============  ===========================================================
 
 Transforms (one raw unit is a typical refinement step, so LBFGS and Adam can
@@ -43,7 +45,8 @@ fluence, ``default_F`` and ``scale`` are positive, ``Multiplicative(v, step)``
 ``background`` is ``Positive(max(v, 1))`` (softplus: a negative background would
 let a misplaced model subtract intensity between its spots); the planar
 background slopes are ``Identity``; the Kahn factor is ``Bounded(-1, 1)``; a
-user bound ``(lo, hi)`` gives ``Bounded(lo, hi)``.  The steps are in :data:`STEPS`.
+user bound ``(lo, hi)`` gives ``Bounded(lo, hi)``; an amplitude ``F_h_k_l`` is
+``Multiplicative(F_start, step of default_F)`` (positive by construction).  The steps are in :data:`STEPS`.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from nbtorch.parameters import (
     CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, Parameter, names_in_group,
 )
 from nbtorch.setup import check_cell
+from refine.structure_factors import is_amplitude
 from refine.transforms import Bounded, Identity, Multiplicative, Positive, Transform
 
 
@@ -118,6 +122,7 @@ GROUPS = {
     "wavelength": ("wavelength",),
     "scale": ("scale",),
     "background": None,  # background (+ background_x, background_y when planar)
+    "structure_factors": None,  # the amplitudes of the run's table (ParameterSpace.amplitudes)
 }
 
 #: (kind, step): "mul" = Multiplicative(v, step) (relative step), "add" = Identity(step, v), from the table's
@@ -211,6 +216,8 @@ class ParameterSpace:
         bounds: name -> (low, high) in physical units: a ``Bounded`` transform.
         fixed: names or groups never refined.
         pixel_mm: pixel size; one raw unit of ``beam_x``/``beam_y`` is one pixel.
+        amplitudes: the refinable amplitudes' names (``F_h_k_l``, :mod:`refine.structure_factors`): the group
+            ``structure_factors``; none without a table.
     """
 
     symmetry: str = "triclinic"
@@ -219,6 +226,7 @@ class ParameterSpace:
     bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     fixed: tuple[str, ...] = ()
     pixel_mm: float = 0.1
+    amplitudes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.symmetry not in SYMMETRIES:
@@ -242,6 +250,8 @@ class ParameterSpace:
             return ("mosaic_spread",) + (("N_a", "N_b", "N_c") if self.anisotropic_N else ("N",))
         if name == "background":
             return ("background",) + (("background_x", "background_y") if self.background == "planar" else ())
+        if name == "structure_factors":
+            return tuple(self.amplitudes)
         return GROUPS[name]
 
     def _expand_raw(self, items: Iterable[str], check_cell: bool = True) -> list[str]:
@@ -251,8 +261,11 @@ class ParameterSpace:
         for item in items:
             if item in GROUPS:
                 names = self.group(item)
-            elif item in REFINABLE:
+            elif item in REFINABLE or item in self.amplitudes:
                 names = (item,)
+            elif is_amplitude(item):
+                raise InputError(f"{item}: not a refinable amplitude of this run (refine the group structure_factors "
+                                 f"with a space group; only reflections the fitted pixels see are free)")
             else:
                 raise InputError(f"unknown parameter or group {item!r}; groups: {', '.join(GROUPS)}; "
                                  f"names: {', '.join(REFINABLE)}")
@@ -272,9 +285,10 @@ class ParameterSpace:
         return out
 
     def expand(self, items: Iterable[str]) -> tuple[str, ...]:
-        """Refinable names of ``items`` (names or groups), fixed ones removed, in :data:`REFINABLE` order."""
+        """Refinable names of ``items`` (names or groups), fixed ones removed, in :data:`REFINABLE` order, then
+        the amplitudes in the table's order."""
         names = set(self._expand_raw(items)) - self._fixed  # type: ignore[attr-defined]
-        return tuple(n for n in REFINABLE if n in names)
+        return tuple(n for n in REFINABLE + tuple(self.amplitudes) if n in names)
 
     def check_start(self, values: Mapping[str, float]) -> None:
         """Raise if the starting cell breaks the crystal system, or a value cannot start a refinement."""
@@ -304,7 +318,7 @@ class ParameterSpace:
             if not -1.0 < v < 1.0:
                 raise InputError(f"start: polarization must be inside (-1, 1) to be refined, got {v:g}")
             return Bounded(-1.0, 1.0)
-        kind, step = STEPS[name]
+        kind, step = STEPS["default_F" if is_amplitude(name) else name]
         if kind == "mul":
             if not v > 0:
                 raise InputError(f"start: {name} must be > 0 to be refined, got {v:g}")
@@ -323,7 +337,7 @@ class ParameterMap:
 
     Arguments:
         space: the run's :class:`ParameterSpace`.
-        values: the state at raw = 0: every name of :data:`BASE_NAMES` -> float.
+        values: the state at raw = 0: every name of :data:`BASE_NAMES` (and the space's amplitudes) -> float.
         names: the free refinable names (from :meth:`ParameterSpace.expand`).
 
     ``expand(physical(raw))`` gives every base value: free ones as tensors (with
@@ -332,11 +346,11 @@ class ParameterMap:
     """
 
     def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str]) -> None:
-        missing = [n for n in BASE_NAMES if n not in values]
+        missing = [n for n in BASE_NAMES + tuple(space.amplitudes) if n not in values]
         if missing:
-            raise InputError(f"values: missing {', '.join(missing)}")
+            raise InputError(f"values: missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
         self.space = space
-        self.values = {n: float(values[n]) for n in BASE_NAMES}
+        self.values = {n: float(values[n]) for n in BASE_NAMES + tuple(space.amplitudes)}
         self.names = tuple(names)
         self.n0 = (self.values["N_a"] * self.values["N_b"] * self.values["N_c"]) ** (1.0 / 3.0)
         self.transforms = [space.transform(n, self.start_value(n)) for n in self.names]

@@ -25,7 +25,8 @@ from refine.identifiability import reduce_free
 from refine.objective import LossFn, check_priors, resolve_loss
 from refine.parameters import BASE_NAMES, REFINABLE, ParameterSpace
 from refine.problems import Problem
-from refine.stages import Stage, stage_a
+from refine.stages import Stage, stage_a, with_amplitudes
+from refine.structure_factors import AmplitudeOptions, AmplitudeRestraint, AmplitudeTable, amplitude_table
 from refine.strategies import AbstractStrategy
 
 __all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values"]
@@ -51,6 +52,8 @@ class RunPlan:
         hparams: flat settings for the callbacks (TensorBoard's hparams).
         warnings: one line each, said before the run and kept in the result (e.g. parameters fixed
             because the spots are too few: :func:`refine.identifiability.reduce_free`).
+        amplitudes, amplitude_options, restraint: the structure-factor table whose amplitudes are refined
+            (``sim`` holds it), how, and its restraint (None when the structure factors are not refined).
     """
 
     sim: Simulator
@@ -70,6 +73,9 @@ class RunPlan:
     fingerprint: dict
     hparams: dict
     warnings: tuple[str, ...] = ()
+    amplitudes: AmplitudeTable | None = None
+    amplitude_options: AmplitudeOptions | None = None
+    restraint: AmplitudeRestraint | None = None
 
 
 def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmetry):
@@ -137,15 +143,39 @@ def _stage_plan(space: ParameterSpace, stages: Sequence[Stage], free) -> tuple[t
 
 
 def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str, bounds, fixed: tuple,
-                      values0: dict, stages: Sequence[Stage], free):
+                      values0: dict, stages: Sequence[Stage], free, amplitudes: tuple[str, ...] = ()):
     """The parameter space (start checked against it), each stage's names and every name refined."""
     space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
                            background=background, bounds=dict(bounds or {}), fixed=fixed,
-                           pixel_mm=sim.setup.pixel_m * 1000.0)
+                           pixel_mm=sim.setup.pixel_m * 1000.0, amplitudes=tuple(amplitudes))
     space.check_start(values0)
     plan = _stage_plan(space, stages, free)
-    names = tuple(n for n in REFINABLE if any(n in stage_names for _, stage_names in plan))
+    names = tuple(n for n in REFINABLE + tuple(amplitudes) if any(n in stage_names for _, stage_names in plan))
     return space, plan, names
+
+
+def _amplitudes(sim: Simulator, values0: dict, valid: Tensor, stages: tuple, named: set,
+                options: AmplitudeOptions | None):
+    """``(sim, stages, table, restraint)``: with ``options``, the simulator holding the amplitude table, the
+    stages with an ``amplitudes`` stage last (unless one names ``structure_factors``), the table (its starting
+    amplitudes put in ``values0``) and the restraint; without, everything as it was."""
+    if options is None:
+        if "structure_factors" in named:
+            raise InputError("structure_factors: refining the amplitudes needs a space group "
+                             "(refine(structure_factors=AmplitudeOptions('P41212')), nbtorch-refine --symmetry P41212 "
+                             "--structure-factors)")
+        return sim, stages, None, None
+    if not any("structure_factors" in s.free for s in stages):
+        stages = with_amplitudes(stages)  # and the run's free= (a problem's default) gains the group
+    table, sim = amplitude_table(sim, values0, valid, options.space_group, start=options.start,
+                                 min_photons=options.min_photons)
+    if not table.names:
+        log.warning("structure factors: no reflection has %g photons on the fitted pixels; none is refined",
+                    options.min_photons)
+    values0.update(table.starts)
+    restraint = AmplitudeRestraint(table, options.restraint_sigma) \
+        if options.restraint_sigma is not None and table.names else None
+    return sim, stages, table, restraint
 
 
 def _hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss) -> dict[str, Any]:
@@ -179,11 +209,14 @@ def make_plan(
     compile_loss: bool = False,
     n_spots: int | None = None,
     too_few_spots: str = "fix",
+    structure_factors: AmplitudeOptions | None = None,
 ) -> RunPlan:
     """Check the arguments of :func:`refine.refine` (same meaning) and return the run's plan.
 
     With ``n_spots`` (observed spots in the fitted region), too few spots for the names refined are
     handled by ``too_few_spots`` (:func:`refine.identifiability.reduce_free`: fix, warn or fail).
+    With ``structure_factors`` the amplitudes of the visible reflections are refined in a last stage
+    (:mod:`refine.structure_factors`).
 
     Raises:
         InputError: unknown names, a start breaking the symmetry, a shape mismatch, no usable pixel,
@@ -199,14 +232,19 @@ def make_plan(
     if not stages:
         raise InputError("stages: at least one stage is needed")
     named = set(free or ()) | set(fixed) | {n for s in stages for n in s.free}
-    space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed, values0, stages, free)
+    sim, stages, table, restraint = _amplitudes(sim, values0, valid, stages, named, structure_factors)
+    if table is not None and free is not None and "structure_factors" not in free:
+        free = tuple(free) + ("structure_factors",)
+    amps = table.names if table is not None else ()
+    space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed, values0, stages, free,
+                                           amps)
     warnings: tuple[str, ...] = ()
     if n_spots is not None:
         more_fixed, warning = reduce_free(names, n_spots, too_few_spots)
         warnings = (warning,) if warning else ()
         if more_fixed:
             space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed + more_fixed,
-                                                   values0, stages, free)
+                                                   values0, stages, free, amps)
     loss_fn = resolve_loss(loss)
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     priors = check_priors(priors)
@@ -216,10 +254,12 @@ def make_plan(
         "stages": [[s.name, list(n)] for s, n in plan],
         "symmetry": symmetry,
     }
+    if structure_factors is not None:  # absent otherwise (older checkpoints still match)
+        fingerprint["structure_factors"] = structure_factors.describe() | {"free": len(amps)}
     if priors:  # absent without priors, so that checkpoints written before priors existed still match
         fingerprint["priors"] = {k: list(v) for k, v in sorted(priors.items())}
     return RunPlan(sim=sim, observed=obs, valid=valid, start=values0, space=space, stages=plan, names=names,
                    loss_fn=loss_fn, loss_name=loss_name, priors=priors, symmetry=symmetry, background=background,
                    compile_loss=compile_loss, time_budget_s=time_budget_s, fingerprint=fingerprint,
                    hparams=_hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss),
-                   warnings=warnings)
+                   warnings=warnings, amplitudes=table, amplitude_options=structure_factors, restraint=restraint)

@@ -28,7 +28,8 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from refine.objective import ImageObjective
 from refine.parameters import ParameterMap
-from refine.uncertainty import fisher_information
+from refine.structure_factors import is_amplitude
+from refine.uncertainty import add_restraint, fisher_information, image_information
 
 __all__ = ["LinearPreconditioner", "make_preconditioner", "preconditioner_from_fisher", "PRECONDITIONERS",
            "PRECONDITIONER_NAMES"]
@@ -68,6 +69,8 @@ def make_preconditioner(kind: str | None, objective: ImageObjective, pmap: Param
     raw0 = raw0.detach().clone()
     if kind is None or raw0.numel() == 0:
         return LinearPreconditioner.identity(raw0)
+    if any(is_amplitude(n) for n in pmap.names):
+        return preconditioner_from_fisher(kind, _blocked_raw_fisher(objective, pmap, raw0), raw0)
 
     def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
         return objective.model(pmap.expand(pmap.physical(raw)))
@@ -78,6 +81,16 @@ def make_preconditioner(kind: str | None, objective: ImageObjective, pmap: Param
 
     F = fisher_information(model_fn, raw0, [(0, 0)], weights_fn)
     return preconditioner_from_fisher(kind, F, raw0)
+
+
+def _blocked_raw_fisher(objective: ImageObjective, pmap: ParameterMap, raw0: Tensor) -> Tensor:
+    """The Fisher matrix in raw units from the esds' blocked Jacobian (:func:`refine.uncertainty.image_information`:
+    fitted pixels only, bounded memory for the hundreds of amplitudes), with the amplitude restraint's curvature:
+    ``D F D``, ``D = diag(d physical / d raw)`` (every transform acts on its own coordinate)."""
+    theta, F, _ = image_information(objective, pmap, raw0)
+    add_restraint(F, objective, pmap.names, theta)
+    d = torch.func.jacfwd(lambda r: torch.stack(list(pmap.physical(r).values())))(raw0).diagonal()
+    return d[:, None] * F.to(raw0.dtype) * d[None, :]
 
 
 def preconditioner_from_fisher(kind: str | None, F: Tensor, raw0: Tensor) -> LinearPreconditioner:

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from nbtorch.io.hkl import write_hkl
 from nbtorch.setup import PARAMETER_NAMES
 from refine.parameters import NUISANCE
 from refine.results import jsonable, save_h5
@@ -82,8 +83,9 @@ ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the
             "esd, which assumes the model explains the image (docs/refinement.md, 'Esds')")
 
 
-def write_outputs(result, h5_path: str, json_path: str, extra: dict) -> None:
-    """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both."""
+def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: str | None = None) -> None:
+    """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both; with
+    ``hkl_path`` also the refined amplitudes as a nanoBragg ``-hkl`` file."""
     doc = result.to_json_dict()
     doc.update(extra)
     text = json.dumps(jsonable(doc), indent=2, allow_nan=False)
@@ -105,3 +107,5 @@ def write_outputs(result, h5_path: str, json_path: str, extra: dict) -> None:
             h5.create_dataset("result_json", data=text)
     with atomic_write(json_path, "w") as fh:
         fh.write(text + "\n")
+    if hkl_path is not None:
+        write_hkl(hkl_path, result.amplitudes.hkl_table(result.refined))

@@ -39,6 +39,7 @@ import numpy as np
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 from refine.fit_quality import background_image, signal_support
 from refine.loop import Status
+from refine.structure_factors import is_amplitude
 
 __all__ = ["RefinementResult", "StageSummary", "save_json", "save_h5", "load_h5"]
 
@@ -127,14 +128,16 @@ class RefinementResult:
     fit: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     esd_kinds: dict = field(default_factory=dict)
+    amplitudes: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # the signal the fit rests on: from the result's own images, so every way of making a result reports it
         if not self.fit or "signal_spots" in self.fit or np.ndim(self.model) != 2 or np.shape(self.mask) != np.shape(self.model):
             return
 
+        # an amplitude is decided by its own spot's intensity, not by spots' positions (refine.structure_factors)
         support = signal_support(self.model, background_image(np.shape(self.model), self.params), self.mask,
-                                 len(self.free))
+                                 sum(1 for n in self.free if not is_amplitude(n)))
         object.__setattr__(self, "fit", {**self.fit, **support.to_dict()})
         if support.warning is not None:
             object.__setattr__(self, "warnings", tuple(self.warnings) + (support.warning,))
@@ -164,13 +167,29 @@ class RefinementResult:
             "warnings": list(self.warnings),
             "esd_kind": "sandwich" if self.esd_kinds else None,
             "esds_by_kind": self.esd_kinds,
+            **({"structure_factors": self.structure_factors()} if self.amplitudes is not None else {}),
         }
+
+    def structure_factors(self) -> dict:
+        """The refined amplitudes (``structure_factors`` of result.json): the space group, how they started and
+        one row ``[h, k, l, d_A, F, esd, F_start, photons]`` per free symmetry-unique reflection."""
+        t = self.amplitudes
+        rows = [[int(h), int(k), int(l), float(d), float(self.refined.get(n, t.starts[n])), self.esds.get(n),
+                 float(self.initial_params.get(n, t.starts[n])), float(ph)]
+                for n, (h, k, l), d, ph in zip(t.names, t.hkl, t.d_A, t.photons)]  # noqa: E741
+        return {"space_group": t.space_group, "start": t.start_mode, "n_free": len(t.names),
+                "columns": ["h", "k", "l", "d_A", "F", "esd", "F_start", "photons_start"], "reflections": rows}
 
     def summary(self) -> str:
         """A short human-readable table of the refined values with esds."""
         lines = [f"status: {self.status.value} ({self.message})",
                  f"loss: {self.loss_initial:.6g} -> {self.loss_final:.6g} in {self.steps} steps, {self.wall_s:.1f} s"]
+        amplitudes = [n for n in self.free if is_amplitude(n)]
+        if amplitudes:
+            lines.append(f"  {len(amplitudes)} structure-factor amplitudes (F_h_k_l: refined, esds)")
         for name in self.free:
+            if is_amplitude(name):
+                continue
             key = name
             v = self.refined.get(name)
             e = self.esds.get(key, float("nan"))

@@ -38,6 +38,7 @@ from refine.problems import Problem
 from refine.results import RefinementResult, StageSummary
 from refine.stages import Stage
 from refine.strategies import AbstractStrategy
+from refine.structure_factors import AmplitudeOptions, estimate_amplitudes
 
 __all__ = ["refine", "RefinementInterrupted", "RunState", "start_run", "resume_run", "run_stage"]
 
@@ -122,7 +123,23 @@ def _stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: 
     view = make_view(plan.sim, values, plan.valid, stage.roi_fraction, stage.bin, stage.roi_radius)
     refines_n = any(n in ("N", "N_a", "N_b", "N_c") for n in names)
     return ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, 1.0 if refines_n else stage.n_factor,
-                          plan.compile_loss, priors=plan.priors)
+                          plan.compile_loss, priors=plan.priors, amplitudes=plan.amplitudes, restraint=plan.restraint)
+
+
+def _estimate_amplitudes(plan: RunPlan, state: RunState, index: int, names: Sequence[str],
+                         objective: ImageObjective) -> None:
+    """At the start of the first stage that frees the amplitudes (never on a resume inside it), with the
+    ``estimate`` start: amplitudes that explain the observed spots at the geometry refined so far."""
+    table = plan.amplitudes
+    if table is None or table.start_mode != "estimate" or plan.amplitude_options is None:
+        return
+    first = next((i for i, (_, stage_names) in enumerate(plan.stages) if set(stage_names) & set(table.names)), None)
+    if index != first or (state.loop_resume is not None and index == state.first_stage):
+        return
+    estimate = estimate_amplitudes(objective, table, state.values, plan.amplitude_options.iterations)
+    state.values.update(estimate)
+    log.info("structure factors: %d amplitudes estimated from the observed spots (%d EM updates)",
+             len(estimate), plan.amplitude_options.iterations)
 
 
 def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index: int, pmap: ParameterMap,
@@ -155,8 +172,9 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
         RefinementInterrupted: Ctrl-C, after writing the checkpoint.
     """
     stage, names = plan.stages[index]
-    pmap = ParameterMap(plan.space, state.values, names)
     objective = _stage_objective(plan, stage, names, state.values)
+    _estimate_amplitudes(plan, state, index, names, objective)
+    pmap = ParameterMap(plan.space, state.values, names)
     resume = state.loop_resume if index == state.first_stage else None
     conv = stage.convergence
     if plan.time_budget_s is not None:  # the loop counts this stage's time before a resume too
@@ -222,6 +240,7 @@ def refine(
     priors: Mapping[str, tuple[float, float]] | None = None,
     n_spots: int | None = None,
     too_few_spots: str = "fix",
+    structure_factors: AmplitudeOptions | None = None,
 ) -> RefinementResult:
     """Refine simulator parameters against an observed image.
 
@@ -261,6 +280,9 @@ def refine(
             :data:`refine.fit_quality.MIN_SPOTS_PER_PARAMETER` per refined parameter ``too_few_spots``
             decides: ``"fix"`` (default) fixes the least determined names, ``"warn"``, ``"fail"``
             (:mod:`refine.identifiability`).
+        structure_factors: refine one amplitude per visible symmetry-unique reflection in a last stage
+            (:class:`~refine.structure_factors.AmplitudeOptions`: space group, start, restraint); the
+            result's ``refined``/``esds`` hold them as ``F_h_k_l``.
 
     Returns:
         :class:`~refine.results.RefinementResult`.
@@ -274,12 +296,13 @@ def refine(
     plan = make_plan(problem_or_simulator, observed, start=start, free=free, fixed=fixed, symmetry=symmetry,
                      bounds=bounds, mask=mask, stages=stages, strategy=strategy, background=background, loss=loss,
                      priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss, n_spots=n_spots,
-                     too_few_spots=too_few_spots)
+                     too_few_spots=too_few_spots, structure_factors=structure_factors)
     cb = CallbackList(list(callbacks))
     if progress is not False:
         cb.callbacks.append(ProgressCallback(quiet=None if progress is None else not progress))
     full_view = make_view(plan.sim, plan.start, plan.valid)
-    full_objective = ImageObjective(plan.sim, plan.observed, full_view, plan.loss_fn, priors=plan.priors)
+    full_objective = ImageObjective(plan.sim, plan.observed, full_view, plan.loss_fn, priors=plan.priors,
+                                    amplitudes=plan.amplitudes, restraint=plan.restraint)
     state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
 
     cb.on_run_start(RunInfo(stages=tuple(s.describe() for s, _ in plan.stages), names=plan.names,

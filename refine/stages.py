@@ -70,7 +70,7 @@ from refine.loop import Convergence
 from refine.precondition import PRECONDITIONERS
 from refine.strategies import AbstractStrategy, Adam, LBFGS, get_strategy
 
-__all__ = ["Stage", "stage_a", "single_stage", "coarse_to_fine"]
+__all__ = ["Stage", "stage_a", "single_stage", "coarse_to_fine", "with_amplitudes"]
 
 
 @dataclass(frozen=True)
@@ -190,3 +190,10 @@ def coarse_to_fine(stage: Stage, levels: tuple[tuple[float, int, float], ...] = 
         conv = stage.convergence.replace(ftol=max(stage.convergence.ftol, 1e-3), xtol=max(stage.convergence.xtol, 1e-3))
         out.append(replace(stage, name=f"{stage.name}-coarse{i + 1}", convergence=conv, roi_fraction=frac, bin=b, n_factor=nf))
     return tuple(out) + (stage,)
+
+
+def with_amplitudes(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """``stages`` followed by a stage ``amplitudes`` that refines the structure factors together with what the
+    last stage refines (same strategy, stopping rules and view): the geometry first, then both."""
+    last = stages[-1]
+    return tuple(stages) + (replace(last, name="amplitudes", free=tuple(last.free) + ("structure_factors",)),)

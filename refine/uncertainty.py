@@ -55,9 +55,10 @@ from torch import Tensor
 from nbtorch.physics.kernel import analytic_jvp
 from refine.objective import ImageObjective, View
 from refine.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
+from refine.structure_factors import is_amplitude
 
 __all__ = ["Uncertainties", "fisher_information", "information_matrices", "cluster_scores", "estimate_uncertainties",
-           "image_information", "ESD_KINDS", "derived_esds", "invert_information"]
+           "image_information", "ESD_KINDS", "derived_esds", "invert_information", "add_restraint"]
 
 
 @dataclass(frozen=True)
@@ -242,9 +243,16 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
         raise ValueError(f"kind: expected one of {', '.join(ESD_KINDS)}, got {kind!r}")
     names = pmap.names
     theta, F, B = image_information(objective, pmap, raw, rows_per_block, cluster_px=cluster_px)
-    for i, name in enumerate(names):  # Gaussian priors add their curvature 1 / sigma^2 (their own units)
+    # Gaussian priors add their curvature 1 / sigma^2 (their own units), the amplitude restraint its Gauss-Newton
+    # curvature; to the meat of the sandwich too (a restraint is a pseudo-observation whose score variance is its
+    # curvature), so that a parameter the restraint decides gets the restraint's esd, not ~0
+    restraints = torch.zeros_like(F)
+    for i, name in enumerate(names):
         if name in objective.priors:
-            F[i, i] += 1.0 / objective.priors[name][1] ** 2
+            restraints[i, i] += 1.0 / objective.priors[name][1] ** 2
+    add_restraint(restraints, objective, names, theta)
+    F = F + restraints
+    B = B + restraints
     C_fisher, cond = invert_information(F)
     covariances = {"fisher": C_fisher, "scaled": C_fisher * max(1.0, float(excess) if excess is not None else 1.0),
                    "sandwich": C_fisher @ B @ C_fisher}
@@ -262,13 +270,28 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
                          corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
 
 
+def add_restraint(F: Tensor, objective: ImageObjective, names: Sequence[str], theta: Tensor) -> None:
+    """``F += `` the amplitude restraint's Gauss-Newton curvature (:class:`refine.structure_factors.AmplitudeRestraint`)
+    on the rows of the amplitudes, all of them free (a restraint couples the amplitudes of a bin)."""
+    restraint = objective.restraint
+    if restraint is None:
+        return
+    idx = {n: i for i, n in enumerate(names)}
+    if not all(n in idx for n in restraint.table.names):
+        return
+    rows = torch.tensor([idx[n] for n in restraint.table.names])
+    F[rows[:, None], rows[None, :]] += restraint.curvature(theta[rows].to(F.dtype)).to(F.dtype)
+
+
 def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int | None = None,
                       *, cluster_px: int = 8) -> tuple[Tensor, Tensor, Tensor]:
     """``(theta, F, B)`` of one image: the physical values (P,) of ``pmap``'s free names at ``raw``, the Fisher
     matrix ``F`` and the clustered score matrix ``B`` (:func:`information_matrices`; priors not included), in
     the units of the names.  :func:`estimate_uncertainties` inverts them; a joint refinement
     (:mod:`refine.joint`) sums them over images first."""
-    cluster_px = _cluster_side(objective, len(pmap.names), cluster_px)
+    # an amplitude is seen by one spot (a cluster or a few) by construction: the clusters are counted against
+    # the other parameters (refine.structure_factors)
+    cluster_px = _cluster_side(objective, sum(1 for n in pmap.names if not is_amplitude(n)), cluster_px)
     names = pmap.names
     with torch.no_grad():
         theta = torch.stack([v.detach() for v in pmap.physical(raw.detach()).values()]) if names else torch.zeros(0)
@@ -289,9 +312,10 @@ def _blocks(objective: ImageObjective, pmap: ParameterMap, rows_per_block: int |
     """The objective's pixels in blocks of whole rows (a multiple of ``k``, the cluster side; binned views whole)."""
     view: View = objective.view
     n_rows = view.shape[0]
-    if rows_per_block is None:
+    if rows_per_block is None:  # about PIXELS_PER_BLOCK x 32 Jacobian entries per block
         per_row = float(view.mask.sum()) / n_rows if objective.sparse else view.shape[1]
-        rows_per_block = max(1, int(PIXELS_PER_BLOCK / max(per_row, 1.0)))
+        pixels = PIXELS_PER_BLOCK * min(1.0, 32.0 / max(len(pmap.names), 1))
+        rows_per_block = max(1, int(pixels / max(per_row, 1.0)))
     step = n_rows if view.bin > 1 else max(k, (int(rows_per_block) // k) * k)
     out = []
     for r in range(0, n_rows, step):
