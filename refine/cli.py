@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                epilog="Tutorial and every option: docs/refinement.md")
     g = input_group = p.add_argument_group("input")
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
-                                   "HDF5/NeXus (.h5, .nxs) or raw (.bin, with --shape)")
+                                   "HDF5/NeXus or Eiger master (.h5, .nxs), TIFF or Pilatus TIFF (.tif), "
+                                   "MarCCD/Rayonix (.mccd), mar345 (.mar2300) or raw (.bin, with --shape)")
     g.add_argument("--images", nargs="+", metavar="IMAGE", help="independent mode: refine each of these images on its "
                    "own (paths, quoted glob patterns, @LIST files); {stem} in --model/--spots/--mask is the image's "
                    "name; results in --out-dir/<stem>/ and a summary (docs/refinement.md, 'Many images')")

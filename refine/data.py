@@ -7,7 +7,10 @@
     obs = load_image("float.bin", shape=(512, 512))      # headerless float32
     obs.image, obs.mask, obs.geometry                    # float64 (slow, fast), bool, dict
 
-Formats (told by the first bytes, then by the name):
+Formats (told by the first bytes, then by the name; TIFF, MarCCD and mar345 need fabio, the optional extra
+``nbtorch[formats]``, and say so in a one-line error without it; SMV and mini-CBF keep nbtorch's own readers,
+because fabio 2026.6 misreads 64-bit byte-offset escapes and SMV files of other element types than unsigned
+16-bit: ``tests/io/test_fabio_parity.py``):
 
 ==========  ==========================================  =====================================
 format      recognised by                               geometry read from the header
@@ -23,9 +26,19 @@ mini-CBF    ``.cbf``, ``.cbf.bz2``, ``.cbf.gz``, or a   Wavelength, Detector_dis
                                                         ``<material> sensor, thickness``
 HDF5/NeXus  HDF5 signature (``.h5``, ``.nxs``,          NXmx ``detector/{distance,
             ``.hdf5``); image ``/entry/data/data``,     beam_center_x/y, x_pixel_size,
-            2-D or (frame, slow, fast)                  saturation_value, pixel_mask,
-                                                        sensor_thickness, sensor_material}``,
-                                                        ``beam/incident_wavelength``
+            2-D or (frame, slow, fast), or an Eiger     saturation_value, pixel_mask,
+            master's ``data_000001 ...`` links;         sensor_thickness, sensor_material}``,
+            compressed: hdf5plugin                      ``beam/incident_wavelength``;
+                                                        two-theta and rotation from the
+                                                        NXtransformations (nbtorch.io.nexus)
+TIFF        TIFF signature (``.tif``, ``.tiff``),       none; a Pilatus TIFF's ImageDescription:
+            through fabio                               as mini-CBF
+MarCCD      ``.mccd``, ``.rx``, or a TIFF with a MAR    xtal_to_detector, beam_x/y, pixelsize_x,
+(Rayonix)   header at byte 1024, through fabio          source_wavelength, saturated_value,
+                                                        start_twotheta, rotation_axis's start
+                                                        and rotation_range
+mar345      first int32 1234 + ``mar research``,        DISTANCE, WAVELENGTH, PIXEL LENGTH,
+            ``.mar2300`` ..., through fabio             CENTER X/Y, TWOTHETA, PHI START/END
 raw         anything else, with ``shape`` given         none
             (``.bin``, ``.raw``; element type ``dtype``,
             default little-endian float32)
@@ -68,13 +81,15 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.cbf import read_cbf
+from nbtorch.io.fabio_formats import (MAR345_NAMES, MARCCD_NAMES, TIFF_NAMES, is_mar345, read_mar345, read_marccd,
+                                      read_tiff, tiff_kind)
 from nbtorch.io.hdf5 import read_h5_image
 from nbtorch.io.raw import read_raw_float
 from nbtorch.io.smv import header_value, read_smv
 
 __all__ = ["MeasuredImage", "load_image", "load_mask", "detect_format", "sensor_material", "FORMATS"]
 
-FORMATS = ("smv", "cbf", "hdf5", "raw")
+FORMATS = ("smv", "cbf", "hdf5", "tiff", "marccd", "mar345", "raw")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _CBF_NAMES = (".cbf", ".cbf.bz2", ".cbf.gz")
 _H5_NAMES = (".h5", ".hdf5", ".nxs", ".hdf", ".nx5")
@@ -123,7 +138,7 @@ class MeasuredImage:
 def sensor_material(image: MeasuredImage) -> str | None:
     """The sensor material the header names (Pilatus ``# Silicon sensor, thickness ...``, NXmx
     ``sensor_material``), or None."""
-    if image.format == "cbf":
+    if image.format in ("cbf", "tiff"):  # a mini-CBF or a Pilatus TIFF
         for key, rest in (image.header.get("pilatus") or {}).items():
             if "thickness" in str(rest) and "sensor" in str(rest).lower():
                 return str(key)
@@ -145,7 +160,7 @@ def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = No
         raise InputError(f"{path}: is a directory, not an image file")
     try:
         with open(p, "rb") as fh:
-            head = fh.read(8)
+            head = fh.read(4096)
     except OSError as exc:
         raise InputError(f"{path}: cannot read image file: {exc.strerror or exc}") from None
     name = _lower_name(p)
@@ -155,13 +170,20 @@ def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = No
         return "cbf"
     if head.startswith(b"{"):
         return "smv"
+    kind = tiff_kind(head)
+    if kind is not None:
+        return "marccd" if name.endswith(MARCCD_NAMES) else kind
+    if is_mar345(head) or name.endswith(MAR345_NAMES):
+        return "mar345"
+    if name.endswith(TIFF_NAMES + MARCCD_NAMES):
+        raise InputError(f"{path}: not a TIFF file (no TIFF signature)")
     if head.startswith((b"###CBF", b"BZh", b"\x1f\x8b")) and shape is None:
         return "cbf"
     if name.endswith(_SMV_NAMES):
         return "smv"
     if shape is not None or name.endswith(_RAW_NAMES):
         return "raw"
-    raise InputError(f"{path}: cannot tell the image format (not SMV, CBF or HDF5); "
+    raise InputError(f"{path}: cannot tell the image format (not SMV, CBF, HDF5, TIFF, MarCCD or mar345); "
                      "for a headerless raw image give its shape (--shape SLOW FAST)")
 
 
@@ -219,29 +241,39 @@ def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
     return image, geo, dict(header)
 
 
-def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
-    image, header = read_cbf(path)
+# header keys of nbtorch.io.cbf (and of the fabio readers, which use the same) -> geometry keys
+_CBF_GEOMETRY = (("wavelength_A", "wavelength_A"), ("distance_mm", "distance_mm"), ("pixel_size_mm", "pixel_mm"),
+                 ("beam_x_px", "beam_x_px"), ("beam_y_px", "beam_y_px"), ("count_cutoff", "saturation"),
+                 ("detector_2theta_deg", "twotheta_deg"), ("start_angle_deg", "phi_deg"),
+                 ("angle_increment_deg", "osc_deg"), ("polarization", "polarization_fraction"),
+                 ("sensor_thickness_mm", "sensor_thickness_mm"))
+
+
+def _cbf_geometry(header: dict) -> dict[str, float]:
     geo: dict[str, float] = {}
-    for src, dst in (("wavelength_A", "wavelength_A"), ("distance_mm", "distance_mm"), ("pixel_size_mm", "pixel_mm"),
-                     ("beam_x_px", "beam_x_px"), ("beam_y_px", "beam_y_px"), ("count_cutoff", "saturation"),
-                     ("detector_2theta_deg", "twotheta_deg"), ("start_angle_deg", "phi_deg"),
-                     ("angle_increment_deg", "osc_deg"), ("polarization", "polarization_fraction"),
-                     ("sensor_thickness_mm", "sensor_thickness_mm")):
+    for src, dst in _CBF_GEOMETRY:
         v = _float(header.get(src))
         if v is not None:
             geo[dst] = v
-    return image, geo, header
+    return geo
+
+
+def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
+    image, header = read_cbf(path)
+    return image, _cbf_geometry(header), header
+
+
+def _read_fabio(path: str, fmt: str) -> tuple[np.ndarray, dict, dict]:
+    """TIFF (Pilatus TIFF), MarCCD/Rayonix and mar345 through fabio (nbtorch.io.fabio_formats)."""
+    reader = {"tiff": read_tiff, "marccd": read_marccd, "mar345": read_mar345}[fmt]
+    image, header = reader(path)
+    return image, _cbf_geometry(header), header
 
 
 def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, dict, dict, np.ndarray | None]:
     image, meta = read_h5_image(path, dataset=dataset, frame=frame)
-    geo: dict[str, float] = {}
-    if "wavelength_A" in meta:
-        geo["wavelength_A"] = float(meta["wavelength_A"])
-    if "distance_mm" in meta:
-        geo["distance_mm"] = float(meta["distance_mm"])
-    if _float(meta.get("sensor_thickness_mm")) is not None:
-        geo["sensor_thickness_mm"] = float(meta["sensor_thickness_mm"])
+    geo = {k: v for k, v in _cbf_geometry(meta).items()  # wavelength, distance, sensor, two-theta, rotation
+           if k in ("wavelength_A", "distance_mm", "sensor_thickness_mm", "twotheta_deg", "phi_deg", "osc_deg")}
     pixel = meta.get("x_pixel_size_mm")
     if pixel:
         geo["pixel_mm"] = float(pixel)
@@ -257,17 +289,21 @@ def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, 
 
         with h5py.File(path, "r") as f:
             det = f.get("/entry/instrument/detector")
-            if det is not None and "saturation_value" in det:
-                sat = _float(np.asarray(det["saturation_value"][()]).reshape(-1)[0])
+            det = det if isinstance(det, h5py.Group) else None
+            for name in ("saturation_value", "detectorSpecific/countrate_correction_count_cutoff"):
+                sat = _float(np.asarray(det[name][()]).reshape(-1)[0]) if det is not None and name in det else None
                 if sat is not None:
-                    geo["saturation"] = sat
+                    geo["saturation"] = meta["count_cutoff"] = sat
+                    meta["labels"]["count_cutoff"] = name
+                    break
             if det is not None and "sensor_material" in det:
                 material = det["sensor_material"][()]
                 meta = {**meta, "sensor_material": material.decode() if isinstance(material, bytes) else str(material)}
-            if det is not None and "pixel_mask" in det:
-                pm = np.asarray(det["pixel_mask"][()])
+            name = next((k for k in ("pixel_mask", "detectorSpecific/pixel_mask") if det is not None and k in det), None)
+            if name is not None:
+                pm = np.asarray(det[name][()])
                 if pm.ndim == 3:
-                    pm = pm[frame or 0]
+                    pm = pm[min(meta.get("frame", 0), pm.shape[0] - 1)]
                 if pm.shape == image.shape:
                     pixel_mask = pm == 0
     except (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError):  # optional extras: skip a bad one
@@ -299,6 +335,8 @@ def _read_any(path: str, frame: int | None, shape: Sequence[int] | None, dtype: 
         image, geo, header = _read_cbf(path)
     elif fmt == "hdf5":
         image, geo, header, pixel_mask = _read_hdf5(path, frame, dataset)
+    elif fmt in ("tiff", "marccd", "mar345"):
+        image, geo, header = _read_fabio(path, fmt)
     else:
         image, geo, header = _read_raw(path, shape, dtype)
     image = np.asarray(image)
@@ -346,8 +384,8 @@ def load_image(
     """Read a measured image, its header geometry and its mask.
 
     Arguments:
-        path: SMV, mini-CBF (optionally ``.bz2``/``.gz``), HDF5/NeXus or raw file.
-        frame: frame index of a 3-D HDF5 dataset (may be omitted for one frame).
+        path: SMV, mini-CBF (optionally ``.bz2``/``.gz``), HDF5/NeXus, TIFF, MarCCD, mar345 or raw file.
+        frame: frame index of a 3-D HDF5 dataset or an Eiger master (may be omitted for one frame).
         shape: (slow, fast) of a raw image (checked against the others when given).
         dtype: element type of a raw image (numpy notation, default little-endian float32).
         dataset: HDF5 path of the image.

@@ -137,8 +137,25 @@ def _given_by(tokens: Sequence[str], quantity: str) -> str:
     return " ".join(dict.fromkeys(t for t in tokens if t in _GIVEN[quantity]))
 
 
+# geometry keys -> the reader's header keys, under which a reader gives the file's own names (header["labels"])
+_HEADER_KEYS = {"twotheta_deg": "detector_2theta_deg", "phi_deg": "start_angle_deg", "osc_deg": "angle_increment_deg",
+                "saturation": "count_cutoff", "polarization_fraction": "polarization",
+                "sensor_thickness_mm": "sensor_thickness_mm"}
+# why a header value a reader lists as unused (nbtorch.io.fabio_formats, nbtorch.io.nexus) is not used
+_UNUSED_WHY = {
+    "goniometer": "goniometer setting: the crystal orientation is the model's (-mat, -misset)",
+    "rotation axis": "the model rotates about its spindle axis {spindle} (-spindle_axis)",
+    "detector rotation": "a detector rotation belongs in --model (-detector_rotx, -detector_roty, -detector_rotz)",
+    "detector offset": "a detector offset belongs in --model",
+}
+
+
 def _label(image: MeasuredImage, key: str, default: str) -> str:
-    return _LABELS.get(image.format, {}).get(key, default)
+    named = (image.header.get("labels") or {}).get(_HEADER_KEYS.get(key, key))
+    if named:
+        return str(named)
+    fmt = "cbf" if image.header.get("pilatus") is not None else image.format  # a Pilatus TIFF: the CBF's lines
+    return _LABELS.get(fmt, {}).get(key, default)
 
 
 def _not_used(name: str, value: str, why: str) -> str:
@@ -204,7 +221,7 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
                                    _sensor_flags(tokens, image, cfg.wavelength_A, parallax)):
         extra += more_extra
         notes += more_notes
-    notes += _pilatus_notes(image, spindle_v)
+    notes += _pilatus_notes(image, spindle_v) + _unused_notes(image, spindle_v)
     return extra, notes
 
 
@@ -352,7 +369,7 @@ def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float
 def _pilatus_notes(image: MeasuredImage, spindle) -> list[str]:
     """One line for each Pilatus header line that places or turns something the model does not take from
     it, and one line for the rest (exposure and detector settings: the fitted scale and background absorb them)."""
-    if image.format != "cbf":
+    if image.header.get("pilatus") is None:  # a mini-CBF or a Pilatus TIFF
         return []
     raw = image.header.get("pilatus") or {}
     notes: list[str] = []
@@ -378,6 +395,33 @@ def _pilatus_notes(image: MeasuredImage, spindle) -> list[str]:
         notes.append(_not_used("; ".join(rest), "", "exposure, counting and detector settings: they do not move "
                                                      "spots, and the fitted scale and background absorb their "
                                                      "effect on counts").replace("  from", " from"))
+    return notes
+
+
+def _unused_notes(image: MeasuredImage, spindle) -> list[str]:
+    """The saturation and the values a fabio or NeXus reader lists as unused (``header["unused"]``): one line
+    each, and one for the exposure, counting and provenance values."""
+    notes: list[str] = []
+    label = (image.header.get("labels") or {}).get("count_cutoff")
+    used = image.geometry.get("saturation")
+    if label and image.header.get("pilatus") is None and used is not None:
+        value = image.header.get("count_cutoff", used)
+        notes.append(f"{label} {value:g} counts from the header: "
+                     + ("pixels at or above it are masked" if used == value
+                        else f"not used (--saturation {used:g} masks instead)"))
+    rest: list[str] = []
+    for name, (value, why) in (image.header.get("unused") or {}).items():
+        if why == "other":
+            rest.append(f"{name} {value}")
+        else:
+            notes.append(_not_used(name, value, _UNUSED_WHY.get(why, why).format(spindle=_vec(spindle))))
+    if rest:
+        notes.append(_not_used("; ".join(rest), "", "exposure, counting, provenance and detector settings: they do "
+                                                     "not move spots, and the fitted scale and background absorb "
+                                                     "their effect on counts").replace("  from", " from"))
+    if image.format == "tiff" and image.header.get("pilatus") is None:
+        notes.append("the TIFF tags give no geometry: wavelength, distance, pixel size and beam centre come from "
+                     "--model")
     return notes
 
 

@@ -1,4 +1,4 @@
-"""File readers and writers for nbtorch (pure numpy; h5py only for HDF5, imported lazily).
+"""File readers and writers for nbtorch (pure numpy; h5py, hdf5plugin and fabio imported lazily where needed).
 
 Modules:
 
@@ -10,7 +10,9 @@ Modules:
 - :mod:`nbtorch.io.pgm` -- 8-bit PGM previews (nanoBragg ``-pgmfile``).
 - :mod:`nbtorch.io.sources` -- source lists (nanoBragg ``-sourcefile``).
 - :mod:`nbtorch.io.cbf` -- Pilatus mini-CBF with byte-offset compression (plain, .bz2, .gz).
-- :mod:`nbtorch.io.hdf5` -- NeXus NXmx-style HDF5 images.
+- :mod:`nbtorch.io.hdf5` -- NeXus NXmx-style HDF5 images and Eiger masters (hdf5plugin's filters when installed).
+- :mod:`nbtorch.io.nexus` -- detector two-theta and the rotation of a frame from NXmx NXtransformations.
+- :mod:`nbtorch.io.fabio_formats` -- TIFF, Pilatus TIFF, MarCCD/Rayonix and mar345 through fabio (optional).
 
 Images are always numpy arrays indexed (slow, fast).  Every problem with an
 input file raises :class:`nbtorch.errors.InputError` with a one-line message

@@ -53,7 +53,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from nbtorch.io.raw import read_file_bytes
 
-__all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset"]
+__all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,9 @@ def _convert(value: float, factor: float) -> float:
     return value
 
 
-def _parse_pilatus_lines(path: str, text: str) -> dict[str, Any]:
+def parse_pilatus_lines(path: str, text: str) -> dict[str, Any]:
+    """The ``# key value`` Pilatus header lines of ``text`` (a mini-CBF header or a Pilatus TIFF's
+    ImageDescription) as the header dict of :func:`read_cbf` (without ``binary``)."""
     header: dict[str, Any] = {}
     raw: dict[str, str] = {}
     for line in text.splitlines():
@@ -299,7 +301,7 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
     values = decode_byte_offset(payload, count, name)
     if values.size and (values.min() < -(2**31) or values.max() > 2**31 - 1):
         raise InputError(f"{name}: decoded values overflow signed 32-bit integers")
-    header = _parse_pilatus_lines(name, text)
+    header = parse_pilatus_lines(name, text)
     header["binary"] = fields
     return values.astype(np.int32).reshape(slow, fast), header
 

@@ -26,14 +26,20 @@ item (numbers, strings, booleans, 1-D/2-D number sequences) is also stored on
 
 :func:`read_h5_image` returns the image and a dict with the same ``*_mm`` /
 ``wavelength_A`` keys (converted from the units found in the file: m, mm, um,
-or pixels for beam centres, reported as ``beam_center_x_px``), plus ``nbtorch``
+or pixels for beam centres, reported as ``beam_center_x_px``; a Dectris
+``detector_distance`` when there is no ``distance``), plus ``nbtorch``
 (the attributes of ``/entry/nbtorch``), ``attrs`` (root attributes),
-``dataset`` and ``shape``.
+``dataset``, ``shape`` (of the whole stack), ``frame`` (0-based) and ``frames``,
+and what :func:`nbtorch.io.nexus.nexus_goniometry` reads (``detector_2theta_deg``,
+``start_angle_deg``, ``angle_increment_deg``, ``labels``, ``unused``).  Eiger
+masters (frames in ``/entry/data/data_000001 ...`` external links) and
+compressed datasets (hdf5plugin, imported lazily when installed) are read too.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,6 +47,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path
+from nbtorch.io.nexus import nexus_goniometry
 
 __all__ = ["write_h5", "h5_writer", "read_h5_image"]
 
@@ -54,6 +61,7 @@ _DETECTOR_FIELDS = {
 }
 _LENGTH_TO_MM = {"m": 1000.0, "metre": 1000.0, "meter": 1000.0, "mm": 1.0, "millimetre": 1.0, "millimeter": 1.0,
                  "um": 1e-3, "micron": 1e-3, "microns": 1e-3, "micrometre": 1e-3, "nm": 1e-6}
+DEFAULT_DATASET = "/entry/data/data"
 _WAVELENGTH_TO_A = {"angstrom": 1.0, "angstroms": 1.0, "a": 1.0, "å": 1.0, "nm": 10.0, "m": 1e10}
 
 
@@ -62,6 +70,10 @@ def _h5py(path: str | os.PathLike[str]) -> Any:
         import h5py
     except ImportError:
         raise InputError(f"{path}: HDF5 files need the h5py package: pip install h5py") from None
+    try:  # optional extra nbtorch[formats]: registers bitshuffle/LZ4 and the other compression filters with libhdf5
+        import hdf5plugin  # noqa: F401
+    except ImportError:
+        pass
     return h5py
 
 
@@ -200,13 +212,89 @@ def _scalar_with_units(path: str, node: Any, name: str, table: Mapping[str, floa
     return value * table[unit], name
 
 
+def _check_filters(h5py: Any, name: str, node: Any) -> None:
+    """Refuse a dataset compressed with an HDF5 filter that is not available (before libhdf5 fails on it)."""
+    plist = node.id.get_create_plist()
+    for i in range(plist.get_nfilters()):
+        code, _, _, label = plist.get_filter(i)
+        if not h5py.h5z.filter_avail(code):
+            what = label.decode("latin-1", errors="replace") if isinstance(label, bytes) else str(label)
+            raise InputError(f"{name}: {node.name} is compressed with HDF5 filter {code} ({what or 'unknown'}), which "
+                             "this h5py cannot decode: pip install 'nbtorch[formats]' (hdf5plugin)")
+
+
+def _image_datasets(h5py: Any, f: Any, name: str, dataset: str) -> list[Any]:
+    """The dataset, or for the default dataset of an Eiger master without it, its ``data_000001 ...`` series."""
+    node = f.get(dataset)
+    if node is not None and isinstance(node, h5py.Dataset):
+        return [node]
+    group = f.get("/entry/data") if dataset == DEFAULT_DATASET else None
+    series = sorted(k for k in group if re.fullmatch(r"data_\d{6}", k)) if isinstance(group, h5py.Group) else []
+    nodes = []
+    for key in series:
+        try:
+            nodes.append(group[key])
+        except (KeyError, OSError):  # an external link to a file that is not there
+            raise InputError(f"{name}: /entry/data/{key} links to a data file that cannot be opened "
+                             "(the Eiger master needs its data files beside it)") from None
+    if not nodes:
+        raise InputError(f"{name}: no dataset {dataset!r}")
+    return nodes
+
+
+def _one_frame(name: str, dataset: str, nodes: list[Any], frame: int | None) -> tuple[np.ndarray, tuple, int, int]:
+    """The (slow, fast) image of ``frame`` among ``nodes``: (image, shape of the whole stack, frame, frames)."""
+    if len(nodes) == 1 and len(nodes[0].shape) == 2:
+        if frame not in (None, 0):
+            raise InputError(f"{name}: {dataset} is 2-D; frame {frame} does not exist")
+        return nodes[0][()], tuple(nodes[0].shape), 0, 1
+    for node in nodes:
+        if len(node.shape) != 3:
+            raise InputError(f"{name}: {node.name} has {len(node.shape)} dimensions, expected 2 or 3")
+    total = sum(int(node.shape[0]) for node in nodes)
+    if frame is None:
+        if total != 1:
+            raise InputError(f"{name}: {dataset} holds {total} frames; choose one with --frame N (frame= from Python)")
+        frame = 0
+    if not -total <= frame < total:
+        raise InputError(f"{name}: frame {frame} out of range for {dataset} with {total} frames")
+    index = frame % total
+    local = index
+    for node in nodes:
+        if local < node.shape[0]:
+            return node[local], (total, *nodes[0].shape[1:]), index, total
+        local -= int(node.shape[0])
+    raise InputError(f"{name}: frame {frame} out of range for {dataset} with {total} frames")  # not reached
+
+
+def _detector_meta(name: str, f: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    detector = f.get("/entry/instrument/detector")
+    if detector is not None:
+        for key, field in _DETECTOR_FIELDS.items():
+            if field in detector:
+                value, unit = _scalar_with_units(name, detector[field], key, _LENGTH_TO_MM, "mm")
+                meta[key if unit != "px" else key.replace("_mm", "_px")] = value
+        if "distance_mm" not in meta and "detector_distance" in detector:  # Dectris Eiger masters
+            meta["distance_mm"], _ = _scalar_with_units(name, detector["detector_distance"], "distance_mm",
+                                                        _LENGTH_TO_MM, "m")
+    beam = f.get("/entry/instrument/beam")
+    if beam is not None and "incident_wavelength" in beam:
+        value, _ = _scalar_with_units(name, beam["incident_wavelength"], "wavelength_A", _WAVELENGTH_TO_A,
+                                      "angstrom")
+        meta["wavelength_A"] = value
+    return meta
+
+
 def read_h5_image(
-    path: str | os.PathLike[str], dataset: str = "/entry/data/data", frame: int | None = None
+    path: str | os.PathLike[str], dataset: str = DEFAULT_DATASET, frame: int | None = None
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Read an image (and NXmx geometry) from HDF5; return ``(image (slow, fast), meta)``.
 
-    For 3-D data ``(frame, slow, fast)`` give ``frame`` (it may be omitted
-    when there is a single frame).
+    For 3-D data ``(frame, slow, fast)`` give ``frame`` (it may be omitted when there is a single frame).
+    An Eiger master without ``/entry/data/data`` gives the frames of its ``data_000001, data_000002 ...``
+    (external links to the data files) as one stack.  Compressed datasets (bitshuffle/LZ4 ...) need the
+    filters of hdf5plugin (``nbtorch[formats]``), loaded here when it is installed.
     """
     h5py = _h5py(path)
     name = str(path)
@@ -218,37 +306,13 @@ def read_h5_image(
         raise InputError(f"{name}: cannot open as HDF5: {_first_line(exc)}") from None
     try:
         with f:
-            node = f.get(dataset)
-            if node is None or not isinstance(node, h5py.Dataset):
-                raise InputError(f"{name}: no dataset {dataset!r}")
-            shape = tuple(node.shape)
-            if len(shape) == 2:
-                if frame not in (None, 0):
-                    raise InputError(f"{name}: {dataset} is 2-D; frame {frame} does not exist")
-                image = node[()]
-            elif len(shape) == 3:
-                if frame is None:
-                    if shape[0] != 1:
-                        raise InputError(f"{name}: {dataset} holds {shape[0]} frames; "
-                                         "choose one with --frame N (frame= from Python)")
-                    frame = 0
-                if not -shape[0] <= frame < shape[0]:
-                    raise InputError(f"{name}: frame {frame} out of range for {dataset} with {shape[0]} frames")
-                image = node[frame]
-            else:
-                raise InputError(f"{name}: {dataset} has {len(shape)} dimensions, expected 2 or 3")
-            meta: dict[str, Any] = {"dataset": dataset, "shape": shape}
-            detector = f.get("/entry/instrument/detector")
-            if detector is not None:
-                for key, field in _DETECTOR_FIELDS.items():
-                    if field in detector:
-                        value, unit = _scalar_with_units(name, detector[field], key, _LENGTH_TO_MM, "mm")
-                        meta[key if unit != "px" else key.replace("_mm", "_px")] = value
-            beam = f.get("/entry/instrument/beam")
-            if beam is not None and "incident_wavelength" in beam:
-                value, _ = _scalar_with_units(name, beam["incident_wavelength"], "wavelength_A", _WAVELENGTH_TO_A,
-                                              "angstrom")
-                meta["wavelength_A"] = value
+            nodes = _image_datasets(h5py, f, name, dataset)
+            for node in nodes:
+                _check_filters(h5py, name, node)
+            image, shape, index, frames = _one_frame(name, dataset, nodes, frame)
+            meta: dict[str, Any] = {"dataset": dataset, "shape": shape, "frame": index, "frames": frames}
+            meta.update(_detector_meta(name, f))
+            meta.update(nexus_goniometry(h5py, f, name, index, "distance_mm" in meta))
             extra = f.get("/entry/nbtorch")
             meta["nbtorch"] = ({k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"}
                                if extra is not None else {})
