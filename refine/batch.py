@@ -54,8 +54,8 @@ _CELL = ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")
 _ORIENTATION = ("misset_x", "misset_y", "misset_z")
 #: columns of summary.csv / summary.h5
 SUMMARY_COLUMNS = ("image", "status", "reason", *_CELL, *_ORIENTATION, "beam_x", "beam_y", "distance",
-                   "spots", "spots_matched", "spot_rms_px_start", "spot_rms_px_final", "fit_excess", "steps",
-                   "loss_final", "wall_s", "folder")
+                   "spots", "spots_matched", "spot_rms_px_start", "spot_rms_px_final", "spot_rms_px_floor",
+                   "fit_excess", "steps", "loss_final", "wall_s", "folder")
 _NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in ("image", "status", "reason", "folder"))
 #: options whose text may hold {stem}
 _PER_IMAGE = ("model", "spots", "mask", "expt", "refl", "config")
@@ -152,6 +152,7 @@ def _row(image: str, folder: Path) -> dict:
     spots = doc.get("spots") or {}
     row.update(spots=_num(spots.get("n")), spots_matched=_num(spots.get("matched_final")),
                spot_rms_px_start=_num(spots.get("rms_px_start")), spot_rms_px_final=_num(spots.get("rms_px_final")),
+               spot_rms_px_floor=_num(spots.get("rms_px_floor")),
                fit_excess=_num((doc.get("fit") or {}).get("excess")), steps=_num(doc.get("steps")),
                loss_final=_num(doc.get("loss_final")), wall_s=_num(doc.get("wall_s")))
     if doc.get("warnings") and not row["reason"]:
@@ -166,7 +167,8 @@ def _line(row: dict) -> str:
     parts = [f"  {row['image']}: {row['status']}",
              "cell " + " ".join(f"{row[k]:.4f}" for k in _CELL[:3])]
     if np.isfinite(row["spot_rms_px_final"]):
-        parts.append(f"spot rms {row['spot_rms_px_start']:.3g} -> {row['spot_rms_px_final']:.3g} px")
+        parts.append(f"spot rms {row['spot_rms_px_start']:.3g} -> {row['spot_rms_px_final']:.3g} px (noise floor "
+                     f"{row['spot_rms_px_floor']:.3g} px)")
     if np.isfinite(row["fit_excess"]):
         parts.append(f"fit {row['fit_excess']:.3g}x shot noise")
     if row["status"] not in ("converged", "max_steps"):

@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "xobs,yobs or 6,7)")
     g.add_argument("--spot-window", type=int, help="fit the pixels within this many pixels of a spot "
                                                    "(plus --subsample of the others)")
-    g.add_argument("--seed", type=int, default=0, help="seed of --subsample (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of --subsample and of the spot noise floor's Poisson draws (default %(default)s)")
     g = output_group = p.add_argument_group("output")
     g.add_argument("--out", default="result.h5", help="result HDF5 file (default %(default)s)")
     g.add_argument("--json", help="result JSON file (default: --out with .json)")

@@ -46,6 +46,7 @@ from refine.problems import make_problem
 from refine.report import ESD_NOTE, results_table, write_outputs
 from refine.runner import refine
 from refine.selection import check_roi
+from refine.spot_floor import spot_floor
 from refine.spots import read_spot_list, spot_offsets
 from refine.structure_factors import AmplitudeOptions, check_space_group
 
@@ -252,19 +253,30 @@ def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Si
     return sim
 
 
-def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray):
+def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray, keep_model: bool = False):
     with eager():  # a few renders of small windows: not worth a compiled graph
-        return spot_offsets(sim, values, spots)
+        return spot_offsets(sim, values, spots, keep_model=keep_model)
 
 
-def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after) -> dict:
+def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after, floor) -> dict:
+    """The ``spots`` of ``result.json``: the offsets before and after, and the noise floor of the final ones."""
     both = before.matched & after.matched
     return {"source": args.spots or args.refl, "n": int(len(spots)),
             "matched_start": int(before.matched.sum()), "matched_final": int(after.matched.sum()),
             "rms_px_start": before.rms(), "rms_px_final": after.rms(),
             "rms_px_start_common": before.rms(both), "rms_px_final_common": after.rms(both),
-            "n_common": int(both.sum()), "mean_px_final": after.mean(),
+            "n_common": int(both.sum()), "mean_px_final": after.mean(), **floor.to_dict(),
             "observed": spots, "predicted_start": before.predicted, "predicted_final": after.predicted}
+
+
+def _floor_line(s: dict) -> str:
+    """The printed line of the spot report's noise floor (:mod:`refine.spot_floor`)."""
+    head = f"spots: final rms {s['rms_px_final']:.3g} px over all {s['matched_final']} matched; "
+    if not s["floor_spots"]:
+        return head + ("no noise floor: the spot finder finds none of the refined model's spots (too weak over "
+                       "its background)")
+    return head + (f"noise floor {s['rms_px_floor']:.3g} px ({s['floor_realisations']} Poisson draws of the "
+                   f"refined model, {s['floor_spots']} spots); finder vs model centroid {s['rms_px_procedure']:.3g} px")
 
 
 def _with_drift_warning(result, spots: dict):
@@ -322,6 +334,7 @@ def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs,
         say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "
             f"{s['n_common']} spots matched before and after ({s['matched_start']} -> {s['matched_final']} of "
             f"{s['n']} matched)")
+        say(_floor_line(s))
     if "esd_extra" in inputs.extra:
         _say_extra_esds(say, result, inputs.extra["esd_extra"])
     if result.amplitudes is not None:
@@ -386,8 +399,9 @@ def run(args: argparse.Namespace) -> int:
     if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
         sim = result.amplitudes.simulator(sim, result.refined)
     if choice.spots is not None:
-        after = _spot_offsets(sim, dict(result.params), choice.spots)
-        inputs.extra["spots"] = _spots_report(args, choice.spots, before, after)
+        after = _spot_offsets(sim, dict(result.params), choice.spots, keep_model=True)
+        floor = spot_floor(after, result.params, inputs.mask, seed=args.seed)
+        inputs.extra["spots"] = _spots_report(args, choice.spots, before, after, floor)
         result = _with_drift_warning(result, inputs.extra["spots"])
     if args.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args)

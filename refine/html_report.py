@@ -105,6 +105,10 @@ def _summary(doc: dict) -> str:
                      f"{spots.get('rms_px_final_common', float('nan')):.3g} px over the {spots.get('n_common', 0)} "
                      f"spots matched before and after ({spots.get('matched_start', 0)} &rarr; "
                      f"{spots.get('matched_final', 0)} of {spots.get('n', 0)} matched)</p>")
+        if spots.get("rms_px_floor") is not None:
+            parts.append(f"<p>spots: final rms {spots['rms_px_final']:.3g} px over all "
+                         f"{spots.get('matched_final', 0)} matched; noise floor {spots['rms_px_floor']:.3g} px "
+                         f"({spots.get('floor_realisations', 0)} Poisson draws of the refined model)</p>")
     parts += [f'<p class="warn">warning: {html.escape(w)}</p>' for w in doc.get("warnings", [])]
     if doc.get("command"):
         parts.append(f"<p>command: <code>{html.escape(str(doc['command']))}</code></p>")

@@ -16,7 +16,8 @@ centre of pixel index ``i`` is at ``i + 0.5`` (DIALS, the thaumatin spot lists a
 * :func:`window_mask`: the pixels within a square window around each spot (to simulate only those);
 * :func:`model_centroids`: for each observed spot, the peak of the model's Bragg image within
   ``search`` pixels and the intensity-weighted centroid of the ``box`` around that peak;
-* :func:`spot_offsets` / :class:`SpotOffsets`: both together, with the rms.
+* :func:`spot_offsets` / :class:`SpotOffsets`: both together, with the rms (and, with ``keep_model``,
+  the rendered model, which :mod:`refine.spot_floor` turns into the offsets' shot-noise floor).
 """
 
 from __future__ import annotations
@@ -378,11 +379,17 @@ class SpotOffsets:
         observed: (n, 2) observed centroids (px).
         predicted: (n, 2) model centroids (px; NaN = no model spot within ``search``).
         offsets: (n, 2) predicted - observed (px; NaN where unmatched).
+        bragg: (slow, fast) the model's Bragg image (photons, no scale or background) the centroids were
+            measured on, rendered only within ``window`` pixels (a square) of each observed spot (0 elsewhere);
+            None when not kept.  :func:`refine.spot_floor.spot_floor` reuses it.
+        window: the half-width of those rendered windows (px).
     """
 
     observed: np.ndarray = field(repr=False)
     predicted: np.ndarray = field(repr=False)
     offsets: np.ndarray = field(repr=False)
+    bragg: np.ndarray | None = field(default=None, repr=False, compare=False)
+    window: int = 0
 
     @property
     def matched(self) -> np.ndarray:
@@ -404,7 +411,7 @@ class SpotOffsets:
 
 
 def spot_offsets(sim, values: Mapping[str, float], spots: np.ndarray, *, search: int = 6, box: int = 2,
-                 min_peak_fraction: float = 1e-3) -> SpotOffsets:
+                 min_peak_fraction: float = 1e-3, keep_model: bool = False) -> SpotOffsets:
     """Render the model around each observed spot and measure :class:`SpotOffsets`.
 
     Arguments:
@@ -414,10 +421,13 @@ def spot_offsets(sim, values: Mapping[str, float], spots: np.ndarray, *, search:
         search, box: see :func:`model_centroids`.
         min_peak_fraction: a model peak below this fraction of the brightest model peak near any spot
             counts as no spot.
+        keep_model: keep the rendered Bragg image in :attr:`SpotOffsets.bragg` (a whole detector's worth; for
+            :func:`refine.spot_floor.spot_floor`).
     """
     spots = np.asarray(spots, dtype=np.float64).reshape(-1, 2)
-    pixels = window_mask(sim.shape, spots, search + box + 1)
-    model = render_pixels(sim, values, pixels)
+    window = search + box + 1
+    model = render_pixels(sim, values, window_mask(sim.shape, spots, window))
     floor = min_peak_fraction * float(model.max()) if model.size else 0.0
     pred = model_centroids(model, spots, search=search, box=box, min_peak=floor)
-    return SpotOffsets(observed=spots, predicted=pred, offsets=pred - spots)
+    return SpotOffsets(observed=spots, predicted=pred, offsets=pred - spots, bragg=model if keep_model else None,
+                       window=window)

@@ -151,6 +151,10 @@ def test_spots_report(refine_cli, tmp_path):
     assert s["rms_px_final_common"] < s["rms_px_start_common"]
     assert len(s["observed"]) == s["n"] and len(s["predicted_final"]) == s["n"]
     assert "rms offset" in r.out
+    # the noise floor: Poisson draws of the refined model (seeded by --seed), the same finder as --spots find
+    assert s["floor_realisations"] == 5 and s["floor_seed"] == 0 and 0 < s["floor_spots"] <= s["matched_final"]
+    assert 0 < s["rms_px_floor"] < s["rms_px_final"] and s["rms_px_procedure"] >= 0 and s["floor_found"] > 0.5
+    assert f"noise floor {s['rms_px_floor']:.3g} px" in r.out
 
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])

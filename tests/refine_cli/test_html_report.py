@@ -153,3 +153,12 @@ def test_report_loads_in_a_real_browser(finished_run, tmp_path):
     assert pixels.shape[:2] == (2400, 1300)
     assert pixels.std() > 0.05  # not a blank page
     assert (pixels.mean(axis=2) < 0.5).mean() > 0.005  # text and figures drawn
+
+
+def test_summary_shows_the_spot_noise_floor():
+    from refine.html_report import _summary
+
+    spots = {"n": 10, "matched_start": 8, "matched_final": 9, "rms_px_start_common": 3.0, "rms_px_final_common": 1.0,
+             "n_common": 8, "rms_px_final": 1.1, "rms_px_floor": 0.123, "floor_realisations": 5, "floor_spots": 9}
+    assert "noise floor 0.123 px (5 Poisson draws of the refined model)" in _summary({"spots": spots})
+    assert "noise floor" not in _summary({"spots": {**spots, "rms_px_floor": None}})

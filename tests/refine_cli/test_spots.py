@@ -189,3 +189,78 @@ def test_read_spot_list_refuses_positions_off_the_detector_and_files_without_row
         (tmp_path / "e.txt").write_text(text)
         with pytest.raises(InputError, match="no spots found in the file"):
             read_spot_list(tmp_path / "e.txt")
+
+
+def _floor_image(height, seed=5, background=10.0):
+    """8 x 8 Gaussian spots of one height at random sub-pixel places, and those places."""
+    rng = np.random.default_rng(seed)
+    centres = np.array([(20 + 25 * i + rng.uniform(), 20 + 25 * j + rng.uniform()) for i in range(8) for j in range(8)])
+    return _gauss_spots((220, 220), centres, sigma=0.9, height=height, background=background), centres
+
+
+def test_centroid_floor_is_small_for_strong_spots_and_grows_for_weak_ones():
+    from refine.spot_floor import centroid_floor
+
+    floors = {}
+    for height in (3000.0, 60.0):
+        model, centres = _floor_image(height)
+        f = centroid_floor(model, None, centres + 0.7, centres, half=9, realisations=5, seed=0)
+        assert f.spots == len(centres) and f.found > 0.95
+        assert f.procedure_rms_px < 0.1  # the finder recovers the true centres of noise-free round spots
+        floors[height] = f.rms_px
+    # shot noise: sigma / sqrt(photons) ~ 0.9 / sqrt(15 000) = 0.007 px plus the background's share
+    assert 0.003 < floors[3000.0] < 0.03
+    assert floors[60.0] > 5 * floors[3000.0] and 0.08 < floors[60.0] < 0.4
+
+
+def test_centroid_floor_is_seeded_and_per_spot():
+    from refine.spot_floor import centroid_floor
+
+    strong, centres = _floor_image(3000.0)
+    weak, _ = _floor_image(60.0)
+    left = np.indices(strong.shape)[1] < 110  # strong spots on the left half, weak ones on the right
+    model = np.where(left, strong, weak)
+    args = (model, None, centres, centres)
+    a = centroid_floor(*args, half=9, realisations=4, seed=3)
+    b = centroid_floor(*args, half=9, realisations=4, seed=3)
+    c = centroid_floor(*args, half=9, realisations=4, seed=4)
+    assert a.rms_px == b.rms_px and np.array_equal(a.per_spot, b.per_spot, equal_nan=True)
+    assert c.rms_px != a.rms_px
+    is_left = centres[:, 0] < 110
+    assert np.nanmax(a.per_spot[is_left]) < np.nanmedian(a.per_spot[~is_left])
+    assert a.to_dict()["floor_realisations"] == 4 and a.to_dict()["floor_seed"] == 3
+
+
+def test_centroid_floor_leaves_out_spots_without_a_model_spot_and_masked_ones():
+    from refine.spot_floor import centroid_floor
+
+    model, centres = _floor_image(3000.0)
+    reference = centres.copy()
+    reference[:4] = np.nan  # no model centroid: left out
+    reference[4] += 5.0  # the model's spot is 5 px away from the finder's: not this spot
+    usable = np.ones(model.shape, dtype=bool)
+    x, y = np.floor(centres[5]).astype(int)
+    usable[y - 4:y + 5, x - 4:x + 5] = False  # the 6th spot masked in the image
+    f = centroid_floor(model, usable, centres, reference, half=9, realisations=2, seed=0)
+    assert f.spots == len(centres) - 6
+    assert np.isnan(f.per_spot[:6]).all() and np.isfinite(f.per_spot[6:]).all()
+
+
+def test_spot_floor_reuses_the_rendered_model():
+    from refine.spot_floor import spot_floor
+
+    sim = Simulator(config_from_args(MODEL.split()), compile=False)
+    values = {k: float(v) for k, v in sim.setup.params.items()}
+    with torch.no_grad():
+        img = sim().numpy()
+    spots = find_spots(img * 100 + 1.0)
+    spots = spots[np.hypot(spots[:, 0] - 24.5, spots[:, 1] - 24.5) > 3]
+    assert spot_offsets(sim, values, spots).bragg is None  # not kept unless asked for
+    offsets = spot_offsets(sim, values, spots, keep_model=True)
+    assert offsets.bragg is not None and offsets.window == 9
+    bright = spot_floor(offsets, {"scale": 100.0, "background": 1.0}, seed=1)
+    dim = spot_floor(offsets, {"scale": 1.0, "background": 1.0}, seed=1)
+    assert bright.spots >= 0.8 * offsets.matched.sum() and bright.realisations == 5
+    # 100x the photons: 10x less centroid noise (the rms itself also carries the finder's occasional jump,
+    # a weak spot's component split or merged at the threshold)
+    assert bright.rms_px < 0.02 and np.nanmedian(dim.per_spot) > 5 * np.nanmedian(bright.per_spot)

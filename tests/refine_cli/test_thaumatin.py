@@ -45,6 +45,8 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     assert s["rms_px_start_common"] > 3.0
     assert s["rms_px_final_common"] < 1.6
     assert s["matched_final"] >= 0.95 * s["n"]
+    # ... far above their shot-noise floor (0.17 px on 2026-11-25; docs/refinement.md, "The spot noise floor")
+    assert 0.05 < s["rms_px_floor"] < 0.4 * s["rms_px_final"] and s["floor_spots"] >= 0.75 * s["matched_final"]
 
     # the cell: thaumatin, tetragonal, at the header distance (351 mm, held fixed)
     assert p["distance"] == 351.0
