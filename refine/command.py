@@ -339,8 +339,9 @@ def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs,
         _say_extra_esds(say, result, inputs.extra["esd_extra"])
     if result.amplitudes is not None:
         sf = result.structure_factors()
-        say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}); "
-            f"written to {checked.outputs['--hkl-out']}")
+        say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}; "
+            f"{sf['n_held']} candidates held, fewer than {args.f_min_photons:g} photons); written to "
+            f"{checked.outputs['--hkl-out']}")
     say(f"wrote {args.out} and {checked.json_path}{' and ' + args.report if args.report else ''} "
         f"({time.monotonic() - t0:.1f} s in all)")
     if args.logdir:
@@ -397,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
                     resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds,
                     structure_factors=checked.amplitudes)
     if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
-        sim = result.amplitudes.simulator(sim, result.refined)
+        sim = result.amplitudes.simulator(sim, result.amplitude_values)
     if choice.spots is not None:
         after = _spot_offsets(sim, dict(result.params), choice.spots, keep_model=True)
         floor = spot_floor(after, result.params, inputs.mask, seed=args.seed)

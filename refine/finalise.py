@@ -67,7 +67,8 @@ def _esds(objective: ImageObjective, pmap: ParameterMap, excess: float | None) -
 
 def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mapping[str, float],
              initial_values: Mapping[str, float], loss_initial: float, summaries: Sequence[dict],
-             history: History, status: Status, message: str, wall_s: float, esds: bool = True) -> RefinementResult:
+             history: History, status: Status, message: str, wall_s: float, esds: bool = True,
+             held: frozenset = frozenset()) -> RefinementResult:
     """The result of a run that ended at ``values``.
 
     Arguments:
@@ -76,6 +77,7 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         summaries: every finished stage's :meth:`StageSummary.to_dict`; ``history``: the run's rows.
         status, message: how the run ended; ``wall_s``: its wall time (resumed parts included).
         esds: estimate uncertainties (False: empty esds and correlation).
+        held: candidate amplitudes the run held (too faint to refine): not among the result's free names.
     """
     loss_final, model, used, model_roi = _full_images(plan, objective, view, values)
     obs_np = plan.observed.detach().cpu().numpy()
@@ -86,13 +88,12 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         fit = quality.to_dict()
         if quality.warning is not None:
             warnings.append(quality.warning)
-    final_map = ParameterMap(plan.space, values, plan.names)
+    names = tuple(n for n in plan.names if n not in held)
+    final_map = ParameterMap(plan.space, values, names)
     uncertainty = _esds(objective, final_map, fit.get("excess")) if esds else _no_esds()
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
         log.info("%s", w)
     params, init_params = canonical_values(values), canonical_values(initial_values)
-    if plan.amplitudes is not None:  # the amplitudes' start (the estimate, when there is one) for the report
-        init_params.update({n: float(initial_values.get(n, plan.amplitudes.starts[n])) for n in plan.amplitudes.names})
     if plan.background != "planar":
         for d in (params, init_params):
             d.pop("background_x", None)
@@ -102,10 +103,12 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
                             for d in summaries)
     return RefinementResult(
         status=status, message=message, params=params, initial_params=init_params,
-        refined={n: final_map.start_value(n) for n in plan.names},
-        units=units_of(list(params) + list(plan.names) + list(uncertainty["esds"])), free=plan.names,
+        refined={n: final_map.start_value(n) for n in names},
+        units=units_of(list(params) + list(names) + list(uncertainty["esds"])), free=names,
         loss_initial=loss_initial, loss_final=loss_final, steps=sum(s.steps for s in stage_summaries),
         evaluations=sum(s.evaluations for s in stage_summaries), wall_s=wall_s, stages=stage_summaries,
         history=history.to_dict(), observed=obs_np, model=model, residuals=np.where(used, obs_np - model, 0.0),
         mask=used, symmetry=plan.symmetry, hparams=plan.hparams, fit=fit, warnings=tuple(warnings),
-        amplitudes=plan.amplitudes, **uncertainty)
+        amplitudes=plan.amplitudes,
+        amplitude_values={} if plan.amplitudes is None else {n: float(values[n]) for n in plan.amplitudes.names},
+        **uncertainty)

@@ -124,10 +124,13 @@ def _structure_factor_summary(doc: dict) -> str:
     rows = sf.get("reflections") or []
     if not rows:
         return "<p>No amplitude was refined.</p>"
+    rows = [r for r in rows if r[6]]  # the refined ones
+    if not rows:
+        return "<p>No amplitude was refined.</p>"
     F = np.array([r[4] for r in rows], float)
     esd = np.array([np.nan if r[5] is None else r[5] for r in rows], float)
     rel = esd / np.where(F > 0, F, np.nan)
-    return (f"<p>{len(rows)} amplitudes refined in {html.escape(str(sf.get('space_group', '')))} (start: "
+    return (f"<p>{len(rows)} amplitudes refined ({sf.get('n_held', 0)} held: too faint) in {html.escape(str(sf.get('space_group', '')))} (start: "
             f"{html.escape(str(sf.get('start', '')))}): median F {np.nanmedian(F):.4g}, median relative esd "
             f"{np.nanmedian(rel):.3g}; every value is in result.json (structure_factors) and the HKL file.</p>")
 

@@ -26,7 +26,9 @@ from refine.objective import LossFn, check_priors, resolve_loss
 from refine.parameters import BASE_NAMES, REFINABLE, ParameterSpace
 from refine.problems import Problem
 from refine.stages import Stage, stage_a, with_amplitudes
-from refine.structure_factors import AmplitudeOptions, AmplitudeRestraint, AmplitudeTable, amplitude_table
+from refine.structure_factors import (
+    AmplitudeOptions, AmplitudeRestraint, AmplitudeTable, amplitude_table, is_amplitude,
+)
 from refine.strategies import AbstractStrategy
 
 __all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values"]
@@ -119,7 +121,7 @@ def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[s
     values.update({n: 0.0 for n in ORIENTATION_DELTAS})
     values.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
     for k, v in (start or {}).items():
-        if k not in BASE_NAMES:
+        if k not in BASE_NAMES and not is_amplitude(k):  # an amplitude is checked against the run's table
             raise InputError(f"start: unknown parameter {k!r}; valid: {', '.join(BASE_NAMES)}")
         values[k] = float(v)
     return values
@@ -160,6 +162,9 @@ def _amplitudes(sim: Simulator, values0: dict, valid: Tensor, stages: tuple, nam
     stages with an ``amplitudes`` stage last (unless one names ``structure_factors``), the table (its starting
     amplitudes put in ``values0``) and the restraint; without, everything as it was."""
     if options is None:
+        if any(is_amplitude(n) for n in values0):
+            raise InputError(f"start: {next(n for n in values0 if is_amplitude(n))} is an amplitude; refining "
+                             "amplitudes needs structure_factors= (a space group)")
         if "structure_factors" in named:
             raise InputError("structure_factors: refining the amplitudes needs a space group "
                              "(refine(structure_factors=AmplitudeOptions('P41212')), nbtorch-refine --symmetry P41212 "
@@ -172,7 +177,11 @@ def _amplitudes(sim: Simulator, values0: dict, valid: Tensor, stages: tuple, nam
     if not table.names:
         log.warning("structure factors: no reflection has %g photons on the fitted pixels; none is refined",
                     options.min_photons)
-    values0.update(table.starts)
+    unknown = [n for n in values0 if is_amplitude(n) and n not in table.starts]
+    if unknown:
+        raise InputError(f"start: {unknown[0]} is not a refinable amplitude of this run (free: the reflections with "
+                         f">= {options.min_photons:g} photons on the fitted pixels)")
+    values0.update({n: v for n, v in table.starts.items() if n not in values0})  # a given start wins
     restraint = AmplitudeRestraint(table, options.restraint_sigma) \
         if options.restraint_sigma is not None and table.names else None
     return sim, stages, table, restraint

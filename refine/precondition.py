@@ -88,7 +88,7 @@ def _blocked_raw_fisher(objective: ImageObjective, pmap: ParameterMap, raw0: Ten
     fitted pixels only, bounded memory for the hundreds of amplitudes), with the amplitude restraint's curvature:
     ``D F D``, ``D = diag(d physical / d raw)`` (every transform acts on its own coordinate)."""
     theta, F, _ = image_information(objective, pmap, raw0)
-    add_restraint(F, objective, pmap.names, theta)
+    add_restraint(F, objective, pmap, theta)
     d = torch.func.jacfwd(lambda r: torch.stack(list(pmap.physical(r).values())))(raw0).diagonal()
     return d[:, None] * F.to(raw0.dtype) * d[None, :]
 

@@ -108,4 +108,4 @@ def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: s
     with atomic_write(json_path, "w") as fh:
         fh.write(text + "\n")
     if hkl_path is not None:
-        write_hkl(hkl_path, result.amplitudes.hkl_table(result.refined))
+        write_hkl(hkl_path, result.amplitudes.hkl_table(result.amplitude_values))

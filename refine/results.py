@@ -129,6 +129,7 @@ class RefinementResult:
     warnings: tuple[str, ...] = ()
     esd_kinds: dict = field(default_factory=dict)
     amplitudes: Any = field(default=None, repr=False)
+    amplitude_values: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         # the signal the fit rests on: from the result's own images, so every way of making a result reports it
@@ -171,14 +172,18 @@ class RefinementResult:
         }
 
     def structure_factors(self) -> dict:
-        """The refined amplitudes (``structure_factors`` of result.json): the space group, how they started and
-        one row ``[h, k, l, d_A, F, esd, F_start, photons]`` per free symmetry-unique reflection."""
+        """The amplitudes (``structure_factors`` of result.json): the space group, how they started, and one row
+        ``[h, k, l, d_A, F, esd, refined]`` per candidate symmetry-unique reflection (``refined`` False: held,
+        too faint on the fitted pixels; its F is the value the model used, its esd None)."""
         t = self.amplitudes
-        rows = [[int(h), int(k), int(l), float(d), float(self.refined.get(n, t.starts[n])), self.esds.get(n),
-                 float(self.initial_params.get(n, t.starts[n])), float(ph)]
-                for n, (h, k, l), d, ph in zip(t.names, t.hkl, t.d_A, t.photons)]  # noqa: E741
-        return {"space_group": t.space_group, "start": t.start_mode, "n_free": len(t.names),
-                "columns": ["h", "k", "l", "d_A", "F", "esd", "F_start", "photons_start"], "reflections": rows}
+        free = set(self.free)
+        rows = [[int(h), int(k), int(l), float(d), float(self.amplitude_values.get(n, t.starts[n])),
+                 self.esds.get(n) if n in free else None, n in free]
+                for n, (h, k, l), d in zip(t.names, t.hkl, t.d_A)]  # noqa: E741
+        n_free = sum(1 for n in t.names if n in free)
+        return {"space_group": t.space_group, "start": t.start_mode, "n_free": n_free,
+                "n_held": len(t.names) - n_free, "columns": ["h", "k", "l", "d_A", "F", "esd", "refined"],
+                "reflections": rows}
 
     def summary(self) -> str:
         """A short human-readable table of the refined values with esds."""

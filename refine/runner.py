@@ -38,7 +38,7 @@ from refine.problems import Problem
 from refine.results import RefinementResult, StageSummary
 from refine.stages import Stage
 from refine.strategies import AbstractStrategy
-from refine.structure_factors import AmplitudeOptions, estimate_amplitudes
+from refine.structure_factors import AmplitudeOptions, amplitude_photons, estimate_amplitudes
 
 __all__ = ["refine", "RefinementInterrupted", "RunState", "start_run", "resume_run", "run_stage"]
 
@@ -69,6 +69,7 @@ class RunState:
     loop_resume: LoopState | None = None
     pre_resume: LinearPreconditioner | None = None
     started: float = field(default_factory=time.monotonic)
+    held: frozenset = frozenset()  # candidate amplitudes too faint to refine (refine.structure_factors)
 
     def elapsed(self) -> float:
         """Wall seconds of the run, the parts before a resume included."""
@@ -126,20 +127,26 @@ def _stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: 
                           plan.compile_loss, priors=plan.priors, amplitudes=plan.amplitudes, restraint=plan.restraint)
 
 
-def _estimate_amplitudes(plan: RunPlan, state: RunState, index: int, names: Sequence[str],
-                         objective: ImageObjective) -> None:
-    """At the start of the first stage that frees the amplitudes (never on a resume inside it), with the
-    ``estimate`` start: amplitudes that explain the observed spots at the geometry refined so far."""
-    table = plan.amplitudes
-    if table is None or table.start_mode != "estimate" or plan.amplitude_options is None:
-        return
-    first = next((i for i, (_, stage_names) in enumerate(plan.stages) if set(stage_names) & set(table.names)), None)
-    if index != first or (state.loop_resume is not None and index == state.first_stage):
-        return
-    estimate = estimate_amplitudes(objective, table, state.values, plan.amplitude_options.iterations)
-    state.values.update(estimate)
-    log.info("structure factors: %d amplitudes estimated from the observed spots (%d EM updates)",
-             len(estimate), plan.amplitude_options.iterations)
+def _amplitude_stage(plan: RunPlan, state: RunState, index: int, names: Sequence[str],
+                     objective: ImageObjective) -> tuple[str, ...]:
+    """The names stage ``index`` refines.  A stage that frees amplitudes first (at the first such stage, with the
+    ``estimate`` start, never on a resume inside it) estimates them from the observed spots at the geometry
+    refined so far, then holds the candidates that put fewer than ``min_photons`` on its pixels
+    (``state.held``; recomputed the same way on a resume, from the values the stage started at)."""
+    table, options = plan.amplitudes, plan.amplitude_options
+    if table is None or options is None or not set(names) & set(table.names):
+        return tuple(names)
+    first = next(i for i, (_, stage_names) in enumerate(plan.stages) if set(stage_names) & set(table.names))
+    resumed = state.loop_resume is not None and index == state.first_stage
+    if table.start_mode == "estimate" and index == first and not resumed:
+        state.values.update(estimate_amplitudes(objective, table, state.values, options.iterations))
+        log.info("structure factors: %d amplitudes estimated from the observed spots (%d EM updates)",
+                 len(table.names), options.iterations)
+    photons = amplitude_photons(objective, table, state.values)
+    state.held = frozenset(n for n, p in photons.items() if not p >= options.min_photons)
+    log.info("structure factors: %d amplitudes refined, %d held (fewer than %g photons on the fitted pixels)",
+             len(table.names) - len(state.held), len(state.held), options.min_photons)
+    return tuple(n for n in names if n not in state.held)
 
 
 def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index: int, pmap: ParameterMap,
@@ -173,7 +180,7 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     """
     stage, names = plan.stages[index]
     objective = _stage_objective(plan, stage, names, state.values)
-    _estimate_amplitudes(plan, state, index, names, objective)
+    names = _amplitude_stage(plan, state, index, names, objective)
     pmap = ParameterMap(plan.space, state.values, names)
     resume = state.loop_resume if index == state.first_stage else None
     conv = stage.convergence
@@ -318,6 +325,6 @@ def refine(
             save_checkpoint(checkpoint, plan, state, index + 1, state.values, None, plan.stages[index + 1][1])
 
     result = finalise(plan, full_objective, full_view, state.values, state.initial_values, state.loss_initial,
-                      state.summaries, state.history, status, message, state.elapsed(), esds=esds)
+                      state.summaries, state.history, status, message, state.elapsed(), esds=esds, held=state.held)
     cb.on_run_end(result)
     return result

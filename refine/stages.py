@@ -194,6 +194,9 @@ def coarse_to_fine(stage: Stage, levels: tuple[tuple[float, int, float], ...] = 
 
 def with_amplitudes(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     """``stages`` followed by a stage ``amplitudes`` that refines the structure factors together with what the
-    last stage refines (same strategy, stopping rules and view): the geometry first, then both."""
+    last stage refines but ``scale`` (same strategy, stopping rules and view): the geometry first, then both.
+    The scale is held: it multiplies every ``F^2``, so with the visible amplitudes free it is only decided by
+    the few photons of the reflections too weak to be refined."""
     last = stages[-1]
-    return tuple(stages) + (replace(last, name="amplitudes", free=tuple(last.free) + ("structure_factors",)),)
+    free = tuple(n for n in last.free if n != "scale") + ("structure_factors",)
+    return tuple(stages) + (replace(last, name="amplitudes", free=free),)

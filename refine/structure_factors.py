@@ -9,10 +9,13 @@ reflection gemmi puts in the reciprocal asymmetric unit of the space group, and 
 The table (:class:`AmplitudeTable`) is the simulator's dense ``F[h - h_min, k - k_min, l - l_min]``
 (:mod:`nbtorch.physics.structure`), built to cover every reflection the fitted pixels touch at the
 start, with a margin: entries start at the ``-hkl`` file's value or ``-default_F``; systematically
-absent reflections of the space group are 0 (their spots are not predicted).  A reflection is
-*visible*, and free, when the starting model puts at least ``min_photons`` photons of Bragg signal
-(``scale x`` its share of the simulated image) on the fitted pixels, summed over its equivalents;
-the others keep their starting value.  Positive by construction: each amplitude is refined through
+absent reflections of the space group are 0 (their spots are not predicted).  Its amplitudes are the
+*candidates*: every reflection to which the starting model gives at least 1 % of ``min_photons``
+photons of Bragg signal (``scale x`` its share of the simulated image) on the fitted pixels, summed
+over its equivalents (the start may be pixels away from the spots).  When the amplitudes' stage
+starts, at the geometry refined so far, a candidate is *visible*, and refined, when the model puts at
+least ``min_photons`` photons on the fitted pixels (:func:`amplitude_photons`); the others, and F(000)
+(the direct beam), keep their value.  Positive by construction: each amplitude is refined through
 ``F = F_start exp(step raw)`` (:class:`refine.transforms.Multiplicative`).
 
 Starting values (``start``): ``"file"`` (the ``-hkl`` table), ``"one"`` (``-default_F`` for all, or the
@@ -42,7 +45,7 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 
-__all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_name", "is_amplitude", "amplitude_hkl",
+__all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
            "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS"]
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ _NAME = re.compile(r"^F_(-?\d+)_(-?\d+)_(-?\d+)$")
 AMPLITUDE_STARTS = ("auto", "file", "one", "estimate")
 #: Bragg photons on the fitted pixels below which a reflection's amplitude is not refined
 DEFAULT_MIN_PHOTONS = 10.0
+#: fraction of min_photons a reflection needs at the start to be a candidate
+_CANDIDATE_FRACTION = 0.01
 #: entries of the table beyond the reflections touched at the start (spots move while the geometry refines;
 #: the tricubic interpolation's stencil reaches 2-3 entries out)
 _MARGIN = 4
@@ -105,7 +110,7 @@ class AmplitudeTable:
         index: (nh, nk, nl) int64, the free amplitude each entry follows, -1 for none.
         names: the free amplitudes' names (``F_h_k_l`` of the asymmetric-unit reflection).
         hkl: (n, 3) their asymmetric-unit indices; ``d_A`` (n,) their resolution (Å, starting cell).
-        photons: (n,) Bragg photons the starting model puts on the fitted pixels (visibility).
+        photons: (n,) Bragg photons the starting model puts on the fitted pixels (candidates).
         starts: name -> starting amplitude.
         start_mode: ``file``, ``one`` or ``estimate`` (then :func:`estimate_amplitudes` replaces ``starts``
             when the amplitudes' stage starts).
@@ -142,9 +147,10 @@ class AmplitudeTable:
     def vector(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
         """(n,) the free amplitudes in ``values`` (tensors keep their gradients)."""
         items = [values[n] for n in self.names]
-        if items and all(isinstance(v, Tensor) for v in items):
-            return torch.stack([v.to(dtype) for v in items])
-        return torch.as_tensor([float(v) for v in items], dtype=dtype, device=device)
+        if not any(isinstance(v, Tensor) for v in items):
+            return torch.as_tensor([float(v) for v in items], dtype=dtype, device=device)
+        return torch.stack([v.to(dtype) if isinstance(v, Tensor) else torch.tensor(float(v), dtype=dtype, device=device)
+                            for v in items])
 
     def grid(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
         """The (nh, nk, nl) table with the free amplitudes of ``values`` put in (differentiable in them)."""
@@ -258,7 +264,7 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
     photons = _photons_per_entry(restricted, overrides, None, grid, lo, float(values.get("scale", 1.0)))
     asu = gemmi.ReciprocalAsu(group)
     groups: dict[tuple[int, int, int], float] = {}
-    for e in np.argwhere(photons > 1e-3 * max(min_photons, 1e-9)):  # the touched entries, summed per reflection
+    for e in np.argwhere(photons > 1e-3 * _CANDIDATE_FRACTION * max(min_photons, 1e-9)):  # summed per reflection
         key = tuple(int(x) for x in asu.to_asu((e + lo).tolist(), ops)[0])
         groups[key] = groups.get(key, 0.0) + float(photons[tuple(e)])
     index = np.full(grid.shape, -1, dtype=np.int64)
@@ -269,7 +275,7 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
             for eq in _equivalents(gemmi, group, np.array(key)):
                 if np.all(eq >= lo) and np.all(eq <= hi):
                     grid[tuple(eq - lo)] = 0.0
-        elif groups[key] >= min_photons:
+        elif groups[key] >= _CANDIDATE_FRACTION * min_photons and key != (0, 0, 0):  # F(000): the direct beam
             free.append(key)
     starts = {}
     cell = gemmi.UnitCell(*(float(values[n]) for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
@@ -291,8 +297,8 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
         space_group=group.hm, hkl_min=lo, start=grid, index=index, names=tuple(amplitude_name(k) for k in free),
         hkl=hkl, d_A=np.array([cell.calculate_d(list(k)) for k in free], dtype=np.float64),
         photons=np.array([groups[k] for k in free], dtype=np.float64), starts=starts, start_mode=start)
-    log.info("structure factors: %d free amplitudes (%d reflections touched, >= %g photons each) in %s",
-             len(free), len(groups), min_photons, group.hm)
+    log.info("structure factors: %d candidate amplitudes (%d reflections touched) in %s",
+             len(free), len(groups), group.hm)
     return table, sim.with_structure_factors(grid, lo)
 
 
@@ -306,25 +312,38 @@ def estimate_amplitudes(objective, table: AmplitudeTable, values: Mapping[str, T
     """
     dtype, dev = objective.observed.dtype, objective.observed.device
     F = table.vector(values, dtype, dev).detach().clone()
-
-    def weighted_gradient(F: Tensor, factor) -> Tensor:
-        """``sum_p factor_p d mu_p / d F`` (one forward and one backward: a compiled backward is run once)."""
-        leaf = F.clone().requires_grad_(True)
-        vals = dict(values)
-        vals.update({n: leaf[i] for i, n in enumerate(table.names)})
-        with torch.enable_grad():
-            model, observed, weights = objective.pixels(vals)
-            f = factor(model.detach(), observed, weights)
-            return torch.autograd.grad(model, leaf, grad_outputs=f)[0]
-
     for _ in range(int(iterations)):
-        c = weighted_gradient(F, lambda mu, y, w: w)
-        a = weighted_gradient(F, lambda mu, y, w: w * y / torch.clamp(mu, min=1e-12))
+        c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
+        a = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w * y / torch.clamp(mu, min=1e-12))
         ok = c > 1e-12 * float(c.abs().max().clamp(min=1e-300))
         ratio = torch.where(ok, a / torch.where(ok, c, torch.ones_like(c)), torch.ones_like(c))
         F = F * torch.sqrt(ratio.clamp(1e-4, 1e4))
         F = torch.clamp(F, min=1e-6 * float(F.max().clamp(min=1e-300)))
     return {n: float(v) for n, v in zip(table.names, F)}
+
+
+def amplitude_photons(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float],
+                      names: Sequence[str] | None = None) -> dict[str, float]:
+    """Bragg photons (``scale x`` simulated) each amplitude of ``names`` (default all) puts on the objective's
+    pixels at ``values``: ``F / 2 x d(sum of the model) / dF`` (the model is a sum of ``F^2`` terms)."""
+    dtype, dev = objective.observed.dtype, objective.observed.device
+    F = table.vector(values, dtype, dev).detach()
+    c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
+    photons = 0.5 * F * c
+    wanted = set(table.names if names is None else names)
+    return {n: float(p) for n, p in zip(table.names, photons) if n in wanted}
+
+
+def _weighted_gradient(objective, table: AmplitudeTable, values: Mapping, F: Tensor, factor) -> Tensor:
+    """``sum_p factor(mu, y, w)_p d mu_p / d F`` at amplitudes ``F`` (one forward and one backward: a compiled
+    backward may run only once per graph)."""
+    leaf = F.clone().requires_grad_(True)
+    vals = dict(values)
+    vals.update({n: leaf[i] for i, n in enumerate(table.names)})
+    with torch.enable_grad():
+        model, observed, weights = objective.pixels(vals)
+        f = factor(model.detach(), observed, weights)
+        return torch.autograd.grad(model, leaf, grad_outputs=f)[0]
 
 
 class AmplitudeRestraint:
@@ -357,9 +376,13 @@ class AmplitudeRestraint:
     def __call__(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
         return 0.5 * (self.residuals(self.table.vector(values, dtype, device)) ** 2).sum()
 
+    def jacobian(self, F: Tensor) -> Tensor:
+        """(n, n) the residuals' Jacobian ``R`` at the amplitudes ``F`` (all of the table's)."""
+        return torch.autograd.functional.jacobian(self.residuals, F.detach())
+
     def curvature(self, F: Tensor) -> Tensor:
-        """(n, n) the Gauss-Newton curvature ``R^T R`` (``R``: the residuals' Jacobian) at amplitudes ``F``."""
-        R = torch.autograd.functional.jacobian(self.residuals, F.detach())
+        """(n, n) the Gauss-Newton curvature ``R^T R`` at amplitudes ``F``."""
+        R = self.jacobian(F)
         return R.T @ R
 
 

@@ -215,7 +215,16 @@ def invert_information(F: Tensor) -> tuple[Tensor, float]:
     evals = torch.linalg.eigvalsh(Fn)
     cond = float(evals.max() / evals.min()) if float(evals.min()) > 0 else math.inf
     Cn = torch.linalg.pinv(Fn, hermitian=True, rtol=1e-14)
-    return Cn / (d[:, None] * d[None, :]), cond
+    C = Cn / (d[:, None] * d[None, :])
+    # a parameter the data say nothing about (e.g. an amplitude refined to 0, where the image does not depend
+    # on it to first order) has no esd: infinite, not the 0 of the pseudo-inverse
+    blind = torch.diagonal(F) <= 1e-14 * float(torch.diagonal(F).abs().max().clamp(min=torch.finfo(F.dtype).tiny))
+    if bool(blind.any()):
+        C = C.clone()
+        C[blind, :] = 0.0
+        C[:, blind] = 0.0
+        C[blind, blind] = math.inf
+    return C, cond
 
 
 ESD_KINDS = ("sandwich", "scaled", "fisher")
@@ -250,7 +259,7 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
     for i, name in enumerate(names):
         if name in objective.priors:
             restraints[i, i] += 1.0 / objective.priors[name][1] ** 2
-    add_restraint(restraints, objective, names, theta)
+    add_restraint(restraints, objective, pmap, theta)
     F = F + restraints
     B = B + restraints
     C_fisher, cond = invert_information(F)
@@ -270,17 +279,20 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
                          corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
 
 
-def add_restraint(F: Tensor, objective: ImageObjective, names: Sequence[str], theta: Tensor) -> None:
+def add_restraint(F: Tensor, objective: ImageObjective, pmap: ParameterMap, theta: Tensor) -> None:
     """``F += `` the amplitude restraint's Gauss-Newton curvature (:class:`refine.structure_factors.AmplitudeRestraint`)
-    on the rows of the amplitudes, all of them free (a restraint couples the amplitudes of a bin)."""
+    on the rows of ``pmap``'s free amplitudes at ``theta`` (the held ones at their values in ``pmap``)."""
     restraint = objective.restraint
     if restraint is None:
         return
-    idx = {n: i for i, n in enumerate(names)}
-    if not all(n in idx for n in restraint.table.names):
+    table = restraint.table
+    free = [(i, table.names.index(n)) for i, n in enumerate(pmap.names) if is_amplitude(n)]
+    if not free:
         return
-    rows = torch.tensor([idx[n] for n in restraint.table.names])
-    F[rows[:, None], rows[None, :]] += restraint.curvature(theta[rows].to(F.dtype)).to(F.dtype)
+    values = pmap.expand({n: float(t) for n, t in zip(pmap.names, theta)})
+    R = restraint.jacobian(table.vector(values, torch.float64, "cpu"))[:, [j for _, j in free]]
+    rows = torch.tensor([i for i, _ in free])
+    F[rows[:, None], rows[None, :]] += (R.T @ R).to(F.dtype)
 
 
 def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int | None = None,
