@@ -29,6 +29,12 @@ same result (the test checks 1e-8 relative; the same thread count per process is
 together (:attr:`~refine.loop.Status.DIVERGED`) instead of waiting for the others; a time budget is
 refused under several processes (the clocks would disagree about when to stop).
 
+**Checkpoints** (``checkpoint=PATH``; :mod:`refine.joint_checkpoint`): process 0 writes the whole state every
+``checkpoint_every`` steps, when the loop ends and on Ctrl-C, and every process waits until it is complete;
+``resume=PATH`` continues to the result of an uninterrupted run, and a worker that ``torchrun --max-restarts``
+restarted resumes by itself.  A collective that fails (another process died) raises
+:class:`~refine.loop.LoopAborted`, so the survivors stop at once and torchrun can restart the job.
+
 **Esds** (``esds=True``): the Fisher matrix ``F`` and the clustered score matrix ``B`` of each image for
 its ``[shared, own]`` names (:func:`refine.uncertainty.image_information`, the same estimate as a single
 run) are summed into the joint matrices (shared-shared blocks add up over images; each image's own block
