@@ -203,15 +203,33 @@ def write_summary(rows: Sequence[dict], out_dir: Path) -> tuple[Path, Path]:
     return csv_path, h5_path
 
 
+def restart_count() -> int:
+    """How often torchrun restarted this worker (``TORCHELASTIC_RESTART_COUNT``; 0 outside torchrun)."""
+    try:
+        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+    except ValueError:
+        return 0
+
+
 def _process_group():
-    """(rank, world, group-or-None): a gloo group under torchrun, else (0, 1, None)."""
+    """(rank, world, group-or-None): a gloo group under torchrun, else (0, 1, None).
+
+    Under torchrun the group's keys in the rendezvous store are those of this attempt
+    (``TORCHELASTIC_RESTART_COUNT``): the store outlives a restart (``--max-restarts``), and gloo would
+    otherwise read the last attempt's addresses of the other processes and fail to connect.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world <= 1:
         return 0, 1, None
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            store, rank, size = next(dist.rendezvous("env://"))
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"nbtorch/attempt_{restart_count()}", store),
+                                    rank=rank, world_size=size)
+        else:
+            dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size(), dist
 
 

@@ -34,7 +34,8 @@ import torch
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path
 
-__all__ = ["RunCheckpoint", "write_checkpoint", "read_checkpoint", "FORMAT", "VERSION"]
+__all__ = ["RunCheckpoint", "write_checkpoint", "read_checkpoint", "write_state_file", "read_state_file", "FORMAT",
+           "VERSION"]
 
 FORMAT = "nbtorch-refine-checkpoint"
 VERSION = 1
@@ -76,26 +77,34 @@ class RunCheckpoint:
 
 def write_checkpoint(path: str | Path, ckpt: RunCheckpoint) -> Path:
     """Write ``ckpt`` to ``path`` atomically (an existing file is replaced only when complete)."""
+    loop = ckpt.loop
+    attrs = {"stage_index": ckpt.stage_index, "stage_step": -1 if loop is None else int(loop["step"]),
+             "step": len(ckpt.history.get("step", [])) - 1, "elapsed_s": float(ckpt.elapsed_s),
+             "loss_initial": float(ckpt.loss_initial), "fingerprint": json.dumps(ckpt.fingerprint)}
+    arrays = {} if loop is None else {"raw": loop["raw"].detach().cpu().numpy(),
+                                      "names": np.array([n.encode() for n in ckpt.names])}
+    return write_state_file(path, FORMAT, VERSION, attrs, arrays, ckpt.to_dict())
+
+
+def write_state_file(path: str | Path, fmt: str, version: int, attrs: dict[str, Any], arrays: dict[str, Any],
+                     state: dict[str, Any]) -> Path:
+    """The HDF5 layout of every checkpoint, written atomically: attributes ``format``, ``version`` and
+    ``attrs`` (for people and h5dump), datasets ``arrays``, and ``state`` (``torch.save`` bytes of ``state``:
+    plain containers and tensors only)."""
     import h5py
 
     path = Path(path)
     buf = io.BytesIO()
-    torch.save(ckpt.to_dict(), buf)
+    torch.save(state, buf)
     blob = np.frombuffer(buf.getvalue(), dtype=np.uint8)
-    loop = ckpt.loop
     with atomic_output_path(path) as tmp:
         with h5py.File(tmp, "w") as h5:
-            h5.attrs["format"] = FORMAT
-            h5.attrs["version"] = VERSION
-            h5.attrs["stage_index"] = ckpt.stage_index
-            h5.attrs["stage_step"] = -1 if loop is None else int(loop["step"])
-            h5.attrs["step"] = len(ckpt.history.get("step", [])) - 1
-            h5.attrs["elapsed_s"] = float(ckpt.elapsed_s)
-            h5.attrs["loss_initial"] = float(ckpt.loss_initial)
-            h5.attrs["fingerprint"] = json.dumps(ckpt.fingerprint)
-            if loop is not None:
-                h5.create_dataset("raw", data=loop["raw"].detach().cpu().numpy())
-                h5.create_dataset("names", data=np.array([n.encode() for n in ckpt.names]))
+            h5.attrs["format"] = fmt
+            h5.attrs["version"] = version
+            for k, v in attrs.items():
+                h5.attrs[k] = v
+            for k, v in arrays.items():
+                h5.create_dataset(k, data=v)
             h5.create_dataset("state", data=blob)
     return path
 
@@ -106,6 +115,20 @@ def read_checkpoint(path: str | Path) -> RunCheckpoint:
     Raises:
         InputError: the file is missing, not a checkpoint, or of another version.
     """
+    state = read_state_file(path, FORMAT, VERSION, "an nbtorch refinement checkpoint")
+    try:
+        return RunCheckpoint(**state)
+    except TypeError as exc:
+        raise InputError(f"{path}: damaged checkpoint state ({_first_line(exc)}); delete it to start again") from None
+
+
+def read_state_file(path: str | Path, fmt: str, version: int, what: str) -> dict[str, Any]:
+    """The ``state`` dict of a file written by :func:`write_state_file` with ``fmt`` and ``version``
+    (``what``: the kind of file, for the errors).
+
+    Raises:
+        InputError: the file is missing, damaged, not of format ``fmt``, or of another version.
+    """
     import h5py
 
     path = Path(path)
@@ -113,21 +136,23 @@ def read_checkpoint(path: str | Path) -> RunCheckpoint:
         raise InputError(f"{path}: checkpoint file not found")
     try:
         with h5py.File(path, "r") as h5:
-            if h5.attrs.get("format") != FORMAT:
-                raise InputError(f"{path}: not an nbtorch refinement checkpoint")
-            if int(h5.attrs.get("version", -1)) != VERSION:
-                raise InputError(f"{path}: checkpoint version {h5.attrs.get('version')} is not {VERSION}")
+            if h5.attrs.get("format") != fmt:
+                raise InputError(f"{path}: not {what}")
+            if int(h5.attrs.get("version", -1)) != version:
+                raise InputError(f"{path}: checkpoint version {h5.attrs.get('version')} is not {version}")
             blob = h5["state"][()].tobytes()
     except InputError:
         raise
     except (OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:  # libhdf5 on a damaged file
         raise InputError(f"{path}: cannot read checkpoint: {_first_line(exc)}") from None
     try:
-        d = torch.load(io.BytesIO(blob), weights_only=True)
-        return RunCheckpoint(**d)
+        state = torch.load(io.BytesIO(blob), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch.load of damaged bytes raises many kinds (zip, pickle, ...)
         raise InputError(f"{path}: damaged checkpoint state ({type(exc).__name__}: {_first_line(exc)}); "
                          "delete it to start again") from None
+    if not isinstance(state, dict):
+        raise InputError(f"{path}: damaged checkpoint state (not a dict); delete it to start again")
+    return state
 
 
 def _first_line(exc: BaseException) -> str:

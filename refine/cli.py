@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "step, image crops with spots, spot offsets, residuals, correlations)")
     g.add_argument("--logdir", help="TensorBoard log directory (default: no logs)")
     g.add_argument("--tb-every", type=int, default=10, help="TensorBoard images every N steps (default %(default)s)")
-    g.add_argument("--checkpoint", help="checkpoint file (default: --out with .ckpt.h5)")
+    g.add_argument("--checkpoint", help="checkpoint file (default: --out with .ckpt.h5; joint mode: "
+                                        "--out-dir/joint.ckpt.h5)")
     g.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint period in steps (default %(default)s)")
     g.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     g.add_argument("--no-esds", action="store_true", help="skip the uncertainty estimate")

@@ -29,6 +29,12 @@ same result (the test checks 1e-8 relative; the same thread count per process is
 together (:attr:`~refine.loop.Status.DIVERGED`) instead of waiting for the others; a time budget is
 refused under several processes (the clocks would disagree about when to stop).
 
+**Checkpoints** (``checkpoint=PATH``; :mod:`refine.joint_checkpoint`): process 0 writes the whole state every
+``checkpoint_every`` steps, when the loop ends and on Ctrl-C, and every process waits until it is complete;
+``resume=PATH`` continues to the result of an uninterrupted run, and a worker that ``torchrun --max-restarts``
+restarted resumes by itself.  A collective that fails (another process died) raises
+:class:`~refine.loop.LoopAborted`, so the survivors stop at once and torchrun can restart the job.
+
 **Esds** (``esds=True``): the Fisher matrix ``F`` and the clustered score matrix ``B`` of each image for
 its ``[shared, own]`` names (:func:`refine.uncertainty.image_information`, the same estimate as a single
 run) are summed into the joint matrices (shared-shared blocks add up over images; each image's own block
@@ -52,7 +58,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -61,13 +67,16 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 from nbtorch.simulator import Simulator
-from refine.batch import _process_group
-from refine.loop import Convergence, LoopResult, Status, minimise
+from refine.batch import _process_group, restart_count
+from refine.joint_checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, image_digest, joint_fingerprint,
+                                     read_joint_checkpoint, write_joint_checkpoint)
+from refine.loop import Convergence, LoopAborted, LoopInterrupted, LoopResult, LoopState, Status, minimise
 from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
 from refine.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace, canonical_values, units_of
 from refine.plan import observed_pixels, starting_values
 from refine.precondition import LinearPreconditioner, preconditioner_from_fisher
 from refine.results import jsonable
+from refine.runner import RefinementInterrupted
 from refine.strategies import AbstractStrategy, get_strategy
 from refine.uncertainty import ESD_KINDS, derived_esds, invert_information, fisher_information, image_information
 
@@ -111,8 +120,38 @@ class _Comm:
         for i, row in rows.items():
             out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
         if self.dist is not None:
-            self.dist.all_reduce(out)
+            self._collective(self.dist.all_reduce, out)
         return out
+
+    def barrier(self) -> None:
+        """Wait for every process."""
+        if self.dist is not None:
+            self._collective(self.dist.barrier)
+
+    def on_rank0(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run by process 0 only; every process gets its value, or raises its :class:`InputError`."""
+        value, error = None, None
+        if self.rank == 0:
+            try:
+                value = fn()
+            except InputError as exc:
+                error = str(exc)
+        if self.dist is not None:
+            box = [(value, error)]
+            self._collective(self.dist.broadcast_object_list, box, src=0)
+            value, error = box[0]
+        if error is not None:
+            raise InputError(error)
+        return value
+
+    @staticmethod
+    def _collective(op: Callable, *args: Any, **kw: Any) -> None:
+        """A collective operation; its failure (another process died) ends the run: :class:`LoopAborted`."""
+        try:
+            op(*args, **kw)
+        except RuntimeError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise LoopAborted(f"the process group failed (another process probably died): {reason}") from exc
 
 
 def image_shard(n: int, rank: int | None = None, world: int | None = None) -> range:
@@ -133,6 +172,7 @@ class _Image:
     objective: ImageObjective
     pmap: ParameterMap
     start: dict
+    digest: Tensor
 
 
 def _image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
@@ -147,7 +187,8 @@ def _image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float
     except InputError as exc:
         raise InputError(f"image {index}: {exc}") from None
     view = make_view(sim, values, valid)
-    return _Image(index, ImageObjective(sim, obs, view, loss_fn), ParameterMap(space, values, names), values)
+    return _Image(index, ImageObjective(sim, obs, view, loss_fn), ParameterMap(space, values, names), values,
+                  image_digest(obs, valid))
 
 
 class _Joint:
@@ -235,6 +276,7 @@ class JointResult:
         steps, evaluations, wall_s: the loop; ``world_size``: processes that shared the images.
         history: one dict per point of the loop (step, loss, grad_norm, step_norm, evaluations).
         warnings: one line each.
+        resumed_from_step: the step of the checkpoint this run continued from (None: it started afresh).
     """
 
     status: Status
@@ -263,6 +305,7 @@ class JointResult:
     fisher_condition: float = math.nan
     history: tuple = ()
     warnings: tuple = ()
+    resumed_from_step: int | None = None
 
     @property
     def n_images(self) -> int:
@@ -283,14 +326,15 @@ class JointResult:
             "shared_correlation": {"names": list(self.shared_names),
                                    "matrix": np.asarray(self.shared_correlation).tolist()},
             "fisher_condition": self.fisher_condition, "history": list(self.history),
-            "warnings": list(self.warnings),
+            "warnings": list(self.warnings), "resumed_from_step": self.resumed_from_step,
         }
 
     def summary(self) -> str:
         """The shared values with esds, one line each, and the run's outcome."""
         lines = [f"joint refinement of {self.n_images} images: {self.status.value} after {self.steps} steps "
                  f"(loss {self.loss_initial:.6g} -> {self.loss_final:.6g}, {self.wall_s:.1f} s, "
-                 f"{self.world_size} process{'es' if self.world_size > 1 else ''})"]
+                 f"{self.world_size} process{'es' if self.world_size > 1 else ''}"
+                 + (f", resumed from step {self.resumed_from_step})" if self.resumed_from_step is not None else ")")]
         for n, v in self.shared.items():
             e = self.shared_esds.get(n)
             lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
@@ -385,6 +429,13 @@ def _shared_start(simulators, observed_images, masks, start, comm: _Comm, n: int
             rows[0] = torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64)
     got = comm.gather(rows, 1, (len(BASE_NAMES),), torch.float64)[0]
     return {k: float(x) for k, x in zip(BASE_NAMES, got)}
+
+
+def _all_values(joint: _Joint, local: Mapping[int, Mapping[str, float]]) -> list[dict]:
+    """Every image's base values (``local``: those of this process's images, by index), in every process."""
+    rows = {i: torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64) for i, v in local.items()}
+    return [{k: float(x) for k, x in zip(BASE_NAMES, row)}
+            for row in joint.comm.gather(rows, joint.n, (len(BASE_NAMES),), torch.float64)]
 
 
 def _shared_canonical(shared_names: Sequence[str]) -> list[str]:
@@ -486,6 +537,10 @@ def refine_joint(
     background: str = "constant",
     loss: str | LossFn = "poisson",
     esds: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 10,
+    resume: str | Path | None = None,
+    on_checkpoint: Callable[[int, Path], None] | None = None,
 ) -> JointResult:
     """Refine shared parameters (default the cell) and per-image ones of many stills together.
 
@@ -505,13 +560,22 @@ def refine_joint(
             or None.
         background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`.
         esds: estimate esds at the end (module docstring).
+        checkpoint: HDF5 file of the whole state (:mod:`refine.joint_checkpoint`), written by process 0 every
+            ``checkpoint_every`` steps, when the loop ends and on Ctrl-C; its folder must exist.  Under a
+            torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0) an existing checkpoint of this problem is
+            resumed without ``resume``.
+        resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ).
+        on_checkpoint: ``(step, path)`` called in every process after each checkpoint is complete.
 
     Returns:
         :class:`JointResult` (the same in every process).
 
     Raises:
         InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the
-            symmetry, an image without usable pixels, a time budget under several processes.
+            symmetry, an image without usable pixels, a time budget under several processes, a ``resume``
+            checkpoint that is missing, damaged or of another problem or settings.
+        RefinementInterrupted: Ctrl-C, after writing the checkpoint.
+        LoopAborted: another process died (torchrun then restarts the job when asked to).
     """
     t0 = time.monotonic()
     n = len(simulators)
@@ -547,14 +611,116 @@ def refine_joint(
               for i in local]
     dtype = torch.float64
     joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
-    start_rows = comm.gather({im.index: torch.tensor([im.start[k] for k in BASE_NAMES], dtype=dtype)
-                              for im in images}, n, (len(BASE_NAMES),), dtype)
-    starts = [{k: float(x) for k, x in zip(BASE_NAMES, row)} for row in start_rows]
-    raw0 = torch.cat([torch.zeros(joint.S, dtype=dtype)] + [
+    starts = _all_values(joint, {im.index: im.start for im in images})
+    raw0 = torch.cat([ParameterMap(space, starts[0], shared_names).raw0(dtype)] + [
         ParameterMap(space, starts[i], per_names).raw0(dtype) for i in range(n)])
-    if shared_names:  # bounded transforms start away from 0
-        raw0[:joint.S] = ParameterMap(space, starts[0], shared_names).raw0(dtype)
-    pre = _preconditioner(precondition, joint, raw0)
+    step_rule = get_strategy(strategy)
+    fingerprint = joint_fingerprint(
+        comm.gather({im.index: im.digest for im in images}, n, (DIGEST_BYTES,), dtype), starts,
+        shared=list(shared_names), per_image=list(per_names), symmetry=symmetry, background=background,
+        loss=loss_name, strategy=step_rule.hparams(), precondition=precondition)
+    saver = _Checkpoints(checkpoint, checkpoint_every, comm, fingerprint, on_checkpoint, t0)
+    resumed = _resume_point(comm, checkpoint, resume, fingerprint)
+    saver.pre = (_preconditioner(precondition, joint, raw0) if resumed is None
+                 else LinearPreconditioner(resumed.precond["raw0"], resumed.precond["A"]))
+    saver.elapsed_before_s = resumed.elapsed_s if resumed is not None else 0.0
+    pre = saver.pre
+    res = _run_loop(joint, pre, step_rule, conv, saver, resumed)
+    raw = pre.to_raw(res.state.raw).detach()
+    finals = _all_values(joint, {im.index: im.pmap.values_at(joint.image_raw(raw, im.index)) for im in images})
+    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, starts)
+    return _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
+                         background=background, symmetry=symmetry, loss_name=loss_name, wall_s=saver.elapsed(),
+                         world=comm.world, resumed_from_step=None if resumed is None else resumed.step)
+
+
+# -- checkpoints ----------------------------------------------------------------------------------------
+class _Checkpoints:
+    """The run's checkpoints (:mod:`refine.joint_checkpoint`): process 0 writes each; then every process
+    waits for it (a process that dies after a checkpoint leaves it complete) and calls ``on_checkpoint``."""
+
+    def __init__(self, path: str | Path | None, every: int, comm: _Comm, fingerprint: dict,
+                 on_checkpoint: Callable[[int, Path], None] | None, t0: float) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InputError(f"checkpoint_every: expected an integer >= 1, got {every!r}")
+        self.path = None if path is None else Path(path)
+        self.every, self.comm, self.fingerprint, self.on_checkpoint, self.t0 = every, comm, fingerprint, on_checkpoint, t0
+        #: the loop's preconditioner and the wall seconds of the attempts before (set once known)
+        self.pre: LinearPreconditioner | None = None
+        self.elapsed_before_s = 0.0
+        if self.path is not None:
+            comm.on_rank0(self._check_path)
+
+    def _check_path(self) -> None:
+        if self.path.is_dir():
+            raise InputError(f"checkpoint {self.path}: is a directory; give a file name such as joint.ckpt.h5")
+        if not self.path.absolute().parent.is_dir():
+            raise InputError(f"checkpoint {self.path}: folder {self.path.absolute().parent} does not exist")
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run, the attempts before a resume included."""
+        return self.elapsed_before_s + time.monotonic() - self.t0
+
+    def save(self, state: LoopState, status: Status | None = None, message: str = "", wait: bool = True) -> Path | None:
+        """Write ``state`` (and the loop's end, ``status``); ``wait=False``: no waiting, no callback (Ctrl-C)."""
+        if self.path is None:
+            return None
+        if self.comm.rank == 0:
+            losses = state.aux.detach().clone() if isinstance(state.aux, Tensor) else None
+            write_joint_checkpoint(self.path, JointCheckpoint(
+                loop=state.to_dict(), image_losses=losses, precond={"raw0": self.pre.raw0, "A": self.pre.A},
+                status=None if status is None else status.value, message=message, elapsed_s=self.elapsed(),
+                fingerprint=self.fingerprint, world_size=self.comm.world))
+            log.info("joint: checkpoint at step %d written to %s", state.step, self.path)
+        if wait:
+            self.comm.barrier()
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(state.step, self.path)
+        return self.path
+
+
+def _resume_point(comm: _Comm, checkpoint: str | Path | None, resume: str | Path | None,
+                  fingerprint: dict) -> JointCheckpoint | None:
+    """The checkpoint to continue from (read by process 0, the same in every process), or None.
+
+    ``resume``: that file, refused when missing, damaged or of another problem.  Without it, under a torchrun
+    restart: ``checkpoint`` when it exists and is of this problem (else a fresh start, with a warning)."""
+    auto = resume is None and checkpoint is not None and restart_count() > 0
+    if resume is None and not auto:
+        return None
+    path = Path(resume if resume is not None else checkpoint)
+
+    def read() -> JointCheckpoint | None:
+        if auto and not path.is_file():
+            log.info("joint: torchrun restart %d, no checkpoint %s yet: starting afresh", restart_count(), path)
+            return None
+        try:
+            ckpt = read_joint_checkpoint(path)
+        except InputError as exc:
+            if not auto:
+                raise InputError(f"resume: {exc}") from None
+            log.warning("joint: torchrun restart: %s; starting afresh", exc)
+            return None
+        differs = fingerprint_difference(ckpt.fingerprint, fingerprint)
+        if differs:
+            message = f"resume: {path} was written for another joint problem or settings (differs: {differs})"
+            if not auto:
+                raise InputError(message)
+            log.warning("joint: torchrun restart: %s; starting afresh", message)
+            return None
+        log.info("joint: resuming from %s at step %d", path, ckpt.step)
+        return ckpt
+
+    return comm.on_rank0(read)
+
+
+def _run_loop(joint: _Joint, pre: LinearPreconditioner, strategy: AbstractStrategy, conv: Convergence,
+              saver: _Checkpoints, resumed: JointCheckpoint | None) -> LoopResult:
+    """The one loop, from the start or from ``resumed`` (whose loop may have ended: then only its result),
+    with its checkpoints."""
+    if resumed is not None and resumed.finished:
+        log.info("joint: the checkpoint's loop had ended (%s); only the result is computed", resumed.status)
+        return LoopResult(Status(resumed.status), resumed.message, resumed.loop_state())
     losses_seen: list = []
 
     def fn(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -562,18 +728,14 @@ def refine_joint(
         value = _JointLoss.apply(pre.to_raw(z), joint, losses_seen)
         return value, losses_seen[-1]
 
-    res: LoopResult = minimise(fn, pre.z0(), get_strategy(strategy), conv)
-    raw = pre.to_raw(res.state.raw).detach()
-    final_rows = {}
-    for im in images:
-        v = im.pmap.values_at(joint.image_raw(raw, im.index))
-        final_rows[im.index] = torch.tensor([v[k] for k in BASE_NAMES], dtype=dtype)
-    finals = [{k: float(x) for k, x in zip(BASE_NAMES, row)}
-              for row in comm.gather(final_rows, n, (len(BASE_NAMES),), dtype)]
-    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, starts)
-    return _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
-                         background=background, symmetry=symmetry, loss_name=loss_name, wall_s=time.monotonic() - t0,
-                         world=comm.world)
+    try:
+        res = minimise(fn, pre.z0(), strategy, conv, on_checkpoint=saver.save if saver.path is not None else None,
+                       checkpoint_every=saver.every if saver.path is not None else 0,
+                       resume=None if resumed is None else resumed.loop_state())
+    except LoopInterrupted as exc:
+        raise RefinementInterrupted(saver.save(exc.state, wait=False)) from None
+    saver.save(res.state, res.status, res.message)
+    return res
 
 
 def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts) -> tuple[list[str], dict]:
@@ -586,6 +748,8 @@ def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, 
         try:
             by_kind, cond, corr = _esds(joint, raw, space, shared_names, per_names, starts)
             esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)
+        except LoopAborted:
+            raise
         except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
             log.warning("joint esd estimation failed: %s", exc)
             warnings.append(f"esd estimation failed: {exc}")
@@ -594,7 +758,7 @@ def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, 
 
 def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_fields: dict, warnings: list[str], *,
                   shared_names, per_names, background: str, symmetry: str, loss_name: str, wall_s: float,
-                  world: int) -> JointResult:
+                  world: int, resumed_from_step: int | None) -> JointResult:
     """The :class:`JointResult` of a finished loop: canonical values per image, the shared ones, esds."""
     n = len(finals)
     keep = _shared_canonical(shared_names)
@@ -625,4 +789,4 @@ def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_f
         steps=res.state.step, evaluations=res.state.evaluations, wall_s=wall_s,
         world_size=world, units=units_of(dict.fromkeys(all_names)), history=history,
         warnings=tuple(warnings), **{k: v for k, v in esd_fields.items() if k != "esd_kind"},
-        esd_kind=kind)
+        esd_kind=kind, resumed_from_step=resumed_from_step)

@@ -9,9 +9,11 @@ Every image is loaded and its pixels chosen as for a single run (``--model`` wit
 ``--dmin``/``--dmax``, ``--spots``, ``--roi``, ...; :mod:`refine.command`), each process only its block of
 the images (:func:`refine.joint.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
 ``scale,background,orientation``) name the groups; ``--optimizer``, ``--max-steps`` (the loop's steps, default
-300), ``--background``, ``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages, checkpoints and reports
-do not.  Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.joint`).  The exit
-status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
+300), ``--background``, ``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages and reports do not.
+Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.joint`) and the checkpoint
+``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``) every ``--checkpoint-every`` steps; ``--resume`` continues
+from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`refine.joint_checkpoint`).
+The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from nbtorch.errors import InputError
+from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from refine.batch import expand_image_list, per_image_args
 from refine.command import _simulator, check_arguments, load_inputs
 from refine.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
@@ -45,7 +48,7 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
 def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     """(simulator on the chosen pixels, observed, pixel mask, start, symmetry) of one image."""
     a = per_image_args(args, image, out_dir)
-    a.quiet = args.quiet
+    a.quiet, a.resume = args.quiet, False  # the joint run's checkpoint is resumed, not a single run's
     checked = check_arguments(a)
     inputs = load_inputs(a, checked, say)
     sim = _simulator(a, checked, inputs)
@@ -62,6 +65,22 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     return sim, inputs.observed, choice.mask, start, inputs.symmetry
 
 
+def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path) -> Path:
+    """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
+    not an input, and present with ``--resume``; process 0 makes ``OUT_DIR``."""
+    path = Path(args.checkpoint) if args.checkpoint else out_dir / "joint.ckpt.h5"
+
+    def check() -> None:
+        check_not_inputs([("--images", image) for image in images], [("--checkpoint", str(path))])
+        if args.resume and not path.is_file():
+            raise InputError(f"--resume: checkpoint {path} not found (run once without --resume, or give --checkpoint)")
+        check_directory_can_be_made(out_dir, "--out-dir")
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    _Comm().on_rank0(check)
+    return path
+
+
 def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     """Load this process's images, refine all jointly, write ``joint.json``/``joint.h5``; the exit status."""
     t0 = time.monotonic()
@@ -72,6 +91,7 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     shared = split_names(args.shared, ("cell",), "--shared")
     per_image = split_names(args.per_image, ("scale", "background", "orientation"), "--per-image")
     n = len(images)
+    checkpoint = _checkpoint_path(args, images, out_dir)
     shard = image_shard(n)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
@@ -82,9 +102,10 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
     result = refine_joint(sims, observed, masks, shared=shared, per_image=per_image,
                           symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
-                          convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds)
+                          convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds,
+                          checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
+                          resume=checkpoint if args.resume else None)
     if _Comm().rank == 0:  # the process group refine_joint used
-        out_dir.mkdir(parents=True, exist_ok=True)
         json_path = save_joint_json(result, out_dir / "joint.json")
         h5_path = save_joint_h5(result, out_dir / "joint.h5")
         say(result.summary())

@@ -45,7 +45,10 @@ After every step ``on_step(state)`` is called with the :class:`LoopState`
 ``on_checkpoint(state)`` too.  Ctrl-C (``KeyboardInterrupt``) during a step
 restores the state at the end of the previous step and raises
 :class:`LoopInterrupted` carrying it, so a caller can checkpoint and a resumed
-run (``resume=state``) continues exactly where the last full step ended.
+run (``resume=state``) continues exactly where the last full step ended; the resumed point's loss and
+gradient are the state's own (no evaluation), so the steps, the evaluation counts and the history are those
+of an uninterrupted run.  ``fn`` raising :class:`LoopAborted` (e.g. a lost process group) stops the loop
+at once: the exception propagates instead of ending the run as :attr:`Status.FAILED`.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from torch import Tensor
 
 from refine.strategies import AbstractStrategy
 
-__all__ = ["Status", "Convergence", "LoopState", "LoopResult", "LoopInterrupted", "minimise"]
+__all__ = ["Status", "Convergence", "LoopState", "LoopResult", "LoopInterrupted", "LoopAborted", "minimise"]
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +206,11 @@ class LoopInterrupted(KeyboardInterrupt):
         self.state = state
 
 
+class LoopAborted(RuntimeError):
+    """Raised by ``fn`` when the run cannot go on at all (e.g. another process of a joint run died): it
+    leaves :func:`minimise` unchanged, where any other exception of ``fn`` ends the run as FAILED."""
+
+
 class _NonFinite(Exception):
     pass
 
@@ -247,6 +255,11 @@ class _Evaluator:
         self.x.grad = grad.clone()
         return loss
 
+    def seed(self, state: LoopState) -> None:
+        """Know ``fn`` at a resumed state's point (its loss and gradient), as the uninterrupted run did."""
+        loss = torch.tensor(state.loss, dtype=state.grad.dtype)
+        self.cache = {state.raw.detach().cpu().numpy().tobytes(): (loss, state.grad.detach().clone(), state.aux)}
+
     def keep_only(self, raw: Tensor) -> None:
         """Forget every point but ``raw`` (the next step starts from it)."""
         key = raw.cpu().numpy().tobytes()
@@ -258,6 +271,8 @@ def _start(evaluate: _Evaluator, optimizer, on_step, t_start: float) -> LoopStat
     x = evaluate.x
     try:
         loss0, grad0, aux0 = evaluate()
+    except LoopAborted:
+        raise
     except _NonFinite as exc:
         state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
         return LoopResult(Status.FAILED, f"the starting point is not usable: {exc}", state)
@@ -303,6 +318,8 @@ def _step(strategy: AbstractStrategy, optimizer, evaluate: _Evaluator, state: Lo
         good = good.snapshot()
         good.elapsed_s = elapsed()
         raise LoopInterrupted(good) from None
+    except LoopAborted:
+        raise
     except _NonFinite as exc:
         del good.history[n_history:]
         return good, Status.DIVERGED, f"step {state.step + 1}: {exc}; parameters restored to step {state.step}"
@@ -367,6 +384,7 @@ def minimise(
 
     Raises:
         LoopInterrupted: on Ctrl-C, carrying the state at the end of the last full step.
+        LoopAborted: raised by ``fn``, unchanged.
     """
     t_start = time.monotonic()
     x = (resume.raw if resume is not None else raw0).detach().clone().requires_grad_(True)
@@ -377,6 +395,7 @@ def minimise(
         state = resume.snapshot()
         optimizer.load_state_dict(copy.deepcopy(resume.optimizer))
         evaluate.evaluations = state.evaluations
+        evaluate.seed(state)
         elapsed0 = state.elapsed_s
     else:
         elapsed0 = 0.0
@@ -435,6 +454,8 @@ def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState
         try:
             with torch.no_grad():
                 value = float(fn(xi)[0].detach())
+        except LoopAborted:
+            raise
         except Exception:  # noqa: BLE001 - a model that breaks one step away is not flat
             value = math.nan
         counter.evaluations += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +22,14 @@ import torch
 
 from nbtorch.errors import InputError
 from refine import refine
-from refine.joint import image_shard, load_joint_h5, refine_joint, save_joint_h5, save_joint_json
+from refine.joint import (DEFAULT_CONVERGENCE, JointResult, image_shard, load_joint_h5, refine_joint, save_joint_h5,
+                          save_joint_json)
+from refine.joint_checkpoint import read_joint_checkpoint
 from refine.objective import ImageObjective, make_view
 from refine.parameters import ParameterMap, ParameterSpace, SYMMETRIES
 from refine.plan import observed_pixels
 from refine.problems import make_stills
+from refine.results import jsonable
 from refine.uncertainty import estimate_uncertainties
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +139,61 @@ def test_joint_input_errors(stills):
     assert list(image_shard(5)) == [0, 1, 2, 3, 4]
 
 
+def _same_result(a: JointResult, b: JointResult) -> None:
+    """Two joint results are the same bits (wall time and provenance aside)."""
+    da, db = a.to_json_dict(), b.to_json_dict()
+    for key in ("wall_s", "resumed_from_step"):
+        da.pop(key), db.pop(key)
+    assert json.dumps(da, sort_keys=True) == json.dumps(db, sort_keys=True)
+
+
+def test_stopped_joint_run_resumes_to_the_uninterrupted_result(stills, joint, tmp_path):
+    """A run stopped after 3 steps (its checkpoint every 2 steps and at the end) and resumed with the default
+    step limit ends with the uninterrupted run's result: every value, esd, loss, count and history row."""
+    path = tmp_path / "joint.ckpt.h5"
+    seen = []
+    first = _joint(stills, convergence=DEFAULT_CONVERGENCE.replace(max_steps=3), checkpoint=path,
+                   checkpoint_every=2, on_checkpoint=lambda step, where: seen.append((step, where)), esds=False)
+    assert first.status.value == "max_steps" and first.steps == 3
+    assert seen == [(2, path), (3, path)]
+    ckpt = read_joint_checkpoint(path)
+    assert ckpt.step == 3 and ckpt.status == "max_steps" and ckpt.image_losses.shape == (N,)
+    assert ckpt.fingerprint["n_images"] == N and ckpt.fingerprint["shared"] == list(CELL)
+    resumed = _joint(stills, checkpoint=path, resume=path)
+    assert resumed.resumed_from_step == 3 and joint.resumed_from_step is None
+    assert resumed.steps == joint.steps > 3
+    _same_result(resumed, joint)
+    # the end was checkpointed with the loop's status: resuming again only computes the result
+    assert read_joint_checkpoint(path).status == joint.status.value
+    again = _joint(stills, resume=path)
+    assert again.resumed_from_step == joint.steps
+    _same_result(again, joint)
+
+
+def test_joint_resume_refuses_another_problem(stills, tmp_path):
+    path = tmp_path / "joint.ckpt.h5"
+    _joint(stills[:2], convergence=DEFAULT_CONVERGENCE.replace(max_steps=1), checkpoint=path, esds=False)
+    with pytest.raises(InputError, match=r"^resume: .*joint.ckpt.h5 was written for another joint problem or "
+                                         r"settings \(differs: number of images, images \(pixels or masks\), "
+                                         r"starting values\)$"):
+        _joint(stills[1:4], resume=path)
+    with pytest.raises(InputError, match=r"\(differs: per-image names\)$"):
+        _joint(stills[:2], resume=path, per_image=("scale", "background"))
+    with pytest.raises(InputError, match=r"\(differs: strategy\)$"):
+        _joint(stills[:2], resume=path, strategy="adam")
+    with pytest.raises(InputError, match="^resume: .*missing.h5: checkpoint file not found$"):
+        _joint(stills[:2], resume=tmp_path / "missing.h5")
+    single = tmp_path / "single.ckpt.h5"
+    refine(stills[0].simulator(), stills[0].observed, free=("scale", "background"), checkpoint=single,
+           progress=False, esds=False)
+    with pytest.raises(InputError, match="not an nbtorch joint refinement checkpoint"):
+        _joint(stills[:2], resume=single)
+    with pytest.raises(InputError, match="folder .* does not exist"):
+        _joint(stills[:2], checkpoint=tmp_path / "nowhere" / "joint.ckpt.h5")
+    with pytest.raises(InputError, match="checkpoint_every: expected an integer >= 1"):
+        _joint(stills[:2], checkpoint=path, checkpoint_every=0)
+
+
 def _script(tmp_path: Path, out: str, processes: int, n: int = N, size: int = SIZE, extra=()) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1", "NBTORCH_CACHE_DIR": str(tmp_path / "cache")}
@@ -173,6 +232,38 @@ def test_one_and_two_processes_give_the_same_result(tmp_path):
     assert one["world_size"] == 1 and two["world_size"] == 2
     for key in ("shared", "shared_esds", "images", "esds_by_kind", "loss_final", "loss_initial", "steps",
                 "evaluations", "status", "history"):
+        _same(one[key], two[key])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_torchrun_restarts_a_killed_worker_from_the_checkpoint(joint, tmp_path):
+    """torchrun --nproc-per-node 2 --max-restarts 1 (gloo on loopback), the four stills of ``joint``: process 1
+    kills itself (SIGKILL) after the checkpoint of step 2; torchrun restarts both processes, which resume
+    from the checkpoint by themselves (TORCHELASTIC_RESTART_COUNT 1) and end with the uninterrupted
+    one-process result (1e-8 relative, as one and two processes)."""
+    worker = Path(__file__).with_name("joint_restart_worker.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1", "NBTORCH_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(worker), "--stills", str(N),
+           "--size", str(SIZE), "--seed", str(SEED), "--checkpoint", str(tmp_path / "joint.ckpt.h5"), "--every", "2",
+           "--kill-rank", "1", "--kill-step", "2", "--out", str(tmp_path / "result.json"),
+           "--attempts", str(tmp_path / "attempts.txt")]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    attempts = sorted((tmp_path / "attempts.txt").read_text().split("\n")[:-1])
+    assert attempts == ["0 0", "0 1", "1 0", "1 1"], attempts  # both processes started twice
+    two = json.loads((tmp_path / "result.json").read_text())
+    one = json.loads(json.dumps(jsonable(joint.to_json_dict())))
+    assert two["resumed_from_step"] == 2 and two["world_size"] == 2 and one["resumed_from_step"] is None
+    assert two["steps"] == one["steps"] > 2
+    for key in ("shared", "shared_esds", "images", "esds_by_kind", "loss_final", "loss_initial",
+                "steps", "evaluations", "status", "history"):
         _same(one[key], two[key])
 
 

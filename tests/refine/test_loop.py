@@ -181,6 +181,29 @@ def test_interrupt_then_resume_matches_uninterrupted(strategy, at):
     assert done.status == full.status and done.state.step == full.state.step
     assert torch.equal(done.state.raw, full.state.raw)
     assert [h["loss"] for h in done.state.history] == [h["loss"] for h in full.state.history]
+    # the resumed point's loss and gradient come from the state: the evaluation counts are those of one run
+    assert done.state.evaluations == full.state.evaluations
+    assert [h["evaluations"] for h in done.state.history] == [h["evaluations"] for h in full.state.history]
+
+
+def test_loop_aborted_propagates():
+    """LoopAborted from fn (a lost process group) leaves minimise; any other exception ends the run as FAILED."""
+    from refine.loop import LoopAborted
+
+    def lost(x):
+        if float(x[0].detach()) != float(START[0]):
+            raise LoopAborted("the process group failed")
+        return rosenbrock(x)
+
+    with pytest.raises(LoopAborted, match="process group"):
+        minimise(lost, START, LBFGS(), Convergence(max_steps=5))
+
+    def broken(x):
+        if float(x[0].detach()) != float(START[0]):
+            raise RuntimeError("model broke")
+        return rosenbrock(x)
+
+    assert minimise(broken, START, LBFGS(), Convergence(max_steps=5)).status is Status.FAILED
 
 
 def test_on_step_and_checkpoint_hooks():

@@ -32,6 +32,24 @@ def test_joint_command_refines_a_shared_cell(refine_cli, tmp_path):
     assert doc["shared"]["cell_c"] == pytest.approx(40.0, abs=0.04)
     assert doc["shared_esds"]["cell_a"] > 0 and (r.tmp / "joint" / "joint.h5").is_file()
     assert "joint refinement of 2 images" in r.out
+    # the same job stopped after 3 steps (a checkpoint every 2 steps and at the end) and resumed: same result
+    args = ("--images", "still_0.cbf", "still_1.cbf", "--model", "@{stem}.txt", "--joint", "--symmetry", "tetragonal")
+    r = refine_cli(*args, "--max-steps", "3", "--checkpoint-every", "2", "--out-dir", "part")
+    assert r.code == 0, r.err
+    assert (r.tmp / "part" / "joint.ckpt.h5").is_file() and json.loads((r.tmp / "part" / "joint.json").read_text())["steps"] == 3
+    r = refine_cli(*args, "--max-steps", "40", "--out-dir", "part", "--resume")
+    assert r.code == 0, r.err
+    assert "resumed from step 3" in r.out
+    resumed = json.loads((r.tmp / "part" / "joint.json").read_text())
+    assert resumed["resumed_from_step"] == 3 and doc["resumed_from_step"] is None
+    for key in ("shared", "shared_esds", "images", "loss_final", "steps", "evaluations", "history"):
+        assert resumed[key] == doc[key], key
+    # another job's settings are refused in one line
+    r = refine_cli(*args, "--per-image", "scale,background", "--out-dir", "part", "--resume")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "was written for another joint problem or settings (differs: per-image names)" in r.err
+    r = refine_cli(*args, "--out-dir", "elsewhere", "--resume")
+    assert r.code == 2 and "--resume: checkpoint elsewhere/joint.ckpt.h5 not found" in r.err
 
 
 @pytest.mark.parametrize("argv, message", [
