@@ -38,7 +38,7 @@ from refine.objective import check_priors
 from refine.parameters import BASE_NAMES
 from refine.precondition import PRECONDITIONER_NAMES
 from refine.runner import RefinementInterrupted
-from refine.stages import Stage, coarse_to_fine, stage_a
+from refine.stages import MEASURED_DETECTOR, Stage, coarse_to_fine, stage_a
 from refine.strategies import LBFGS, Adam
 from refine.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
 
@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "cell orientation mosaic detector beam_centre wavelength scale "
                                                "background, or names such as beam_x, mosaic_spread, N, distance")
     g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
-    g.add_argument("--fix", type=_csv, help="names or groups never refined (e.g. distance)")
+    g.add_argument("--fix", type=_csv, help="names or groups never refined (default with --image: distance, which one "
+                                            "image cannot separate from the cell; --fix none refines everything)")
     g.add_argument("--start", type=_csv, help="starting values overriding the model: name=value,... "
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
@@ -366,6 +367,8 @@ def _build_stages(args: argparse.Namespace):
     if args.stages not in (None, "stage_a"):
         raise InputError(f"--stages: unknown schedule {args.stages!r}; valid: stage_a (or give --refine, "
                          "or [[stages]] tables in --config)")
+    if args.image:  # a measured image: the detector stage refines the tilt too (and the distance, unless fixed)
+        return stage_a(strategy, max_steps=args.max_steps, detector=MEASURED_DETECTOR)
     if (args.stages is None and args.max_steps is None and args.optimizer == "lbfgs" and args.lr is None
             and args.history_size is None and args.precondition is None):
         return None

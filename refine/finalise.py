@@ -9,6 +9,7 @@ region, bins or a fraction of it), compares the loss with its shot-noise expecta
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any, Mapping, Sequence
@@ -85,6 +86,8 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
     warnings: list[str] = list(plan.warnings)
     if plan.loss_fn is poisson_deviance:
         quality = assess_poisson_fit(loss_final, model_roi, objective.weights)
+        if plan.amplitudes is not None and any(n not in held for n in plan.amplitudes.names):
+            quality = dataclasses.replace(quality, amplitudes_refined=True)
         fit = quality.to_dict()
         if quality.warning is not None:
             warnings.append(quality.warning)

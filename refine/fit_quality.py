@@ -103,24 +103,27 @@ class FitQuality:
         expected: its expectation if the observed image were Poisson noise on the model.
         excess: ``loss / expected`` (about 1 for a fit to the noise level).
         pixels: fitted pixels.
+        amplitudes_refined: the structure factors were refined (the warning then does not blame one F for all).
     """
 
     loss: float
     expected: float
     excess: float
     pixels: int
+    amplitudes_refined: bool = False
 
     @property
     def warning(self) -> str | None:
         """A one-line explanation when the fit is far from the noise level (None otherwise)."""
         if not (self.excess > EXCESS_WARNING):
             return None
+        lacking = ("the spot shapes (mosaic domains, crystal shape, beam divergence and bandwidth)"
+                   if self.amplitudes_refined else "structure factors: one -default_F for every reflection")
         return (f"the final loss is {self.excess:.3g}x what shot noise on the refined model explains "
                 f"({self.loss:.6g} vs {self.expected:.6g} over {self.pixels} pixels): either a false minimum "
                 "(check the residual image for spots predicted beside the observed ones; restart from a "
-                "better orientation or beam centre) or a model that lacks something the image has "
-                "(structure factors: one -default_F for every reflection; diffuse scattering, a structured "
-                "background, ice rings, artefacts not masked)")
+                f"better orientation or beam centre) or a model that lacks something the image has ({lacking}; "
+                "diffuse scattering, a structured background, ice rings, artefacts not masked)")
 
     def to_dict(self) -> dict[str, float | int | None]:
         return {"loss": self.loss, "expected_loss": self.expected, "excess": self.excess, "pixels": self.pixels}

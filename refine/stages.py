@@ -70,7 +70,7 @@ from refine.loop import Convergence
 from refine.precondition import PRECONDITIONERS
 from refine.strategies import AbstractStrategy, Adam, LBFGS, get_strategy
 
-__all__ = ["Stage", "stage_a", "single_stage", "coarse_to_fine", "with_amplitudes"]
+__all__ = ["Stage", "stage_a", "single_stage", "coarse_to_fine", "with_amplitudes", "MEASURED_DETECTOR"]
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,14 @@ class Stage:
                 "roi_radius": self.roi_radius if self.roi_radius is not None else 0.0}
 
 
+#: what the ``detector`` stage of :func:`stage_a` frees for a measured image: the distance (fixed by default for one
+#: image: ``nbtorch-refine`` fixes it unless ``--fix`` says otherwise) and the detector's tilt
+MEASURED_DETECTOR = ("distance", "detector_rotx", "detector_roty")
+
+
 def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | None = None,
             final_steps: int | None = None, coarse: bool = True,
-            precondition: str | None | bool = True) -> tuple[Stage, ...]:
+            precondition: str | None | bool = True, detector: tuple[str, ...] = ("distance",)) -> tuple[Stage, ...]:
     """The default schedule (module docstring): orientation and beam centre, then cell, detector, mosaic and N.
 
     Arguments:
@@ -144,6 +149,8 @@ def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | Non
         precondition: True = the strategy's default (``"full"`` Fisher whitening for LBFGS,
             none for Adam, whose per-parameter step normalisation works best in the
             transforms' own units); or None / ``"diagonal"`` / ``"full"``.
+        detector: the names the ``detector`` stage frees (:data:`MEASURED_DETECTOR` for a measured image: the
+            tilt too, where the spots can decide it: :func:`refine.identifiability.reduce_free`).
     """
     strat = get_strategy(strategy)
     adam = isinstance(strat, Adam)
@@ -159,7 +166,7 @@ def stage_a(strategy: str | AbstractStrategy | None = None, max_steps: int | Non
         ("beam_centre", ("scale", "background", "beam_x", "beam_y"), 8, 128.0),
         ("orientation", ("orientation",), 8, 64.0),
         ("cell", ("cell",), 4, 128.0),
-        ("detector", ("distance",), 2, None),
+        ("detector", tuple(detector), 2, None),
         ("mosaic", ("mosaic",), 1, None),
     ]
     stages = []

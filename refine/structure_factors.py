@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
+from nbtorch.io.hkl import MAX_GRID_ELEMENTS
 
 __all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
            "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS"]
@@ -257,7 +258,7 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
     overrides = {n: float(values[n]) for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
     default_F = float(values["default_F"])
     lo, hi = _touched_range(restricted, overrides, None)
-    if np.prod(hi - lo + 1) > 50_000_000:
+    if np.prod(hi - lo + 1) > MAX_GRID_ELEMENTS:  # the HKL reader's limit on a dense table
         raise InputError(f"structure_factors: the fitted pixels touch indices {lo.tolist()} to {hi.tolist()}: "
                          f"too many reflections for one table")
     grid = _start_grid(sim, lo, hi, default_F)
