@@ -16,7 +16,8 @@ because fabio 2026.6 misreads 64-bit byte-offset escapes and SMV files of other 
 format      recognised by                               geometry read from the header
 ==========  ==========================================  =====================================
 SMV         first byte ``{`` (``.img``, ``.smv``)       PIXEL_SIZE, DISTANCE, WAVELENGTH, beam
-                                                        centre (below), SATURATED_VALUE,
+                                                        centre (below), SATURATED_VALUE
+                                                        (else OVERLOAD, CCD_IMAGE_SATURATION),
                                                         TWOTHETA, OSC_START (else PHI),
                                                         OSC_RANGE (else OSC_WIDTH)
 mini-CBF    ``.cbf``, ``.cbf.bz2``, ``.cbf.gz``, or a   Wavelength, Detector_distance,
@@ -28,7 +29,8 @@ HDF5/NeXus  HDF5 signature (``.h5``, ``.nxs``,          NXmx ``detector/{distanc
             ``.hdf5``); image ``/entry/data/data``,     beam_center_x/y, x_pixel_size,
             2-D or (frame, slow, fast), or an Eiger     saturation_value, pixel_mask,
             master's ``data_000001 ...`` links;         sensor_thickness, sensor_material}``,
-            compressed: hdf5plugin                      ``beam/incident_wavelength``;
+            compressed: hdf5plugin                      ``beam/{incident_wavelength,
+                                                        incident_polarization_stokes}``;
                                                         two-theta and rotation from the
                                                         NXtransformations (nbtorch.io.nexus)
 TIFF        TIFF signature (``.tif``, ``.tiff``),       none; a Pilatus TIFF's ImageDescription:
@@ -39,6 +41,9 @@ MarCCD      ``.mccd``, ``.rx``, or a TIFF with a MAR    xtal_to_detector, beam_x
                                                         and rotation_range
 mar345      first int32 1234 + ``mar research``,        DISTANCE, WAVELENGTH, PIXEL LENGTH,
             ``.mar2300`` ..., through fabio             CENTER X/Y, TWOTHETA, PHI START/END
+compressed  TIFF, MarCCD or mar345 compressed with       as the file inside
+            gzip or bzip2 (``.tif.gz``, ``.mar2300.bz2``
+            ...), told by the decompressed first bytes
 raw         anything else, with ``shape`` given         none
             (``.bin``, ``.raw``; element type ``dtype``,
             default little-endian float32)
@@ -50,7 +55,12 @@ direct-beam spot along fast and slow in pixels from the **corner** of pixel (0, 
 (pixel centres at ``i + 0.5``; multiply by ``pixel_mm`` for nanoBragg's ``Fbeam``/``Sbeam``
 in mm); ``saturation`` (counts); ``twotheta_deg`` (detector two-theta); ``phi_deg``, ``osc_deg``
 (start and width of the rotation, 0 for a still); ``polarization_fraction`` (Pilatus ``Polarization``:
-the fraction of the beam polarised along the E-vector); ``sensor_thickness_mm``.  What the model
+the fraction of the beam polarised along the E-vector; NXmx: (1 + P) / 2 of the Stokes vector's linear
+polarisation P) and ``polarization_angle_deg`` (NXmx: its E-vector's angle from the NeXus x axis towards y,
+:mod:`nbtorch.io.nexus`); ``sensor_thickness_mm``.  :attr:`MeasuredImage.header` of an SMV file, as of the
+fabio readers: ``fields`` (every key), ``labels`` (the key each geometry value came from) and ``unused``
+(``{key: (value, why)}`` for every other key: the file layout, restated beam centres, second saturation or
+rotation keys, goniometer settings, the exposure and provenance rest).  What the model
 makes of each: :mod:`refine.model` (every header value is used or said not to be, one line each).
 SMV beam centres: ``DENZO_Y_BEAM``/``DENZO_X_BEAM``
 (mm along fast/slow, what nanoBragg writes) when present, else ``MOSFLM_CENTER_Y/X`` plus
@@ -81,8 +91,8 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.cbf import read_cbf
-from nbtorch.io.fabio_formats import (MAR345_NAMES, MARCCD_NAMES, TIFF_NAMES, is_mar345, read_mar345, read_marccd,
-                                      read_tiff, tiff_kind)
+from nbtorch.io.fabio_formats import (COMPRESSED_NAMES, MAR345_NAMES, MARCCD_NAMES, TIFF_NAMES, compression,
+                                      decompressed_head, is_mar345, read_mar345, read_marccd, read_tiff, tiff_kind)
 from nbtorch.io.hdf5 import read_h5_image
 from nbtorch.io.raw import read_raw_float
 from nbtorch.io.smv import header_value, read_smv
@@ -108,7 +118,8 @@ class MeasuredImage:
         mask: (slow, fast) bool, True = use the pixel.
         geometry: header geometry (module docstring): ``wavelength_A``, ``distance_mm``,
             ``pixel_mm``, ``beam_x_px``, ``beam_y_px``, ``saturation``, when the file states them.
-        header: the reader's raw header (format specific).
+        header: the reader's header (format specific; SMV and the fabio formats: ``fields``, ``labels``,
+            ``unused``).
         masked: why pixels were masked: reason -> count (``negative``, ``saturated``,
             ``nonfinite``, ``pixel_mask``, ``mask_file``).
     """
@@ -170,6 +181,8 @@ def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = No
         return "cbf"
     if head.startswith(b"{"):
         return "smv"
+    if compression(head) is not None and shape is None:
+        return _compressed_format(path, head, name)
     kind = tiff_kind(head)
     if kind is not None:
         return "marccd" if name.endswith(MARCCD_NAMES) else kind
@@ -177,7 +190,7 @@ def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = No
         return "mar345"
     if name.endswith(TIFF_NAMES + MARCCD_NAMES):
         raise InputError(f"{path}: not a TIFF file (no TIFF signature)")
-    if head.startswith((b"###CBF", b"BZh", b"\x1f\x8b")) and shape is None:
+    if head.startswith(b"###CBF") and shape is None:
         return "cbf"
     if name.endswith(_SMV_NAMES):
         return "smv"
@@ -185,6 +198,25 @@ def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = No
         return "raw"
     raise InputError(f"{path}: cannot tell the image format (not SMV, CBF, HDF5, TIFF, MarCCD or mar345); "
                      "for a headerless raw image give its shape (--shape SLOW FAST)")
+
+
+def _compressed_format(path: str | os.PathLike[str], head: bytes, name: str) -> str:
+    """The format of a file compressed as a whole (gzip or bzip2), from its decompressed first bytes: TIFF, MarCCD
+    and mar345 (read through fabio), else a mini-CBF (whose reader decompresses it)."""
+    inner = decompressed_head(path, head)
+    base = next((name[: -len(s)] for s in COMPRESSED_NAMES if name.endswith(s)), name)
+    kind = tiff_kind(inner)
+    if kind is not None:
+        return "marccd" if base.endswith(MARCCD_NAMES) else kind
+    if is_mar345(inner):
+        return "mar345"
+    if inner.startswith(b"{"):
+        raise InputError(f"{path}: a {compression(head)}-compressed SMV file: decompress it first "
+                         f"({'gunzip' if compression(head) == 'gzip' else 'bunzip2'} -k)")
+    for names, what in ((TIFF_NAMES, "TIFF"), (MARCCD_NAMES, "MarCCD/Rayonix"), (MAR345_NAMES, "mar345")):
+        if base.endswith(names):
+            raise InputError(f"{path}: the decompressed file is not a {what} file (no {what} signature)")
+    return "cbf"
 
 
 # ------------------------------------------------------------------------------ readers
@@ -198,47 +230,104 @@ def _float(value: Any) -> float | None:
     return v if np.isfinite(v) else None
 
 
+# SMV header keys: how the pixels are stored (read by nbtorch.io.smv, not model values)
+_SMV_LAYOUT = ("HEADER_BYTES", "DIM", "BYTE_ORDER", "TYPE", "SIZE1", "SIZE2")
+# the beam centre, (fast, slow) keys in the order they are taken (mm; MOSFLM's from the corner of pixel (0, 0) less
+# half a pixel), and the keys that restate it in other programs' terms
+_SMV_BEAM = ((("DENZO_Y_BEAM", "DENZO_X_BEAM"), 0.0), (("MOSFLM_CENTER_Y", "MOSFLM_CENTER_X"), 0.5),
+             (("BEAM_CENTER_Y", "BEAM_CENTER_X"), 0.0))
+_SMV_BEAM_OTHER = ("DENZO_X_BEAM", "DENZO_Y_BEAM", "MOSFLM_CENTER_X", "MOSFLM_CENTER_Y", "BEAM_CENTER_X",
+                   "BEAM_CENTER_Y", "ADXV_CENTER_X", "ADXV_CENTER_Y", "DIALS_ORIGIN", "XDS_ORGX", "XDS_ORGY")
+_SMV_SATURATION = ("SATURATED_VALUE", "OVERLOAD", "CCD_IMAGE_SATURATION")
+# (geometry key, reader key for the label, header keys in the order they are taken)
+_SMV_ANGLES = (("twotheta_deg", "detector_2theta_deg", ("TWOTHETA",)),
+               ("phi_deg", "start_angle_deg", ("OSC_START", "PHI")),
+               ("osc_deg", "angle_increment_deg", ("OSC_RANGE", "OSC_WIDTH")))
+# other SMV keys that would place or turn something (ADSC goniometers): said one line each
+_SMV_GONIOMETER = {"OMEGA": "goniometer", "KAPPA": "goniometer", "CHI": "goniometer", "AXIS": "rotation axis",
+                   "OSC_AXIS": "rotation axis"}
+
+
 def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
-    image, header = read_smv(path)
+    """An SMV image, its geometry and a header in the fabio readers' layout (``fields``, ``labels``, ``unused``:
+    every key either taken, with its name in ``labels``, or listed in ``unused`` with why)."""
+    image, raw = read_smv(path)
     geo: dict[str, float] = {}
-    pixel = header_value(path, header, "PIXEL_SIZE") if "PIXEL_SIZE" in header else None
-    for key, name in (("PIXEL_SIZE", "pixel_mm"), ("DISTANCE", "distance_mm"), ("WAVELENGTH", "wavelength_A")):
-        if key in header:
-            v = header_value(path, header, key)
+    labels: dict[str, str] = {}
+    unused: dict[str, tuple[str, str]] = {}
+    header: dict[str, Any] = {"fields": dict(raw), "labels": labels, "unused": unused}
+    for key, name, label in (("PIXEL_SIZE", "pixel_mm", "pixel_size_mm"), ("DISTANCE", "distance_mm", "distance_mm"),
+                             ("WAVELENGTH", "wavelength_A", "wavelength_A")):
+        if key in raw:
+            v = header_value(path, raw, key)
             if v is not None and v > 0:
-                geo[name] = v
-    if pixel:
-        if "DENZO_X_BEAM" in header and "DENZO_Y_BEAM" in header:
-            fast_mm = header_value(path, header, "DENZO_Y_BEAM")
-            slow_mm = header_value(path, header, "DENZO_X_BEAM")
-        elif "MOSFLM_CENTER_X" in header and "MOSFLM_CENTER_Y" in header:
-            fast_mm = header_value(path, header, "MOSFLM_CENTER_Y") + 0.5 * pixel
-            slow_mm = header_value(path, header, "MOSFLM_CENTER_X") + 0.5 * pixel
-        elif "BEAM_CENTER_X" in header and "BEAM_CENTER_Y" in header:
-            fast_mm = header_value(path, header, "BEAM_CENTER_Y")
-            slow_mm = header_value(path, header, "BEAM_CENTER_X")
-        else:
-            fast_mm = slow_mm = None
-        if fast_mm is not None and slow_mm is not None:
-            geo["beam_x_px"], geo["beam_y_px"] = fast_mm / pixel, slow_mm / pixel
+                geo[name], labels[label] = v, key
+            else:
+                unused[key] = (raw[key], "not a positive number")
+    _smv_beam(path, raw, geo, labels, unused)
+    for name, label, keys in _SMV_ANGLES:
+        taken = None
+        for key in (k for k in keys if k in raw):
+            if taken is None:
+                v = _float(header_value(path, raw, key))
+                if v is not None:
+                    geo[name], labels[label], taken = v, key, key
+            else:
+                unused[key] = (raw[key], f"{taken} is taken")
     sat = None
-    for key in ("SATURATED_VALUE", "OVERLOAD", "CCD_IMAGE_SATURATION"):
-        if key in header:
-            sat = _float(header_value(path, header, key))
-            if sat:
-                break
-    for keys, name in ((("TWOTHETA",), "twotheta_deg"), (("OSC_START", "PHI"), "phi_deg"),
-                       (("OSC_RANGE", "OSC_WIDTH"), "osc_deg")):
-        key = next((k for k in keys if k in header), None)
-        if key is not None:
-            v = _float(header_value(path, header, key))
-            if v is not None:
-                geo[name] = v
+    for key in (k for k in _SMV_SATURATION if k in raw):
+        v = _float(header_value(path, raw, key)) if sat is None else None
+        if v is not None and v > 0:
+            sat, labels["count_cutoff"], header["count_cutoff"] = v, key, v
+        else:
+            unused[key] = (raw[key], f"the saturation is {labels['count_cutoff']}" if sat else "not a positive count")
     if sat is None and image.dtype == np.uint16:
         sat = 65535.0
     if sat is not None:
         geo["saturation"] = sat
-    return image, geo, dict(header)
+    _smv_rest(raw, set(labels.values()), unused)
+    return image, geo, header
+
+
+def _smv_beam(path: str, raw: dict, geo: dict, labels: dict, unused: dict) -> None:
+    """The beam centre (fast, slow pixels from the corner of pixel (0, 0)) from the first pair of
+    :data:`_SMV_BEAM` present; the other beam-centre keys said to restate it."""
+    pixel = geo.get("pixel_mm")
+    taken = None
+    if pixel:
+        for (fast_key, slow_key), shift in _SMV_BEAM:
+            if fast_key in raw and slow_key in raw:
+                fast_mm = header_value(path, raw, fast_key) + shift * pixel
+                slow_mm = header_value(path, raw, slow_key) + shift * pixel
+                geo["beam_x_px"], geo["beam_y_px"] = fast_mm / pixel, slow_mm / pixel
+                labels["beam_x_px"], labels["beam_y_px"] = taken = (fast_key, slow_key)
+                break
+    why = (f"the same beam centre in other programs' terms; the model's is {taken[0]}, {taken[1]}" if taken
+           else "no PIXEL_SIZE to turn a beam centre into pixels" if not pixel
+           else "the beam centre is read from DENZO_Y/X_BEAM, MOSFLM_CENTER_Y/X or BEAM_CENTER_Y/X (a pair)")
+    for key in raw:  # in the file's order
+        if key in _SMV_BEAM_OTHER and (taken is None or key not in taken):
+            unused[key] = (raw[key], why)
+
+
+def _smv_rest(raw: dict, taken: set, unused: dict) -> None:
+    """The SMV keys not taken and not yet said: the file layout, the close distance, goniometer settings, and the
+    exposure, counting and provenance rest."""
+    for key, value in raw.items():
+        if key in taken or key in unused:
+            continue
+        if key in _SMV_LAYOUT:
+            unused[key] = (value, "layout")
+        elif key == "CLOSE_DISTANCE":
+            unused[key] = (value, "the model's distance is DISTANCE; the close distance follows from it and the "
+                                  "detector's orientation" if "DISTANCE" in taken else
+                                  "a close distance belongs in --model (-close_distance)")
+        elif key in _SMV_GONIOMETER:
+            unused[key] = (value, _SMV_GONIOMETER[key])
+        elif key == "BIN":
+            unused[key] = (value, "PIXEL_SIZE is the size of the pixels as stored")
+        else:
+            unused[key] = (value, "other")
 
 
 # header keys of nbtorch.io.cbf (and of the fabio readers, which use the same) -> geometry keys
@@ -272,8 +361,12 @@ def _read_fabio(path: str, fmt: str) -> tuple[np.ndarray, dict, dict]:
 
 def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, dict, dict, np.ndarray | None]:
     image, meta = read_h5_image(path, dataset=dataset, frame=frame)
-    geo = {k: v for k, v in _cbf_geometry(meta).items()  # wavelength, distance, sensor, two-theta, rotation
-           if k in ("wavelength_A", "distance_mm", "sensor_thickness_mm", "twotheta_deg", "phi_deg", "osc_deg")}
+    # wavelength, distance, sensor, two-theta, rotation, polarisation
+    geo = {k: v for k, v in _cbf_geometry(meta).items()
+           if k in ("wavelength_A", "distance_mm", "sensor_thickness_mm", "twotheta_deg", "phi_deg", "osc_deg",
+                    "polarization_fraction")}
+    if "polarization_angle_deg" in meta:
+        geo["polarization_angle_deg"] = float(meta["polarization_angle_deg"])
     pixel = meta.get("x_pixel_size_mm")
     if pixel:
         geo["pixel_mm"] = float(pixel)

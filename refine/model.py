@@ -140,7 +140,7 @@ def _given_by(tokens: Sequence[str], quantity: str) -> str:
 # geometry keys -> the reader's header keys, under which a reader gives the file's own names (header["labels"])
 _HEADER_KEYS = {"twotheta_deg": "detector_2theta_deg", "phi_deg": "start_angle_deg", "osc_deg": "angle_increment_deg",
                 "saturation": "count_cutoff", "polarization_fraction": "polarization",
-                "sensor_thickness_mm": "sensor_thickness_mm"}
+                "sensor_thickness_mm": "sensor_thickness_mm", "pixel_mm": "pixel_size_mm"}
 # why a header value a reader lists as unused (nbtorch.io.fabio_formats, nbtorch.io.nexus) is not used
 _UNUSED_WHY = {
     "goniometer": "goniometer setting: the crystal orientation is the model's (-mat, -misset)",
@@ -156,6 +156,13 @@ def _label(image: MeasuredImage, key: str, default: str) -> str:
         return str(named)
     fmt = "cbf" if image.header.get("pilatus") is not None else image.format  # a Pilatus TIFF: the CBF's lines
     return _LABELS.get(fmt, {}).get(key, default)
+
+
+def _named(image: MeasuredImage, *keys: str) -> str:
+    """`` (NAME, ...)``: the header's names of the geometry ``keys`` when the reader gives them, else ``""``."""
+    labels = image.header.get("labels") or {}
+    names = [labels.get(_HEADER_KEYS.get(key, key)) for key in keys]
+    return f" ({', '.join(str(n) for n in names)})" if all(names) else ""
 
 
 def _not_used(name: str, value: str, why: str) -> str:
@@ -207,17 +214,18 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
         notes.append(f"detector {fast} x {slow} pixels from the image")
     if not _has(tokens, "pixel") and "pixel_mm" in geo:
         extra += ["-pixel", _fmt(geo["pixel_mm"])]
-        notes.append(f"pixel {geo['pixel_mm']:g} mm from the header")
+        notes.append(f"pixel {geo['pixel_mm']:g} mm from the header{_named(image, 'pixel_mm')}")
     if not _has(tokens, "wavelength") and "wavelength_A" in geo:
         extra += ["-lambda", _fmt(geo["wavelength_A"])]
-        notes.append(f"wavelength {geo['wavelength_A']:g} A from the header")
+        notes.append(f"wavelength {geo['wavelength_A']:g} A from the header{_named(image, 'wavelength_A')}")
     cfg = config_from_args(list(tokens) + extra)  # convention, axes, pixel size and wavelength of the model
-    _, _, _, _, tt_axis, polar_v, spindle_v = detector_axes(cfg)
+    beam_v, _, _, _, tt_axis, polar_v, spindle_v = detector_axes(cfg)
 
     geometry_extra, geometry_notes = _detector_flags(tokens, image, cfg, tt_axis)
     extra += geometry_extra
     notes += geometry_notes
-    for more_extra, more_notes in (_rotation_flags(tokens, image, spindle_v), _polarization_flags(tokens, image, polar_v),
+    for more_extra, more_notes in (_rotation_flags(tokens, image, spindle_v),
+                                   _polarization_flags(tokens, image, cfg, polar_v, beam_v),
                                    _sensor_flags(tokens, image, cfg.wavelength_A, parallax)):
         extra += more_extra
         notes += more_notes
@@ -265,7 +273,7 @@ def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: Simulation
             swing_note = "; SAMPLE pivot: the header's beam centre stays the near point"
     if distance_mm is not None:
         extra += ["-distance", _fmt(distance_mm)]
-        notes.append(f"distance {geo['distance_mm']:g} mm from the header"
+        notes.append(f"distance {geo['distance_mm']:g} mm from the header{_named(image, 'distance_mm')}"
                      + (f" (as -distance {distance_mm:.6g}, along the beam to the swung detector)"
                         if distance_mm != geo["distance_mm"] else ""))
     if have_beam:
@@ -273,8 +281,8 @@ def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: Simulation
         beam_x_m, beam_y_m = beam_centre_from_offsets_m(conv, fast_m, slow_m, pixel_m, (cfg.spixels or slow) * pixel_m)
         flags = beam_centre_flags(conv, beam_x_m * 1000.0, beam_y_m * 1000.0, cfg.pixel_mm)
         extra += flags
-        notes.append(f"beam centre ({geo['beam_x_px']:g}, {geo['beam_y_px']:g}) px (fast, slow) from the header "
-                     f"as {' '.join(flags)} ({conv} convention)")
+        notes.append(f"beam centre ({geo['beam_x_px']:g}, {geo['beam_y_px']:g}) px (fast, slow) from the header"
+                     f"{_named(image, 'beam_x_px', 'beam_y_px')} as {' '.join(flags)} ({conv} convention)")
     if swing is not None:
         extra += ["-twotheta", _fmt(swing)]  # after the beam flags: the last pivot flag wins (CUSTOM)
         notes.append(f"{tt_name} {swing:g} deg from the header as -twotheta {swing:g} (about the {conv} two-theta "
@@ -309,11 +317,14 @@ def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> t
     return extra, notes
 
 
-def _polarization_flags(tokens: Sequence[str], image: MeasuredImage, polar_v) -> tuple[list[str], list[str]]:
-    """The header's polarisation fraction as nanoBragg's Kahn factor."""
+def _polarization_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, polar_v,
+                        beam_v) -> tuple[list[str], list[str]]:
+    """The header's polarisation fraction as nanoBragg's Kahn factor (a NeXus Stokes vector: :func:`_stokes_flags`)."""
     geo = image.geometry
     extra: list[str] = []
     notes: list[str] = []
+    if image.header.get("polarization_stokes") is not None and "polarization_fraction" in geo:
+        return _stokes_flags(tokens, image, cfg, polar_v, beam_v)
     # polarization: Pilatus gives the fraction p of the beam polarised along the E-vector; nanoBragg's -polar is
     # Kahn's factor K = 2p - 1 (0: unpolarised, 1: fully polarised along -polar_vector)
     p = geo.get("polarization_fraction")
@@ -329,6 +340,49 @@ def _polarization_flags(tokens: Sequence[str], image: MeasuredImage, polar_v) ->
             notes.append(f"{name} {p:g} from the header as -polar {kahn:g} (Kahn factor 2p - 1: fraction {p:g} of "
                          f"the beam polarised along the model's E-vector {_vec(polar_v)})")
     return extra, notes
+
+
+def _rotated(v, axis, angle_deg: float) -> np.ndarray:
+    """``v`` turned by ``angle_deg`` about the unit ``axis`` (right-handed)."""
+    v, k, a = np.asarray(v, dtype=np.float64), np.asarray(axis, dtype=np.float64), math.radians(angle_deg)
+    return v * math.cos(a) + np.cross(k, v) * math.sin(a) + k * float(k @ v) * (1.0 - math.cos(a))
+
+
+def _stokes_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, polar_v,
+                  beam_v) -> tuple[list[str], list[str]]:
+    """NXmx ``incident_polarization_stokes`` (S0..S3, NeXus frame: x horizontal, y up) as -polar and, for a
+    CUSTOM model, -polar_vector.  The model's E-vector (the convention's ``-polar_vector``, along its horizontal
+    spindle) stands for NeXus x.  Linear polarisation P = sqrt(S1² + S2²)/S0 with its E-vector at psi from x is
+    Kahn's factor P along the E-vector turned by psi about the beam; where the E-vector cannot be turned (a fixed
+    convention, or -polar_vector in --model) -polar is S1/S0, the part along and across it, and S2 is said not used.
+    """
+    s0, s1, s2, s3 = image.header["polarization_stokes"]
+    name = _label(image, "polarization_fraction", "incident_polarization_stokes")
+    value = _vec((s0, s1, s2, s3))
+    if _has(tokens, "polarization"):
+        return [], [_not_used(name, value, f"--model gives {_given_by(tokens, 'polarization')}")]
+    degree, psi = math.hypot(s1, s2) / s0, float(image.geometry.get("polarization_angle_deg", 0.0))
+    circular = f"; S3/S0 {s3 / s0:g}, the circular part, scatters as unpolarised light" if s3 else ""
+    if abs(s2) <= 1e-9 * s0:  # along the model's E-vector (S1 >= 0) or across it (S1 < 0): nothing to turn
+        kahn = s1 / s0
+        where = "along" if s1 >= 0 else "across (at 90 deg to)"
+        return ["-polar", _fmt(round(kahn, 12))], [
+            f"{name} {value} from the header as -polar {kahn:g} (Kahn factor S1/S0: linear polarisation {degree:g} "
+            f"{where} the model's E-vector {_vec(polar_v)}, NeXus x{circular})"]
+    if cfg.convention == "custom" and "-polar_vector" not in tokens:
+        e_vec = _rotated(polar_v, beam_v, psi)
+        flags = ["-polar", _fmt(round(degree, 12)), "-polar_vector", *(_fmt(round(float(x), 12)) for x in e_vec)]
+        return flags, [f"{name} {value} from the header as -polar {degree:g} -polar_vector {' '.join(flags[3:])} "
+                       f"(Kahn factor sqrt(S1^2 + S2^2)/S0 along the E-vector at {psi:g} deg from the model's "
+                       f"{_vec(polar_v)}, NeXus x, about the beam {_vec(beam_v)}, right-handed{circular})"]
+    kahn = s1 / s0
+    why = ("--model gives -polar_vector" if "-polar_vector" in tokens else
+           f"the {cfg.convention} convention fixes the E-vector; -polar_vector would make the model CUSTOM: give the "
+           "CUSTOM geometry in --model to turn it")
+    return ["-polar", _fmt(round(kahn, 12))], [
+        f"{name} {value} from the header as -polar {kahn:g} (Kahn factor S1/S0: the part of the linear polarisation "
+        f"{degree:g} at {psi:g} deg along and across the model's E-vector {_vec(polar_v)}, NeXus x{circular})",
+        _not_used(f"{name} S2/S0", f"{s2 / s0:g}", f"the polarisation at 45 deg to the model's E-vector: {why}")]
 
 
 def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float, parallax: bool) -> tuple[list[str], list[str]]:
@@ -409,12 +463,18 @@ def _unused_notes(image: MeasuredImage, spindle) -> list[str]:
         notes.append(f"{label} {value:g} counts from the header: "
                      + ("pixels at or above it are masked" if used == value
                         else f"not used (--saturation {used:g} masks instead)"))
-    rest: list[str] = []
+    groups: dict[str, list[str]] = {}  # why -> "name value" of the values said together
     for name, (value, why) in (image.header.get("unused") or {}).items():
-        if why == "other":
-            rest.append(f"{name} {value}")
+        if why in _UNUSED_WHY:
+            notes.append(_not_used(name, value, _UNUSED_WHY[why].format(spindle=_vec(spindle))))
         else:
-            notes.append(_not_used(name, value, _UNUSED_WHY.get(why, why).format(spindle=_vec(spindle))))
+            groups.setdefault(why, []).append(f"{name} {value}".strip())
+    layout = groups.pop("layout", None)
+    rest = groups.pop("other", None)
+    for why, names in groups.items():  # one line per reason: "A 1; B 2 from the header: not used (why)"
+        notes.append(_not_used("; ".join(names), "", why).replace("  from", " from"))
+    if layout:
+        notes.append(f"{'; '.join(layout)} from the header: file layout: read, not model values")
     if rest:
         notes.append(_not_used("; ".join(rest), "", "exposure, counting, provenance and detector settings: they do "
                                                      "not move spots, and the fitted scale and background absorb "

@@ -10,6 +10,11 @@ Formats (told apart by :func:`tiff_kind` and :func:`is_mar345` from a file's fir
 * **mar345** image plates (``.mar2300`` ...; first int32 1234, ``mar research`` in the header), read with
   ``fabio.mar345image.Mar345Image``.
 
+Each may be compressed as a whole with gzip or bzip2 (``.tif.gz``, ``.mccd.bz2``, ``.mar2300.bz2`` ...; told by
+the compressed stream's first bytes, :func:`compression` and :func:`decompressed_head`): the file is decompressed
+here, in memory, and fabio reads the bytes (fabio 2026.6 tells compression by the name only and prints a debug
+line to stdout when it decompresses a TIFF itself).
+
 Pilatus mini-CBF and SMV keep nbtorch's own readers (:mod:`nbtorch.io.cbf`, :mod:`nbtorch.io.smv`): fabio
 2026.6 gives the same pixels on real Pilatus CBFs and on 16-bit SMV files, but decodes a 64-bit byte-offset
 escape wrongly and takes an SMV file of any other element type for d*TREK (``tests/io/test_fabio_parity.py``).
@@ -29,8 +34,12 @@ Each reader returns ``(image (slow, fast), header)``; the header has the keys of
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import os
 import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -38,13 +47,15 @@ import numpy as np
 from nbtorch.errors import InputError
 from nbtorch.io.cbf import parse_pilatus_lines
 
-__all__ = ["read_tiff", "read_marccd", "read_mar345", "tiff_kind", "is_mar345", "TIFF_NAMES", "MARCCD_NAMES",
-           "MAR345_NAMES"]
+__all__ = ["read_tiff", "read_marccd", "read_mar345", "tiff_kind", "is_mar345", "compression", "decompressed_head",
+           "TIFF_NAMES", "MARCCD_NAMES", "MAR345_NAMES", "COMPRESSED_NAMES"]
 
 TIFF_NAMES = (".tif", ".tiff")
 MARCCD_NAMES = (".mccd", ".rx")
 MAR345_NAMES = tuple(f".mar{n}" for n in (1200, 1600, 1800, 2000, 2300, 2400, 3000, 3450))
+COMPRESSED_NAMES = (".gz", ".bz2")
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*")
+_COMPRESSION = {b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open)}
 _MAR_BYTE_ORDER = 1234  # the MarCCD and mar345 byte-order marker
 # MarCCD frame header (at byte 1024 of the file): axes of start_*/end_*, indexed by rotation_axis
 _MARCCD_AXES = ("twotheta", "omega", "chi", "kappa", "phi", "delta", "gamma")
@@ -77,18 +88,14 @@ def _first_line(exc: BaseException) -> str:
 def _read(path: str, what: str, make: Any, header_apart: bool = False) -> tuple[np.ndarray, dict]:
     """fabio's data and header of ``path`` read by the image class ``make()`` (``header_apart``: the header by
     ``readheader``, a second pass); any failure is one InputError."""
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read {what} image: {exc.strerror or exc}") from None
+    source = _source(path, what)
     try:
         obj = make()
-        obj.read(path)
+        obj.read(source())
         data = None if obj.data is None else np.asarray(obj.data)
         if header_apart:
             obj = make()
-            obj.readheader(path)
+            obj.readheader(source())
         header = dict(obj.header or {})
     except InputError:
         raise
@@ -98,6 +105,54 @@ def _read(path: str, what: str, make: Any, header_apart: bool = False) -> tuple[
         shape = "no image" if data is None else f"shape {data.shape}"
         raise InputError(f"{path}: cannot read {what} image (damaged or not {what}?): fabio found {shape}")
     return data, header
+
+
+def compression(head: bytes) -> str | None:
+    """``"gzip"`` or ``"bzip2"`` for a file starting with ``head`` compressed as a whole, else None."""
+    return next((kind for magic, (kind, _) in _COMPRESSION.items() if head.startswith(magic)), None)
+
+
+def _opener(head: bytes) -> Any:
+    return next((opener for magic, (_, opener) in _COMPRESSION.items() if head.startswith(magic)), None)
+
+
+def decompressed_head(path: str | os.PathLike[str], head: bytes, n: int = 4096) -> bytes:
+    """The first ``n`` decompressed bytes of ``path``, whose first bytes ``head`` are a gzip or bzip2 stream."""
+    try:
+        with _opener(head)(path, "rb") as fh:
+            return fh.read(n)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        raise InputError(f"{path}: cannot decompress the {compression(head)} file (damaged or truncated?): "
+                         f"{_first_line(exc)}") from None
+
+
+def _source(path: str, what: str) -> Any:
+    """What fabio reads ``path`` from, a fresh one per call: the path, or an in-memory stream of the decompressed
+    bytes of a gzip or bzip2 file."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            opener = _opener(head)
+            if opener is None:
+                return lambda: path
+            fh.seek(0)
+            with opener(fh, "rb") as stream:
+                data = stream.read()
+    except (EOFError, ValueError, zlib.error) as exc:
+        raise InputError(f"{path}: cannot decompress the {compression(head)} {what} image (damaged or "
+                         f"truncated?): {_first_line(exc)}") from None
+    except OSError as exc:
+        if isinstance(exc, (gzip.BadGzipFile,)) or exc.errno is None:
+            raise InputError(f"{path}: cannot decompress the {compression(head)} {what} image (damaged or "
+                             f"truncated?): {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read {what} image: {exc.strerror or exc}") from None
+
+    def stream() -> io.BytesIO:
+        buffer = io.BytesIO(data)
+        buffer.name = path  # fabio names the stream in its messages
+        return buffer
+
+    return stream
 
 
 def _head(path: str, n: int = 4096) -> bytes:
@@ -287,10 +342,16 @@ def read_mar345(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any
     for key in ("OFFSET_ROFF", "OFFSET_TOFF"):
         if _number(fields, key) not in (None, (0.0, key)):
             header["unused"][key] = (str(fields[key]), "detector offset")
-    taken = set(used.values()) | {"PHI_END", "CHI", "PHI_OSC", "OMEGA_START", "OMEGA_END", "OMEGA_OSC", "OFFSET_ROFF",
-                                  "OFFSET_TOFF"} | _MAR345_LAYOUT
+    height = _number(fields, "PIXEL_HEIGHT")
+    if height is not None and "pixel_size_mm" in header and height[0] * 1e-3 != header["pixel_size_mm"]:
+        header["unused"]["PIXEL_HEIGHT"] = (f"{height[0]:g} um", "the model's pixels are square (-pixel): "
+                                            f"{used['pixel_size_mm']} is taken")
+    taken = set(used.values()) | {"PHI_END", "CHI", "OMEGA_START", "OMEGA_END", "OFFSET_ROFF", "OFFSET_TOFF",
+                                  "PIXEL_HEIGHT"}
     for key, value in fields.items():
         if key == key.upper() and key not in taken and str(value).strip():  # ASCII header lines; the binary are Mixed
-            header["unused"][key] = (" ".join(str(value).split()), "other")
+            why = ("layout" if key in _MAR345_LAYOUT else
+                   "one pass from PHI_START to PHI_END is modelled" if key in ("PHI_OSC", "OMEGA_OSC") else "other")
+            header["unused"][key] = (" ".join(str(value).split()), why)
     header["labels"] = used
     return data, header

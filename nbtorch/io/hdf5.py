@@ -31,7 +31,9 @@ or pixels for beam centres, reported as ``beam_center_x_px``; a Dectris
 (the attributes of ``/entry/nbtorch``), ``attrs`` (root attributes),
 ``dataset``, ``shape`` (of the whole stack), ``frame`` (0-based) and ``frames``,
 and what :func:`nbtorch.io.nexus.nexus_goniometry` reads (``detector_2theta_deg``,
-``start_angle_deg``, ``angle_increment_deg``, ``labels``, ``unused``).  Eiger
+``start_angle_deg``, ``angle_increment_deg``, ``labels``, ``unused``) and
+:func:`nbtorch.io.nexus.beam_polarization` (``polarization``, ``polarization_angle_deg``,
+``polarization_stokes``); a ``y_pixel_size`` other than ``x_pixel_size`` is listed in ``unused``.  Eiger
 masters (frames in ``/entry/data/data_000001 ...`` external links) and
 compressed datasets (hdf5plugin, imported lazily when installed) are read too.
 """
@@ -47,7 +49,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path
-from nbtorch.io.nexus import nexus_goniometry
+from nbtorch.io.nexus import beam_polarization, nexus_goniometry
 
 __all__ = ["write_h5", "h5_writer", "read_h5_image"]
 
@@ -286,6 +288,14 @@ def _detector_meta(name: str, f: Any) -> dict[str, Any]:
     return meta
 
 
+def _pixel_notes(meta: dict[str, Any]) -> None:
+    """``y_pixel_size`` that differs from ``x_pixel_size`` is said not to be the model's pixel size."""
+    x, y = meta.get("x_pixel_size_mm"), meta.get("y_pixel_size_mm")
+    if x is not None and y is not None and y != x:
+        meta["unused"]["y_pixel_size"] = (f"{y:g} mm", "the model's pixels are square (-pixel): x_pixel_size is "
+                                          "taken; y_pixel_size turns beam_center_y into pixels")
+
+
 def read_h5_image(
     path: str | os.PathLike[str], dataset: str = DEFAULT_DATASET, frame: int | None = None
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -312,7 +322,12 @@ def read_h5_image(
             image, shape, index, frames = _one_frame(name, dataset, nodes, frame)
             meta: dict[str, Any] = {"dataset": dataset, "shape": shape, "frame": index, "frames": frames}
             meta.update(_detector_meta(name, f))
-            meta.update(nexus_goniometry(h5py, f, name, index, "distance_mm" in meta))
+            for more in (nexus_goniometry(h5py, f, name, index, "distance_mm" in meta),
+                         beam_polarization(h5py, f, name, index)):
+                meta.setdefault("labels", {}).update(more.pop("labels", {}))
+                meta.setdefault("unused", {}).update(more.pop("unused", {}))
+                meta.update(more)
+            _pixel_notes(meta)
             extra = f.get("/entry/nbtorch")
             meta["nbtorch"] = ({k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"}
                                if extra is not None else {})

@@ -13,6 +13,12 @@ attribute, down to ``"."``.  An axis has ``transformation_type`` (``rotation`` o
   ``<axis>_increment_set``, else ``<axis>_end - <axis>``, else the step to the next frame (0 for one frame:
   a still).  The other rotations with a non-zero angle are goniometer settings, said not to be used.
 
+The beam's polarisation (:func:`beam_polarization`) is ``/entry/instrument/beam/incident_polarization_stokes``,
+the Stokes vector (S0, S1, S2, S3) in the NeXus frame (z along the beam, y up, x horizontal), one row per frame or
+one for all: its linear part ``P = sqrt(S1² + S2²) / S0`` has its E-vector at ``psi = atan2(S2, S1) / 2`` from x
+towards y (the Stokes convention); the fraction of the beam's intensity along that E-vector is
+``(1 + P) / 2`` (the circular part S3 scatters as unpolarised light).
+
 Files without the chains (Dectris Eiger masters of older firmware) give the same from
 ``/entry/sample/goniometer/{omega, phi, chi, kappa}`` with ``<axis>_increment`` or ``<axis>_range_average``,
 and ``/entry/instrument/detector/goniometer/two_theta``.
@@ -31,7 +37,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 
-__all__ = ["nexus_goniometry"]
+__all__ = ["nexus_goniometry", "beam_polarization"]
 
 _ANGLE_TO_DEG = {"deg": 1.0, "degree": 1.0, "degrees": 1.0, "rad": 180.0 / math.pi, "radian": 180.0 / math.pi,
                  "radians": 180.0 / math.pi}
@@ -162,3 +168,29 @@ def nexus_goniometry(h5py: Any, f: Any, name: str, frame: int, have_distance: bo
         elif _at(values, frame):
             out["unused"][axis] = (f"{_at(values, frame):g} deg", "goniometer")
     return out
+
+
+def beam_polarization(h5py: Any, f: Any, name: str, frame: int) -> dict[str, Any]:
+    """The beam's polarisation of ``frame`` from ``beam/incident_polarization_stokes`` (module docstring):
+    ``polarization`` (the fraction of the intensity along the E-vector), ``polarization_angle_deg`` (psi),
+    ``polarization_stokes`` (the frame's S0..S3) and its label; a vector that is not a polarisation is listed in
+    ``unused``; {} without the field."""
+    field = "incident_polarization_stokes"
+    node = f.get(f"/entry/instrument/beam/{field}")
+    if not isinstance(node, h5py.Dataset):
+        return {}
+    try:
+        rows = np.asarray(node[()], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: {node.name} is not a number") from None
+    if rows.ndim not in (1, 2) or rows.shape[-1] != 4:
+        return {"unused": {field: (f"of shape {rows.shape}", "a Stokes vector has 4 values (S0, S1, S2, S3)")}}
+    s0, s1, s2, s3 = (float(v) for v in rows.reshape(-1, 4)[min(frame, rows.reshape(-1, 4).shape[0] - 1)])
+    text = "(" + ", ".join(f"{v:g}" for v in (s0, s1, s2, s3)) + ")"
+    if not (all(math.isfinite(v) for v in (s0, s1, s2, s3)) and s0 > 0):
+        return {"unused": {field: (text, "S0, the intensity, must be positive and every value finite")}}
+    if math.sqrt(s1 * s1 + s2 * s2 + s3 * s3) > s0 * (1.0 + 1e-9):
+        return {"unused": {field: (text, "sqrt(S1^2 + S2^2 + S3^2) exceeds S0: not a polarisation")}}
+    degree = min(1.0, math.hypot(s1, s2) / s0)
+    return {"polarization": 0.5 * (1.0 + degree), "polarization_angle_deg": 0.5 * math.degrees(math.atan2(s2, s1)),
+            "polarization_stokes": (s0, s1, s2, s3), "labels": {"polarization": field}}

@@ -163,3 +163,55 @@ def test_without_fabio_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "fabio", None)  # import fabio raises ImportError
     with pytest.raises(InputError, match=r"x.tif: reading TIFF images needs fabio: pip install 'nbtorch\[formats\]'"):
         load_image(tmp_path / "x.tif")
+
+
+@pytest.mark.parametrize("name, fmt", [("x.tif", "tiff"), ("x.mccd", "marccd"), ("x.mar2300", "mar345"),
+                                       ("p.tif", "tiff")])
+@pytest.mark.parametrize("suffix, compress", [(".gz", "gzip"), (".bz2", "bz2"), ("", "bz2")])
+def test_compressed_tiff_marccd_mar345(tmp_path, capfd, name, fmt, suffix, compress):
+    """A file compressed as a whole (gzip, bzip2) is told by its decompressed first bytes and read through fabio
+    from memory (fabio 2026.6 would print a debug line to stdout decompressing a TIFF itself)."""
+    import bz2
+    import gzip
+
+    img = _pixels(shape=(40, 40), dtype=np.int32)
+    plain = tmp_path / name
+    if fmt == "tiff":
+        write_tiff(plain, img, PILATUS_LINES if name.startswith("p") else None)
+    elif fmt == "marccd":
+        write_marccd(plain, img.astype(np.uint16), MARCCD)
+    else:
+        write_mar345(plain, img)
+    packed = tmp_path / ("packed" + (name[1:] + suffix if suffix else ".dat"))  # no suffix: told by the bytes
+    packed.write_bytes((gzip.compress if compress == "gzip" else bz2.compress)(plain.read_bytes()))
+    capfd.readouterr()
+    assert detect_format(packed) == fmt
+    obs, ref = load_image(packed), load_image(plain)
+    assert obs.format == ref.format == fmt
+    np.testing.assert_array_equal(obs.image, ref.image)
+    assert obs.geometry == ref.geometry
+    assert model_config(f"-xds {CRYSTAL} -lambda 1 -distance 80 -pixel 0.2", obs)[2] == \
+        model_config(f"-xds {CRYSTAL} -lambda 1 -distance 80 -pixel 0.2", ref)[2]
+    assert capfd.readouterr().out == ""
+
+
+def test_damaged_compressed_files_are_one_line_errors(tmp_path):
+    import bz2
+    import gzip
+
+    write_tiff(tmp_path / "x.tif", _pixels())
+    data = (tmp_path / "x.tif").read_bytes()
+    (tmp_path / "cut.tif.gz").write_bytes(gzip.compress(data)[:12])
+    (tmp_path / "bad.tif.bz2").write_bytes(b"BZh9" + b"\x00" * 64)
+    (tmp_path / "text.tif.gz").write_bytes(gzip.compress(b"hello, not an image" * 10))
+    from nbtorch.io import write_smv
+
+    write_smv(tmp_path / "x.img", _pixels(), {"PIXEL_SIZE": 0.1})
+    (tmp_path / "x.img.bz2").write_bytes(bz2.compress((tmp_path / "x.img").read_bytes()))
+    for name, why in (("cut.tif.gz", "cannot decompress the gzip file"), ("bad.tif.bz2", "cannot decompress the bzip2"),
+                      ("text.tif.gz", "the decompressed file is not a TIFF file"),
+                      ("x.img.bz2", "a bzip2-compressed SMV file: decompress it first (bunzip2 -k)")):
+        with pytest.raises(InputError) as err:
+            load_image(tmp_path / name)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(str(tmp_path / name)) and why in message, message

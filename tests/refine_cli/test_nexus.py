@@ -131,3 +131,63 @@ def test_master_without_its_data_files_or_filters(tmp_path):
     os.remove(tmp_path / "x_data_000002.h5")
     with pytest.raises(InputError, match="data_000002 links to a data file that cannot be opened"):
         load_image(path, frame=0)
+
+
+def _stokes(path, stokes):
+    with h5py.File(path, "a") as f:
+        f.create_dataset("entry/instrument/beam/incident_polarization_stokes", data=np.asarray(stokes, dtype=float))
+    return path
+
+
+def test_nexus_polarization_along_the_e_vector(tmp_path):
+    path = _stokes(write_master(tmp_path, _frames(2)), [[1, 0.98, 0, 0], [1, -0.5, 0, 0.1]])
+    obs = load_image(path, frame=0)
+    assert obs.geometry["polarization_fraction"] == pytest.approx(0.99)
+    cfg, _, notes = model_config(f"-xds {CRYSTAL}", obs)
+    assert cfg.polarization == pytest.approx(0.98) and cfg.convention == "xds"
+    assert _note(notes, "incident_polarization_stokes (1, 0.98, 0, 0) from the header") == (
+        "incident_polarization_stokes (1, 0.98, 0, 0) from the header as -polar 0.98 (Kahn factor S1/S0: linear "
+        "polarisation 0.98 along the model's E-vector (1, 0, 0), NeXus x)")
+    cfg, _, notes = model_config(f"-xds {CRYSTAL}", load_image(path, frame=1))  # the frame's row: across, circular
+    assert cfg.polarization == pytest.approx(-0.5)
+    note = _note(notes, "incident_polarization_stokes (1, -0.5, 0, 0.1) from the header as -polar -0.5")
+    assert "across (at 90 deg to) the model's E-vector" in note and "S3/S0 0.1, the circular part" in note
+    _, _, notes = model_config(f"-xds {CRYSTAL} -nopolar", obs)
+    assert _note(notes, "incident_polarization_stokes").endswith("not used (--model gives -nopolar)")
+
+
+def test_nexus_polarization_turned(tmp_path):
+    """E-vector at 45 deg from NeXus x towards y: a CUSTOM model turns its E-vector about the beam; a fixed
+    convention keeps it, takes S1/S0 and says S2 is not used."""
+    obs = load_image(_stokes(write_master(tmp_path, _frames(1), data_files=1), [2, 0, 1.8, 0]))
+    assert obs.geometry["polarization_angle_deg"] == pytest.approx(45.0)
+    cfg, _, notes = model_config(f"-fdet_vector 0 0 1 -sdet_vector 0 -1 0 {CRYSTAL}", obs)  # CUSTOM, MOSFLM's axes
+    assert cfg.convention == "custom" and cfg.polarization == pytest.approx(0.9)
+    # MOSFLM frame: NeXus x is -z, y is y; E = cos45 x + sin45 y is the axis (0, -1, 1)/sqrt2 turned from (0, 0, 1)
+    np.testing.assert_allclose(cfg.polar_vector, (0.0, -0.5 ** 0.5, 0.5 ** 0.5), atol=1e-9)
+    assert "at 45 deg from the model's (0, 0, 1), NeXus x, about the beam (1, 0, 0)" in \
+        _note(notes, "incident_polarization_stokes (2, 0, 1.8, 0) from the header as -polar 0.9 -polar_vector")
+    cfg, _, notes = model_config(f"-mosflm {CRYSTAL}", obs)
+    assert cfg.convention == "mosflm" and cfg.polarization == 0 and cfg.polar_vector is None
+    _note(notes, "incident_polarization_stokes (2, 0, 1.8, 0) from the header as -polar 0 (Kahn factor S1/S0")
+    assert "the mosflm convention fixes the E-vector" in _note(notes, "incident_polarization_stokes S2/S0 0.9")
+
+
+@pytest.mark.parametrize("stokes, why", [([1, 2, 0, 0], "exceeds S0"), ([0, 0, 0, 0], "S0, the intensity"),
+                                         ([1, 0, 0], "a Stokes vector has 4 values")])
+def test_nexus_polarization_that_is_not_one(tmp_path, stokes, why):
+    obs = load_image(_stokes(write_master(tmp_path, _frames(1), data_files=1), stokes))
+    assert "polarization_fraction" not in obs.geometry
+    cfg, _, notes = model_config(f"-xds {CRYSTAL}", obs)
+    assert cfg.polarization == 0 and why in _note(notes, "incident_polarization_stokes")
+
+
+def test_nexus_rectangular_pixels_are_said(tmp_path):
+    path = write_master(tmp_path, _frames(1), data_files=1)
+    with h5py.File(path, "a") as f:
+        f["entry/instrument/detector/y_pixel_size"][()] = 0.1e-3
+    obs = load_image(path)
+    assert obs.geometry["pixel_mm"] == pytest.approx(0.2)
+    _, _, notes = model_config(f"-xds {CRYSTAL}", obs)
+    assert "not used (the model's pixels are square (-pixel): x_pixel_size is taken" in \
+        _note(notes, "y_pixel_size 0.1 mm from the header")
