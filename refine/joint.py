@@ -17,6 +17,11 @@ loss on an unbinned view simulates only the fitted pixels).  The loss is the sum
 image order, minimised by one :func:`refine.loop.minimise` (LBFGS by default) in the whitened
 coordinates of the joint Fisher matrix at the start (:mod:`refine.precondition`).
 
+**Structure factors** (``structure_factors=AmplitudeOptions(...)``; :mod:`refine.joint_amplitudes`): one amplitude
+table shared by every image; its visible amplitudes are appended to the shared names, image 0's scale is held
+(the overall level of ``F^2 x scale`` is degenerate; :class:`~refine.transforms.Held` keeps its place in the raw
+vector), and the optional restraint is one term of the joint loss, preconditioner and esds.
+
 **Several processes** (``torchrun --nproc-per-node N``; ``torch.distributed`` with gloo): process ``r``
 of ``W`` holds the contiguous shard :func:`image_shard` of the images (only those are simulated and kept
 in memory; the others may be passed as None).  Each evaluation computes, for each of its images, the loss
@@ -51,6 +56,7 @@ diagonal.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -68,6 +74,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 from nbtorch.simulator import Simulator
 from refine.batch import _process_group, restart_count
+from refine.joint_amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
 from refine.joint_checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, image_digest, joint_fingerprint,
                                      read_joint_checkpoint, write_joint_checkpoint)
 from refine.loop import Convergence, LoopAborted, LoopInterrupted, LoopResult, LoopState, Status, minimise
@@ -76,8 +83,11 @@ from refine.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace, ca
 from refine.plan import observed_pixels, starting_values
 from refine.precondition import LinearPreconditioner, preconditioner_from_fisher
 from refine.results import jsonable
+from refine.precondition import _blocked_raw_fisher
 from refine.runner import RefinementInterrupted
 from refine.strategies import AbstractStrategy, get_strategy
+from refine.structure_factors import AmplitudeOptions, is_amplitude
+from refine.transforms import Held
 from refine.uncertainty import ESD_KINDS, derived_esds, invert_information, fisher_information, image_information
 
 __all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
@@ -121,6 +131,18 @@ class _Comm:
             out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
         if self.dist is not None:
             self._collective(self.dist.all_reduce, out)
+        return out
+
+    def gather_objects(self, local: Mapping[int, Any], n: int) -> list:
+        """``[object of image i for i in range(n)]`` (picklable) from the processes that hold them."""
+        parts = [dict(local)]
+        if self.dist is not None:
+            parts = [None] * self.world
+            self._collective(self.dist.all_gather_object, parts, dict(local))
+        out: list = [None] * n
+        for part in parts:
+            for i, obj in part.items():
+                out[i] = obj
         return out
 
     def barrier(self) -> None:
@@ -175,8 +197,9 @@ class _Image:
     digest: Tensor
 
 
-def _image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
-           space: ParameterSpace, names: tuple[str, ...], loss_fn: LossFn) -> _Image:
+def _prepare(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
+             space: ParameterSpace) -> PreparedImage:
+    """One image's pixels and starting values (the shared names at the shared start)."""
     if not isinstance(sim, Simulator):
         raise InputError(f"simulators[{index}]: expected a Simulator, got {type(sim).__name__}")
     obs, valid = observed_pixels(sim, observed, mask)
@@ -186,9 +209,19 @@ def _image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float
         space.check_start(values)
     except InputError as exc:
         raise InputError(f"image {index}: {exc}") from None
-    view = make_view(sim, values, valid)
-    return _Image(index, ImageObjective(sim, obs, view, loss_fn), ParameterMap(space, values, names), values,
-                  image_digest(obs, valid))
+    return PreparedImage(index, sim, obs, valid, values, image_digest(obs, valid))
+
+
+def _image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], loss_fn: LossFn,
+           hold_scale: bool) -> _Image:
+    """The image's objective (the shared table's, when the structure factors are refined) and map; with
+    ``hold_scale`` (image 0 next to shared structure factors) its scale keeps its start (:class:`Held`)."""
+    objective = im.objective if im.objective is not None else ImageObjective(
+        im.sim, im.observed, make_view(im.sim, im.values, im.valid), loss_fn)
+    pmap = ParameterMap(space, im.values, names)
+    if hold_scale and "scale" in names:
+        pmap.transforms[names.index("scale")] = Held(im.values["scale"])
+    return _Image(im.index, objective, pmap, im.values, im.digest)
 
 
 class _Joint:
@@ -197,6 +230,13 @@ class _Joint:
     def __init__(self, images: Sequence[_Image], n: int, n_shared: int, n_own: int, comm: _Comm,
                  dtype: torch.dtype) -> None:
         self.images, self.n, self.S, self.K, self.comm, self.dtype = images, n, n_shared, n_own, comm, dtype
+        #: ``raw[:S] -> (loss, gradient (S,))`` added once to the sum over images (the amplitude restraint)
+        self.extra: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None
+        #: raw positions that are not refined (image 0's held scale): left out of the esds
+        self.held: list[int] = []
+        #: ``(raw[:S], raw_units) -> (S, S)``: the restraint's curvature on the shared names (physical units, or
+        #: raw ones for the preconditioner)
+        self.curvature: Callable[[Tensor, bool], Tensor] | None = None
 
     def image_raw(self, raw: Tensor, i: int) -> Tensor:
         lo = self.S + i * self.K
@@ -223,6 +263,10 @@ class _Joint:
         rows = self.rows(raw)
         loss = rows[:, 0].sum()
         grad = torch.cat([rows[:, 1:1 + self.S].sum(0), rows[:, 1 + self.S:].reshape(-1)])
+        if self.extra is not None:
+            term, g = self.extra(raw.detach()[:self.S])
+            loss = loss + term.to(loss.dtype)
+            grad[:self.S] += g.to(grad.dtype)
         return loss, grad, rows[:, 0].clone()
 
     def assemble(self, blocks: Tensor) -> Tensor:
@@ -277,6 +321,11 @@ class JointResult:
         history: one dict per point of the loop (step, loss, grad_norm, step_norm, evaluations).
         warnings: one line each.
         resumed_from_step: the step of the checkpoint this run continued from (None: it started afresh).
+        structure_factors: with shared structure factors (:mod:`refine.joint_amplitudes`): the space group,
+            start, counts, each candidate's summed photons and one row ``[h, k, l, d_A, F, esd, refined]`` per
+            candidate (esd of the default kind; the Fisher ones are in ``esds_by_kind[...]["shared"]``); empty
+            without.  ``amplitude_table``, ``amplitude_values``: the table and every candidate's final value
+            (:meth:`hkl_table`).
     """
 
     status: Status
@@ -306,10 +355,20 @@ class JointResult:
     history: tuple = ()
     warnings: tuple = ()
     resumed_from_step: int | None = None
+    structure_factors: dict = field(default_factory=dict)
+    amplitude_table: Any = field(default=None, repr=False, compare=False)
+    amplitude_values: dict = field(default_factory=dict, repr=False)
 
     @property
     def n_images(self) -> int:
         return len(self.images)
+
+    def hkl_table(self):
+        """The shared amplitudes with every equivalent and Friedel mate (:class:`nbtorch.io.hkl.HKLTable`, for
+        :func:`nbtorch.io.hkl.write_hkl`); None without structure factors."""
+        if self.amplitude_table is None:
+            return None
+        return self.amplitude_table.hkl_table(self.amplitude_values)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``joint.json`` document (plain Python types)."""
@@ -323,10 +382,11 @@ class JointResult:
             "loss_initial": self.loss_initial, "loss_final": self.loss_final, "steps": self.steps,
             "evaluations": self.evaluations, "wall_s": self.wall_s, "world_size": self.world_size,
             "units": self.units, "esd_kind": self.esd_kind, "esds_by_kind": self.esds_by_kind,
-            "shared_correlation": {"names": list(self.shared_names),
+            "shared_correlation": {"names": [n for n in self.shared_names if not is_amplitude(n)],
                                    "matrix": np.asarray(self.shared_correlation).tolist()},
             "fisher_condition": self.fisher_condition, "history": list(self.history),
             "warnings": list(self.warnings), "resumed_from_step": self.resumed_from_step,
+            **({"structure_factors": self.structure_factors} if self.structure_factors else {}),
         }
 
     def summary(self) -> str:
@@ -339,6 +399,11 @@ class JointResult:
             e = self.shared_esds.get(n)
             lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
                          + f" {self.units.get(n, '')}")
+        if self.structure_factors:
+            sf = self.structure_factors
+            lines.append(f"  structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: "
+                         f"{sf['start']}; {sf['n_held']} candidates held, fewer than {sf['min_photons']:g} photons "
+                         f"on all images); on the scale of image 0")
         return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
 
 
@@ -381,10 +446,27 @@ def save_joint_h5(result: JointResult, path: str | Path) -> Path:
                     d = g.create_dataset(name, data=np.array([r.get(name, math.nan) for r in rows], dtype=np.float64))
                     d.attrs["units"] = result.units.get(name, "")
             d = h5.create_dataset("shared_correlation", data=np.asarray(result.shared_correlation, dtype=np.float64))
-            d.attrs["names"] = np.array([n.encode() for n in result.shared_names])
+            d.attrs["names"] = np.array([n.encode() for n in result.shared_names if not is_amplitude(n)])
             h5.create_dataset("image_losses", data=np.asarray(result.image_losses, dtype=np.float64))
+            if result.structure_factors:
+                _save_amplitudes_h5(h5, result.structure_factors)
             h5.create_dataset("result_json", data=doc)
     return path
+
+
+def _save_amplitudes_h5(h5, sf: dict) -> None:
+    """Group ``structure_factors``: attributes space_group, start, n_free, n_held, min_photons; datasets ``hkl``
+    (A, 3), ``d_A``, ``F``, ``esd`` (NaN where held), ``refined`` (bool), ``photons`` (summed over the images)."""
+    g = h5.create_group("structure_factors")
+    for k in ("space_group", "start", "n_free", "n_held", "min_photons"):
+        g.attrs[k] = sf[k]
+    rows = sf["reflections"]
+    g.create_dataset("hkl", data=np.array([r[:3] for r in rows], dtype=np.int64).reshape(-1, 3))
+    g.create_dataset("d_A", data=np.array([r[3] for r in rows], dtype=np.float64))
+    g.create_dataset("F", data=np.array([r[4] for r in rows], dtype=np.float64))
+    g.create_dataset("esd", data=np.array([math.nan if r[5] is None else r[5] for r in rows], dtype=np.float64))
+    g.create_dataset("refined", data=np.array([bool(r[6]) for r in rows], dtype=bool))
+    g.create_dataset("photons", data=np.asarray(sf["photons"], dtype=np.float64))
 
 
 def load_joint_h5(path: str | Path) -> dict[str, Any]:
@@ -400,19 +482,31 @@ def load_joint_h5(path: str | Path) -> dict[str, Any]:
             out[group] = {k: h5[group][k][()] for k in h5[group]}
         out["shared_correlation"] = h5["shared_correlation"][()]
         out["image_losses"] = h5["image_losses"][()]
+        if "structure_factors" in h5:
+            g = h5["structure_factors"]
+            out["structure_factors"] = {**{k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()},
+                                        **{k: g[k][()] for k in g}}
         raw = h5["result_json"][()]
         out["json"] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
     return out
 
 
 # -- the run --------------------------------------------------------------------------------------------
-def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str]) -> tuple[tuple, tuple]:
-    shared_names = space.expand(tuple(shared))
-    per_names = space.expand(tuple(per_image))
+def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str],
+           amplitudes: bool) -> tuple[tuple, tuple]:
+    """The shared and per-image names (the amplitudes, known later, are not among them yet)."""
+    shared = (shared,) if isinstance(shared, str) else tuple(shared)
+    per_image = (per_image,) if isinstance(per_image, str) else tuple(per_image)
+    if not amplitudes and "structure_factors" in shared + per_image:
+        raise InputError("structure_factors: refining the amplitudes needs a space group (refine_joint("
+                         "structure_factors=AmplitudeOptions('P41212')); nbtorch-refine --joint --structure-factors "
+                         "--space-group P41212)")
+    shared_names = space.expand(tuple(x for x in shared if x != "structure_factors"))
+    per_names = space.expand(per_image)
     both = sorted(set(shared_names) & set(per_names))
     if both:
         raise InputError(f"shared and per_image both name {', '.join(both)}")
-    if not shared_names:
+    if not shared_names and not amplitudes:
         raise InputError("shared: nothing to share (a joint refinement needs at least one shared name)")
     return shared_names, per_names
 
@@ -442,6 +536,8 @@ def _shared_canonical(shared_names: Sequence[str]) -> list[str]:
     """The canonical names a shared name determines (all six cell values for any cell name; N_a/b/c for N)."""
     out: list[str] = []
     for n in shared_names:
+        if is_amplitude(n):  # the result's structure_factors
+            continue
         if n in CELL:
             out.extend(c for c in CELL if c not in out)
         elif n == "N":
@@ -454,6 +550,8 @@ def _shared_canonical(shared_names: Sequence[str]) -> list[str]:
 def _fisher_raw(im: _Image, raw_i: Tensor) -> Tensor:
     """The image's Fisher matrix in raw units of ``[shared, own]`` (the preconditioner's)."""
     obj, pmap = im.objective, im.pmap
+    if any(is_amplitude(n) for n in pmap.names):  # hundreds of amplitudes: the esds' blocked Jacobian
+        return _blocked_raw_fisher(obj, pmap, raw_i)
 
     def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
         values = pmap.expand(pmap.physical(raw))
@@ -476,11 +574,21 @@ def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPrec
     if kind == "full" and raw0.numel() > MAX_DENSE:
         log.warning("joint: %d raw parameters > %d: diagonal preconditioning", raw0.numel(), MAX_DENSE)
         kind = "diagonal"
+    extra = joint.curvature(raw0[:joint.S], True) if joint.curvature is not None else None
     if kind == "diagonal":
         diag = torch.cat([torch.diagonal(blocks[:, :joint.S, :joint.S], dim1=1, dim2=2).sum(0),
                           torch.diagonal(blocks[:, joint.S:, joint.S:], dim1=1, dim2=2).reshape(-1)])
+        if extra is not None:
+            diag[:joint.S] += torch.diagonal(extra).to(diag.dtype)
+        diag[joint.held] = 1.0  # a held position: one raw unit, never moved (its gradient is 0)
         return preconditioner_from_fisher("diagonal", torch.diag(diag), raw0)
-    return preconditioner_from_fisher(kind, joint.assemble(blocks), raw0)
+    F = joint.assemble(blocks)
+    if extra is not None:
+        F[:joint.S, :joint.S] += extra.to(F.dtype)
+    for k in joint.held:
+        F[k, :], F[:, k] = 0.0, 0.0
+        F[k, k] = 1.0
+    return preconditioner_from_fisher(kind, F, raw0)
 
 
 def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
@@ -495,11 +603,16 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
     thetas = joint.comm.gather(th, n, (q,), torch.float64)
     F = joint.assemble(joint.comm.gather(Fs, n, (q, q), torch.float64))
     B = joint.assemble(joint.comm.gather(Bs, n, (q, q), torch.float64))
-    C_fisher, cond = invert_information(F)
+    if joint.curvature is not None:  # the restraint: once, in the Fisher matrix and the sandwich's meat
+        R = joint.curvature(raw[:S], False).to(F.dtype)
+        F[:S, :S] += R
+        B[:S, :S] += R
+    C_fisher, C_sandwich, cond = _covariances(F, B, joint.held)
     out: dict[str, dict] = {}
     shared_map = ParameterMap(space, starts[0], shared_names)
-    corr = np.zeros((S, S))
-    for kind, C in (("sandwich", C_fisher @ B @ C_fisher), ("fisher", C_fisher)):
+    S0 = sum(1 for nm in shared_names if not is_amplitude(nm))
+    corr = np.zeros((S0, S0))
+    for kind, C in (("sandwich", C_sandwich), ("fisher", C_fisher)):
         esd = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
         shared = {nm: float(e) for nm, e in zip(shared_names, esd[:S])}
         shared |= derived_esds(shared_map, thetas[0, :S], C[:S, :S])
@@ -510,15 +623,29 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
             if K:
                 own |= derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], C[sl, sl])
             images.append(own)
+        for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
+            images[(k - S) // K].pop(per_names[(k - S) % K], None)
         out[kind] = {"shared": shared, "images": images}
         if kind == ESD_KINDS[0]:
-            d = esd[:S]
+            d = esd[:S0]
             denom = d[:, None] * d[None, :]
-            c = torch.where(denom > 0, C[:S, :S] / torch.where(denom > 0, denom, torch.ones_like(denom)),
+            c = torch.where(denom > 0, C[:S0, :S0] / torch.where(denom > 0, denom, torch.ones_like(denom)),
                             torch.zeros_like(denom))
             c.fill_diagonal_(1.0)
             corr = c.numpy().copy()
     return out, cond, corr
+
+
+def _covariances(F: Tensor, B: Tensor, held: Sequence[int]) -> tuple[Tensor, Tensor, float]:
+    """``(F^-1, F^-1 B F^-1, condition)`` with the ``held`` positions left out (rows and columns 0 there)."""
+    P = F.shape[0]
+    keep = torch.tensor([i for i in range(P) if i not in set(held)], dtype=torch.long)
+    Ck, cond = invert_information(F[keep[:, None], keep[None, :]])
+    Sk = Ck @ B[keep[:, None], keep[None, :]] @ Ck
+    C_fisher, C_sandwich = torch.zeros_like(F), torch.zeros_like(F)
+    C_fisher[keep[:, None], keep[None, :]] = Ck
+    C_sandwich[keep[:, None], keep[None, :]] = Sk
+    return C_fisher, C_sandwich, cond
 
 
 def refine_joint(
@@ -541,6 +668,7 @@ def refine_joint(
     checkpoint_every: int = 10,
     resume: str | Path | None = None,
     on_checkpoint: Callable[[int, Path], None] | None = None,
+    structure_factors: AmplitudeOptions | None = None,
 ) -> JointResult:
     """Refine shared parameters (default the cell) and per-image ones of many stills together.
 
@@ -566,6 +694,9 @@ def refine_joint(
             resumed without ``resume``.
         resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ).
         on_checkpoint: ``(step, path)`` called in every process after each checkpoint is complete.
+        structure_factors: refine one amplitude per symmetry-unique reflection, shared by all images
+            (:class:`~refine.structure_factors.AmplitudeOptions`; :mod:`refine.joint_amplitudes`): one table for
+            every image, the visible amplitudes appended to the shared names, image 0's scale held.
 
     Returns:
         :class:`JointResult` (the same in every process).
@@ -573,7 +704,8 @@ def refine_joint(
     Raises:
         InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the
             symmetry, an image without usable pixels, a time budget under several processes, a ``resume``
-            checkpoint that is missing, damaged or of another problem or settings.
+            checkpoint that is missing, damaged or of another problem or settings, structure factors without
+            a space group (or per image, or with a shared scale).
         RefinementInterrupted: Ctrl-C, after writing the checkpoint.
         LoopAborted: another process died (torchrun then restarts the job when asked to).
     """
@@ -597,7 +729,9 @@ def refine_joint(
         raise InputError(f"simulators: images {local.start}..{local.stop - 1} of this process are missing")
     space = ParameterSpace(symmetry=symmetry, background=background,
                            pixel_mm=first.setup.pixel_m * 1000.0 if first is not None else 0.1)
-    shared_names, per_names = _names(space, shared, per_image)
+    if structure_factors is not None:
+        check_options(structure_factors, shared, per_image)
+    shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)
     loss_fn = resolve_loss(loss)
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     first_start = dict((image_starts[0] or {}) if image_starts is not None else {})
@@ -605,20 +739,29 @@ def refine_joint(
     shared_start = {k: base[k] for k in BASE_NAMES if k in _shared_canonical(shared_names) or k in shared_names}
     if any(k in CELL for k in shared_names):
         shared_start.update({k: base[k] for k in CELL})
+    prepared = [_prepare(i, simulators[i], observed_images[i], None if masks is None else masks[i],
+                         image_starts[i] if image_starts is not None else None, shared_start, space) for i in local]
+    amps = None if structure_factors is None else shared_amplitudes(comm, prepared, n, structure_factors,
+                                                                     {**base, **shared_start}, loss_fn)
+    if amps is not None:
+        space = dataclasses.replace(space, amplitudes=amps.table.names)
+        shared_names = shared_names + amps.free
     names = shared_names + per_names
-    images = [_image(i, simulators[i], observed_images[i], None if masks is None else masks[i],
-                     image_starts[i] if image_starts is not None else None, shared_start, space, names, loss_fn)
-              for i in local]
+    images = [_image(im, space, names, loss_fn, hold_scale=amps is not None and im.index == 0) for im in prepared]
     dtype = torch.float64
     joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
     starts = _all_values(joint, {im.index: im.start for im in images})
-    raw0 = torch.cat([ParameterMap(space, starts[0], shared_names).raw0(dtype)] + [
-        ParameterMap(space, starts[i], per_names).raw0(dtype) for i in range(n)])
+    map_starts = [{**s, **(amps.start if amps is not None else {})} for s in starts]
+    raw0 = torch.cat([ParameterMap(space, map_starts[0], shared_names).raw0(dtype)] + [
+        ParameterMap(space, map_starts[i], per_names).raw0(dtype) for i in range(n)])
+    if amps is not None:
+        _share_amplitudes(joint, amps, ParameterMap(space, map_starts[0], shared_names), per_names)
     step_rule = get_strategy(strategy)
     fingerprint = joint_fingerprint(
         comm.gather({im.index: im.digest for im in images}, n, (DIGEST_BYTES,), dtype), starts,
         shared=list(shared_names), per_image=list(per_names), symmetry=symmetry, background=background,
-        loss=loss_name, strategy=step_rule.hparams(), precondition=precondition)
+        loss=loss_name, strategy=step_rule.hparams(), precondition=precondition,
+        **({"structure_factors": amps.fingerprint()} if amps is not None else {}))
     saver = _Checkpoints(checkpoint, checkpoint_every, comm, fingerprint, on_checkpoint, t0)
     resumed = _resume_point(comm, checkpoint, resume, fingerprint)
     saver.pre = (_preconditioner(precondition, joint, raw0) if resumed is None
@@ -628,10 +771,43 @@ def refine_joint(
     res = _run_loop(joint, pre, step_rule, conv, saver, resumed)
     raw = pre.to_raw(res.state.raw).detach()
     finals = _all_values(joint, {im.index: im.pmap.values_at(joint.image_raw(raw, im.index)) for im in images})
-    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, starts)
-    return _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
-                         background=background, symmetry=symmetry, loss_name=loss_name, wall_s=saver.elapsed(),
-                         world=comm.world, resumed_from_step=None if resumed is None else resumed.step)
+    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, map_starts)
+    result = _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
+                           background=background, symmetry=symmetry, loss_name=loss_name, wall_s=saver.elapsed(),
+                           world=comm.world, resumed_from_step=None if resumed is None else resumed.step)
+    if amps is None:
+        return result
+    return _with_amplitudes(result, amps, ParameterMap(space, map_starts[0], shared_names).values_at(raw[:joint.S]))
+
+
+def _share_amplitudes(joint: _Joint, amps: SharedAmplitudes, shared_map: ParameterMap, per_names) -> None:
+    """The joint loss's restraint term and its curvature (once, not per image); image 0's held scale."""
+    if "scale" in per_names:
+        joint.held = [joint.S + list(per_names).index("scale")]
+        log.info("joint structure factors: image 0's scale held at %g (the amplitudes are on its scale)",
+                 shared_map.values["scale"])
+    if amps.restraint is None:
+        return
+    names = list(shared_map.names)
+    joint.extra = lambda r: amps.restraint_term(shared_map, r)
+
+    def curvature(raw_shared: Tensor, raw_units: bool) -> Tensor:
+        values = shared_map.values_at(raw_shared)
+        return amps.curvature(names, values, shared_map if raw_units else None, raw_shared.detach())
+
+    joint.curvature = curvature
+
+
+def _with_amplitudes(result: JointResult, amps: SharedAmplitudes, values: dict) -> JointResult:
+    """``result`` with the shared amplitudes (rows, table, final values; the restraint's final value)."""
+    kind = result.esd_kind
+    esds = result.esds_by_kind[kind]["shared"] if kind else {}
+    finals = {n: float(values[n]) for n in amps.table.names}
+    doc = amps.rows(finals, esds)
+    if amps.restraint is not None:
+        doc["restraint_final"] = float(amps.restraint(finals, torch.float64, "cpu"))
+    return dataclasses.replace(result, structure_factors=doc, amplitude_table=amps.table, amplitude_values=finals,
+                               shared_esds={k: v for k, v in result.shared_esds.items() if not is_amplitude(k)})
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ the images (:func:`refine.joint.image_shard`).  ``--shared`` (default ``cell``) 
 Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.joint`) and the checkpoint
 ``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``) every ``--checkpoint-every`` steps; ``--resume`` continues
 from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`refine.joint_checkpoint`).
+``--structure-factors`` (with ``--space-group`` or a space-group ``--symmetry``; ``--f-start``, ``--f-min-photons``,
+``--f-restraint`` as for a single run) refines one amplitude table shared by all images
+(:mod:`refine.joint_amplitudes`); process 0 also writes it as a nanoBragg ``-hkl`` file, ``--hkl-out`` (default
+``OUT_DIR/joint.hkl``).
 The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
 """
 
@@ -25,9 +29,11 @@ from typing import Callable
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
+from nbtorch.io.hkl import write_hkl
 from refine.batch import expand_image_list, per_image_args
-from refine.command import _simulator, check_arguments, load_inputs
+from refine.command import _simulator, amplitude_options, check_arguments, load_inputs
 from refine.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
+from refine.joint_amplitudes import check_options
 from refine.model import crystal_system
 from refine.pixels import choose_pixels, starting_scale_background
 from refine.spots import read_spot_list
@@ -49,6 +55,8 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     """(simulator on the chosen pixels, observed, pixel mask, start, symmetry) of one image."""
     a = per_image_args(args, image, out_dir)
     a.quiet, a.resume = args.quiet, False  # the joint run's checkpoint is resumed, not a single run's
+    # the structure factors are the joint run's (one shared table), not each image's
+    a.structure_factors, a.space_group, a.f_restraint, a.hkl_out = False, None, None, None
     checked = check_arguments(a)
     inputs = load_inputs(a, checked, say)
     sim = _simulator(a, checked, inputs)
@@ -65,13 +73,14 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     return sim, inputs.observed, choice.mask, start, inputs.symmetry
 
 
-def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path) -> Path:
+def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
     """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
-    not an input, and present with ``--resume``; process 0 makes ``OUT_DIR``."""
+    not an input (nor is the ``hkl`` output), and present with ``--resume``; process 0 makes ``OUT_DIR``."""
     path = Path(args.checkpoint) if args.checkpoint else out_dir / "joint.ckpt.h5"
+    outputs = [("--checkpoint", str(path))] + ([("--hkl-out", str(hkl))] if hkl is not None else [])
 
     def check() -> None:
-        check_not_inputs([("--images", image) for image in images], [("--checkpoint", str(path))])
+        check_not_inputs([("--images", image) for image in images], outputs)
         if args.resume and not path.is_file():
             raise InputError(f"--resume: checkpoint {path} not found (run once without --resume, or give --checkpoint)")
         check_directory_can_be_made(out_dir, "--out-dir")
@@ -91,7 +100,11 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     shared = split_names(args.shared, ("cell",), "--shared")
     per_image = split_names(args.per_image, ("scale", "background", "orientation"), "--per-image")
     n = len(images)
-    checkpoint = _checkpoint_path(args, images, out_dir)
+    amplitudes = amplitude_options(args)
+    if amplitudes is not None:  # before any image is loaded
+        check_options(amplitudes, shared, per_image)
+    hkl = None if amplitudes is None else Path(args.hkl_out) if args.hkl_out else out_dir / "joint.hkl"
+    checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     shard = image_shard(n)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
@@ -104,10 +117,12 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
                           symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
                           convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds,
                           checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
-                          resume=checkpoint if args.resume else None)
+                          resume=checkpoint if args.resume else None, structure_factors=amplitudes)
     if _Comm().rank == 0:  # the process group refine_joint used
         json_path = save_joint_json(result, out_dir / "joint.json")
         h5_path = save_joint_h5(result, out_dir / "joint.h5")
+        if hkl is not None:
+            write_hkl(hkl, result.hkl_table())
         say(result.summary())
-        say(f"{time.monotonic() - t0:.1f} s; results: {json_path} and {h5_path}")
+        say(f"{time.monotonic() - t0:.1f} s; results: {json_path} and {h5_path}" + (f" and {hkl}" if hkl else ""))
     return 0 if result.status.ok else 1

@@ -47,7 +47,9 @@ from nbtorch.errors import InputError
 from nbtorch.io.hkl import MAX_GRID_ELEMENTS
 
 __all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
-           "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS"]
+           "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS",
+           "touched_range", "start_grid", "entry_photons", "table_from_photons", "em_sums", "em_update",
+           "check_table_size"]
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +243,6 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
     Returns:
         ``(table, simulator)``: the simulator is ``sim`` with the table (:meth:`Simulator.with_structure_factors`).
     """
-    from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES  # noqa: PLC0415 - keeps this module light
-
     if start == "auto":
         start = "file" if sim.setup.F_grid is not None else "estimate"
     if start not in AMPLITUDE_STARTS:
@@ -251,18 +251,59 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
         raise InputError("structure_factors: start 'file' needs an -hkl table in the model")
     if not min_photons >= 0:
         raise InputError(f"structure_factors: min_photons must be >= 0, got {min_photons!r}")
-    gemmi, group = _gemmi_group(space_group)
-    ops = group.operations()
+    _, group = _gemmi_group(space_group)
+    restricted, overrides, lo, hi = touched_range(sim, values, pixels)
+    grid = _start_grid(sim, lo, hi, float(values["default_F"]))
+    photons = _photons_per_entry(restricted, overrides, None, grid, lo, float(values.get("scale", 1.0)))
+    table, grid = table_from_photons(group.hm, grid, lo, photons, values, start=start, min_photons=min_photons)
+    return table, sim.with_structure_factors(grid, lo)
+
+
+def touched_range(sim, values: Mapping[str, float], pixels) -> tuple:
+    """``(sim restricted to the fitted pixels, overrides, lo, hi)``: the inclusive index bounds (with the margin)
+    of the reflections the fitted ``pixels`` touch at ``values``; refused when too many for one table."""
+    from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES  # noqa: PLC0415 - keeps this module light
+
     mask = np.asarray(pixels.cpu() if isinstance(pixels, Tensor) else pixels, dtype=bool)
     restricted = sim.restricted(mask)
     overrides = {n: float(values[n]) for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
-    default_F = float(values["default_F"])
     lo, hi = _touched_range(restricted, overrides, None)
+    check_table_size(lo, hi)
+    return restricted, overrides, lo, hi
+
+
+def check_table_size(lo: np.ndarray, hi: np.ndarray) -> None:
     if np.prod(hi - lo + 1) > MAX_GRID_ELEMENTS:  # the HKL reader's limit on a dense table
         raise InputError(f"structure_factors: the fitted pixels touch indices {lo.tolist()} to {hi.tolist()}: "
                          f"too many reflections for one table")
-    grid = _start_grid(sim, lo, hi, default_F)
-    photons = _photons_per_entry(restricted, overrides, None, grid, lo, float(values.get("scale", 1.0)))
+
+
+def entry_photons(sim, values: Mapping[str, float], pixels, grid: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """(nh, nk, nl) Bragg photons (``scale x`` simulated) each entry of the table ``grid`` (indices from ``lo``)
+    puts on the fitted ``pixels`` of ``sim`` at ``values``."""
+    from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES  # noqa: PLC0415 - keeps this module light
+
+    mask = np.asarray(pixels.cpu() if isinstance(pixels, Tensor) else pixels, dtype=bool)
+    overrides = {n: float(values[n]) for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
+    return _photons_per_entry(sim.restricted(mask), overrides, None, grid, lo, float(values.get("scale", 1.0)))
+
+
+def start_grid(sim, lo: np.ndarray, hi: np.ndarray, default_F: float) -> np.ndarray:
+    """F over the indices ``[lo, hi]``: ``sim``'s table where it lists a value, ``default_F`` elsewhere."""
+    return _start_grid(sim, lo, hi, default_F)
+
+
+def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photons: np.ndarray,
+                       values: Mapping[str, float], *, start: str,
+                       min_photons: float) -> tuple[AmplitudeTable, np.ndarray]:
+    """``(table, grid)``: the candidates (module docstring) of the entries' Bragg ``photons`` over the starting
+    ``grid`` (indices from ``lo``; ``values``: the cell and ``default_F``), their starting amplitudes put in the
+    grid (a copy) and the systematic absences set to 0."""
+    gemmi, group = _gemmi_group(space_group)
+    ops = group.operations()
+    grid = np.array(grid, dtype=np.float64)
+    hi = lo + np.array(grid.shape) - 1
+    default_F = float(values["default_F"])
     asu = gemmi.ReciprocalAsu(group)
     groups: dict[tuple[int, int, int], float] = {}
     for e in np.argwhere(photons > 1e-3 * _CANDIDATE_FRACTION * max(min_photons, 1e-9)):  # summed per reflection
@@ -300,7 +341,7 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
         photons=np.array([groups[k] for k in free], dtype=np.float64), starts=starts, start_mode=start)
     log.info("structure factors: %d candidate amplitudes (%d reflections touched) in %s",
              len(free), len(groups), group.hm)
-    return table, sim.with_structure_factors(grid, lo)
+    return table, grid
 
 
 def estimate_amplitudes(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float],
@@ -314,13 +355,25 @@ def estimate_amplitudes(objective, table: AmplitudeTable, values: Mapping[str, T
     dtype, dev = objective.observed.dtype, objective.observed.device
     F = table.vector(values, dtype, dev).detach().clone()
     for _ in range(int(iterations)):
-        c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
-        a = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w * y / torch.clamp(mu, min=1e-12))
-        ok = c > 1e-12 * float(c.abs().max().clamp(min=1e-300))
-        ratio = torch.where(ok, a / torch.where(ok, c, torch.ones_like(c)), torch.ones_like(c))
-        F = F * torch.sqrt(ratio.clamp(1e-4, 1e4))
-        F = torch.clamp(F, min=1e-6 * float(F.max().clamp(min=1e-300)))
+        F = em_update(F, *em_sums(objective, table, values, F))
     return {n: float(v) for n, v in zip(table.names, F)}
+
+
+def em_sums(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float], F: Tensor) -> tuple[Tensor, Tensor]:
+    """``(c, a)`` of one EM update on the objective's pixels at amplitudes ``F``: ``c_r = sum_p w_p d mu_p / d F_r``
+    and ``a_r = sum_p w_p y_p / mu_p d mu_p / d F_r`` (several images: summed over them, :mod:`refine.joint`)."""
+    c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
+    a = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w * y / torch.clamp(mu, min=1e-12))
+    return c, a
+
+
+def em_update(F: Tensor, c: Tensor, a: Tensor) -> Tensor:
+    """One multiplicative EM update of the intensities ``F^2``: ``F <- F sqrt(a / c)`` (the ratio clamped to
+    [1e-4, 1e4]; an amplitude without signal, ``c`` ~ 0, keeps its value; none below 1e-6 of the largest)."""
+    ok = c > 1e-12 * float(c.abs().max().clamp(min=1e-300))
+    ratio = torch.where(ok, a / torch.where(ok, c, torch.ones_like(c)), torch.ones_like(c))
+    F = F * torch.sqrt(ratio.clamp(1e-4, 1e4))
+    return torch.clamp(F, min=1e-6 * float(F.max().clamp(min=1e-300)))
 
 
 def amplitude_photons(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float],

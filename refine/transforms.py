@@ -78,7 +78,7 @@ from torch import Tensor, nn
 from nbtorch.errors import InputError
 
 __all__ = [
-    "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative",
+    "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative", "Held",
     "default_transform", "TRANSFORM_NAMES",
 ]
 
@@ -236,6 +236,26 @@ class Multiplicative(Transform):
 
     def extra_repr(self) -> str:
         return f"reference={self.reference}, step={self.step}"
+
+
+class Held(Transform):
+    """``value = value0`` whatever ``raw`` (its gradient 0): a name that keeps its place in a raw vector but is
+    not refined (a joint refinement's image-0 scale next to shared structure factors, :mod:`refine.joint`)."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = _finite("value", value)
+        self.scale = 1.0
+
+    def forward(self, raw: Tensor) -> Tensor:
+        raw = _floating("raw", raw)
+        return raw * 0.0 + self.value
+
+    def inverse(self, value: Tensor) -> Tensor:
+        return torch.zeros_like(_floating("value", value))
+
+    def extra_repr(self) -> str:
+        return f"value={self.value}"
 
 
 _POSITIVE = ("cell_a", "cell_b", "cell_c", "N_a", "N_b", "N_c", "distance", "wavelength")

@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from refine.joint import image_shard, refine_joint, save_joint_json  # noqa: E402
+from refine.joint import DEFAULT_CONVERGENCE, image_shard, refine_joint, save_joint_json  # noqa: E402
 from refine.parameters import SYMMETRIES  # noqa: E402
 from refine.problems import make_stills  # noqa: E402
 from refine.results import jsonable  # noqa: E402
+from refine.structure_factors import AmplitudeOptions  # noqa: E402
 
 #: values the stills' starts take from the truth (not refined here)
 KNOWN = ("beam_x", "beam_y", "mosaic_spread", "N_a", "N_b", "N_c", "distance")
@@ -51,6 +52,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--singles", action="store_true", help="also refine each still alone (one process only)")
+    ap.add_argument("--space-group", help="also refine the structure factors, shared by the stills, in this space "
+                                          "group (EM start, 30 photons to be refined; refine.joint_amplitudes)")
+    ap.add_argument("--max-steps", type=int, help="the joint loop's step limit (default: refine.joint's)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     shard = image_shard(a.stills)
@@ -59,9 +63,13 @@ def main(argv=None) -> int:
     symmetry = ref.symmetry
     # the shared start: the bank's perturbed cell (every still's start has the same one)
     start = {k: ref.start[k] for k in SYMMETRIES[symmetry]}
+    amplitudes = None if a.space_group is None else AmplitudeOptions(a.space_group, start="estimate",
+                                                                     min_photons=30.0)
+    conv = None if a.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=a.max_steps)
     result = refine_joint([p.simulator() if p is not None else None for p in stills],
                           [p.observed if p is not None else None for p in stills], symmetry=symmetry,
-                          start=start, image_starts=[image_start(p) if p is not None else None for p in stills])
+                          start=start, image_starts=[image_start(p) if p is not None else None for p in stills],
+                          structure_factors=amplitudes, convergence=conv)
     wall = time.monotonic() - t0
     if result.world_size > 1:
         import torch.distributed as dist

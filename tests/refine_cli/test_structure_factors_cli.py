@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -45,4 +47,45 @@ def test_structure_factors_run_writes_amplitudes(refine_cli):
 def test_structure_factor_option_errors(refine_cli, extra, message):
     r = refine_cli(*TINY, "--refine", "background", *extra)
     assert r.code == 2
+    assert message in r.err and "Traceback" not in r.err
+
+
+def _two_stills(tmp_path) -> tuple[str, ...]:
+    from cli_helpers import simulate
+    from nbtorch.io.cbf import write_cbf
+
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 40 -Xbeam 2.05 -Ybeam 2.05"
+    crystal = "-cell 30 30 40 90 90 90 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
+    for k, misset in enumerate(("10 20 30", "-40 5 75")):
+        img = simulate(f"{crystal} -misset {misset} {geometry}", background=1.0, seed=30 + k)
+        write_cbf(tmp_path / f"still_{k}.cbf", img, {"pixel_size_mm": 0.1})
+        (tmp_path / f"still_{k}.txt").write_text(f"{crystal} -misset {misset} {geometry}")
+    return "--images", "still_0.cbf", "still_1.cbf", "--model", "@{stem}.txt", "--joint"
+
+
+def test_joint_structure_factors_run_writes_the_shared_table(refine_cli, tmp_path):
+    r = refine_cli(*_two_stills(tmp_path), "--symmetry", "P4", "--structure-factors", "--f-min-photons", "30",
+                   "--per-image", "scale,background", "--max-steps", "5", "--out-dir", "joint", "--no-esds")
+    assert r.code == 0, r.err
+    doc = json.loads((r.tmp / "joint" / "joint.json").read_text())
+    sf = doc["structure_factors"]
+    assert sf["space_group"] == "P 4" and sf["start"] == "estimate" and sf["n_free"] > 5
+    assert sum(n.startswith("F_") for n in doc["shared_names"]) == sf["n_free"]
+    assert doc["images"][0]["params"]["scale"] == doc["images"][0]["initial_params"]["scale"]  # held: the level
+    table = read_hkl(str(r.tmp / "joint" / "joint.hkl"))
+    assert len(table) >= 4 * len(sf["reflections"])  # P4: every equivalent and Friedel mate
+    assert "structure factors: " in r.out and "joint.hkl" in r.out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--structure-factors",), "give the space group"),
+    (("--structure-factors", "--space-group", "P1", "--shared", "cell,scale", "--per-image", "background"),
+     "scale cannot be shared with structure_factors"),
+    (("--space-group", "P1"), "--space-group: only with --structure-factors"),
+])
+def test_joint_structure_factor_option_errors(refine_cli, tmp_path, extra, message):
+    for k in range(2):
+        (tmp_path / f"still_{k}.cbf").write_bytes(b"")
+    r = refine_cli("--images", "still_0.cbf", "still_1.cbf", "--model", "-cell 30 30 40 90 90 90", "--joint", *extra)
+    assert r.code == 2 and r.err.count("\n") == 1
     assert message in r.err and "Traceback" not in r.err
