@@ -99,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                "cell orientation mosaic detector beam_centre wavelength scale "
                                                "background, or names such as beam_x, mosaic_spread, N, distance")
     g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
-    g.add_argument("--fix", type=_csv, help="names or groups never refined (default with --image: distance, which one "
-                                            "image cannot separate from the cell; --fix none refines everything)")
+    g.add_argument("--fix", type=_csv, help="names or groups never refined (default with --image and the default "
+                                            "schedule: distance, which one image cannot separate from the cell; "
+                                            "--fix none refines everything)")
     g.add_argument("--start", type=_csv, help="starting values overriding the model: name=value,... "
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "

@@ -214,9 +214,12 @@ def _load_image(args: argparse.Namespace, checked: Checked, say) -> Inputs:
     cfg, tokens, notes = model_config(model_tokens(args), obs, roi, parallax=args.parallax)
     for note in notes:
         say(f"  {note}")
-    if args.fix is None:  # one image cannot separate the distance from the cell scale (their correlation: --esd-extra)
+    # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
+    # correlation: --esd-extra distance); a --refine list or [[stages]] tables say themselves what is refined
+    default_fix = args.fix is None and args.refine is None and not getattr(args, "stage_tables", None)
+    if default_fix:
         say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
-    fixed = ("distance",) if args.fix is None else tuple(n for n in args.fix if n != "none")
+    fixed = ("distance",) if default_fix else tuple(n for n in (args.fix or ()) if n != "none")
     return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,
                   free_default=None, fixed=fixed,
                   extra={"input": {"image": obs.path, "format": obs.format, "frame": args.frame,

@@ -190,7 +190,7 @@ def test_refined_amplitudes_and_their_esds(ortho):
 def test_amplitudes_stage_comes_last_and_holds_the_scale(ortho):
     p, *_ = ortho
     plan = make_plan(p, structure_factors=AmplitudeOptions("P1", start="file"))
-    (last, names), (before, names_before) = plan.stages[-1], plan.stages[-2]
+    (last, names), (_, names_before) = plan.stages[-1], plan.stages[-2]
     assert last.name == "amplitudes"
     assert "scale" in names_before and "scale" not in names
     assert set(names) - set(names_before) == set(plan.amplitudes.names)  # the candidates

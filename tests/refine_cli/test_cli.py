@@ -226,3 +226,26 @@ def test_config_value_starting_with_a_dash(tmp_path):
     (tmp_path / "run.toml").write_text('image = "x.cbf"\nmodel = "-mosflm"\nstart = { cell_a = -1 }\n')
     args = parse_args(["--config", str(tmp_path / "run.toml")])
     assert args.model == "-mosflm" and args.start == ["cell_a=-1"]
+
+
+def test_measured_image_default_plan_refines_the_tilt_and_fixes_the_distance(refine_cli, tmp_path):
+    """With --image and no --refine/--stages: stage_a whose detector stage frees the tilt; the distance is fixed
+    unless --fix says otherwise (--fix none: nothing fixed)."""
+    from refine.cli import build_stages, parse_args
+
+    stages = build_stages(parse_args(["--image", "obs.cbf", "--model", CRYSTAL]))
+    detector = next(s for s in stages if s.name == "detector")
+    assert set(detector.free) >= {"distance", "detector_rotx", "detector_roty"}
+    assert build_stages(parse_args(["--problem", "tetragonal_mosflm"])) is None  # synthetic problems: the core's
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 32 -Xbeam 1.63 -Ybeam 1.58"
+    write_cbf(tmp_path / "obs.cbf", simulate(f"{CRYSTAL} {geometry}"), {"wavelength_A": 1.0, "distance_mm": 40.0,
+                                                                       "pixel_size_mm": 0.1})
+    r = refine_cli("--image", "obs.cbf", "--model", f"{CRYSTAL} {geometry}", "--max-steps", "1", "--no-esds",
+                   "--too-few-spots", "warn")
+    assert r.code in (0, 1), r.err
+    assert "distance fixed (one image" in r.out
+    free = r.json()["free"]
+    assert "distance" not in free and {"detector_rotx", "detector_roty"} <= set(free)
+    r = refine_cli("--image", "obs.cbf", "--model", f"{CRYSTAL} {geometry}", "--max-steps", "1", "--no-esds",
+                   "--too-few-spots", "warn", "--fix", "none", "--out", "all.h5")
+    assert "distance" in r.json("all.json")["free"] and "distance fixed" not in r.out

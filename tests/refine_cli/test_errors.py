@@ -96,7 +96,7 @@ CASES = {
     "bounds nan": (["--problem", "cubic_mosflm", "--bounds", "cell_a=nan:50"], "--bounds cell_a: need finite"),
     "too few spots": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "two.txt", "--too-few-spots", "fail",
                        "--start", "scale=1,background=1"],
-                      "2 observed spots in the fitted region for 14 refined parameters"),
+                      "2 observed spots in the fitted region for 15 refined parameters"),
     "spot table without header": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "dials.txt"],
                                   "spot list dials.txt: 8 columns and no header naming them"),
     "spots off the detector": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "off.txt"],
