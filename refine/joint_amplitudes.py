@@ -174,7 +174,9 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
         values = _estimate(comm, images, n, table, options.iterations)
         log.info("joint structure factors: %d amplitudes estimated from the spots of %d images (%d EM updates)",
                  len(table.names), n, options.iterations)
-    summed = _summed_photons(comm, images, n, table, values)
+    # visible: what the fitted pixels can see, the photons at the starting amplitudes (an amplitude the data drive
+    # to 0 is still seen, and refined)
+    summed = _summed_photons(comm, images, n, table, dict(table.starts))
     free = tuple(nm for nm, p in zip(table.names, summed) if p >= options.min_photons)
     held = tuple(nm for nm in table.names if nm not in set(free))
     values.update({nm: table.starts[nm] for nm in held})  # an estimate from too few photons: the table's value

@@ -131,8 +131,9 @@ def _amplitude_stage(plan: RunPlan, state: RunState, index: int, names: Sequence
                      objective: ImageObjective) -> tuple[str, ...]:
     """The names stage ``index`` refines.  A stage that frees amplitudes first (at the first such stage, with the
     ``estimate`` start, never on a resume inside it) estimates them from the observed spots at the geometry
-    refined so far, then holds the candidates that put fewer than ``min_photons`` on its pixels
-    (``state.held``; recomputed the same way on a resume, from the values the stage started at)."""
+    refined so far, then holds the candidates that would put fewer than ``min_photons`` on its pixels with their
+    starting amplitudes (``state.held``, at those starting values: an estimate from so few photons is mostly
+    noise; recomputed the same way on a resume, from the geometry the stage started at), as joint mode does."""
     table, options = plan.amplitudes, plan.amplitude_options
     if table is None or options is None or not set(names) & set(table.names):
         return tuple(names)
@@ -142,8 +143,9 @@ def _amplitude_stage(plan: RunPlan, state: RunState, index: int, names: Sequence
         state.values.update(estimate_amplitudes(objective, table, state.values, options.iterations))
         log.info("structure factors: %d amplitudes estimated from the observed spots (%d EM updates)",
                  len(table.names), options.iterations)
-    photons = amplitude_photons(objective, table, state.values)
+    photons = amplitude_photons(objective, table, {**state.values, **table.starts})
     state.held = frozenset(n for n, p in photons.items() if not p >= options.min_photons)
+    state.values.update({n: table.starts[n] for n in state.held})
     log.info("structure factors: %d amplitudes refined, %d held (fewer than %g photons on the fitted pixels)",
              len(table.names) - len(state.held), len(state.held), options.min_photons)
     return tuple(n for n in names if n not in state.held)

@@ -13,9 +13,9 @@ absent reflections of the space group are 0 (their spots are not predicted).  It
 *candidates*: every reflection to which the starting model gives at least 1 % of ``min_photons``
 photons of Bragg signal (``scale x`` its share of the simulated image) on the fitted pixels, summed
 over its equivalents (the start may be pixels away from the spots).  When the amplitudes' stage
-starts, at the geometry refined so far, a candidate is *visible*, and refined, when the model puts at
-least ``min_photons`` photons on the fitted pixels (:func:`amplitude_photons`); the others, and F(000)
-(the direct beam), keep their value.  Positive by construction: each amplitude is refined through
+starts, at the geometry refined so far, a candidate is *visible*, and refined, when the model with its
+starting amplitude puts at least ``min_photons`` photons on the fitted pixels (:func:`amplitude_photons`);
+the others are held at their starting value, and F(000) (the direct beam) is never refined.  Positive by construction: each amplitude is refined through
 ``F = F_start exp(step raw)`` (:class:`refine.transforms.Multiplicative`).
 
 Starting values (``start``): ``"file"`` (the ``-hkl`` table), ``"one"`` (``-default_F`` for all, or the
