@@ -14,7 +14,7 @@ All images are stills of one crystal form, so one amplitude ``F_h_k_l`` per symm
   the sums ``c`` and ``a`` over the pixels of every image (each image's rows gathered in image order and
   added up, as the loss and gradient of :mod:`refine.joint`: the same bits for any number of processes);
 * **visible** (refined): the candidates with at least ``min_photons`` on the fitted pixels of all images
-  together at the start (after the estimate); the others are held at the table's starting value (the
+  together with their starting amplitudes (what the pixels can see); the others are held at the table's starting value (the
   file's or ``-default_F``: an estimate from fewer photons is mostly noise, and a held amplitude is never
   corrected).  The refined amplitudes follow the shared names in the raw vector;
 * **the restraint** (``restraint_sigma``): once for the run (not per image), in the joint loss, the
