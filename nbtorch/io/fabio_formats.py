@@ -65,6 +65,24 @@ _MARCCD_OTHER = ("integration_time", "exposure_time", "readout_time", "nreads", 
                  "optics_dispersion", "optics_crossfire_x", "optics_crossfire_y", "optics_angle",
                  "optics_polarization_x", "optics_polarization_y", "filetitle", "filename", "acquire_timestamp",
                  "file_comments", "dataset_comments")
+# MarCCD text fields read besides those of _MARCCD_OTHER (said by the rest of the header, below)
+_MARCCD_TEXT = ("header_name", "filepath", "header_timestamp", "save_timestamp")
+# MarCCD frame header values that say how the pixels are stored
+_MARCCD_LAYOUT = {"header_type", "header_name", "header_major_version", "header_minor_version", "header_byte_order",
+                  "data_byte_order", "header_size", "frame_type", "magic_number", "compression_type", "compression1",
+                  "compression2", "compression3", "compression4", "compression5", "compression6", "nheaders", "nfast",
+                  "nslow", "depth", "record_length", "signif_bits", "data_type", "sequence", "nimages", "origin",
+                  "orientation", "view_direction", "overflow_location", "over_8_bits", "over_16_bits", "multiplexed",
+                  "nfastimages", "nslowimages"}
+# ... and the corrections the detector software applied and its statistics of the pixels
+_MARCCD_CORRECTIONS = {"background_applied", "bias_applied", "flatfield_applied", "distortion_applied",
+                       "original_header_type", "file_saved", "total_counts", "special_counts1", "special_counts2",
+                       "min", "max", "mean", "rms", "p10", "p90", "stats_uptodate", "pixel_noise", "percentile"}
+_MARCCD_STATS_WHY = ("corrections the detector software applied and its statistics of the pixels: the pixels are "
+                     "used as stored")
+# TIFF tags that say how the pixels are stored
+_TIFF_LAYOUT = ("nRows", "nColumns", "nBits", "compression", "compression_type", "rowsPerStrip", "stripOffsets",
+                "stripByteCounts", "sampleFormat", "photometricInterpretation")
 # mar345 ASCII header keys that only describe how the pixels are stored (fabio uses them to read them)
 _MAR345_LAYOUT = {"FORMAT", "DIM", "FORMAT_TYPE", "NO_PIXELS", "HIGH", "PIXEL_LENGTH", "PIXEL_HEIGHT"}
 
@@ -201,6 +219,12 @@ def read_tiff(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]
             value = " ".join(str(tags.get(key) or "").split())
             if value:
                 header["unused"][key] = (value, "other")
+    for key in _TIFF_LAYOUT:  # how the pixels are stored
+        value = tags.get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if len(value) == 1 else f"{len(value)} values" if value else None
+        if value is not None and not isinstance(value, dict):
+            header["unused"][key] = (str(value), "layout")
     return data, header
 
 
@@ -228,7 +252,7 @@ def read_marccd(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any
         raise InputError(f"{name}: MarCCD/Rayonix header byte order {raw.get('header_byte_order')!r} is not "
                          f"{_MAR_BYTE_ORDER} (a big-endian header, which fabio reads wrongly on this machine)")
     fields = {k: (v if isinstance(v, int) else _text(v)) for k, v in raw.items()
-              if isinstance(v, int) or k in _MARCCD_OTHER}
+              if isinstance(v, int) or k in _MARCCD_OTHER + _MARCCD_TEXT}
     header: dict[str, Any] = {"fields": fields, "labels": {}, "unused": {}}
     used: dict[str, str] = {}
 
@@ -254,9 +278,11 @@ def read_marccd(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any
     scan = _MARCCD_AXES[axis] if isinstance(axis, int) and 1 <= axis < len(_MARCCD_AXES) else None
     if scan is not None:
         start = fields.get(f"start_{scan}", 0) / 1000.0
-        width = fields.get("rotation_range", 0) / 1000.0 or fields.get(f"end_{scan}", 0) / 1000.0 - start
         put("start_angle_deg", f"start_{scan}", start)
-        put("angle_increment_deg", "rotation_range", width)
+        if fields.get("rotation_range", 0) or not fields.get(f"end_{scan}", 0):
+            put("angle_increment_deg", "rotation_range", fields.get("rotation_range", 0) / 1000.0)
+        else:  # no range recorded: the width is the scan axis's end less its start
+            put("angle_increment_deg", f"end_{scan} - start_{scan}", fields[f"end_{scan}"] / 1000.0 - start)
     elif fields.get("rotation_range", 0) == 0:
         put("angle_increment_deg", "rotation_range", 0.0)  # no scan axis and no range: a still
     else:
@@ -279,8 +305,37 @@ def read_marccd(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any
     for key in _MARCCD_OTHER:
         if fields.get(key) not in (None, 0, ""):
             header["unused"][key] = (f"{fields[key]}{' ms' if key.endswith('_time') else ''}", "other")
+    if "distance_mm" not in header:  # MarCCD writes 0 where the distance was not recorded
+        header["unused"]["xtal_to_detector"] = (f"{fields.get('xtal_to_detector', 0) / 1000.0:g} mm",
+                                                "no distance recorded (0): give -distance in --model")
+    _marccd_rest(fields, used, header["unused"], scan)
     header["labels"] = used
     return data, header
+
+
+def _marccd_rest(fields: dict, used: dict, unused: dict, scan: str | None) -> None:
+    """Every other non-zero value of a MarCCD frame header, with why it is not used (zero is MarCCD's "not
+    recorded"): the file layout, the corrections and statistics, the axes' end values, the rest."""
+    taken = {part for label in used.values() for part in label.split(" - ")}
+    for key, value in fields.items():
+        if key in taken or key in unused or value in (None, 0, ""):
+            continue
+        if key in _MARCCD_LAYOUT:
+            why = "layout"
+        elif key in _MARCCD_CORRECTIONS:
+            why = _MARCCD_STATS_WHY
+        elif key == "start_xtal_to_detector" or key == "end_xtal_to_detector":
+            why = f"the distance is {used['distance_mm']}" if "distance_mm" in used else "other"
+            value = f"{value / 1000.0:g} mm"
+        elif key == "pixelsize_y":  # (one that differs from pixelsize_x is said above)
+            why, value = "the same as pixelsize_x: square pixels", f"{value / 1e6:g} mm"
+        elif key.startswith("end_") and key[4:] in _MARCCD_AXES:
+            why = ("the detector's two-theta is start_twotheta" if key == "end_twotheta" else
+                   f"the rotation's width is {used['angle_increment_deg']}" if key == f"end_{scan}" else "goniometer")
+            value = f"{value / 1000.0:g} deg"
+        else:
+            why = "other"
+        unused[key] = (str(value), why)
 
 
 # ------------------------------------------------------------------------------ mar345

@@ -49,7 +49,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path
-from nbtorch.io.nexus import beam_polarization, nexus_goniometry
+from nbtorch.io.nexus import beam_polarization, nexus_goniometry, nexus_rest
 
 __all__ = ["write_h5", "h5_writer", "read_h5_image"]
 
@@ -328,6 +328,8 @@ def read_h5_image(
                 meta.setdefault("unused", {}).update(more.pop("unused", {}))
                 meta.update(more)
             _pixel_notes(meta)
+            for key, note in nexus_rest(h5py, f, meta).items():  # every other value, said not to be used
+                meta["unused"].setdefault(key, note)
             extra = f.get("/entry/nbtorch")
             meta["nbtorch"] = ({k: _plain(v) for k, v in extra.attrs.items() if k != "NX_class"}
                                if extra is not None else {})

@@ -23,6 +23,10 @@ Files without the chains (Dectris Eiger masters of older firmware) give the same
 ``/entry/sample/goniometer/{omega, phi, chi, kappa}`` with ``<axis>_increment`` or ``<axis>_range_average``,
 and ``/entry/instrument/detector/goniometer/two_theta``.
 
+:func:`nexus_rest` lists every other dataset under ``/entry/instrument`` and ``/entry/sample`` with why it is not
+used (layout, corrections, NXgeometry, restated values, goniometer, the rest; an Eiger master's ``detectorModule_NNN``
+groups as one entry), so that the header notes of :mod:`refine.model` say every value.
+
 :func:`nexus_goniometry` returns the keys of :func:`nbtorch.io.cbf.read_cbf` (``detector_2theta_deg``,
 ``start_angle_deg``, ``angle_increment_deg``, maybe ``distance_mm``) with ``labels`` and ``unused`` as
 :mod:`nbtorch.io.fabio_formats` describes them.
@@ -37,7 +41,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 
-__all__ = ["nexus_goniometry", "beam_polarization"]
+__all__ = ["nexus_goniometry", "beam_polarization", "nexus_rest"]
 
 _ANGLE_TO_DEG = {"deg": 1.0, "degree": 1.0, "degrees": 1.0, "rad": 180.0 / math.pi, "radian": 180.0 / math.pi,
                  "radians": 180.0 / math.pi}
@@ -194,3 +198,101 @@ def beam_polarization(h5py: Any, f: Any, name: str, frame: int) -> dict[str, Any
     degree = min(1.0, math.hypot(s1, s2) / s0)
     return {"polarization": 0.5 * (1.0 + degree), "polarization_angle_deg": 0.5 * math.degrees(math.atan2(s2, s1)),
             "polarization_stokes": (s0, s1, s2, s3), "labels": {"polarization": field}}
+
+
+# the fields a reader takes (nbtorch.io.hdf5, refine.data), relative to /entry/instrument
+_TAKEN = {"detector/distance", "detector/beam_center_x", "detector/beam_center_y", "detector/x_pixel_size",
+          "detector/y_pixel_size", "detector/sensor_thickness", "detector/sensor_material", "detector/saturation_value",
+          "detector/pixel_mask", "detector/depends_on", "detector/detectorSpecific/countrate_correction_count_cutoff",
+          "detector/detectorSpecific/pixel_mask", "beam/incident_wavelength", "beam/incident_polarization_stokes"}
+_LAYOUT = {"x_pixels_in_detector", "y_pixels_in_detector", "bit_depth_image", "bit_depth_readout", "compression",
+           "nimages", "ntrigger", "nsequences", "nframes_sum", "roi_mode", "data_collection_date"}
+_CORRECTIONS_WHY = "corrections the detector applied and their tables: the pixels are used as stored"
+_MODULES_WHY = "per-module calibration and settings: the pixels are used as stored"
+_GEOMETRY_WHY = ("NXgeometry (deprecated) restating where the detector is: the model's distance and beam centre are "
+                 "the detector's own fields")
+
+
+_ZERO_AXES_WHY = "goniometer axes at zero: no setting to model"
+
+
+def _all_zero(node: Any) -> bool:
+    try:
+        values = np.asarray(node[()], dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return values.size > 0 and not np.any(values)
+
+
+def _shown(node: Any) -> str:
+    """A dataset's value as short text (with its units), or its shape when it is an array."""
+    if node.shape and int(np.prod(node.shape)) > 6:
+        return f"array {tuple(int(n) for n in node.shape)}"
+    value = node[()]
+    if isinstance(value, (bytes, str, np.bytes_)) or getattr(value, "dtype", np.dtype(float)).kind in "SUO":
+        text = " ".join(_text(value).split())
+        return text if len(text) <= 60 else text[:57] + "..."
+    values = np.asarray(value).reshape(-1)
+    text = ", ".join(f"{float(v):g}" for v in values) if values.dtype.kind in "biuf" else _text(value)
+    unit = _text(node.attrs.get("units", "")).strip()
+    return (f"({text})" if values.size > 1 else text) + (f" {unit}" if unit else "")
+
+
+def nexus_rest(h5py: Any, f: Any, meta: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Every dataset under ``/entry/instrument`` and ``/entry/sample`` that the readers do not take and that
+    ``meta["labels"]``/``meta["unused"]`` do not already name, with why it is not used (``{name: (value, why)}``,
+    names relative to their group; an Eiger master's ``detectorModule_NNN`` groups as one entry)."""
+    labels = {str(v) for v in (meta.get("labels") or {}).values()}
+    said = set(meta.get("unused") or {}) | {k.split(" ")[0] for k in (meta.get("unused") or {})}
+    scan = (meta.get("labels") or {}).get("start_angle_deg")
+    found: dict[str, tuple[str, str]] = {}
+    modules: list[str] = []
+    for top in ("instrument", "sample"):
+        group = f.get(f"/entry/{top}")
+        if not isinstance(group, h5py.Group):
+            continue
+        names: list[str] = []
+        group.visit(names.append)
+        for rel in names:
+            parts = rel.split("/")
+            module = next((p for p in parts if p.startswith("detectorModule_")), None)
+            if module is not None:
+                if module not in modules:
+                    modules.append(module)
+                continue
+            try:
+                node = group.get(rel)
+            except (KeyError, OSError):  # an external link to a file that is not there
+                continue
+            if not isinstance(node, h5py.Dataset):
+                continue
+            base = parts[-1]
+            if f"{top}/{rel}".split("/", 1)[1] in _TAKEN and top == "instrument" or base in labels or base in said:
+                continue
+            if rel == "detector/detector_distance":
+                if "distance" not in group["detector"]:  # a Dectris master's distance (nbtorch.io.hdf5)
+                    continue
+                why = "the distance is detector/distance"
+            elif rel.startswith("detector/geometry/"):
+                why = _GEOMETRY_WHY
+            elif base == "photon_energy":
+                why = "restates the wavelength (incident_wavelength)"
+            elif base in _LAYOUT:
+                why = "layout"
+            elif (base.endswith("_applied") or "countrate_correction" in base or base in ("flatfield", "trimbit")
+                  or base == "number_of_excluded_pixels"):
+                why = _CORRECTIONS_WHY
+            elif top == "sample" or "goniometer" in parts:
+                axis = base.split("_")[0] if base.split("_")[0] in ("omega", "phi", "chi", "kappa") else base
+                axis = "two_theta" if base.startswith("two_theta") else axis
+                why = (f"the rotation is {scan} and its width {meta['labels'].get('angle_increment_deg')}"
+                       if scan and axis == scan else
+                       "the detector's two-theta is two_theta" if axis == "two_theta" else
+                       _ZERO_AXES_WHY if _all_zero(node) else "goniometer")
+            else:
+                why = "other"
+            found[rel] = (_shown(node), why)
+    if modules:
+        found["detectorSpecific/detectorModule_*"] = (f"{len(modules)} groups ({modules[0]} ... {modules[-1]})",
+                                                      _MODULES_WHY)
+    return found
