@@ -213,3 +213,29 @@ def test_errors():
     values = starting_values(sim, torch.ones(sim.shape, dtype=torch.float64), torch.ones(sim.shape, dtype=bool), None)
     with pytest.raises(InputError, match="needs an -hkl table"):
         amplitude_table(sim, values, np.ones(sim.shape, dtype=bool), "P1", start="file")
+
+
+@pytest.mark.slow
+def test_amplitude_gradients_through_the_compiled_kernel(ortho):
+    """The loss gradient with respect to the amplitudes from the compiled kernel equals eager autograd (slow:
+    Inductor compiles the F-table-with-gradient graph)."""
+    p, sim, obs, valid, values, table, tsim = ortho
+    from nbtorch import Simulator
+
+    grads = {}
+    for mode in ("eager", "compiled"):
+        base = Simulator(sim.config, compile=(mode == "compiled"))
+        plan = make_plan(base, p.observed, start=p.truth, free=("structure_factors",),
+                         stages=(Stage("amps", ("structure_factors",)),),
+                         structure_factors=AmplitudeOptions("P1", start="file"))
+        if mode == "compiled" and plan.sim.compile_mode != "compiled":
+            pytest.skip(f"no compiled kernel here: {plan.sim.compile_reason}")
+        names = plan.stages[0][1]
+        objective = ImageObjective(plan.sim, plan.observed, make_view(plan.sim, plan.start, plan.valid),
+                                   plan.loss_fn, amplitudes=plan.amplitudes)
+        pmap = ParameterMap(plan.space, plan.start, names)
+        raw = (0.05 * torch.arange(len(names), dtype=torch.float64) % 0.3).requires_grad_(True)
+        loss = objective.evaluate(pmap.expand(pmap.physical(raw)))[0]
+        grads[mode] = torch.autograd.grad(loss, raw)[0]
+    assert float(grads["eager"].abs().max()) > 1e-3
+    torch.testing.assert_close(grads["compiled"], grads["eager"], rtol=1e-7, atol=1e-9)
