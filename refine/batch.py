@@ -121,6 +121,7 @@ def per_image_args(args: argparse.Namespace, image: str, out_dir: Path) -> argpa
     a.checkpoint = str(folder / "result.ckpt.h5")
     a.logdir = str(folder / "runs") if args.logdir else None
     a.report = str(folder / "report.html") if getattr(args, "report", None) else None
+    a.hkl_out = str(folder / "result.hkl") if getattr(args, "hkl_out", None) else None  # else --out's .hkl
     for name in _PER_IMAGE:
         value = getattr(a, name, None)
         if isinstance(value, str) and "{stem}" in value:

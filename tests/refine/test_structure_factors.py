@@ -239,3 +239,28 @@ def test_amplitude_gradients_through_the_compiled_kernel(ortho):
         grads[mode] = torch.autograd.grad(loss, raw)[0]
     assert float(grads["eager"].abs().max()) > 1e-3
     torch.testing.assert_close(grads["compiled"], grads["eager"], rtol=1e-7, atol=1e-9)
+
+
+def test_a_run_stopped_in_the_amplitudes_stage_resumes_to_the_same_result(ortho, tmp_path):
+    """Checkpoints hold the amplitudes; a resume inside the amplitudes stage recomputes the same held set and
+    ends where an uninterrupted run ends."""
+    from refine.loop import Convergence
+
+    p, *_ = ortho
+    opts = AmplitudeOptions("P1", start="estimate", min_photons=30.0)
+    free = ("background", "cell", "structure_factors")
+
+    def stages(steps: int) -> tuple:
+        return (Stage("geo", ("background", "cell"), convergence=Convergence(max_steps=3)),
+                Stage("amps", ("background", "structure_factors"), convergence=Convergence(max_steps=steps)))
+
+    with eager():
+        full = refine(p, start=p.truth, stages=stages(6), free=free, progress=False, structure_factors=opts)
+        refine(p, start=p.truth, stages=stages(4), free=free, progress=False, structure_factors=opts,
+               checkpoint=tmp_path / "ck.h5", checkpoint_every=2)
+        resumed = refine(p, start=p.truth, stages=stages(6), free=free, progress=False, structure_factors=opts,
+                         checkpoint=tmp_path / "ck.h5", checkpoint_every=2, resume=tmp_path / "ck.h5")
+    names = [n for n in full.free if is_amplitude(n)]
+    assert names and resumed.free == full.free
+    assert resumed.loss_final == pytest.approx(full.loss_final, rel=1e-12)
+    assert max(abs(full.refined[n] - resumed.refined[n]) for n in names) < 1e-9
