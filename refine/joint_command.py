@@ -85,6 +85,20 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     return sim, inputs.observed, choice.mask, start, inputs.symmetry
 
 
+def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
+    """``--rotation-series``: no two images (of this process) with the same phi start and width, as when a
+    ``-phi``/``-osc`` in ``--model`` overrides every image's header."""
+    seen: dict[tuple[float, float], int] = {}
+    for i in shard:
+        cfg = sims[i].config
+        key = (round(float(cfg.phi_deg or 0.0), 9), round(float(cfg.osc_deg or 0.0), 9))
+        if key in seen:
+            raise InputError(f"--rotation-series: {images[seen[key]]} and {images[i]} have the same rotation "
+                             f"(-phi {key[0]:g} -osc {key[1]:g}); a -phi/-osc in --model is every image's: leave the "
+                             "rotation to the headers or give it per image (--model @{stem}.model)")
+        seen[key] = i
+
+
 def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
     """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
     not an input (nor is the ``hkl`` output), and present with ``--resume``; process 0 makes ``OUT_DIR``."""
@@ -126,6 +140,8 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     symmetry = crystal_system(args.symmetry) or "triclinic"
     for i in shard:
         sims[i], observed[i], masks[i], starts[i], _ = _load(args, images[i], out_dir, say)
+    if series:
+        _check_distinct_rotations(images, sims, shard)
     conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
     result = refine_joint(sims, observed, masks, shared=shared, per_image=per_image,
                           symmetry=symmetry, image_starts=starts, strategy=args.optimizer,

@@ -80,6 +80,12 @@ def test_rotation_series_refines_one_crystal_better_than_single_images(refine_cl
     assert esds["cell_a"] < singles[0]["esds"]["cell_a"] / 1.5 and esds["cell_c"] < singles[0]["esds"]["cell_c"] / 1.5
 
 
+def test_rotation_series_refuses_one_rotation_for_every_image(refine_cli, wedge):
+    r = refine_cli("--images", str(wedge / "img_*.cbf"), "--rotation-series", "--model", f"{START} -phi 10 -osc 0.1")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "img_0.cbf and " in r.err and "img_1.cbf have the same rotation (-phi 10 -osc 0.1)" in r.err
+
+
 def test_rotation_series_refuses_a_still_and_needs_images(refine_cli, tmp_path):
     write_cbf(tmp_path / "still.cbf", simulate(f"-cell 30 30 40 90 90 90 {CRYSTAL} {GEOMETRY}"), HEADER)
     r = refine_cli("--images", "still.cbf", "--rotation-series", "--model", START)
