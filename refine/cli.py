@@ -73,9 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--redo", action="store_true", help="independent mode: refine images already done again")
     g.add_argument("--joint", action="store_true", help="joint mode: refine the --images together, with --shared "
                    "names common to all; writes --out-dir/joint.json and joint.h5 (docs/many-images.md)")
-    g.add_argument("--shared", help="joint mode: groups/names shared by every image, comma-separated (default cell)")
+    g.add_argument("--shared", help="joint mode: groups/names shared by every image, comma-separated (default cell; "
+                                    "cell,orientation with --rotation-series)")
     g.add_argument("--per-image", help="joint mode: groups/names of each image, comma-separated "
-                                       "(default scale,background,orientation)")
+                                       "(default scale,background,orientation; scale,background with "
+                                       "--rotation-series)")
+    g.add_argument("--rotation-series", action="store_true", help="joint mode for a sweep of rotation images of one "
+                   "crystal, each with its phi start and width from its header: --joint with --shared "
+                   "cell,orientation and --per-image scale,background unless given (docs/many-images.md)")
     g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
     g.add_argument("--dataset", default=_DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
@@ -234,6 +239,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
         if value and not args.images:
             raise InputError(f"{flag}: only with --images (independent mode)")
+    if args.rotation_series:
+        if not args.images:
+            raise InputError("--rotation-series: only with --images (the rotation images of the sweep)")
+        args.joint = True
     for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image)):
         if value and not (args.images and args.joint):
             raise InputError(f"{flag}: only with --images and --joint (joint mode)")

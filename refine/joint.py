@@ -72,6 +72,7 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from nbtorch.parameters import MISSET_NAMES
 from nbtorch.simulator import Simulator
 from refine.batch import _process_group, restart_count
 from refine.joint_amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
@@ -79,7 +80,8 @@ from refine.joint_checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_
                                      read_joint_checkpoint, write_joint_checkpoint)
 from refine.loop import Convergence, LoopAborted, LoopInterrupted, LoopResult, LoopState, Status, minimise
 from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
-from refine.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace, canonical_values, units_of
+from refine.parameters import (BASE_NAMES, CELL, ORIENTATION_DELTAS, ParameterMap, ParameterSpace, canonical_values,
+                               units_of)
 from refine.plan import observed_pixels, starting_values
 from refine.precondition import LinearPreconditioner, preconditioner_from_fisher
 from refine.results import jsonable
@@ -304,7 +306,9 @@ class JointResult:
 
     Attributes:
         status, message: how the loop ended (:class:`~refine.loop.Status`).
-        shared: final value of every shared canonical name (all six cell values when the cell is shared).
+        shared: final value of every shared canonical name (all six cell values when the cell is shared; a
+            shared orientation as its deltas ``orient_x/y/z`` and, when every image has the same orientation,
+            as ``misset_x/y/z``: one crystal turning through a rotation series).
         shared_esds: their esds (the default ``esd_kind``; tied names such as ``cell_b`` of a cubic cell too).
         images: per image, every canonical value at the end (the shared ones included; the orientation as
             ``misset_x/y/z``), plus ``scale`` and ``background``.
@@ -948,6 +952,16 @@ def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_f
 
     image_params = tuple(canon(v) for v in finals)
     initial_images = tuple(canon(v) for v in starts)
+
+    def shared_of(values: Sequence[dict], canonical: Sequence[dict]) -> dict:
+        """The shared names' values: canonical ones from image 0; a shared orientation as its deltas
+        ``orient_x/y/z`` and, when every image has the same crystal orientation, its ``misset_x/y/z``."""
+        out = {k: canonical[0][k] if k in canonical[0] else float(values[0].get(k, 0.0)) for k in keep}
+        if any(k in ORIENTATION_DELTAS for k in keep):
+            misset = [[c[m] for m in MISSET_NAMES] for c in canonical]
+            if all(np.allclose(m, misset[0], rtol=0.0, atol=1e-9) for m in misset):
+                out.update(zip(MISSET_NAMES, misset[0]))
+        return out
     kind = esd_fields.get("esd_kind")
     by = esd_fields.get("esds_by_kind", {})
     image_losses = res.state.aux if isinstance(res.state.aux, Tensor) else torch.full((n,), math.nan)
@@ -956,9 +970,9 @@ def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_f
     all_names = list(keep) + list(per_names) + list(image_params[0]) + ["misset_x", "misset_y", "misset_z"]
     return JointResult(
         status=res.status, message=res.message,
-        shared={k: image_params[0][k] for k in keep}, shared_esds=dict(by[kind]["shared"]) if kind else {},
+        shared=shared_of(finals, image_params), shared_esds=dict(by[kind]["shared"]) if kind else {},
         images=image_params, image_esds=tuple(by[kind]["images"]) if kind else tuple({} for _ in range(n)),
-        initial_shared={k: initial_images[0][k] for k in keep}, initial_images=initial_images,
+        initial_shared=shared_of(starts, initial_images), initial_images=initial_images,
         shared_names=tuple(shared_names), per_image_names=tuple(per_names), symmetry=symmetry, loss_name=loss_name,
         loss_initial=float(res.state.history[0]["loss"]) if res.state.history else math.nan,
         loss_final=float(res.state.loss), image_losses=tuple(float(x) for x in image_losses),

@@ -3,13 +3,17 @@
 ::
 
     nbtorch-refine --images 'data/run7_*.cbf' --model "..." --joint --shared cell --out-dir out/joint
+    nbtorch-refine --images 'data/sweep_00*.cbf' --model "..." --rotation-series --out-dir out/sweep
     torchrun --nproc-per-node 2 -m refine.cli --images @stills.txt --model "..." --joint --out-dir out/joint
 
 Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
 ``--dmin``/``--dmax``, ``--spots``, ``--roi``, ...; :mod:`refine.command`), each process only its block of
 the images (:func:`refine.joint.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
-``scale,background,orientation``) name the groups; ``--optimizer``, ``--max-steps`` (the loop's steps, default
-300), ``--background``, ``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages and reports do not.
+``scale,background,orientation``) name the groups.  ``--rotation-series`` is ``--joint`` for a sweep of
+rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` from its own header (as for a
+single run): ``--shared`` defaults to ``cell,orientation`` and ``--per-image`` to ``scale,background``, and a
+still is refused.  ``--optimizer``, ``--max-steps`` (the loop's steps, default 300), ``--background``,
+``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages and reports do not.
 Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.joint`) and the checkpoint
 ``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``) every ``--checkpoint-every`` steps; ``--resume`` continues
 from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`refine.joint_checkpoint`).
@@ -38,7 +42,12 @@ from refine.model import crystal_system
 from refine.pixels import choose_pixels, starting_scale_background
 from refine.spots import read_spot_list
 
-__all__ = ["run_joint", "split_names"]
+__all__ = ["ROTATION_PER_IMAGE", "ROTATION_SHARED", "run_joint", "split_names"]
+
+#: ``--rotation-series``: one crystal turning through the sweep (its cell and orientation at phi 0 shared; each
+#: image's phi start and width its own, from its header) and each image's own scale and background
+ROTATION_SHARED = ("cell", "orientation")
+ROTATION_PER_IMAGE = ("scale", "background")
 
 
 def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[str, ...]:
@@ -59,6 +68,9 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     a.structure_factors, a.space_group, a.f_restraint, a.hkl_out = False, None, None, None
     checked = check_arguments(a)
     inputs = load_inputs(a, checked, say)
+    if getattr(args, "rotation_series", False) and not inputs.cfg.osc_deg:
+        raise InputError(f"--rotation-series: {image} is a still (no oscillation in its header or --model); give "
+                         "each image's rotation (-phi, -osc in a {{stem}} model) or refine stills with --joint")
     sim = _simulator(a, checked, inputs)
     spots = (read_spot_list(a.spots, a.spot_columns, inputs.observed.shape) if a.spots and a.spots != "find"
              else a.spots)
@@ -71,6 +83,20 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
         start = starting_scale_background(sim, inputs.observed, choice.mask, start)
     say(f"  {image}: fitting {choice.n_used} of {choice.mask.size} pixels")
     return sim, inputs.observed, choice.mask, start, inputs.symmetry
+
+
+def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
+    """``--rotation-series``: no two images (of this process) with the same phi start and width, as when a
+    ``-phi``/``-osc`` in ``--model`` overrides every image's header."""
+    seen: dict[tuple[float, float], int] = {}
+    for i in shard:
+        cfg = sims[i].config
+        key = (round(float(cfg.phi_deg or 0.0), 9), round(float(cfg.osc_deg or 0.0), 9))
+        if key in seen:
+            raise InputError(f"--rotation-series: {images[seen[key]]} and {images[i]} have the same rotation "
+                             f"(-phi {key[0]:g} -osc {key[1]:g}); a -phi/-osc in --model is every image's: leave the "
+                             "rotation to the headers or give it per image (--model @{stem}.model)")
+        seen[key] = i
 
 
 def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
@@ -97,8 +123,10 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     out_dir = Path(args.out_dir or "out/joint")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
-    shared = split_names(args.shared, ("cell",), "--shared")
-    per_image = split_names(args.per_image, ("scale", "background", "orientation"), "--per-image")
+    series = bool(getattr(args, "rotation_series", False))
+    shared = split_names(args.shared, ROTATION_SHARED if series else ("cell",), "--shared")
+    per_image = split_names(args.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
+                            "--per-image")
     n = len(images)
     amplitudes = amplitude_options(args)
     if amplitudes is not None:  # before any image is loaded
@@ -112,6 +140,8 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     symmetry = crystal_system(args.symmetry) or "triclinic"
     for i in shard:
         sims[i], observed[i], masks[i], starts[i], _ = _load(args, images[i], out_dir, say)
+    if series:
+        _check_distinct_rotations(images, sims, shard)
     conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
     result = refine_joint(sims, observed, masks, shared=shared, per_image=per_image,
                           symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
