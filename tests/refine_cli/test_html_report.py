@@ -11,7 +11,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from nbtorch.errors import InputError
