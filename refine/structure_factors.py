@@ -45,6 +45,7 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import MAX_GRID_ELEMENTS
+from nbtorch.io.reflections import rotation_parts
 
 __all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
            "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS",
@@ -174,9 +175,9 @@ class AmplitudeTable:
         :class:`nbtorch.io.hkl.HKLTable` (a nanoBragg ``-hkl`` file knows no symmetry)."""
         from nbtorch.io.hkl import HKLTable  # noqa: PLC0415 - light module, only for writing
 
-        gemmi, group = _gemmi_group(self.space_group)
+        rot = rotation_parts(*_gemmi_group(self.space_group))
         rows = [(eq, float(values.get(n, self.starts[n])))
-                for n, key in zip(self.names, self.hkl) for eq in _equivalents(gemmi, group, np.asarray(key))]
+                for n, key in zip(self.names, self.hkl) for eq in _equivalents(rot, np.asarray(key))]
         hkl = np.array([r[0] for r in rows], dtype=np.int64).reshape(-1, 3)
         return HKLTable(h=hkl[:, 0], k=hkl[:, 1], l=hkl[:, 2], F=np.array([r[1] for r in rows]))
 
@@ -219,9 +220,9 @@ def _photons_per_entry(sim, overrides: dict, roi, grid: np.ndarray, lo: np.ndarr
     return (scale * 0.5 * F.detach() * g).cpu().numpy()
 
 
-def _equivalents(gemmi, group, hkl: np.ndarray) -> np.ndarray:
-    """(m, 3) the distinct equivalents and Friedel mates of one reflection."""
-    rot = np.array([np.array(op.rot) // gemmi.Op.DEN for op in group.operations().sym_ops], dtype=np.int64)
+def _equivalents(rot: np.ndarray, hkl: np.ndarray) -> np.ndarray:
+    """(m, 3) the distinct equivalents and Friedel mates of one reflection; ``rot``: the space group's
+    integer rotation parts (:func:`nbtorch.io.reflections.rotation_parts`)."""
     eq = np.einsum("j,mjk->mk", hkl, rot)
     return np.unique(np.concatenate([eq, -eq]), axis=0)
 
@@ -305,6 +306,7 @@ def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photo
     hi = lo + np.array(grid.shape) - 1
     default_F = float(values["default_F"])
     asu = gemmi.ReciprocalAsu(group)
+    rot = rotation_parts(gemmi, group)  # once: every reflection's equivalents below
     groups: dict[tuple[int, int, int], float] = {}
     for e in np.argwhere(photons > 1e-3 * _CANDIDATE_FRACTION * max(min_photons, 1e-9)):  # summed per reflection
         key = tuple(int(x) for x in asu.to_asu((e + lo).tolist(), ops)[0])
@@ -314,7 +316,7 @@ def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photo
     free = []
     for key in sorted(groups):
         if ops.is_systematically_absent(list(key)):
-            for eq in _equivalents(gemmi, group, np.array(key)):
+            for eq in _equivalents(rot, np.array(key)):
                 if np.all(eq >= lo) and np.all(eq <= hi):
                     grid[tuple(eq - lo)] = 0.0
         elif groups[key] >= _CANDIDATE_FRACTION * min_photons and key != (0, 0, 0):  # F(000): the direct beam
@@ -322,7 +324,7 @@ def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photo
     starts = {}
     cell = gemmi.UnitCell(*(float(values[n]) for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
                                                           "cell_gamma")))
-    entries = [[eq for eq in _equivalents(gemmi, group, np.array(key)) if np.all(eq >= lo) and np.all(eq <= hi)]
+    entries = [[eq for eq in _equivalents(rot, np.array(key)) if np.all(eq >= lo) and np.all(eq <= hi)]
                for key in free]
     if start == "one" and not default_F > 0:  # one value for all: the table's rms over the free reflections
         listed = [float(grid[tuple(e[0] - lo)]) for e in entries if e]

@@ -37,7 +37,7 @@ import numpy as np
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import HKLTable
 
-__all__ = ["ReferenceAmplitudes", "is_reflection_file", "read_reflection_file", "expand_to_p1"]
+__all__ = ["ReferenceAmplitudes", "is_reflection_file", "read_reflection_file", "expand_to_p1", "rotation_parts"]
 
 _MTZ = (".mtz",)
 _MODEL = (".pdb", ".ent", ".pdb.gz", ".ent.gz")
@@ -98,7 +98,7 @@ def expand_to_p1(hkl: np.ndarray, F: np.ndarray, rotations: np.ndarray) -> tuple
     return eq[first], values[first]
 
 
-def _rotations(gemmi, spacegroup) -> np.ndarray:
+def rotation_parts(gemmi, spacegroup) -> np.ndarray:
     """(m, 3, 3) integer rotation parts of the space group's symmetry operations (centring adds none)."""
     return np.array([np.array(op.rot) // gemmi.Op.DEN for op in spacegroup.operations().sym_ops], dtype=np.int64)
 
@@ -112,7 +112,7 @@ def _finish(path: str, gemmi, spacegroup, cell, hkl: np.ndarray, F: np.ndarray, 
     hkl, F = hkl[keep], F[keep]
     if len(F) == 0:
         raise InputError(f"{path}: {what} has no reflection with a value")
-    full_hkl, full_F = expand_to_p1(hkl, F, _rotations(gemmi, spacegroup))
+    full_hkl, full_F = expand_to_p1(hkl, F, rotation_parts(gemmi, spacegroup))
     table = HKLTable(h=full_hkl[:, 0], k=full_hkl[:, 1], l=full_hkl[:, 2], F=full_F, source=path)
     c = (cell.a, cell.b, cell.c, cell.alpha, cell.beta, cell.gamma)
     return ReferenceAmplitudes(table, int(len(F)), spacegroup.hm, c, what)
