@@ -191,7 +191,7 @@ def _touched_range(sim, overrides: dict, roi) -> tuple[np.ndarray, np.ndarray]:
     return lo - _MARGIN, hi + _MARGIN
 
 
-def _start_grid(sim, lo: np.ndarray, hi: np.ndarray, default_F: float) -> np.ndarray:
+def start_grid(sim, lo: np.ndarray, hi: np.ndarray, default_F: float) -> np.ndarray:
     """F over [lo, hi]: the simulator's table where it has a listed value, ``default_F`` elsewhere."""
     grid = np.full(tuple(hi - lo + 1), float(default_F), dtype=np.float64)
     s = sim.setup
@@ -254,7 +254,7 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
         raise InputError(f"structure_factors: min_photons must be >= 0, got {min_photons!r}")
     _, group = _gemmi_group(space_group)
     restricted, overrides, lo, hi = touched_range(sim, values, pixels)
-    grid = _start_grid(sim, lo, hi, float(values["default_F"]))
+    grid = start_grid(sim, lo, hi, float(values["default_F"]))
     photons = _photons_per_entry(restricted, overrides, None, grid, lo, float(values.get("scale", 1.0)))
     table, grid = table_from_photons(group.hm, grid, lo, photons, values, start=start, min_photons=min_photons)
     return table, sim.with_structure_factors(grid, lo)
@@ -287,11 +287,6 @@ def entry_photons(sim, values: Mapping[str, float], pixels, grid: np.ndarray, lo
     mask = np.asarray(pixels.cpu() if isinstance(pixels, Tensor) else pixels, dtype=bool)
     overrides = {n: float(values[n]) for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
     return _photons_per_entry(sim.restricted(mask), overrides, None, grid, lo, float(values.get("scale", 1.0)))
-
-
-def start_grid(sim, lo: np.ndarray, hi: np.ndarray, default_F: float) -> np.ndarray:
-    """F over the indices ``[lo, hi]``: ``sim``'s table where it lists a value, ``default_F`` elsewhere."""
-    return _start_grid(sim, lo, hi, default_F)
 
 
 def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photons: np.ndarray,
