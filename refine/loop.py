@@ -169,12 +169,13 @@ class LoopState:
         return float(self.grad.abs().max()) if self.grad.numel() else 0.0
 
     def snapshot(self, history: bool = True) -> "LoopState":
-        """A deep copy (tensors cloned) that later steps cannot modify.
+        """A copy (tensors cloned) that later steps cannot modify.
 
-        ``history=False`` shares the (append-only) history list instead of copying it.
+        The optimizer state is shared: it is a private copy (:func:`frozen_copy`) that nothing writes to
+        (a resume loads a copy of it).  ``history=False`` shares the (append-only) history list too.
         """
         return LoopState(self.step, self.raw.detach().clone(), self.loss, self.grad.detach().clone(),
-                         copy.deepcopy(self.optimizer), self.small_steps, self.evaluations, self.elapsed_s,
+                         self.optimizer, self.small_steps, self.evaluations, self.elapsed_s,
                          [dict(h) for h in self.history] if history else self.history, self.aux)
 
     def to_dict(self) -> dict:
@@ -209,6 +210,18 @@ class LoopInterrupted(KeyboardInterrupt):
 class LoopAborted(RuntimeError):
     """Raised by ``fn`` when the run cannot go on at all (e.g. another process of a joint run died): it
     leaves :func:`minimise` unchanged, where any other exception of ``fn`` ends the run as FAILED."""
+
+
+def frozen_copy(obj: Any) -> Any:
+    """A copy of an optimizer ``state_dict`` that later optimizer steps cannot modify: containers rebuilt,
+    tensors cloned (what ``copy.deepcopy`` gives, ~10x faster: LBFGS keeps ~100 history tensors per state)."""
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: frozen_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(frozen_copy(v) for v in obj)
+    return copy.deepcopy(obj)
 
 
 class _NonFinite(Exception):
@@ -280,7 +293,7 @@ def _start(evaluate: _Evaluator, optimizer, on_step, t_start: float) -> LoopStat
         log.exception("evaluating the starting point failed")
         state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
         return LoopResult(Status.FAILED, f"evaluating the starting point raised {type(exc).__name__}: {exc}", state)
-    state = LoopState(0, x.detach().clone(), float(loss0), grad0.clone(), copy.deepcopy(optimizer.state_dict()),
+    state = LoopState(0, x.detach().clone(), float(loss0), grad0.clone(), frozen_copy(optimizer.state_dict()),
                       evaluations=evaluate.evaluations, aux=aux0)
     state.history.append(_record(state, 0.0, math.nan))
     if on_step is not None:
@@ -332,7 +345,7 @@ def _step(strategy: AbstractStrategy, optimizer, evaluate: _Evaluator, state: Lo
     df = abs(float(loss) - state.loss)
     dx = float((new_raw - state.raw).abs().max()) if new_raw.numel() else 0.0
     small = df <= convergence.ftol + convergence.rtol * abs(float(loss)) and dx <= convergence.xtol
-    state = LoopState(state.step + 1, new_raw, float(loss), grad.clone(), copy.deepcopy(optimizer.state_dict()),
+    state = LoopState(state.step + 1, new_raw, float(loss), grad.clone(), frozen_copy(optimizer.state_dict()),
                       state.small_steps + 1 if small else 0, evaluate.evaluations, elapsed(), state.history, aux)
     state.history.append(_record(state, dx, lr_now))
     evaluate.keep_only(new_raw)
@@ -393,7 +406,7 @@ def minimise(
     raw_start = x.detach().clone()
     if resume is not None:
         state = resume.snapshot()
-        optimizer.load_state_dict(copy.deepcopy(resume.optimizer))
+        optimizer.load_state_dict(frozen_copy(resume.optimizer))
         evaluate.evaluations = state.evaluations
         evaluate.seed(state)
         elapsed0 = state.elapsed_s

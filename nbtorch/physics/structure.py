@@ -80,23 +80,42 @@ def _lagrange_weights(t: Tensor) -> Tensor:
     )
 
 
+def _stencil_offsets(shape: tuple[int, int, int], device) -> Tensor:
+    """(4, 4, 4) flat-index offsets of a tricubic stencil's nodes from its first node in a grid of ``shape``."""
+    _, nk, nl = shape
+    a = torch.arange(4, device=device)
+    return (a[:, None, None] * nk + a[None, :, None]) * nl + a
+
+
 def tricubic_structure_factor(hkl, grid: Tensor, hkl_min: Tensor) -> Tensor:
-    """Tricubic-interpolated F at fractional hkl ((..., 3) or a tuple); the caller checks the stencil is inside."""
+    """Tricubic-interpolated F at fractional hkl ((..., 3) or a tuple).
+
+    The caller keeps the result only where the stencil lies inside the grid (:func:`interpolation_safe`);
+    elsewhere the stencil is shifted inside (a finite value the caller discards).  The 64 nodes are one
+    flat offset table added to each stencil's first node; eager contracts them with the weights as two
+    batched matrix products (BLAS), a compiled graph as products and sums that fuse into its loop.
+    """
     if isinstance(hkl, (tuple, list)):
         hkl = torch.stack(tuple(hkl), -1)
     base = torch.floor(hkl)
     w = _lagrange_weights(hkl - base)  # (..., 3, 4)
-    origin = (base - hkl_min).long() - 1  # (..., 3)
-    offs = torch.arange(4, device=hkl.device)
     nh, nk, nl = grid.shape
-    i = (origin[..., 0, None] + offs).clamp(0, nh - 1)  # (..., 4)
-    j = (origin[..., 1, None] + offs).clamp(0, nk - 1)
-    k = (origin[..., 2, None] + offs).clamp(0, nl - 1)
-    flat = (i[..., :, None, None] * nk + j[..., None, :, None]) * nl + k[..., None, None, :]
-    vals = grid.reshape(-1)[flat]  # (..., 4, 4, 4)
-    vals = (vals * w[..., 2, None, None, :]).sum(-1)
-    vals = (vals * w[..., 1, None, :]).sum(-1)
-    return (vals * w[..., 0, :]).sum(-1)
+    first = (base.detach() - hkl_min).long() - 1  # (..., 3): the stencil's first node
+    last_first = torch.tensor([max(n - 4, 0) for n in grid.shape], device=hkl.device)
+    first = torch.minimum(first.clamp(min=0), last_first)
+    start = (first * torch.tensor([nk * nl, nl, 1], device=hkl.device)).sum(-1)
+    flat = start[..., None, None, None] + _stencil_offsets(grid.shape, hkl.device)  # (..., 4, 4, 4)
+    if min(grid.shape) < 4:  # no point is safe; keep the discarded ones' lookups inside the table
+        flat = flat.clamp(max=grid.numel() - 1)
+    vals = grid.reshape(-1)[flat]
+    if torch.compiler.is_compiling():
+        vals = (vals * w[..., 2, None, None, :]).sum(-1)
+        vals = (vals * w[..., 1, None, :]).sum(-1)
+        return (vals * w[..., 0, :]).sum(-1)
+    wi, wj, wk = w.reshape(-1, 3, 4).unbind(1)
+    vals = torch.bmm(vals.reshape(-1, 16, 4), wk.unsqueeze(-1)).reshape(-1, 4, 4)
+    vals = torch.bmm(vals, wj.unsqueeze(-1)).reshape(-1, 4)
+    return (vals * wi).sum(-1).reshape(hkl.shape[:-1])
 
 
 def structure_factor(
