@@ -48,10 +48,10 @@ between two images' own blocks).  The covariance is ``C = F^-1`` (``fisher``) or
 (``sandwich``, the default, robust to a model that misses part of the images).  The shared esds are thus
 those of the combined data with every image's nuisance parameters estimated too: for the Fisher kind,
 ``1 / esd_shared^2`` is the sum over images of each image's own ``1 / esd^2`` of the shared name with its
-own nuisances profiled out (the Schur complement).  The joint matrix is dense, ``(S + n K)^2`` for ``S``
-shared and ``K`` per-image names of ``n`` images (16 000 images of 5 names: 80 000^2 doubles, too many):
-above :data:`MAX_DENSE` raw parameters the esds are skipped with a warning and the preconditioner is
-diagonal.
+own nuisances profiled out (the Schur complement).  Up to :data:`MAX_DENSE` raw parameters the joint
+matrices are built densely, ``(S + n K)^2`` for ``S`` shared and ``K`` per-image names of ``n`` images; above
+it (16 000 images of 5 names would be 80 000^2 doubles) the esds come from the blocks, in memory and time
+linear in ``n`` (:mod:`refine.joint_esds`), and the preconditioner is the Fisher matrix's diagonal.
 """
 
 from __future__ import annotations
@@ -90,15 +90,14 @@ from refine.runner import RefinementInterrupted
 from refine.strategies import AbstractStrategy, get_strategy
 from refine.structure_factors import AmplitudeOptions, is_amplitude
 from refine.transforms import Held
-from refine.uncertainty import ESD_KINDS, derived_esds, invert_information, fisher_information, image_information
+from refine.joint_esds import MAX_DENSE, assemble, joint_covariances
+from refine.uncertainty import ESD_KINDS, derived_esds, fisher_information, image_information
 
 __all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
            "MAX_DENSE"]
 
 log = logging.getLogger(__name__)
 
-#: most raw parameters (shared + all per-image) for the dense joint matrices (esds, full preconditioner)
-MAX_DENSE = 4000
 #: the default stopping rules (those of the default schedule's final stage, more steps)
 DEFAULT_CONVERGENCE = Convergence(max_steps=300, ftol=1e-4, xtol=1e-4)
 
@@ -273,13 +272,7 @@ class _Joint:
 
     def assemble(self, blocks: Tensor) -> Tensor:
         """The joint (P, P) matrix from per-image ``[shared, own]`` blocks (n, S + K, S + K)."""
-        S, K = self.S, self.K
-        P = S + self.n * K
-        out = torch.zeros(P, P, dtype=blocks.dtype)
-        for i in range(self.n):
-            idx = torch.cat([torch.arange(S), torch.arange(S + i * K, S + (i + 1) * K)])
-            out[idx[:, None], idx[None, :]] += blocks[i]
-        return out
+        return assemble(blocks, self.S)
 
 
 class _JointLoss(torch.autograd.Function):
@@ -605,27 +598,24 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
         theta, F, B = image_information(im.objective, im.pmap, joint.image_raw(raw, im.index))
         th[im.index], Fs[im.index], Bs[im.index] = theta, F, B
     thetas = joint.comm.gather(th, n, (q,), torch.float64)
-    F = joint.assemble(joint.comm.gather(Fs, n, (q, q), torch.float64))
-    B = joint.assemble(joint.comm.gather(Bs, n, (q, q), torch.float64))
-    if joint.curvature is not None:  # the restraint: once, in the Fisher matrix and the sandwich's meat
-        R = joint.curvature(raw[:S], False).to(F.dtype)
-        F[:S, :S] += R
-        B[:S, :S] += R
-    C_fisher, C_sandwich, cond = _covariances(F, B, joint.held)
+    F_blocks = joint.comm.gather(Fs, n, (q, q), torch.float64)
+    M_blocks = joint.comm.gather(Bs, n, (q, q), torch.float64)
+    R = joint.curvature(raw[:S], False).to(torch.float64) if joint.curvature is not None else None
+    fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held)
     out: dict[str, dict] = {}
     shared_map = ParameterMap(space, starts[0], shared_names)
     S0 = sum(1 for nm in shared_names if not is_amplitude(nm))
     corr = np.zeros((S0, S0))
-    for kind, C in (("sandwich", C_sandwich), ("fisher", C_fisher)):
-        esd = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
-        shared = {nm: float(e) for nm, e in zip(shared_names, esd[:S])}
-        shared |= derived_esds(shared_map, thetas[0, :S], C[:S, :S])
+    for kind, cov in (("sandwich", sandwich), ("fisher", fisher)):
+        esd = torch.sqrt(torch.clamp(torch.diagonal(cov.shared), min=0.0))
+        shared = {nm: float(e) for nm, e in zip(shared_names, esd)}
+        shared |= derived_esds(shared_map, thetas[0, :S], cov.shared)
         images = []
         for i in range(n):
-            sl = slice(S + i * K, S + (i + 1) * K)
-            own = {nm: float(e) for nm, e in zip(per_names, esd[sl])}
+            own_esd = torch.sqrt(torch.clamp(torch.diagonal(cov.own[i]), min=0.0))
+            own = {nm: float(e) for nm, e in zip(per_names, own_esd)}
             if K:
-                own |= derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], C[sl, sl])
+                own |= derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], cov.own[i])
             images.append(own)
         for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
             images[(k - S) // K].pop(per_names[(k - S) % K], None)
@@ -633,23 +623,11 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
         if kind == ESD_KINDS[0]:
             d = esd[:S0]
             denom = d[:, None] * d[None, :]
-            c = torch.where(denom > 0, C[:S0, :S0] / torch.where(denom > 0, denom, torch.ones_like(denom)),
+            c = torch.where(denom > 0, cov.shared[:S0, :S0] / torch.where(denom > 0, denom, torch.ones_like(denom)),
                             torch.zeros_like(denom))
             c.fill_diagonal_(1.0)
             corr = c.numpy().copy()
     return out, cond, corr
-
-
-def _covariances(F: Tensor, B: Tensor, held: Sequence[int]) -> tuple[Tensor, Tensor, float]:
-    """``(F^-1, F^-1 B F^-1, condition)`` with the ``held`` positions left out (rows and columns 0 there)."""
-    P = F.shape[0]
-    keep = torch.tensor([i for i in range(P) if i not in set(held)], dtype=torch.long)
-    Ck, cond = invert_information(F[keep[:, None], keep[None, :]])
-    Sk = Ck @ B[keep[:, None], keep[None, :]] @ Ck
-    C_fisher, C_sandwich = torch.zeros_like(F), torch.zeros_like(F)
-    C_fisher[keep[:, None], keep[None, :]] = Ck
-    C_sandwich[keep[:, None], keep[None, :]] = Sk
-    return C_fisher, C_sandwich, cond
 
 
 def refine_joint(
@@ -919,12 +897,10 @@ def _run_loop(joint: _Joint, pre: LinearPreconditioner, strategy: AbstractStrate
 
 
 def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts) -> tuple[list[str], dict]:
-    """The joint esds as the result's fields, and the warnings (skipped above MAX_DENSE, or failed)."""
+    """The joint esds as the result's fields, and the warnings (the estimate failed)."""
     warnings: list[str] = []
     esd_fields: dict[str, Any] = {}
-    if esds and raw.numel() > MAX_DENSE:
-        warnings.append(f"esds skipped: {raw.numel()} raw parameters > MAX_DENSE={MAX_DENSE} (dense joint matrix)")
-    elif esds:
+    if esds:
         try:
             by_kind, cond, corr = _esds(joint, raw, space, shared_names, per_names, starts)
             esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)

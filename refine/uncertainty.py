@@ -209,22 +209,41 @@ def information_matrices(model_fn, theta: Tensor, rows: Sequence[tuple[int, int]
     return F, B
 
 
-def invert_information(F: Tensor) -> tuple[Tensor, float]:
+def pseudo_inverse(F: Tensor) -> tuple[Tensor, Tensor, float]:
+    """``(C, blind, condition)``: the pseudo-inverse of an information matrix (scaled to unit diagonal first),
+    with the rows and columns of ``blind`` parameters (no information: a zero diagonal) set to 0 (finite, so
+    it can enter further products), and the condition number of the scaled matrix (inf when singular)."""
     d = torch.sqrt(torch.clamp(torch.diagonal(F), min=torch.finfo(F.dtype).tiny))
     Fn = F / (d[:, None] * d[None, :])
     evals = torch.linalg.eigvalsh(Fn)
     cond = float(evals.max() / evals.min()) if float(evals.min()) > 0 else math.inf
     Cn = torch.linalg.pinv(Fn, hermitian=True, rtol=1e-14)
     C = Cn / (d[:, None] * d[None, :])
-    # a parameter the data say nothing about (e.g. an amplitude refined to 0, where the image does not depend
-    # on it to first order) has no esd: infinite, not the 0 of the pseudo-inverse
     blind = torch.diagonal(F) <= 1e-14 * float(torch.diagonal(F).abs().max().clamp(min=torch.finfo(F.dtype).tiny))
     if bool(blind.any()):
         C = C.clone()
         C[blind, :] = 0.0
         C[:, blind] = 0.0
-        C[blind, blind] = math.inf
-    return C, cond
+    return C, blind, cond
+
+
+def mark_blind(C: Tensor, blind: Tensor) -> Tensor:
+    """``C`` with an infinite variance at the ``blind`` parameters (their rows and columns 0 otherwise)."""
+    if not bool(blind.any()):
+        return C
+    C = C.clone()
+    C[blind, :] = 0.0
+    C[:, blind] = 0.0
+    C[blind, blind] = math.inf
+    return C
+
+
+def invert_information(F: Tensor) -> tuple[Tensor, float]:
+    """``(C, condition)``: the covariance from an information matrix.  A parameter the data say nothing about
+    (e.g. an amplitude refined to 0, where the image does not depend on it to first order) has no esd:
+    infinite, not the 0 of the pseudo-inverse."""
+    C, blind, cond = pseudo_inverse(F)
+    return mark_blind(C, blind), cond
 
 
 ESD_KINDS = ("sandwich", "scaled", "fisher")

@@ -114,6 +114,22 @@ def test_joint_esds_combine_the_images_fisher_blocks(stills, joint, singles):
     assert joint.shared_correlation.shape == (3, 3)
 
 
+def test_joint_esds_from_blocks_equal_the_dense_ones(stills, joint, monkeypatch):
+    """Above MAX_DENSE the esds come from the per-image blocks (refine.joint_esds): forced here on the same
+    problem (the same steps: the preconditioner is unchanged), every esd equals the dense path's."""
+    import refine.joint_esds
+
+    monkeypatch.setattr(refine.joint_esds, "MAX_DENSE", 0)
+    blocked = _joint(stills)
+    assert blocked.shared == joint.shared
+    for kind in ("sandwich", "fisher"):
+        d, b = joint.esds_by_kind[kind], blocked.esds_by_kind[kind]
+        assert b["shared"] == pytest.approx(d["shared"], rel=1e-8)
+        for di, bi in zip(d["images"], b["images"]):
+            assert bi == pytest.approx(di, rel=1e-8)
+    np.testing.assert_allclose(blocked.shared_correlation, joint.shared_correlation, rtol=1e-8, atol=1e-12)
+
+
 def test_joint_result_files(joint, tmp_path):
     doc = json.loads(save_joint_json(joint, tmp_path / "joint.json").read_text())
     assert doc["format"] == "nbtorch-refine-joint" and doc["n_images"] == N
