@@ -94,7 +94,7 @@ from refine.joint_esds import MAX_DENSE, assemble, joint_covariances
 from refine.uncertainty import ESD_KINDS, derived_esds, fisher_information, image_information
 
 __all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
-           "MAX_DENSE"]
+           "MAX_DENSE", "geometry_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -651,6 +651,7 @@ def refine_joint(
     resume: str | Path | None = None,
     on_checkpoint: Callable[[int, Path], None] | None = None,
     structure_factors: AmplitudeOptions | None = None,
+    geometry_first: bool = True,
 ) -> JointResult:
     """Refine shared parameters (default the cell) and per-image ones of many stills together.
 
@@ -679,6 +680,10 @@ def refine_joint(
         structure_factors: refine one amplitude per symmetry-unique reflection, shared by all images
             (:class:`~refine.structure_factors.AmplitudeOptions`; :mod:`refine.joint_amplitudes`): one table for
             every image, the visible amplitudes appended to the shared names, image 0's scale held.
+        geometry_first: with ``structure_factors``, first refine the same names without the amplitudes (no
+            esds; its checkpoint beside ``checkpoint``, :func:`geometry_checkpoint`), then the amplitudes and
+            every name from that result, as a single run refines them in its last stage: which amplitudes the
+            pixels see and their EM start are judged at the refined geometry.  ``False``: one loop from the start.
 
     Returns:
         :class:`JointResult` (the same in every process).
@@ -699,7 +704,13 @@ def refine_joint(
         raise InputError(f"masks: expected one per image ({n}), got {len(masks)}")
     if image_starts is not None and len(image_starts) != n:
         raise InputError(f"image_starts: expected one per image ({n}), got {len(image_starts)}")
-    # checks, the per-image objectives, one loop, the result (_joint_esds, _joint_result); ~45 of the
+    if structure_factors is not None and geometry_first:
+        return _geometry_then_amplitudes(
+            simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
+            dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
+                 precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
+                 on_checkpoint=on_checkpoint))
+    # checks, the per-image objectives, one loop, the result (_joint_esds, _joint_result); ~50 of the
     # function's lines are its signature and argument docs
     comm = _Comm()
     local = image_shard(n, comm.rank, comm.world)
@@ -760,6 +771,56 @@ def refine_joint(
     if amps is None:
         return result
     return _with_amplitudes(result, amps, ParameterMap(space, map_starts[0], shared_names).values_at(raw[:joint.S]))
+
+
+def geometry_checkpoint(checkpoint: str | Path) -> Path:
+    """The checkpoint of the geometry stage of a joint run with structure factors: ``x.ckpt.h5`` ->
+    ``x.ckpt.geometry.h5`` (beside the amplitudes stage's)."""
+    path = Path(checkpoint)
+    return path.with_name(f"{path.stem}.geometry{path.suffix or '.h5'}")
+
+
+def _restart_values(values: Mapping[str, float]) -> dict:
+    """A result's canonical values as a start: base names only, the orientation folded into the misset."""
+    return {k: float(v) for k, v in values.items() if k in BASE_NAMES and k not in ORIENTATION_DELTAS}
+
+
+def _geometry_then_amplitudes(simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds,
+                              structure_factors: AmplitudeOptions, common: dict) -> JointResult:
+    """``refine_joint(geometry_first=True)``: the names without the amplitudes, then everything from there."""
+    check_options(structure_factors, common["shared"], common["per_image"])  # before the geometry stage's work
+    n = len(simulators)
+    resume_geometry = resume_final = None
+    if resume is not None:
+        resume_geometry = geometry_checkpoint(resume) if geometry_checkpoint(resume).exists() else None
+        resume_final = resume if Path(resume).exists() else None
+        if resume_geometry is None and resume_final is None:
+            raise InputError(f"resume: {resume} does not exist (nor its geometry stage's "
+                             f"{geometry_checkpoint(resume)})")
+    geometry = refine_joint(simulators, observed_images, masks, start=start, image_starts=image_starts, esds=False,
+                            checkpoint=None if checkpoint is None else geometry_checkpoint(checkpoint),
+                            resume=resume_geometry, structure_factors=None, **common)
+    if geometry.status in (Status.FAILED, Status.DIVERGED):
+        note = f"the amplitudes were not refined: the geometry stage ended with {geometry.status.value}"
+        return dataclasses.replace(geometry, warnings=geometry.warnings + (note,))
+    log.info("joint: geometry stage %s in %d steps; now the structure factors from its result",
+             geometry.status.value, geometry.steps)
+    shared_start = {**(start or {}), **_restart_values(geometry.shared)}
+    starts = [{**((image_starts[i] or {}) if image_starts is not None else {}), **_restart_values(geometry.images[i])}
+              for i in range(n)]
+    final = refine_joint(simulators, observed_images, masks, start=shared_start, image_starts=starts, esds=esds,
+                         checkpoint=checkpoint, resume=resume_final, structure_factors=structure_factors,
+                         geometry_first=False, **common)
+    history = geometry.history + tuple({**h, "step": h["step"] + geometry.steps,
+                                        "evaluations": h["evaluations"] + geometry.evaluations}
+                                       for h in final.history[1:])
+    return dataclasses.replace(
+        final, message=f"geometry: {geometry.status.value} in {geometry.steps} steps ({geometry.message}); "
+                       f"with the structure factors: {final.message}",
+        initial_shared=geometry.initial_shared, initial_images=geometry.initial_images,
+        loss_initial=geometry.loss_initial, steps=geometry.steps + final.steps,
+        evaluations=geometry.evaluations + final.evaluations, wall_s=geometry.wall_s + final.wall_s, history=history,
+        warnings=geometry.warnings + final.warnings)
 
 
 def _share_amplitudes(joint: _Joint, amps: SharedAmplitudes, shared_map: ParameterMap, per_names) -> None:

@@ -23,9 +23,9 @@ All images are stills of one crystal form, so one amplitude ``F_h_k_l`` per symm
 The overall level is degenerate: multiplying every ``F`` by ``l`` and every image's ``scale`` by ``1/l^2``
 changes no pixel.  **Image 0's scale is held** at its start when the scale is refined per image: the amplitudes
 come out on image 0's scale, every other image's scale relative to it (a shared ``scale`` is refused).  The
-amplitudes and the per-image values are judged at the *starting* geometry: start a joint run with
-structure factors from a refined geometry (e.g. a joint run without them), as a single run refines the
-amplitudes in its last stage.
+amplitudes and the per-image values are judged at the loop's starting geometry: by default
+(``refine_joint(geometry_first=True)``) that is the result of a first joint loop over the same names without
+the amplitudes, as a single run refines the amplitudes in its last stage.
 """
 
 from __future__ import annotations

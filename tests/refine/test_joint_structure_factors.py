@@ -40,6 +40,7 @@ def _starts(stills) -> list[dict]:
 
 def _joint(stills, **kw):
     kw.setdefault("structure_factors", OPTIONS)
+    kw.setdefault("geometry_first", False)  # the stills start at their true geometry (the two stages: below)
     return refine_joint([p.simulator() for p in stills], [p.observed for p in stills], shared=("cell",),
                         per_image=("scale", "background"), symmetry="orthorhombic", image_starts=_starts(stills), **kw)
 
@@ -165,6 +166,30 @@ def test_checkpoint_fingerprint_names_the_amplitude_options(stills, tmp_path):
         _joint(two, resume=path, structure_factors=None)
     resumed = _joint(two, resume=path, convergence=DEFAULT_CONVERGENCE.replace(max_steps=2), esds=False)
     assert resumed.resumed_from_step == 1 and resumed.structure_factors["n_free"] > 0
+
+
+def test_geometry_first_judges_the_amplitudes_at_the_refined_geometry(stills, tmp_path):
+    """The default: a joint loop without the amplitudes, then the amplitudes and everything from its result (the
+    scales start 2x off here, so the visible amplitudes' EM start differs from the one-loop run's); its own
+    checkpoint; a resume of the finished run gives the same result; a missing resume file is one line."""
+    two = stills[:2]
+    conv = DEFAULT_CONVERGENCE.replace(max_steps=8)
+    path = tmp_path / "joint.ckpt.h5"
+    staged = _joint(two, geometry_first=True, convergence=conv, checkpoint=path, esds=False)
+    assert path.exists() and (tmp_path / "joint.ckpt.geometry.h5").exists()
+    assert staged.message.startswith("geometry: ") and "with the structure factors: " in staged.message
+    geometry = refine_joint([p.simulator() for p in two], [p.observed for p in two], shared=("cell",),
+                            per_image=("scale", "background"), symmetry="orthorhombic", image_starts=_starts(two),
+                            convergence=conv, esds=False)
+    assert staged.steps > geometry.steps and staged.history[geometry.steps]["loss"] == geometry.loss_final
+    assert staged.initial_images[1]["scale"] == 2.0  # the run's start, not the second loop's
+    # image 0's scale: held at the geometry stage's result (the amplitudes' level)
+    assert staged.images[0]["scale"] == geometry.images[0]["scale"] != 1.0
+    assert staged.structure_factors["n_free"] > 0 and all(is_amplitude(n) for n in staged.shared_names[3:])
+    again = _joint(two, geometry_first=True, convergence=conv, checkpoint=path, resume=path, esds=False)
+    assert again.shared == staged.shared and again.images == staged.images
+    with pytest.raises(InputError, match=r"^resume: .*nope\.h5 does not exist"):
+        _joint(two, geometry_first=True, resume=tmp_path / "nope.h5")
 
 
 def test_one_and_two_processes_share_the_same_amplitudes(tmp_path):
