@@ -97,7 +97,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 @pytest.mark.slow
-def test_memory_2048_heavy_under_2GB():
+def test_memory_2048_heavy_under_1_5GB():
     """Peak RSS of a fresh process (ru_maxrss is a lifetime maximum: earlier tests would count)."""
     import subprocess
     import sys
@@ -105,7 +105,7 @@ def test_memory_2048_heavy_under_2GB():
     out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     peak_mb = float(out.stdout.strip().splitlines()[-1])
-    assert peak_mb < 2048, f"peak RSS {peak_mb:.0f} MB"
+    assert peak_mb < 1536, f"peak RSS {peak_mb:.0f} MB"  # issue #21: <= 1.5 GB (506 MB on 2026-11-25)
 
 
 # ------------------------------------------------------------------------------ not edited from outside
