@@ -239,7 +239,8 @@ def load_inputs(args: argparse.Namespace, checked: Checked, say) -> Inputs:
 def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Simulator:
     """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
     the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
-    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)
+    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17,
+                    kernel_dtype=getattr(args, "kernel_dtype", None))
     shape = inputs.observed.shape
     if tuple(sim.shape) != tuple(shape):
         raise InputError(f"{args.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
@@ -396,7 +397,7 @@ def prepare(args: argparse.Namespace, say) -> Prepared:
                                             explicit=args.compile))
     say(f"  fitting {choice.n_used} of {choice.mask.size} pixels ({100.0 * choice.fraction:.3g}%), "
         f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
-        f"{args.dtype} on {args.device}")
+        f"{args.dtype}{'' if sim.kernel_dtype == sim.dtype else ' (kernel ' + args.kernel_dtype + ')'} on {args.device}")
     start = inputs.start
     if args.image and not args.resume and not {"scale", "background"} <= set(start):
         start = starting_scale_background(sim, inputs.observed, choice.mask, start)
