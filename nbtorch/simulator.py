@@ -40,6 +40,12 @@ from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NA
 from nbtorch.setup import Setup, resolve
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _cast_fields(obj, dtype: torch.dtype):
+    """A frozen dataclass of tensors with its floating-point tensors cast to ``dtype`` (differentiably)."""
+    return dataclasses.replace(obj, **{f.name: v.to(dtype) for f in dataclasses.fields(obj)
+                                       if isinstance(v := getattr(obj, f.name), Tensor) and v.is_floating_point()})
 log = logging.getLogger(__name__)
 
 
@@ -93,6 +99,12 @@ class Simulator(nn.Module):
         compile: ``True``/``False`` force or forbid ``torch.compile``; ``None``
             follows ``NANOBRAGG_DISABLE_COMPILE`` / ``NANOBRAG_DISABLE_COMPILE``
             (see :mod:`nbtorch.runtime`).  Inside ``nbtorch.eager()`` it is always eager.
+        kernel_dtype: the dtype of the per-pixel kernel (positions, scattering vectors,
+            the orientation sum and their backward); default ``dtype``.  With
+            ``dtype=float64, kernel_dtype=float32`` the parameters, the crystal and
+            detector geometry and the returned pixels are float64 and only each tile's
+            kernel runs in float32 (its sums over one tile's pixels and orientations in
+            float32; the pixels, and the gradients summed over tiles, in float64).
 
     Attributes:
         compile_mode: ``"compiled"`` or ``"eager"`` (what actually runs).
@@ -108,6 +120,7 @@ class Simulator(nn.Module):
         device: torch.device | str | None = None,
         max_evals_per_tile: int = 1 << 20,
         compile: bool | None = None,
+        kernel_dtype: torch.dtype | str | None = None,
     ) -> None:
         super().__init__()
         use_compile, self.compile_reason = runtime.compile_policy("simulator", explicit=compile)
@@ -119,6 +132,11 @@ class Simulator(nn.Module):
         self._model_mask = self._setup.pixel_mask  # the model's own -mask, which every restriction keeps
         self.config = config
         self.dtype = dtype or _DTYPES[config.dtype]
+        if isinstance(kernel_dtype, str):
+            if kernel_dtype not in _DTYPES:
+                raise InputError(f"kernel_dtype: expected one of {', '.join(_DTYPES)}, got {kernel_dtype!r}")
+            kernel_dtype = _DTYPES[kernel_dtype]
+        self.kernel_dtype = kernel_dtype or self.dtype
         dev = torch.device(device or config.device)
         self.max_evals_per_tile = int(max_evals_per_tile)
         for name, value in self.setup.params.items():
@@ -378,6 +396,10 @@ class Simulator(nn.Module):
         slow, fast, where = self._pixel_indices(roi)
         t = self._t
         layers = torch.arange(s.thicksteps, dtype=self.dtype, device=self.device) * t(s.layer_thickness_m)
+        pixel_m = t(s.pixel_m)
+        if self.kernel_dtype != self.dtype:  # the kernel's inputs in its dtype (differentiable casts)
+            geom, inp = _cast_fields(geom, self.kernel_dtype), _cast_fields(inp, self.kernel_dtype)
+            layers, pixel_m = layers.to(self.kernel_dtype), pixel_m.to(self.kernel_dtype)
         tile = max(1, self.max_evals_per_tile // self.evaluations_per_pixel())
         real_first = None
         if s.phi_quirk and s.phisteps > 1:
@@ -385,6 +407,7 @@ class Simulator(nn.Module):
             phi = phi_angles(p["phi0"].detach() * deg, s.phistep_deg * deg, s.phisteps, False)
             if bool((phi == 0).any()):
                 real_first, _ = self.crystal(p, first_evaluation=True)
+                real_first = real_first.to(self.kernel_dtype)
         pieces = []
         diags = []
         n_pix = slow.numel()
@@ -398,7 +421,6 @@ class Simulator(nn.Module):
 
             starts = tqdm(starts, desc="nbtorch", unit="tile", file=sys.stderr)
         kernel = self._kernel_for(tile, real_first is not None)
-        pixel_m = t(s.pixel_m)
         for start in starts:
             sl, fa = slow[start:start + tile], fast[start:start + tile]
             n = sl.numel()
@@ -412,7 +434,7 @@ class Simulator(nn.Module):
                 values = values[:n]
             pieces.append(values)
             diags.append(diag)
-        values = torch.cat(pieces) if pieces else layers.new_zeros(0)
+        values = (torch.cat(pieces) if pieces else layers.new_zeros(0)).to(self.dtype)
         x0, x1, y0, y1 = roi or s.roi
         merged = _merge_diagnostics(diags, values, want_diag, (y1 - y0 + 1) * (x1 - x0 + 1))
         self.diagnostics.emit(merged)
@@ -428,7 +450,7 @@ class Simulator(nn.Module):
         s = self.setup
         dev = self.device
         return (
-            dev.type, dev.index, str(self.dtype), self.options, tile, s.thicksteps, s.oversample,
+            dev.type, dev.index, str(self.kernel_dtype), self.options, tile, s.thicksteps, s.oversample,
             len(s.incident), s.phisteps, len(s.mosaic_fractions),
             None if s.F_grid is None else tuple(s.F_grid.shape), with_first,
         )

@@ -8,7 +8,7 @@
                    [--optimizer lbfgs|adam] [--loss poisson|gaussian|mse|...] [--max-steps N]
                    [--roi X0 X1 Y0 Y1] [--dmin D] [--dmax D] [--subsample F] [--spots FILE|find [--spot-columns X,Y]]
                    [--out result.h5] [--json result.json] [--logdir runs/NAME] [--resume]
-                   [--device cpu|cuda] [--dtype float64|float32] [--quiet]
+                   [--device cpu|cuda] [--dtype float64|float32] [--kernel-dtype float32] [--quiet]
     nbtorch-refine --problem tetragonal_mosflm --size 64 ...      # a synthetic problem with known truth
 
 Every option is documented in ``docs/refinement.md`` and by ``--help``.  Bad input
@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("compute")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="default %(default)s")
+    g.add_argument("--kernel-dtype", choices=("float64", "float32"),
+                   help="dtype of the simulator's per-pixel kernel only (default: --dtype); float32 with --dtype "
+                        "float64 keeps parameters, geometry, the loss and the sums over tiles in float64")
     g.add_argument("--compile", dest="compile", action="store_const", const=True,
                    help="torch.compile the simulator kernel (default: only for big jobs)")
     g.add_argument("--no-compile", dest="compile", action="store_const", const=False, help="never compile")

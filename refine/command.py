@@ -50,7 +50,7 @@ from refine.spot_floor import spot_floor
 from refine.spots import read_spot_list, spot_offsets
 from refine.structure_factors import AmplitudeOptions, check_space_group
 
-__all__ = ["run", "check_arguments", "load_inputs", "write_and_report"]
+__all__ = ["run", "check_arguments", "load_inputs", "prepare", "plan_arguments", "Prepared", "write_and_report"]
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,8 @@ def load_inputs(args: argparse.Namespace, checked: Checked, say) -> Inputs:
 def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Simulator:
     """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
     the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
-    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17)
+    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False, max_evals_per_tile=1 << 17,
+                    kernel_dtype=getattr(args, "kernel_dtype", None))
     shape = inputs.observed.shape
     if tuple(sim.shape) != tuple(shape):
         raise InputError(f"{args.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
@@ -364,10 +365,21 @@ def _callbacks(args: argparse.Namespace, sim: Simulator, say) -> list:
     return callbacks
 
 
-def run(args: argparse.Namespace) -> int:
-    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
-    say = Printer(args.quiet)
-    t0 = time.monotonic()
+@dataclass
+class Prepared:
+    """Steps 1-3 done: the checked arguments, the inputs, the simulator restricted to the fitted pixels (its
+    compile mode set), the pixel choice and the starting values."""
+
+    checked: Checked
+    inputs: Inputs
+    sim: Simulator
+    choice: Any
+    start: dict
+
+
+def prepare(args: argparse.Namespace, say) -> Prepared:
+    """Check the arguments, load the inputs, build the simulator and choose the pixels (steps 1-3); also what
+    :mod:`refine.bench` measures, so that it times the objective a run fits."""
     checked = check_arguments(args)
     inputs = load_inputs(args, checked, say)
     sim = _simulator(args, checked, inputs)
@@ -385,24 +397,38 @@ def run(args: argparse.Namespace) -> int:
                                             explicit=args.compile))
     say(f"  fitting {choice.n_used} of {choice.mask.size} pixels ({100.0 * choice.fraction:.3g}%), "
         f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
-        f"{args.dtype} on {args.device}")
+        f"{args.dtype}{'' if sim.kernel_dtype == sim.dtype else ' (kernel ' + args.kernel_dtype + ')'} on {args.device}")
     start = inputs.start
     if args.image and not args.resume and not {"scale", "background"} <= set(start):
         start = starting_scale_background(sim, inputs.observed, choice.mask, start)
         say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
             "(Poisson fit of the starting model)")
+    return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start)
+
+
+def plan_arguments(args: argparse.Namespace, p: Prepared) -> dict:
+    """The keyword arguments of :func:`refine.refine` (and so of :func:`refine.plan.make_plan`) that describe
+    the problem: everything but callbacks, progress, checkpoints and esds."""
+    return dict(start=p.start, free=p.inputs.free_default if args.refine is None else None, fixed=p.inputs.fixed,
+                symmetry=p.inputs.symmetry, bounds=p.checked.bounds, mask=p.choice.mask, stages=p.checked.stages,
+                strategy=args.optimizer, background=args.background, loss=args.loss, priors=p.checked.priors,
+                n_spots=None if p.choice.spots is None else len(p.choice.spots), too_few_spots=args.too_few_spots,
+                time_budget_s=args.time_budget, structure_factors=p.checked.amplitudes)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
+    say = Printer(args.quiet)
+    t0 = time.monotonic()
+    p = prepare(args, say)
+    checked, inputs, sim, choice, start = p.checked, p.inputs, p.sim, p.choice, p.start
     before = None if choice.spots is None else _spot_offsets(sim, model_values(sim, start), choice.spots)
     for directory in checked.make_dirs:
         directory.mkdir(parents=True, exist_ok=True)
-    result = refine(sim, inputs.observed, start=start, free=inputs.free_default if args.refine is None else None,
-                    fixed=inputs.fixed, symmetry=inputs.symmetry, bounds=checked.bounds, mask=choice.mask,
-                    stages=checked.stages, strategy=args.optimizer, background=args.background, loss=args.loss,
-                    priors=checked.priors, n_spots=None if choice.spots is None else len(choice.spots),
-                    too_few_spots=args.too_few_spots, callbacks=_callbacks(args, sim, say),
-                    progress=False if args.quiet else None, time_budget_s=args.time_budget,
+    result = refine(sim, inputs.observed, **plan_arguments(args, p), callbacks=_callbacks(args, sim, say),
+                    progress=False if args.quiet else None,
                     checkpoint=checked.ckpt_path, checkpoint_every=args.checkpoint_every,
-                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds,
-                    structure_factors=checked.amplitudes)
+                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds)
     if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
         sim = result.amplitudes.simulator(sim, result.amplitude_values)
     if choice.spots is not None:

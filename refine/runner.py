@@ -30,7 +30,7 @@ from refine.checkpoint import RunCheckpoint, read_checkpoint, write_checkpoint
 from refine.finalise import finalise
 from refine.history import History
 from refine.loop import LoopInterrupted, LoopResult, LoopState, Status, minimise
-from refine.objective import ImageObjective, LossFn, make_view
+from refine.objective import ImageObjective, LossFn, View, make_view
 from refine.parameters import ParameterMap, canonical_values
 from refine.plan import RunPlan, make_plan
 from refine.precondition import LinearPreconditioner, make_preconditioner
@@ -40,7 +40,8 @@ from refine.stages import Stage
 from refine.strategies import AbstractStrategy
 from refine.structure_factors import AmplitudeOptions, amplitude_photons, estimate_amplitudes
 
-__all__ = ["refine", "RefinementInterrupted", "RunState", "start_run", "resume_run", "run_stage"]
+__all__ = ["refine", "RefinementInterrupted", "RunState", "start_run", "resume_run", "run_stage", "stage_objective",
+           "whole_image_objective"]
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,21 @@ def save_checkpoint(path: str | Path | None, plan: RunPlan, state: RunState, sta
         precond=None if loop is None or pre is None else {"raw0": pre.raw0, "A": pre.A}))
 
 
-def _stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: Mapping[str, float]) -> ImageObjective:
+def stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: Mapping[str, float]) -> ImageObjective:
     """The stage's view of the image (region, bins, fraction) and its loss; a stage refining N fits every
     pixel at full weight (its ``n_factor`` would scale the very thing refined)."""
     view = make_view(plan.sim, values, plan.valid, stage.roi_fraction, stage.bin, stage.roi_radius)
     refines_n = any(n in ("N", "N_a", "N_b", "N_c") for n in names)
     return ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, 1.0 if refines_n else stage.n_factor,
                           plan.compile_loss, priors=plan.priors, amplitudes=plan.amplitudes, restraint=plan.restraint)
+
+
+def whole_image_objective(plan: RunPlan) -> tuple[View, ImageObjective]:
+    """The view of every fitted pixel (no region, bins or fraction) and its objective: the initial loss and
+    :func:`refine.finalise.finalise` (the esds) use it."""
+    view = make_view(plan.sim, plan.start, plan.valid)
+    return view, ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, priors=plan.priors,
+                                amplitudes=plan.amplitudes, restraint=plan.restraint)
 
 
 def _amplitude_stage(plan: RunPlan, state: RunState, index: int, names: Sequence[str],
@@ -181,7 +190,7 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
         RefinementInterrupted: Ctrl-C, after writing the checkpoint.
     """
     stage, names = plan.stages[index]
-    objective = _stage_objective(plan, stage, names, state.values)
+    objective = stage_objective(plan, stage, names, state.values)
     names = _amplitude_stage(plan, state, index, names, objective)
     pmap = ParameterMap(plan.space, state.values, names)
     resume = state.loop_resume if index == state.first_stage else None
@@ -309,9 +318,7 @@ def refine(
     cb = CallbackList(list(callbacks))
     if progress is not False:
         cb.callbacks.append(ProgressCallback(quiet=None if progress is None else not progress))
-    full_view = make_view(plan.sim, plan.start, plan.valid)
-    full_objective = ImageObjective(plan.sim, plan.observed, full_view, plan.loss_fn, priors=plan.priors,
-                                    amplitudes=plan.amplitudes, restraint=plan.restraint)
+    full_view, full_objective = whole_image_objective(plan)
     state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
 
     cb.on_run_start(RunInfo(stages=tuple(s.describe() for s, _ in plan.stages), names=plan.names,

@@ -1,0 +1,40 @@
+"""The refinement benchmark harness (``python -m refine.bench``) runs end to end on a tiny synthetic problem,
+eagerly, so that it cannot rot; no time is asserted."""
+
+import json
+
+from refine import bench
+
+TINY = ["--problem", "tetragonal_mosflm", "--size", "16", "--refine", "scale,background,cell", "--no-compile"]
+
+
+def test_harness_runs_on_a_tiny_problem(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--repeats", "2", "--esd-repeats", "1", "--profile", "1", "--json", str(out), "--", *TINY]) == 0
+    rec = json.loads(out.read_text())
+    for key in ("date", "processor", "torch", "threads", "load_average", "load_average_after"):
+        assert key in rec
+    assert rec["compile_mode"] == "eager" and rec["dtype"] == "float64"
+    assert rec["pixels"] > 0 and rec["evaluations_per_pixel"] >= 1
+    for name in ("loss_grad", "loss", "forward", "esds"):
+        r = rec[name]
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"] and r["ns_per_evaluation"] > 0
+    printed = capsys.readouterr().out
+    assert "| loss_grad |" in printed and "| esds |" in printed and "Self CPU" in printed
+
+
+def test_bad_repeats_is_one_line(capsys):
+    assert bench.main(["--repeats", "0", "--", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("python -m refine.bench: error:") and "\n" not in err
+
+
+def test_main_job_time_is_parsed(monkeypatch):
+    class Done:
+        returncode = 0
+        stdout = "wrote a and b (4.2 s in all)\n"
+        stderr = ""
+
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: Done())
+    got = bench.main_job_seconds()
+    assert got["in_all_s"] == 4.2 and "--problem tetragonal_mosflm" in got["command"]
