@@ -45,6 +45,7 @@ from typing import Callable, Iterator
 import torch
 
 from nbtorch.errors import InputError
+from nbtorch.precompile import PrecompiledKernel
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ ENV_VARS = ("NANOBRAGG_DISABLE_COMPILE", "NANOBRAG_DISABLE_COMPILE")
 _state = threading.local()
 _KERNELS: dict[tuple, Callable] = {}
 _LOCK = threading.Lock()
+#: save and load compiled kernels with torch's precompile API (:mod:`nbtorch.precompile`); False: plain
+#: ``torch.compile`` wrappers, which trace in every process
+PRECOMPILE = True
 
 
 def _eager_depth() -> int:
@@ -164,9 +168,11 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
                 torch._dynamo.config.recompile_limit = limit
             # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
             # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
-            kernel = torch.compile(fn, fullgraph=True, dynamic=False,
-                                   options={"cpp.enable_floating_point_contract_flag": "fast",
-                                            **_known_inductor_options(options or {})})
+            inductor_options = {"cpp.enable_floating_point_contract_flag": "fast",
+                                **_known_inductor_options(options or {})}
+            kernel = torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options)
+            if PRECOMPILE:  # a new process loads the compiled kernel instead of tracing it (nbtorch.precompile)
+                kernel = PrecompiledKernel(kernel, fn, key, inductor_options)
             _KERNELS[key] = kernel
         return kernel
 
