@@ -16,11 +16,12 @@ serialization is ours: we only choose the file name,
     ``$NBTORCH_CACHE_DIR/precompiled/torch-<version>/<digest>.bin``
 
 where the digest covers the kernel's key (device, dtype, kernel options, tile shape ...), its Inductor
-options, the kind of arguments (per tensor: dtype, shape, strides, requires_grad; grad mode; the
-other values) and the source of the ``nbtorch`` package (an edited kernel never loads a stale file).
+options and the kind of arguments (per tensor: dtype, shape, strides, requires_grad; grad mode; the
+other values).  A loaded file is used only if the source of every module Dynamo traced into it (torch
+records them) is unchanged and torch's guards accept the arguments (an edited kernel never runs stale).
 torch writes the file atomically (a temporary file, then ``os.replace``), so processes sharing a
-cache folder at most compile the same kernel twice.  A file that fails to load, or whose guards
-reject the arguments, is compiled again and replaced; where precompile fails (a torch that lacks it,
+cache folder at most compile the same kernel twice.  A file that fails to load, is stale, or whose
+guards reject the arguments, is compiled again and replaced; where precompile fails (a torch that lacks it,
 arguments it cannot serialize) the kernel runs through the plain ``torch.compile`` wrapper.
 
 The compiled C++ itself stays in Inductor's cache (``$NBTORCH_CACHE_DIR/inductor``): loading a
@@ -39,27 +40,27 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch._inductor.config
 
 log = logging.getLogger(__name__)
 
 _RESTARTS = 5  # traces of one precompile at most (Dynamo's restarts of its analysis)
-_SOURCE_DIGEST: str | None = None
-_SOURCE_LOCK = threading.Lock()
 
 
-def source_digest() -> str:
-    """A digest of every ``.py`` file of the ``nbtorch`` package (computed once per process)."""
-    global _SOURCE_DIGEST
-    with _SOURCE_LOCK:
-        if _SOURCE_DIGEST is None:
-            root = Path(__file__).resolve().parent
-            h = hashlib.sha256()
-            for path in sorted(root.rglob("*.py")):
-                h.update(str(path.relative_to(root)).encode())
-                h.update(path.read_bytes())
-            _SOURCE_DIGEST = h.hexdigest()
-        return _SOURCE_DIGEST
+def sources_current(variant: Any) -> bool:
+    """Whether every module whose code Dynamo traced into ``variant`` (torch records each one's source when it
+    compiles) still has that source: an edited kernel, or an edited constant beside it, never loads."""
+    import importlib
+    import inspect
+    import sys
+
+    for src in variant.source_info().inlined_sources:
+        try:
+            module = sys.modules.get(src.module) or importlib.import_module(src.module)
+            if inspect.getsource(module) != src.content:
+                return False
+        except (ImportError, OSError, TypeError):
+            return False
+    return True
 
 
 def precompile_dir() -> Path:
@@ -112,7 +113,7 @@ class PrecompiledKernel:
         return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
     def path(self, digest: str) -> Path:
-        return precompile_dir() / f"{digest}-{source_digest()[:16]}.bin"
+        return precompile_dir() / f"{digest}.bin"
 
     def _variant(self, digest: str, args: tuple, kwargs: dict):
         """Load the variant for these arguments, or compile and save it (None: use the plain wrapper)."""
@@ -124,14 +125,20 @@ class PrecompiledKernel:
             try:
                 # the kernel's Inductor options also shape the C++ build of the loaded code (e.g. FMA contraction):
                 # without them the shared library would be rebuilt with other flags
-                with path.open("rb") as fh, torch._inductor.config.patch(self.options):
+                import torch._inductor.config as inductor_config  # here: importing Inductor costs ~1 s
+
+                with path.open("rb") as fh, inductor_config.patch(self.options):
                     variant = torch.compiler.load_compiled_function(fh, f_globals=self.fn.__globals__)
-                if variant.guard_check(*args, **kwargs):
+                if not sources_current(variant):
+                    log.debug("precompiled %s in %s: its source changed; compiling", self.fn.__qualname__, path)
+                elif variant.guard_check(*args, **kwargs):
                     self._variants[digest] = variant
                     self.loaded += 1
                     log.debug("loaded precompiled %s from %s", self.fn.__qualname__, path)
                     return variant
-                log.debug("precompiled %s in %s: guards reject these arguments; compiling", self.fn.__qualname__, path)
+                else:
+                    log.debug("precompiled %s in %s: guards reject these arguments; compiling", self.fn.__qualname__,
+                              path)
             except Exception as exc:  # a damaged or incompatible file: compile again
                 log.debug("cannot load precompiled %s (%s: %s); compiling", path, type(exc).__name__, exc)
         try:

@@ -152,3 +152,24 @@ def test_simulator_second_process_loads_instead_of_tracing(tmp_path):
     assert second["saved"] == 0 and second["loaded"] == first["saved"] and second["graphs"] == 0
     for name in ("image", "plain", "grad"):
         assert second[name] == first[name], name
+
+
+def test_edited_source_is_never_loaded(cache, monkeypatch):
+    """A kernel whose module changed (here a constant beside the function) compiles again: the stale file's
+    recorded source no longer matches."""
+    import importlib
+
+    mod = cache / "edited_kernel.py"
+    mod.write_text("import torch\nK = 2.0\n\ndef f(x):\n    return torch.sin(x) * K\n")
+    monkeypatch.syspath_prepend(str(cache))
+    import edited_kernel
+
+    x = torch.linspace(0, 1, 8, dtype=torch.float64)
+    with torch.no_grad():
+        runtime.compiled_kernel(("edited",), edited_kernel.f)(x)
+        mod.write_text("import torch\nK = 3.0\n\ndef f(x):\n    return torch.sin(x) * K\n")
+        importlib.reload(edited_kernel)
+        runtime._KERNELS.clear()
+        kernel = runtime.compiled_kernel(("edited",), edited_kernel.f)
+        torch.testing.assert_close(kernel(x), torch.sin(x) * 3.0)
+    assert kernel.loaded == 0 and kernel.saved == 1
