@@ -30,7 +30,10 @@ records why (``Simulator.compile_mode``, ``Simulator.compile_reason``).
 
 Inductor's on-disk cache makes a second process start fast: it lives in
 ``$NBTORCH_CACHE_DIR/inductor`` (default ``~/.cache/nbtorch/inductor``) unless
-``TORCHINDUCTOR_CACHE_DIR`` is already set.
+``TORCHINDUCTOR_CACHE_DIR`` is already set.  Each compiled kernel is also saved with
+torch's precompile API (:mod:`nbtorch.precompile`, ``$NBTORCH_CACHE_DIR/precompiled``), so that a
+new process loads it without tracing (:data:`PRECOMPILE`).  The policy above is unchanged: it
+decides whether a kernel is compiled; precompile only decides how a compiled kernel is obtained.
 """
 
 from __future__ import annotations
