@@ -30,7 +30,10 @@ records why (``Simulator.compile_mode``, ``Simulator.compile_reason``).
 
 Inductor's on-disk cache makes a second process start fast: it lives in
 ``$NBTORCH_CACHE_DIR/inductor`` (default ``~/.cache/nbtorch/inductor``) unless
-``TORCHINDUCTOR_CACHE_DIR`` is already set.
+``TORCHINDUCTOR_CACHE_DIR`` is already set.  Each compiled kernel is also saved with
+torch's precompile API (:mod:`nbtorch.precompile`, ``$NBTORCH_CACHE_DIR/precompiled``), so that a
+new process loads it without tracing (:data:`PRECOMPILE`).  The policy above is unchanged: it
+decides whether a kernel is compiled; precompile only decides how a compiled kernel is obtained.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Callable, Iterator
 import torch
 
 from nbtorch.errors import InputError
+from nbtorch.precompile import PrecompiledKernel
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,9 @@ ENV_VARS = ("NANOBRAGG_DISABLE_COMPILE", "NANOBRAG_DISABLE_COMPILE")
 _state = threading.local()
 _KERNELS: dict[tuple, Callable] = {}
 _LOCK = threading.Lock()
+#: save and load compiled kernels with torch's precompile API (:mod:`nbtorch.precompile`); False: plain
+#: ``torch.compile`` wrappers, which trace in every process
+PRECOMPILE = True
 
 
 def _eager_depth() -> int:
@@ -164,9 +171,11 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
                 torch._dynamo.config.recompile_limit = limit
             # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
             # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
-            kernel = torch.compile(fn, fullgraph=True, dynamic=False,
-                                   options={"cpp.enable_floating_point_contract_flag": "fast",
-                                            **_known_inductor_options(options or {})})
+            inductor_options = {"cpp.enable_floating_point_contract_flag": "fast",
+                                **_known_inductor_options(options or {})}
+            kernel = torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options)
+            if PRECOMPILE:  # a new process loads the compiled kernel instead of tracing it (nbtorch.precompile)
+                kernel = PrecompiledKernel(kernel, fn, key, inductor_options)
             _KERNELS[key] = kernel
         return kernel
 
