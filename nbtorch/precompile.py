@@ -31,11 +31,13 @@ compile, no tracing).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +46,16 @@ import torch
 log = logging.getLogger(__name__)
 
 _RESTARTS = 5  # traces of one precompile at most (Dynamo's restarts of its analysis)
+
+
+@contextlib.contextmanager
+def _quiet_guards():
+    """Dynamo's guard builder reads ``.grad`` of non-leaf tensor arguments, which warns once per process
+    (harmless: a guard, not a gradient); the warning would reach a command's output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf",
+                                category=UserWarning)
+        yield
 
 
 def sources_current(variant: Any) -> bool:
@@ -119,7 +131,9 @@ class PrecompiledKernel:
         return variant.fn(*args, **kwargs)
 
     def _argument_digest(self, args: tuple, kwargs: dict) -> str:
-        what = (self._name, torch.is_grad_enabled(), describe(args), describe(kwargs))
+        # the thread count too: Inductor writes it into the generated C++ (a kernel compiled by a process with
+        # one thread runs on one thread wherever it is loaded)
+        what = (self._name, torch.is_grad_enabled(), torch.get_num_threads(), describe(args), describe(kwargs))
         return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
     def path(self, digest: str) -> Path:
@@ -138,7 +152,7 @@ class PrecompiledKernel:
                 # without them the shared library would be rebuilt with other flags
                 import torch._inductor.config as inductor_config  # here: importing Inductor costs ~1 s
 
-                with path.open("rb") as fh, inductor_config.patch(self.options):
+                with path.open("rb") as fh, inductor_config.patch(self.options), _quiet_guards():
                     variant = torch.compiler.load_compiled_function(fh, f_globals=self.fn.__globals__)
                 if not sources_current(variant):
                     log.debug("precompiled %s in %s: its source changed; compiling", self.fn.__qualname__, path)
@@ -176,7 +190,8 @@ class PrecompiledKernel:
 
         for attempt in range(_RESTARTS):
             try:
-                return self.compiled.aot_compile((args, kwargs))
+                with _quiet_guards():
+                    return self.compiled.aot_compile((args, kwargs))
             except RestartAnalysis:
                 if attempt == _RESTARTS - 1:
                     raise

@@ -181,3 +181,20 @@ def test_edited_source_is_never_loaded(cache, monkeypatch):
         kernel = runtime.compiled_kernel(("edited",), edited_kernel.f)
         torch.testing.assert_close(kernel(x), torch.sin(x) * 3.0)
     assert kernel.loaded == 0 and kernel.saved == 1
+
+
+def test_thread_count_is_part_of_the_file_name(cache):
+    """Inductor writes the thread count into the C++ it generates: a kernel saved by a one-thread process must
+    not be loaded by a two-thread one (it ran the 1024^2 cubic forward at half speed)."""
+    x = torch.ones(8, 3, dtype=torch.float64)
+    w = torch.ones(3, dtype=torch.float64)
+    kernel = runtime.compiled_kernel(("toy", 3), toy)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel._argument_digest((x, w, Opt()), {})
+        torch.set_num_threads(2)
+        two = kernel._argument_digest((x, w, Opt()), {})
+    finally:
+        torch.set_num_threads(before)
+    assert one != two
