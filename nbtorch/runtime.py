@@ -32,7 +32,7 @@ Inductor's on-disk cache makes a second process start fast: it lives in
 ``$NBTORCH_CACHE_DIR/inductor`` (default ``~/.cache/nbtorch/inductor``) unless
 ``TORCHINDUCTOR_CACHE_DIR`` is already set.  Each compiled kernel is also saved with
 torch's precompile API (:mod:`nbtorch.precompile`, ``$NBTORCH_CACHE_DIR/precompiled``), so that a
-new process loads it without tracing (:data:`PRECOMPILE`).  The policy above is unchanged: it
+new process loads it without tracing (:data:`PRECOMPILE`; ``NBTORCH_PRECOMPILE=0`` turns it off).  The policy above is unchanged: it
 decides whether a kernel is compiled; precompile only decides how a compiled kernel is obtained.
 """
 
@@ -56,9 +56,18 @@ ENV_VARS = ("NANOBRAGG_DISABLE_COMPILE", "NANOBRAG_DISABLE_COMPILE")
 _state = threading.local()
 _KERNELS: dict[tuple, Callable] = {}
 _LOCK = threading.Lock()
-#: save and load compiled kernels with torch's precompile API (:mod:`nbtorch.precompile`); False: plain
-#: ``torch.compile`` wrappers, which trace in every process
+#: save and load compiled kernels with torch's precompile API (:mod:`nbtorch.precompile`); False (or the
+#: environment variable ``NBTORCH_PRECOMPILE=0``): plain ``torch.compile`` wrappers, which trace in every process
 PRECOMPILE = True
+PRECOMPILE_ENV = "NBTORCH_PRECOMPILE"
+
+
+def precompile_enabled() -> bool:
+    """:data:`PRECOMPILE`, unless ``NBTORCH_PRECOMPILE=0`` (``1`` or unset: on; any other value is an error)."""
+    value = os.environ.get(PRECOMPILE_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise InputError(f"{PRECOMPILE_ENV}: expected 0 or 1, got {value!r}")
+    return PRECOMPILE and value == "1"
 
 
 def _eager_depth() -> int:
@@ -174,7 +183,7 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
             inductor_options = {"cpp.enable_floating_point_contract_flag": "fast",
                                 **_known_inductor_options(options or {})}
             kernel = torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options)
-            if PRECOMPILE:  # a new process loads the compiled kernel instead of tracing it (nbtorch.precompile)
+            if precompile_enabled():  # a new process loads the compiled kernel instead of tracing it (nbtorch.precompile)
                 kernel = PrecompiledKernel(kernel, fn, key, inductor_options)
             _KERNELS[key] = kernel
         return kernel

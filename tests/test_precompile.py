@@ -34,6 +34,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NBTORCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(runtime, "_KERNELS", {})
     monkeypatch.setattr(runtime, "PRECOMPILE", True)
+    monkeypatch.delenv(runtime.PRECOMPILE_ENV, raising=False)
     for name in runtime.ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     return tmp_path
@@ -144,6 +145,7 @@ print(json.dumps({"image": img.detach().flatten().tolist(), "plain": plain.flatt
 
 def _process(cache_dir: Path) -> dict:
     env = {**os.environ, "NBTORCH_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    env.pop(runtime.PRECOMPILE_ENV, None)
     for name in runtime.ENV_VARS + ("TORCHINDUCTOR_CACHE_DIR",):
         env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True)
@@ -198,3 +200,14 @@ def test_thread_count_is_part_of_the_file_name(cache):
     finally:
         torch.set_num_threads(before)
     assert one != two
+
+
+def test_precompile_environment_switch(cache, monkeypatch):
+    monkeypatch.setenv(runtime.PRECOMPILE_ENV, "0")
+    assert not runtime.precompile_enabled()
+    assert not isinstance(runtime.compiled_kernel(("toy", 4), toy), precompile.PrecompiledKernel)
+    monkeypatch.setenv(runtime.PRECOMPILE_ENV, "1")
+    assert isinstance(runtime.compiled_kernel(("toy", 5), toy), precompile.PrecompiledKernel)
+    monkeypatch.setenv(runtime.PRECOMPILE_ENV, "yes")
+    with pytest.raises(Exception, match=r"^NBTORCH_PRECOMPILE: expected 0 or 1, got 'yes'$"):
+        runtime.precompile_enabled()
