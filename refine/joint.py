@@ -270,11 +270,6 @@ class _Joint:
             grad[:self.S] += g.to(grad.dtype)
         return loss, grad, rows[:, 0].clone()
 
-    def assemble(self, blocks: Tensor) -> Tensor:
-        """The joint (P, P) matrix from per-image ``[shared, own]`` blocks (n, S + K, S + K)."""
-        return assemble(blocks, self.S)
-
-
 class _JointLoss(torch.autograd.Function):
     """``raw -> joint loss``: the forward pass computes the loss and the all-reduced gradient, the backward
     pass hands the stored gradient back (every process gets the same)."""
@@ -579,7 +574,7 @@ def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPrec
             diag[:joint.S] += torch.diagonal(extra).to(diag.dtype)
         diag[joint.held] = 1.0  # a held position: one raw unit, never moved (its gradient is 0)
         return preconditioner_from_fisher("diagonal", torch.diag(diag), raw0)
-    F = joint.assemble(blocks)
+    F = assemble(blocks, joint.S)
     if extra is not None:
         F[:joint.S, :joint.S] += extra.to(F.dtype)
     for k in joint.held:

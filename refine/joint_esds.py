@@ -111,49 +111,40 @@ def _blocked(F_blocks: Tensor, M_blocks: Tensor, S: int, R: Tensor | None,
     if R is not None:
         A = A + R
     conds = []
-    Dinv, blind_own, keeps = [], [], []
+    parts = []  # per image: kept own positions, D_i^-1, its blind ones, B_i, M_i over [shared, kept own]
     schur = A.clone()
     for i in range(n):
         keep = torch.tensor([k for k in range(K) if held_own.get(i) != k], dtype=torch.long)
         D = F_blocks[i, S:, S:][keep[:, None], keep[None, :]]
         Di, blind, c = pseudo_inverse(D) if keep.numel() else (D.new_zeros(0, 0), torch.zeros(0, dtype=torch.bool), 1.0)
         Bi = F_blocks[i, :S, S:][:, keep]
+        idx = torch.cat([torch.arange(S), S + keep])
+        parts.append((keep, Di, blind, Bi, M_blocks[i][idx[:, None], idx[None, :]]))
         schur -= Bi @ Di @ Bi.T
-        Dinv.append(Di)
-        blind_own.append(blind)
-        keeps.append(keep)
         conds.append(c)
     C_ss, blind_s, c_s = pseudo_inverse(0.5 * (schur + schur.T))
     conds.append(c_s)
     Q = R.clone() if R is not None else torch.zeros(S, S, dtype=dt)
-    Us, Ts = [], []
-    for i in range(n):
-        keep = keeps[i]
-        Bi = F_blocks[i, :S, S:][:, keep]
-        idx = torch.cat([torch.arange(S), S + keep])
-        Mi = M_blocks[i][idx[:, None], idx[None, :]]
-        T = torch.cat([torch.eye(S, dtype=dt), -Bi @ Dinv[i]], 1)  # (S, S + k)
+    Ts = []
+    for keep, Di, _, Bi, Mi in parts:
+        T = torch.cat([torch.eye(S, dtype=dt), -Bi @ Di], 1)  # (S, S + k)
         Q += T @ Mi @ T.T
-        Us.append(-Dinv[i] @ Bi.T @ C_ss)
         Ts.append(T)
     fisher_own = torch.zeros(n, K, K, dtype=dt)
     sandwich_own = torch.zeros(n, K, K, dtype=dt)
-    for i in range(n):
-        keep, Di, U, T = keeps[i], Dinv[i], Us[i], Ts[i]
-        Bi = F_blocks[i, :S, S:][:, keep]
-        idx = torch.cat([torch.arange(S), S + keep])
-        Mi = M_blocks[i][idx[:, None], idx[None, :]]
+    for i, ((keep, Di, blind, Bi, Mi), T) in enumerate(zip(parts, Ts)):
+        U = -Di @ Bi.T @ C_ss
         Cf = Di - U @ Bi @ Di
         E = torch.cat([torch.zeros(keep.numel(), S, dtype=dt), Di], 1)
         UT = U @ T
         Cs = U @ Q @ U.T + E @ Mi @ E.T + UT @ Mi @ E.T + E @ Mi @ UT.T
         sel = (keep[:, None], keep[None, :])
-        fisher_own[i][sel] = mark_blind(0.5 * (Cf + Cf.T), blind_own[i])
-        sandwich_own[i][sel] = mark_blind(0.5 * (Cs + Cs.T), blind_own[i])
+        fisher_own[i][sel] = mark_blind(0.5 * (Cf + Cf.T), blind)
+        sandwich_own[i][sel] = mark_blind(0.5 * (Cs + Cs.T), blind)
     S_ss = C_ss @ Q @ C_ss
     return (JointCovariances(mark_blind(C_ss, blind_s), fisher_own),
             JointCovariances(mark_blind(0.5 * (S_ss + S_ss.T), blind_s), sandwich_own),
-            max(conds) if conds else 1.0)
+            max(conds))
 
 
 def joint_covariances(F_blocks: Tensor, M_blocks: Tensor, S: int, R: Tensor | None = None,

@@ -214,7 +214,7 @@ class LoopAborted(RuntimeError):
 
 def frozen_copy(obj: Any) -> Any:
     """A copy of an optimizer ``state_dict`` that later optimizer steps cannot modify: containers rebuilt,
-    tensors cloned (what ``copy.deepcopy`` gives, ~10x faster: LBFGS keeps ~100 history tensors per state)."""
+    tensors cloned (what ``copy.deepcopy`` gives, ~10x faster: LBFGS keeps two tensors per history pair)."""
     if isinstance(obj, Tensor):
         return obj.detach().clone()
     if isinstance(obj, dict):
