@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -77,8 +76,9 @@ def sources_current(variant: Any) -> bool:
 
 def precompile_dir() -> Path:
     """Where precompiled kernels live: ``$NBTORCH_CACHE_DIR/precompiled/torch-<version>``."""
-    base = Path(os.environ.get("NBTORCH_CACHE_DIR", Path.home() / ".cache" / "nbtorch"))
-    return base / "precompiled" / f"torch-{torch.__version__}"
+    from nbtorch.runtime import cache_dir  # here: nbtorch.runtime imports this module
+
+    return cache_dir() / "precompiled" / f"torch-{torch.__version__}"
 
 
 def describe(value: Any) -> Any:

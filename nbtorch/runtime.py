@@ -148,12 +148,17 @@ def check_device(device: str, flag: str) -> None:
         raise InputError(f"{flag} {device}: CUDA is not available on this machine")
 
 
+def cache_dir() -> Path:
+    """The nbtorch cache folder: ``$NBTORCH_CACHE_DIR``, default ``~/.cache/nbtorch`` (compiled kernels,
+    precompiled kernels, generated test problems)."""
+    return Path(os.environ.get("NBTORCH_CACHE_DIR", Path.home() / ".cache" / "nbtorch"))
+
+
 def configure_inductor_cache() -> Path:
     """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one)."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    base = Path(os.environ.get("NBTORCH_CACHE_DIR", Path.home() / ".cache" / "nbtorch"))
-    path = base / "inductor"
+    path = cache_dir() / "inductor"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # read-only home: keep torch's default

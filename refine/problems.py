@@ -39,7 +39,6 @@ simulator.  :data:`PROBLEMS` lists the names.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -53,6 +52,7 @@ from nbtorch.io.hkl import write_fdump
 from nbtorch.beam_centre import beam_centre_flags
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.physics.rotation import rotation_matrix_axis_angle
+from nbtorch.runtime import cache_dir
 from nbtorch.simulator import Simulator
 from refine.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 
@@ -147,8 +147,7 @@ def misorientation_deg(misset_a, misset_b) -> float:
 
 def structure_factor_file(name: str, hmax: int, seed: int, directory: str | Path | None = None) -> Path:
     """A random Friedel-symmetric Wilson F table for ``|h|, |k|, |l| <= hmax`` as an Fdump file (cached)."""
-    base = Path(directory) if directory is not None else Path(
-        os.environ.get("NBTORCH_CACHE_DIR", Path.home() / ".cache" / "nbtorch")) / "problems"
+    base = Path(directory) if directory is not None else cache_dir() / "problems"
     base.mkdir(parents=True, exist_ok=True)
     path = base / f"{name}_F_h{hmax}_s{seed}.bin"
     if path.is_file():
