@@ -219,6 +219,31 @@ class Simulator(nn.Module):
         new.__dict__["F_present"] = None
         return new
 
+    def sharing_structure_factors(self, other: "Simulator") -> "Simulator":
+        """This simulator with ``other``'s structure-factor table in place of its own equal one (the same
+        entries, listed entries and index range), so that many simulators of one crystal hold one copy (a joint
+        refinement of many images, :mod:`refine.joint`); ``self`` when the tables differ, either has none, or
+        they are already one.  ``self`` is unchanged."""
+        a, b = self._setup.structure_factors, other.setup.structure_factors
+        if a is b or a.F_grid is None or b.F_grid is None or a.F_grid is b.F_grid:
+            return self
+        same = (a.F_grid.shape == b.F_grid.shape and np.array_equal(a.hkl_min, b.hkl_min)
+                and np.array_equal(a.F_grid, b.F_grid) and (a.F_present is None) == (b.F_present is None)
+                and (a.F_present is None or np.array_equal(a.F_present, b.F_present))
+                and a.interpolate == b.interpolate and a.dmin_A == b.dmin_A
+                and self.F_grid is not None and other.F_grid is not None and self.device == other.device)
+        if not same:
+            return self
+        new = copy.copy(self)
+        new.__dict__ = dict(self.__dict__)
+        for table in ("_buffers", "_parameters", "_modules"):
+            new.__dict__[table] = dict(self.__dict__[table])
+        new._setup = dataclasses.replace(self._setup, structure_factors=b)
+        new._buffers["F_grid"] = other.F_grid
+        if self.F_present is not None:
+            new._buffers["F_present"] = other.F_present
+        return new
+
     @property
     def shape(self) -> tuple[int, int]:
         """Image shape (slow, fast)."""
@@ -342,6 +367,19 @@ class Simulator(nn.Module):
         cache[key] = out
         return out
 
+    def _positions(self, roi, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(slow, fast) indices of the given flat ROI positions, and the positions (:meth:`render_pixels`)."""
+        x0, x1, y0, y1 = roi or self.setup.roi
+        w, n = x1 - x0 + 1, (x1 - x0 + 1) * (y1 - y0 + 1)
+        p = torch.as_tensor(positions, device=self.device)
+        if p.dim() != 1 or p.dtype not in (torch.int64, torch.int32):
+            raise InputError(f"pixels: expected a 1-d integer tensor of ROI positions, got {p.dtype} {tuple(p.shape)}")
+        p = p.to(torch.int64)
+        if p.numel() and (int(p.min()) < 0 or int(p.max()) >= n):
+            raise InputError(f"pixels: positions must lie in [0, {n}) (the ROI's {n} pixels), got "
+                             f"{int(p.min())}..{int(p.max())}")
+        return y0 + torch.div(p, w, rounding_mode="floor"), x0 + p % w, p
+
     def simulated_pixels(self, roi=None) -> Tensor | None:
         """Flat (row-major) positions in the ROI of the pixels :meth:`render` computes; None = all of them."""
         return self._pixel_indices(roi)[2]
@@ -366,22 +404,30 @@ class Simulator(nn.Module):
         return values.reshape(y1 - y0 + 1, x1 - x0 + 1), merged
 
     def render_pixels(self, roi=None, progress: bool = False, diagnostics: bool | None = None,
-                      **overrides) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+                      pixels: Tensor | None = None, **overrides) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The simulated pixels of the ROI as one vector, without the masked pixels' zeros.
 
         Returns ``(values (n,), index (n,), diagnostics)``: ``index`` holds the flat
         row-major positions of ``values`` in the ROI (:meth:`render`'s image is ``values``
         put at ``index`` in zeros), so a sparse pixel mask costs nothing outside its pixels.
         Arguments and diagnostics as :meth:`render` (image statistics over the whole ROI).
+
+        ``pixels``: the flat row-major positions in the ROI to compute instead of the simulator's own
+        (int64 (n,), each in ``[0, ROI size)``; ``index`` is then ``pixels`` and ``values`` follow its
+        order).  The simulator needs no pixel mask of the detector's size for that: a refinement of many
+        images keeps only each image's fitted positions (:mod:`refine.pixel_table`).  A position the model's
+        own ``-mask`` excludes gives exactly 0, as in :meth:`render`.
         """
-        values, where, merged, roi = self._render_values(roi, progress, diagnostics, overrides)
+        values, where, merged, roi = self._render_values(roi, progress, diagnostics, overrides, pixels)
         x0, x1, y0, y1 = roi
         index = where if where is not None else torch.arange((y1 - y0 + 1) * (x1 - x0 + 1), device=values.device)
         return values, index, merged
 
-    def _render_values(self, roi, progress: bool, diagnostics: bool | None, overrides: dict):
-        """``(values, where, diagnostics, roi)``: the kernel over the ROI's simulated pixels; the diagnostics
-        (those of the ROI image, masked pixels 0) are also sent to the subscribed hooks."""
+    def _render_values(self, roi, progress: bool, diagnostics: bool | None, overrides: dict,
+                       positions: Tensor | None = None):
+        """``(values, where, diagnostics, roi)``: the kernel over the ROI's simulated pixels (or ``positions``,
+        :meth:`render_pixels`); the diagnostics (those of the ROI image, masked pixels 0) are also sent to the
+        subscribed hooks."""
         want_diag = bool(len(self.diagnostics)) if diagnostics is None else bool(diagnostics)
         s = self.setup
         F_grid = overrides.pop("F_grid", self.F_grid)
@@ -393,7 +439,7 @@ class Simulator(nn.Module):
             F_grid = torch.where(self.F_present, F_grid, p["default_F"])
         geom = self.geometry(p)
         inp = self.kernel_inputs(p, geom, F_grid)
-        slow, fast, where = self._pixel_indices(roi)
+        slow, fast, where = self._pixel_indices(roi) if positions is None else self._positions(roi, positions)
         t = self._t
         layers = torch.arange(s.thicksteps, dtype=self.dtype, device=self.device) * t(s.layer_thickness_m)
         pixel_m = t(s.pixel_m)
@@ -435,6 +481,9 @@ class Simulator(nn.Module):
             pieces.append(values)
             diags.append(diag)
         values = (torch.cat(pieces) if pieces else layers.new_zeros(0)).to(self.dtype)
+        if positions is not None and s.pixel_mask is not None:  # the model's own -mask: exactly 0
+            keep = torch.as_tensor(s.pixel_mask, device=values.device)[slow, fast]
+            values = torch.where(keep, values, values.new_zeros(()))
         x0, x1, y0, y1 = roi or s.roi
         merged = _merge_diagnostics(diags, values, want_diag, (y1 - y0 + 1) * (x1 - x0 + 1))
         self.diagnostics.emit(merged)

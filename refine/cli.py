@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rotation-series", action="store_true", help="joint mode for a sweep of rotation images of one "
                    "crystal, each with its phi start and width from its header: --joint with --shared "
                    "cell,orientation and --per-image scale,background unless given (docs/many-images.md)")
+    g.add_argument("--pixel-memory", type=float, metavar="MB", help="joint mode: megabytes of fitted pixels each "
+                   "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
+                   "evaluation (0: every image; default a quarter of the machine's memory per local process)")
     g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
     g.add_argument("--dataset", default=_DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
@@ -246,9 +249,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if not args.images:
             raise InputError("--rotation-series: only with --images (the rotation images of the sweep)")
         args.joint = True
-    for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image)):
+    for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image),
+                        ("--pixel-memory", args.pixel_memory is not None)):
         if value and not (args.images and args.joint):
             raise InputError(f"{flag}: only with --images and --joint (joint mode)")
+    if args.pixel_memory is not None and not (args.pixel_memory >= 0 and math.isfinite(args.pixel_memory)):
+        raise InputError(f"--pixel-memory: expected megabytes >= 0, got {args.pixel_memory:g}")
     if args.f_column is not None:
         if not args.model:
             raise InputError("--f-column: names a column of the -hkl file in --model; give --model")

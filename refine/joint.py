@@ -76,12 +76,13 @@ from nbtorch.parameters import MISSET_NAMES
 from nbtorch.simulator import Simulator
 from refine.batch import _process_group, restart_count
 from refine.joint_amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
-from refine.joint_checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, image_digest, joint_fingerprint,
+from refine.joint_checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
                                      read_joint_checkpoint, write_joint_checkpoint)
 from refine.loop import Convergence, LoopAborted, LoopInterrupted, LoopResult, LoopState, Status, minimise
-from refine.objective import ImageObjective, LossFn, make_view, resolve_loss
+from refine.objective import ImageObjective, LossFn, resolve_loss
 from refine.parameters import (BASE_NAMES, CELL, ORIENTATION_DELTAS, ParameterMap, ParameterSpace, canonical_values,
                                units_of)
+from refine.pixel_table import FittedPixels, StoredPixels
 from refine.plan import observed_pixels, starting_values
 from refine.precondition import LinearPreconditioner, preconditioner_from_fisher
 from refine.results import jsonable
@@ -189,40 +190,83 @@ def image_shard(n: int, rank: int | None = None, world: int | None = None) -> ra
 # -- the images -----------------------------------------------------------------------------------------
 @dataclass
 class _Image:
-    """One image this process holds: its index, objective (whole fitted image) and map ``[shared, own]``."""
+    """One image this process holds: its index, prepared pixels (whose objective it evaluates) and map
+    ``[shared, own]``."""
 
     index: int
-    objective: ImageObjective
+    prepared: PreparedImage
     pmap: ParameterMap
     start: dict
     digest: Tensor
 
+    @property
+    def objective(self) -> ImageObjective:
+        """The image's objective on its fitted pixels (:attr:`PreparedImage.objective`: read from the file at each
+        use while the pixels are stored)."""
+        return self.prepared.objective
+
+
+def _fitted(index: int, sim: Simulator, observed, mask) -> FittedPixels | StoredPixels:
+    """The image's fitted pixels: ``observed`` itself when it is :class:`~refine.pixel_table.FittedPixels` or
+    :class:`~refine.pixel_table.StoredPixels` (less any the model's own ``-mask`` excludes), else the usable
+    pixels of the dense image (:func:`refine.plan.observed_pixels`)."""
+    if not isinstance(observed, (FittedPixels, StoredPixels)):
+        obs, valid = observed_pixels(sim, observed, mask)
+        return FittedPixels.from_image(obs, valid, source=f"image {index}")
+    if mask is not None:
+        raise InputError(f"masks[{index}]: give None for fitted pixels (they are the pixels to fit)")
+    if tuple(observed.shape) != tuple(sim.shape):
+        raise InputError(f"observed_images[{index}]: fitted pixels of a {tuple(observed.shape)} detector, the model's "
+                         f"is {tuple(sim.shape)} (slow, fast)")
+    if sim.setup.pixel_mask is None:
+        return observed
+    px = observed.load()
+    keep = torch.as_tensor(np.asarray(sim.setup.pixel_mask, dtype=bool)).reshape(-1)[px.index.cpu()]
+    if bool(keep.all()):
+        return observed
+    log.info("image %d: %d fitted pixels lie under the model's -mask and are left out", index, int((~keep).sum()))
+    keep = keep.to(px.index.device)
+    return FittedPixels(px.shape, px.index[keep], px.observed[keep], px.source)
+
 
 def _prepare(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
-             space: ParameterSpace) -> PreparedImage:
+             space: ParameterSpace, loss_fn: LossFn) -> PreparedImage:
     """One image's pixels and starting values (the shared names at the shared start)."""
     if not isinstance(sim, Simulator):
         raise InputError(f"simulators[{index}]: expected a Simulator, got {type(sim).__name__}")
-    obs, valid = observed_pixels(sim, observed, mask)
-    values = starting_values(sim, obs, valid, start)
+    pixels = _fitted(index, sim, observed, mask)
+    px = pixels.load().to(sim.dtype, sim.device)
+    values = starting_values(sim, px.observed, torch.ones_like(px.observed, dtype=torch.bool), start)
     values.update(shared_start)
     try:
         space.check_start(values)
     except InputError as exc:
         raise InputError(f"image {index}: {exc}") from None
-    return PreparedImage(index, sim, obs, valid, values, image_digest(obs, valid))
+    return PreparedImage(index, sim, px if isinstance(pixels, FittedPixels) else pixels, values, px.digest(), loss_fn)
 
 
-def _image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], loss_fn: LossFn,
-           hold_scale: bool) -> _Image:
-    """The image's objective (the shared table's, when the structure factors are refined) and map; with
-    ``hold_scale`` (image 0 next to shared structure factors) its scale keeps its start (:class:`Held`)."""
-    objective = im.objective if im.objective is not None else ImageObjective(
-        im.sim, im.observed, make_view(im.sim, im.values, im.valid), loss_fn)
+def _share_tables(prepared: list[PreparedImage]) -> None:
+    """The last image's simulator holds the structure-factor table of an earlier one when they are equal
+    (:meth:`nbtorch.Simulator.sharing_structure_factors`): one copy per process for images of one crystal."""
+    last, tried = prepared[-1], set()
+    for im in prepared[:-1]:
+        if im.sim.F_grid is None or id(im.sim.F_grid) in tried:  # each distinct table once
+            continue
+        tried.add(id(im.sim.F_grid))
+        shared = last.sim.sharing_structure_factors(im.sim)
+        if shared is not last.sim:
+            last.sim = shared
+            return
+
+
+def _image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], hold_scale: bool) -> _Image:
+    """The image's map (its objective is the prepared image's: the shared table's, when the structure factors
+    are refined); with ``hold_scale`` (image 0 next to shared structure factors) its scale keeps its start
+    (:class:`Held`)."""
     pmap = ParameterMap(space, im.values, names)
     if hold_scale and "scale" in names:
         pmap.transforms[names.index("scale")] = Held(im.values["scale"])
-    return _Image(im.index, objective, pmap, im.values, im.digest)
+    return _Image(im.index, im, pmap, im.values, im.digest)
 
 
 class _Joint:
@@ -510,8 +554,8 @@ def _shared_start(simulators, observed_images, masks, start, comm: _Comm, n: int
     if local and local[0] == 0:
         sim = simulators[0]
         if isinstance(sim, Simulator):
-            obs, valid = observed_pixels(sim, observed_images[0], None if masks is None else masks[0])
-            v = starting_values(sim, obs, valid, start)
+            px = _fitted(0, sim, observed_images[0], None if masks is None else masks[0]).load()
+            v = starting_values(sim, px.observed, torch.ones_like(px.observed, dtype=torch.bool), start)
             rows[0] = torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64)
     got = comm.gather(rows, 1, (len(BASE_NAMES),), torch.float64)[0]
     return {k: float(x) for k, x in zip(BASE_NAMES, got)}
@@ -727,15 +771,19 @@ def refine_joint(
     shared_start = {k: base[k] for k in BASE_NAMES if k in _shared_canonical(shared_names) or k in shared_names}
     if any(k in CELL for k in shared_names):
         shared_start.update({k: base[k] for k in CELL})
-    prepared = [_prepare(i, simulators[i], observed_images[i], None if masks is None else masks[i],
-                         image_starts[i] if image_starts is not None else None, shared_start, space) for i in local]
+    prepared: list[PreparedImage] = []
+    for i in local:
+        prepared.append(_prepare(i, simulators[i], observed_images[i], None if masks is None else masks[i],
+                                 image_starts[i] if image_starts is not None else None, shared_start, space, loss_fn))
+        _share_tables(prepared)
     amps = None if structure_factors is None else shared_amplitudes(comm, prepared, n, structure_factors,
-                                                                     {**base, **shared_start}, loss_fn)
+                                                                     {**base, **shared_start})
     if amps is not None:
         space = dataclasses.replace(space, amplitudes=amps.table.names)
         shared_names = shared_names + amps.free
     names = shared_names + per_names
-    images = [_image(im, space, names, loss_fn, hold_scale=amps is not None and im.index == 0) for im in prepared]
+    images = [_image(im, space, names, hold_scale=amps is not None and im.index == 0) for im in prepared]
+    del prepared
     dtype = torch.float64
     joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
     starts = _all_values(joint, {im.index: im.start for im in images})

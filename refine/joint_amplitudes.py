@@ -43,6 +43,7 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from refine.objective import ImageObjective, LossFn, make_view
 from refine.parameters import ParameterMap
+from refine.pixel_table import FittedPixels, StoredPixels
 from refine.structure_factors import (AmplitudeOptions, AmplitudeRestraint, AmplitudeTable, amplitude_photons,
                                       check_space_group, check_table_size, em_sums, em_update, entry_photons,
                                       start_grid, table_from_photons, touched_range)
@@ -54,16 +55,44 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PreparedImage:
-    """One image of this process before its parameter map exists: simulator, observed pixels and fitted ones,
-    starting values (every base name; the amplitudes once known)."""
+    """One image of this process before its parameter map exists: simulator, fitted pixels (held, or stored in a
+    file and read for each use: :mod:`refine.pixel_table`), starting values (every base name; the amplitudes once
+    known), the loss and, once known, the shared amplitude table."""
 
     index: int
     sim: Any
-    observed: Tensor
-    valid: Tensor
+    pixels: FittedPixels | StoredPixels
     values: dict
     digest: Tensor
-    objective: ImageObjective | None = None
+    loss_fn: LossFn
+    amplitudes: AmplitudeTable | None = None
+    _cached: ImageObjective | None = None
+
+    def valid(self) -> Tensor:
+        """The fitted pixels as a dense bool mask of the detector (made on each call, not held)."""
+        return self.pixels.load().valid_mask()
+
+    @property
+    def objective(self) -> ImageObjective:
+        """The image's objective: on its fitted pixels only (:meth:`ImageObjective.from_pixels`), kept while the
+        pixels are held, made again at each use (and freed after it) while they are stored; a loss that is not
+        pixelwise needs the dense image (held)."""
+        if self._cached is not None:
+            return self._cached
+        px = self.pixels.load()
+        if getattr(self.loss_fn, "pixelwise", False):
+            objective = ImageObjective.from_pixels(self.sim, px, self.loss_fn, amplitudes=self.amplitudes)
+        else:
+            valid = px.valid_mask()
+            objective = ImageObjective(self.sim, px.dense(), make_view(self.sim, self.values, valid), self.loss_fn,
+                                       amplitudes=self.amplitudes)
+        if isinstance(self.pixels, FittedPixels) or not objective.sparse:
+            self._cached = objective
+        return objective
+
+    def set_amplitudes(self, sim, table: AmplitudeTable) -> None:
+        """The simulator holding the shared table, and the table (the objective follows)."""
+        self.sim, self.amplitudes, self._cached = sim, table, None
 
 
 @dataclass
@@ -149,8 +178,8 @@ def check_options(options: AmplitudeOptions, shared: Sequence[str], per_image: S
                          "refine scale per image (image 0's is held)")
 
 
-def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: AmplitudeOptions, base: dict,
-                      loss_fn: LossFn) -> SharedAmplitudes:
+def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: AmplitudeOptions,
+                      base: dict) -> SharedAmplitudes:
     """The shared table (module docstring): every image of ``images`` (this process's) gets the simulator that
     holds it, its objective and the starting amplitudes in its values.  ``base``: image 0's starting values
     (``default_F``, the cell of the resolutions)."""
@@ -165,10 +194,8 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
     table, grid = table_from_photons(options.space_group, grid, lo, photons, base, start=start,
                                      min_photons=options.min_photons)
     for im in images:
-        im.sim = im.sim.with_structure_factors(grid, lo)
+        im.set_amplitudes(im.sim.with_structure_factors(grid, lo), table)
         im.values.update(table.starts)
-        im.objective = ImageObjective(im.sim, im.observed, make_view(im.sim, im.values, im.valid), loss_fn,
-                                      amplitudes=table)
     values = dict(table.starts)
     if table.start_mode == "estimate" and table.names:
         values = _estimate(comm, images, n, table, options.iterations)
@@ -193,7 +220,7 @@ def _union_range(comm, images: Sequence[PreparedImage], n: int) -> tuple[np.ndar
     """The index bounds of the table: the union over all images of the ranges their fitted pixels touch."""
     local = {}
     for im in images:
-        _, _, lo, hi = touched_range(im.sim, im.values, im.valid)
+        _, _, lo, hi = touched_range(im.sim, im.values, im.valid())
         local[im.index] = torch.tensor(np.concatenate([lo, hi]), dtype=torch.float64)
     rows = comm.gather(local, n, (6,), torch.float64).numpy().astype(np.int64)
     lo, hi = rows[:, :3].min(0), rows[:, 3:].max(0)
@@ -221,7 +248,7 @@ def _summed_entry_photons(comm, images: Sequence[PreparedImage], n: int, grid: n
     non-zero entries gathered (a sparse list per image) and added up in image order."""
     local = {}
     for im in images:
-        ph = entry_photons(im.sim, im.values, im.valid, grid, lo).reshape(-1)
+        ph = entry_photons(im.sim, im.values, im.valid(), grid, lo).reshape(-1)
         where = np.nonzero(ph > 0)[0]
         local[im.index] = (where, ph[where])
     total = np.zeros(grid.size, dtype=np.float64)

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
@@ -39,7 +38,7 @@ from refine.checkpoint import read_state_file, write_state_file
 from refine.loop import LoopState, Status
 
 __all__ = ["JointCheckpoint", "write_joint_checkpoint", "read_joint_checkpoint", "joint_fingerprint",
-           "fingerprint_difference", "image_digest", "FORMAT", "VERSION"]
+           "fingerprint_difference", "FORMAT", "VERSION"]
 
 FORMAT = "nbtorch-refine-joint-checkpoint"
 VERSION = 1
@@ -117,16 +116,9 @@ def read_joint_checkpoint(path: str | Path) -> JointCheckpoint:
     return ckpt
 
 
-def image_digest(observed: Tensor, valid: Tensor) -> Tensor:
-    """(:data:`DIGEST_BYTES`,) float64: the SHA-1 bytes of an image's observed pixels and mask."""
-    h = hashlib.sha1(observed.detach().cpu().numpy().tobytes())
-    h.update(valid.detach().cpu().numpy().tobytes())
-    return torch.tensor(list(h.digest()), dtype=torch.float64)
-
-
 def joint_fingerprint(digests: Tensor, starts: Sequence[Mapping[str, float]], **settings: Any) -> dict:
     """What a checkpoint must match to be resumed: the images (``digests``: (n, 20), one
-    :func:`image_digest` per image), their starting values and ``settings`` (names, symmetry, ...; plain
+    :meth:`refine.pixel_table.FittedPixels.digest` per image), their starting values and ``settings`` (names, symmetry, ...; plain
     JSON values)."""
     images = hashlib.sha1(bytes(int(b) for b in digests.reshape(-1).tolist())).hexdigest()
     start_text = json.dumps([{k: float(v) for k, v in sorted(s.items())} for s in starts])

@@ -14,6 +14,10 @@ rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` fro
 single run): ``--shared`` defaults to ``cell,orientation`` and ``--per-image`` to ``scale,background``, and a
 still is refused.  ``--optimizer``, ``--max-steps`` (the loop's steps, default 300), ``--background``,
 ``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages and reports do not.
+Each process holds only the fitted pixels of its images (:mod:`refine.pixel_table`; the whole images are read,
+their pixels chosen and dropped one at a time); beyond ``--pixel-memory`` megabytes of them (default a quarter
+of the machine's memory per local process) an image's pixels go to ``OUT_DIR/pixels/`` and are read back at
+each evaluation, and are removed when the run ends.
 Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.joint`) and the checkpoint
 ``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``) every ``--checkpoint-every`` steps; ``--resume`` continues
 from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`refine.joint_checkpoint`).
@@ -27,6 +31,8 @@ The exit status is 0 when the refinement converged or stopped at its step limit,
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -39,7 +45,9 @@ from refine.command import _simulator, amplitude_options, check_arguments, load_
 from refine.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
 from refine.joint_amplitudes import check_options
 from refine.model import crystal_system
+from refine.pixel_table import FittedPixels, StoredPixels
 from refine.pixels import choose_pixels, starting_scale_background
+from refine.plan import observed_pixels
 from refine.spots import read_spot_list
 
 __all__ = ["ROTATION_PER_IMAGE", "ROTATION_SHARED", "run_joint", "split_names"]
@@ -61,7 +69,8 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
 
 
 def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
-    """(simulator on the chosen pixels, observed, pixel mask, start, symmetry) of one image."""
+    """(simulator, the chosen pixels (:class:`~refine.pixel_table.FittedPixels`), start, symmetry) of one image;
+    the whole image is not kept."""
     a = per_image_args(args, image, out_dir)
     a.quiet, a.resume = args.quiet, False  # the joint run's checkpoint is resumed, not a single run's
     # the structure factors are the joint run's (one shared table), not each image's
@@ -77,12 +86,35 @@ def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=a.dmin, dmax_A=a.dmax, spots=spots,
                            spot_window_px=a.spot_window, subsample=a.subsample, seed=a.seed,
                            spots_source=f"--spots {a.spots}")
-    sim = choice.simulator(sim)
     start = inputs.start
     if not {"scale", "background"} <= set(start):
-        start = starting_scale_background(sim, inputs.observed, choice.mask, start)
-    say(f"  {image}: fitting {choice.n_used} of {choice.mask.size} pixels")
-    return sim, inputs.observed, choice.mask, start, inputs.symmetry
+        start = starting_scale_background(choice.simulator(sim), inputs.observed, choice.mask, start)
+    obs, valid = observed_pixels(sim, inputs.observed, choice.mask)
+    pixels = FittedPixels.from_image(obs, valid, source=image)
+    say(f"  {image}: fitting {pixels.n} of {choice.mask.size} pixels")
+    return sim, pixels, start, inputs.symmetry
+
+
+def pixel_budget_bytes(args: argparse.Namespace) -> float:
+    """``--pixel-memory`` in bytes; default a quarter of the machine's memory per local process (torchrun's
+    ``LOCAL_WORLD_SIZE``), unlimited where the memory size is unknown."""
+    if args.pixel_memory is not None:
+        return float(args.pixel_memory) * 1e6
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+    return total / 4 / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
+def _keep_or_store(pixels: FittedPixels, index: int, held: list[int], budget: float, folder: Path):
+    """``pixels`` while the process's held pixels stay within ``budget`` (``held[0]``: bytes so far), else
+    stored in ``folder`` (:meth:`FittedPixels.store`) and read back at each evaluation."""
+    if held[0] + pixels.nbytes <= budget:
+        held[0] += pixels.nbytes
+        return pixels
+    folder.mkdir(parents=True, exist_ok=True)
+    return pixels.store(folder / f"image_{index:06d}.npz")
 
 
 def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
@@ -136,18 +168,29 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
     shard = image_shard(n)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
-    sims, observed, masks, starts = [None] * n, [None] * n, [None] * n, [None] * n
+    sims, pixels, starts = [None] * n, [None] * n, [None] * n
     symmetry = crystal_system(args.symmetry) or "triclinic"
-    for i in shard:
-        sims[i], observed[i], masks[i], starts[i], _ = _load(args, images[i], out_dir, say)
-    if series:
-        _check_distinct_rotations(images, sims, shard)
-    conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
-    result = refine_joint(sims, observed, masks, shared=shared, per_image=per_image,
-                          symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
-                          convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds,
-                          checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
-                          resume=checkpoint if args.resume else None, structure_factors=amplitudes)
+    budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
+    try:
+        for i in shard:
+            sims[i], px, starts[i], _ = _load(args, images[i], out_dir, say)
+            pixels[i] = _keep_or_store(px, i, held, budget, folder)
+        stored = [i for i in shard if isinstance(pixels[i], StoredPixels)]
+        say(f"  fitted pixels held in memory: {held[0] / 1e6:.1f} MB" + (
+            f"; the pixels of {len(stored)} images read from {folder}/ at each evaluation (--pixel-memory {budget / 1e6:g} MB)"
+            if stored else ""))
+        if series:
+            _check_distinct_rotations(images, sims, shard)
+        conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
+        result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
+                              symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
+                              convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds,
+                              checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
+                              resume=checkpoint if args.resume else None, structure_factors=amplitudes)
+    finally:  # this process's stored pixels (a resumed run chooses and stores its pixels again)
+        for px in pixels:
+            if isinstance(px, StoredPixels):
+                px.path.unlink(missing_ok=True)
     if _Comm().rank == 0:  # the process group refine_joint used
         json_path = save_joint_json(result, out_dir / "joint.json")
         h5_path = save_joint_h5(result, out_dir / "joint.h5")

@@ -107,13 +107,15 @@ class View:
 
     Attributes:
         roi: (x0, x1, y0, y1) inclusive fast/slow pixel bounds; both sizes are multiples of ``bin``.
-        mask: bool (y1 - y0 + 1, x1 - x0 + 1), True = pixel used.
+        mask: bool (y1 - y0 + 1, x1 - x0 + 1), True = pixel used; None for an objective on
+            :class:`~refine.pixel_table.FittedPixels` (:meth:`ImageObjective.from_pixels`), which holds the
+            used positions instead.
         bin: binning factor.
         fraction: radius of the fitted disc as a fraction of the beam-to-farthest-corner distance (1 = all).
     """
 
     roi: tuple[int, int, int, int]
-    mask: Tensor
+    mask: Tensor | None
     bin: int = 1
     fraction: float = 1.0
 
@@ -133,7 +135,8 @@ class View:
 
     def pool(self, roi_image: Tensor) -> Tensor:
         """Sum of valid pixels over ``bin x bin`` blocks: (h, w) -> (h / bin, w / bin)."""
-        x = torch.where(self.mask, roi_image, torch.zeros((), dtype=roi_image.dtype, device=roi_image.device))
+        x = roi_image if self.mask is None else torch.where(
+            self.mask, roi_image, torch.zeros((), dtype=roi_image.dtype, device=roi_image.device))
         if self.bin == 1:
             return x
         return F.avg_pool2d(x[None, None], self.bin)[0, 0] * float(self.bin * self.bin)
@@ -269,14 +272,88 @@ class ImageObjective:
         self._identity = gather.numel() == n and bool(torch.equal(gather, torch.arange(n, device=dev)))
         self._obs_px = self.observed.reshape(-1)[used]
         self.pixel_weights = torch.ones_like(self._obs_px)
-        self._dx_px = self._dx.expand(shape).reshape(-1)[used]
-        self._dy_px = self._dy.expand(shape).reshape(-1)[used]
+        self._dxy = (self._dx.expand(shape).reshape(-1)[used], self._dy.expand(shape).reshape(-1)[used])
+        self._positions = False  # the simulator's own pixels (not render_pixels(pixels=...))
+
+    @classmethod
+    def from_pixels(cls, sim: Simulator, pixels, loss: LossFn = poisson_deviance, amplitudes=None,
+                    restraint=None) -> "ImageObjective":
+        """The sparse objective of an image's fitted pixels only (:class:`~refine.pixel_table.FittedPixels`):
+        it holds their positions and photons and nothing of the detector's size (no observed image, no mask,
+        no restricted simulator: :meth:`nbtorch.Simulator.render_pixels` computes the positions), the form a
+        refinement of many images keeps per image (:mod:`refine.joint`).  The view is the simulator's ROI
+        (the fitted pixels outside it are left out), unbinned; ``loss`` must be pixelwise."""
+        if not getattr(loss, "pixelwise", False):
+            raise InputError("from_pixels: the loss must be pixelwise (a sum over pixels; see resolve_loss)")
+        pixels = pixels.to(sim.dtype, sim.device)
+        if tuple(pixels.shape) != tuple(sim.shape):
+            raise InputError(f"{pixels.source or 'fitted pixels'}: shape {tuple(pixels.shape)} does not match the "
+                             f"detector {tuple(sim.shape)} (slow, fast)")
+        roi = tuple(int(v) for v in sim.setup.roi)
+        used, observed = pixels.in_roi(roi)
+        if used.numel() == 0:
+            raise InputError(f"{pixels.source or 'fitted pixels'}: none inside the ROI {roi}")
+        out = cls.__new__(cls)
+        out.sim, out.amplitudes, out.restraint, out.priors = sim, amplitudes, restraint, {}
+        out.view = View(roi=roi, mask=None, bin=1, fraction=1.0)
+        out.n_factor, out.loss, out.loss_fn, out.sparse = 1.0, loss, loss, True
+        out.observed_full = out.observed = out.weights = None
+        out._set_pixels(used, observed)
+        return out
+
+    def _set_pixels(self, used: Tensor, observed: Tensor) -> None:
+        """The tables of an objective on given positions (:meth:`from_pixels`, :meth:`rows`)."""
+        ny, nx = self.sim.shape
+        x0, x1, y0, y1 = self.view.roi
+        dt, dev = observed.dtype, observed.device
+        self._dx = (torch.arange(x0, x1 + 1, dtype=dt, device=dev) - (nx - 1) / 2.0)[None, :]
+        self._dy = (torch.arange(y0, y1 + 1, dtype=dt, device=dev) - (ny - 1) / 2.0)[:, None]
+        self._used, self._obs_px, self._gather, self._identity, self._positions = used, observed, None, True, True
+        self._dxy = None  # made when a planar background asks (_dx_px, _dy_px)
+        self.pixel_weights = torch.ones((), dtype=dt, device=dev).expand(used.numel())  # no storage per pixel
+
+    @property
+    def _dx_px(self) -> Tensor:
+        """Fast offsets of the fitted pixels from the image centre (planar background; on positions: made
+        when asked, not held)."""
+        if self._dxy is not None:
+            return self._dxy[0]
+        return self._dx.reshape(-1)[self._used % self.view.shape[1]]
+
+    @property
+    def _dy_px(self) -> Tensor:
+        """Slow offsets of the fitted pixels from the image centre."""
+        if self._dxy is not None:
+            return self._dxy[1]
+        return self._dy.reshape(-1)[torch.div(self._used, self.view.shape[1], rounding_mode="floor")]
+
+    @property
+    def n_pixels(self) -> int:
+        """Fitted pixels (sparse) or fitted bins (binned)."""
+        return self._used.numel() if self.sparse else int((self.weights > 0).sum())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._obs_px.dtype if self.sparse else self.observed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._obs_px.device if self.sparse else self.observed.device
 
     def rows(self, r0: int, r1: int) -> "ImageObjective":
         """The same objective restricted to view rows ``r0:r1`` (unbinned views only)."""
         if self.view.bin != 1:
             raise InputError("rows: only unbinned views can be split into row blocks")
         x0, x1, y0, y1 = self.view.roi
+        if self._positions:  # an objective on positions (from_pixels): its positions in those rows
+            w = x1 - x0 + 1
+            inside = (self._used >= r0 * w) & (self._used < r1 * w)
+            out = ImageObjective.__new__(ImageObjective)
+            out.__dict__.update(self.__dict__)
+            out.view = View(roi=(x0, x1, y0 + r0, y0 + r1 - 1), mask=None, bin=1, fraction=self.view.fraction)
+            out.priors, out.restraint = {}, None
+            out._set_pixels(self._used[inside] - r0 * w, self._obs_px[inside])
+            return out
         sub = View(roi=(x0, x1, y0 + r0, y0 + r1 - 1), mask=self.view.mask[r0:r1], bin=1, fraction=self.view.fraction)
         out = ImageObjective(self.sim, self.observed_full, sub, self.loss, n_factor=self.n_factor,
                              amplitudes=self.amplitudes)
@@ -289,7 +366,7 @@ class ImageObjective:
             for n in ("N_a", "N_b", "N_c"):
                 overrides[n] = overrides[n] * self.n_factor
         if self.amplitudes is not None:
-            overrides["F_grid"] = self.amplitudes.grid(values, self.observed.dtype, self.observed.device)
+            overrides["F_grid"] = self.amplitudes.grid(values, self.dtype, self.device)
         return overrides
 
     def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
@@ -304,10 +381,13 @@ class ImageObjective:
     def pixel_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Model photons on the fitted pixels only (sparse path): a vector, in the order of ``view.mask``'s True pixels."""
         overrides = self._overrides(values)
-        simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, **overrides)
+        if self._positions:
+            simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, pixels=self._used, **overrides)
+        else:
+            simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, **overrides)
         if not self._identity:
             simulated = torch.cat([simulated, simulated.new_zeros(1)])[self._gather]
-        return _photons(simulated, values, self._dx_px, self._dy_px)
+        return _photons(simulated, values, lambda: self._dx_px, lambda: self._dy_px)
 
     def model_image(self, aux: Tensor) -> Tensor:
         """The binned model image from :meth:`evaluate`'s ``aux`` (the model on the fitted pixels when sparse)."""
@@ -340,7 +420,7 @@ class ImageObjective:
     def prior_term(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """``sum 0.5 ((value - mean) / sigma)^2`` over the priors (0 without priors): the negative log of
         Gaussian priors, on the scale of the half deviance (a change of 0.5 is one standard deviation)."""
-        total = torch.zeros((), dtype=self.observed.dtype, device=self.observed.device)
+        total = torch.zeros((), dtype=self.dtype, device=self.device)
         for name, (mean, sigma) in self.priors.items():
             total = total + gaussian_restraint_terms(torch.as_tensor(values[name], dtype=total.dtype), mean, sigma)
         return total
@@ -354,12 +434,13 @@ class ImageObjective:
 def _photons(simulated: Tensor, values: Mapping[str, Tensor | float], dx: Tensor, dy: Tensor) -> Tensor:
     """``scale * simulated + background [+ background_x * dx + background_y * dy]`` (photons per pixel).
 
-    ``dx``, ``dy``: pixel offsets from the image centre (fast, slow), broadcastable to ``simulated``.
+    ``dx``, ``dy``: pixel offsets from the image centre (fast, slow), broadcastable to ``simulated``, or
+    functions giving them (called only for a planar background).
     """
     model = values["scale"] * simulated + values["background"]
     bx, by = values.get("background_x", 0.0), values.get("background_y", 0.0)
     if isinstance(bx, Tensor) or bx != 0.0:
-        model = model + bx * dx
+        model = model + bx * (dx() if callable(dx) else dx)
     if isinstance(by, Tensor) or by != 0.0:
-        model = model + by * dy
+        model = model + by * (dy() if callable(dy) else dy)
     return model

@@ -349,7 +349,7 @@ def estimate_amplitudes(objective, table: AmplitudeTable, values: Mapping[str, T
     multiplicative EM update of the intensities ``F^2`` of the Poisson likelihood (background in the model,
     never made negative); a reflection without signal on the objective's pixels keeps its value.
     """
-    dtype, dev = objective.observed.dtype, objective.observed.device
+    dtype, dev = objective.dtype, objective.device
     F = table.vector(values, dtype, dev).detach().clone()
     for _ in range(int(iterations)):
         F = em_update(F, *em_sums(objective, table, values, F))
@@ -377,7 +377,7 @@ def amplitude_photons(objective, table: AmplitudeTable, values: Mapping[str, Ten
                       names: Sequence[str] | None = None) -> dict[str, float]:
     """Bragg photons (``scale x`` simulated) each amplitude of ``names`` (default all) puts on the objective's
     pixels at ``values``: ``F / 2 x d(sum of the model) / dF`` (the model is a sum of ``F^2`` terms)."""
-    dtype, dev = objective.observed.dtype, objective.observed.device
+    dtype, dev = objective.dtype, objective.device
     F = table.vector(values, dtype, dev).detach()
     c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
     photons = 0.5 * F * c

@@ -326,7 +326,7 @@ def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor
     names = pmap.names
     with torch.no_grad():
         theta = torch.stack([v.detach() for v in pmap.physical(raw.detach()).values()]) if names else torch.zeros(0)
-    theta = theta.to(objective.observed.dtype)
+    theta = theta.to(objective.dtype)
     P = len(names)
     F = torch.zeros(P, P, dtype=theta.dtype)
     B = torch.zeros(P, P, dtype=theta.dtype)
@@ -344,7 +344,7 @@ def _blocks(objective: ImageObjective, pmap: ParameterMap, rows_per_block: int |
     view: View = objective.view
     n_rows = view.shape[0]
     if rows_per_block is None:  # about PIXELS_PER_BLOCK x 32 Jacobian entries per block
-        per_row = float(view.mask.sum()) / n_rows if objective.sparse else view.shape[1]
+        per_row = objective.n_pixels / n_rows if objective.sparse else view.shape[1]
         pixels = PIXELS_PER_BLOCK * min(1.0, 32.0 / max(len(pmap.names), 1))
         rows_per_block = max(1, int(pixels / max(per_row, 1.0)))
     step = n_rows if view.bin > 1 else max(k, (int(rows_per_block) // k) * k)
@@ -375,14 +375,20 @@ def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
 
 def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:
     """The largest square side (``largest``, halved down to 1) giving >= 30 non-empty clusters per parameter."""
-    used = (objective.weights > 0).reshape(objective.weights.shape[-2:]) if objective.weights.dim() >= 2 \
-        else (objective.weights > 0).reshape(1, -1)
+    if objective.sparse:  # from the fitted positions (an objective on positions holds no mask)
+        cols = objective.view.shape[1]
+        rows_, cols_ = torch.div(objective._used, cols, rounding_mode="floor"), objective._used % cols
+    else:
+        used = (objective.weights > 0).reshape(objective.weights.shape[-2:]) if objective.weights.dim() >= 2 \
+            else (objective.weights > 0).reshape(1, -1)
+        rows_, cols_ = torch.nonzero(used, as_tuple=True)
+        cols = used.shape[1]
     side = max(int(largest), 1)
     while side > 1:
-        rows, cols = used.shape
-        pad = torch.nn.functional.pad(used.to(torch.float32)[None], (0, (-cols) % side, 0, (-rows) % side))[0]
-        tiles = pad.reshape(pad.shape[0] // side, side, pad.shape[1] // side, side).sum(dim=(1, 3))
-        if int((tiles > 0).sum()) >= 30 * max(n_free, 1):
+        per_row = -(-cols // side)
+        tiles = torch.unique(torch.div(rows_, side, rounding_mode="floor") * per_row
+                             + torch.div(cols_, side, rounding_mode="floor"))
+        if tiles.numel() >= 30 * max(n_free, 1):
             break
         side //= 2
     return side

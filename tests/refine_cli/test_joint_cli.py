@@ -60,3 +60,28 @@ def test_joint_command_refines_a_shared_cell(refine_cli, tmp_path):
 def test_joint_options_need_images_and_joint(refine_cli, argv, message):
     r = refine_cli(*argv)
     assert r.code == 2 and message in r.err
+
+
+def test_joint_pixels_read_from_files_give_the_same_result(refine_cli, tmp_path):
+    """--pixel-memory 0: every image's fitted pixels go to OUT_DIR/pixels/ and are read back at each evaluation;
+    the result is the same as with the pixels held, and the files are gone at the end."""
+    for k, misset in enumerate(MISSETS):
+        img = simulate(f"-cell 30 30 40 90 90 90 -misset {misset} {CRYSTAL} {GEOMETRY}", background=1.0, seed=40 + k)
+        write_cbf(tmp_path / f"still_{k}.cbf", img, {"pixel_size_mm": 0.1})
+        (tmp_path / f"still_{k}.txt").write_text(f"-cell 30.09 30.09 40.12 90 90 90 -misset {misset} {CRYSTAL} {GEOMETRY}")
+    args = ("--images", "still_0.cbf", "still_1.cbf", "--model", "@{stem}.txt", "--joint", "--symmetry", "tetragonal",
+            "--max-steps", "3", "--no-esds")
+    held = refine_cli(*args, "--out-dir", "held")
+    assert held.code == 0, held.err
+    assert "fitted pixels held in memory" in held.out and "read from" not in held.out
+    stored = refine_cli(*args, "--out-dir", "stored", "--pixel-memory", "0")
+    assert stored.code == 0, stored.err
+    assert "fitted pixels held in memory: 0.0 MB; the pixels of 2 images read from stored/pixels/" in stored.out
+    assert not list((stored.tmp / "stored" / "pixels").glob("*"))
+    a, b = (json.loads((r.tmp / d / "joint.json").read_text()) for r, d in ((held, "held"), (stored, "stored")))
+    for key in ("shared", "images", "loss_final", "steps", "evaluations"):
+        assert a[key] == b[key], key
+    r = refine_cli(*args, "--out-dir", "x", "--pixel-memory", "-1")
+    assert r.code == 2 and "--pixel-memory: expected megabytes >= 0, got -1" in r.err
+    r = refine_cli("--problem", "cubic_mosflm", "--pixel-memory", "10")
+    assert r.code == 2 and "--pixel-memory: only with --images and --joint" in r.err
