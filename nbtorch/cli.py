@@ -330,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "  (@FILE: flags from FILE)")
         return 0 if argv else 2
     context: dict = {}
+    runtime.tune_allocator()
     try:
         return run(argv, context)
     except InputError as exc:

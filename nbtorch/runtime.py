@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
@@ -146,6 +147,38 @@ def check_device(device: str, flag: str) -> None:
         raise InputError(f"{flag}: expected cpu or cuda[:N], got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"{flag} {device}: CUDA is not available on this machine")
+
+
+#: glibc ``mallopt`` settings of :func:`tune_allocator`: buffers up to 256 MB from the heap, and up to 1 GB of
+#: freed heap kept for reuse (``M_MMAP_THRESHOLD`` = -3, ``M_TRIM_THRESHOLD`` = -1 in ``malloc.h``)
+_MALLOPT = ((-3, 256 << 20), (-1, 1 << 30))
+
+
+def tune_allocator() -> bool:
+    """Let glibc's malloc reuse large freed CPU buffers instead of returning them to the system (Linux only;
+    ``NBTORCH_TUNE_MALLOC=0`` leaves the allocator alone).  Returns whether the settings took.
+
+    A kernel's intermediate images (megabytes each) are allocated and freed at every call.  By default glibc
+    serves such sizes with ``mmap`` and unmaps them on free (its threshold adapts, but not for every size), so
+    the next call's buffers are fresh pages that fault in as the kernel writes them: on the 1024² cubic
+    forward that was thousands of page faults and up to half the time of the call, and how many depended on the
+    order of the allocations (the precompiled and the traced kernel differ there).  With large buffers from the
+    heap and the freed heap kept, the same pages serve every call.  The cost: freed memory (up to 1 GB) stays
+    with the process.  The commands (``nbtorch``, ``nbtorch-refine``) and the benchmark harnesses call this
+    at start; a Python program may call it itself.  The same effect from outside the process:
+    ``MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824``.
+    """
+    if os.environ.get("NBTORCH_TUNE_MALLOC", "1").strip() == "0" or not sys.platform.startswith("linux"):
+        return False
+    import ctypes  # noqa: PLC0415 - only here
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    ok = all(mallopt(option, value) == 1 for option, value in _MALLOPT)
+    log.debug("malloc tuned for reuse of large buffers: %s", ok)
+    return ok
 
 
 def cache_dir() -> Path:

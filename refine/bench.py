@@ -245,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if ns.threads:
         torch.set_num_threads(ns.threads)
+    runtime.tune_allocator()  # as the commands do
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         rec = run(ns, refine_args or list(TUTORIAL_ARGS))

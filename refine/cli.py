@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from losses import LOSSES
+from nbtorch import runtime
 from nbtorch.cli_support import Parser, Printer, argument_files
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
@@ -422,6 +423,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nbtorch-refine``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    runtime.tune_allocator()
     try:
         args = parse_args(argv)
         if args.images and args.joint:

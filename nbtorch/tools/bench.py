@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nbtorch import runtime
+
 CASES = {
     "cubic": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100",
     "heavy": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100 "
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: --c-bin {ns.c_bin}: not an executable file", file=sys.stderr)
         return 2
     torch.set_num_threads(ns.threads)
+    runtime.tune_allocator()  # as the commands do
     header = {
         "machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version(),
         "torch": torch.__version__, "threads": ns.threads, "cpu_count": os.cpu_count(),
