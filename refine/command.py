@@ -368,13 +368,15 @@ def _callbacks(args: argparse.Namespace, sim: Simulator, say) -> list:
 @dataclass
 class Prepared:
     """Steps 1-3 done: the checked arguments, the inputs, the simulator restricted to the fitted pixels (its
-    compile mode set), the pixel choice and the starting values."""
+    compile mode set; ``model``: the same unrestricted, for a caller that keeps the pixels itself), the pixel
+    choice and the starting values."""
 
     checked: Checked
     inputs: Inputs
     sim: Simulator
     choice: Any
     start: dict
+    model: Simulator
 
 
 def prepare(args: argparse.Namespace, say) -> Prepared:
@@ -392,6 +394,7 @@ def prepare(args: argparse.Namespace, say) -> Prepared:
                            spots_source=f"--refl {args.refl}" if args.refl else f"--spots {args.spots}")
     if choice.spots is not None:
         say(f"  {len(choice.spots)} observed spots in the fitted region")
+    model = sim
     sim = choice.simulator(sim)
     sim.set_compile(*runtime.compile_policy("refinement", choice.n_used * sim.evaluations_per_pixel(),
                                             explicit=args.compile))
@@ -403,7 +406,8 @@ def prepare(args: argparse.Namespace, say) -> Prepared:
         start = starting_scale_background(sim, inputs.observed, choice.mask, start)
         say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
             "(Poisson fit of the starting model)")
-    return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start)
+    model.set_compile(sim.compile_mode == "compiled", sim.compile_reason)
+    return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start, model=model)
 
 
 def plan_arguments(args: argparse.Namespace, p: Prepared) -> dict:

@@ -7,7 +7,7 @@
     torchrun --nproc-per-node 2 -m refine.cli --images @stills.txt --model "..." --joint --out-dir out/joint
 
 Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
-``--dmin``/``--dmax``, ``--spots``, ``--roi``, ...; :mod:`refine.command`), each process only its block of
+``--dmin``/``--dmax``, ``--spots`` or ``--refl``, ``--roi``, ...; :mod:`refine.command`), each process only its block of
 the images (:func:`refine.joint.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
 ``scale,background,orientation``) name the groups.  ``--rotation-series`` is ``--joint`` for a sweep of
 rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` from its own header (as for a
@@ -41,14 +41,12 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.batch import expand_image_list, per_image_args
-from refine.command import _simulator, amplitude_options, check_arguments, load_inputs
+from refine.command import amplitude_options, prepare
 from refine.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
 from refine.joint_amplitudes import check_options
 from refine.model import crystal_system
 from refine.pixel_table import FittedPixels, StoredPixels
-from refine.pixels import choose_pixels, starting_scale_background
 from refine.plan import observed_pixels
-from refine.spots import read_spot_list
 
 __all__ = ["ROTATION_PER_IMAGE", "ROTATION_SHARED", "run_joint", "split_names"]
 
@@ -69,30 +67,20 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
 
 
 def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
-    """(simulator, the chosen pixels (:class:`~refine.pixel_table.FittedPixels`), start, symmetry) of one image;
-    the whole image is not kept."""
+    """(simulator, the chosen pixels (:class:`~refine.pixel_table.FittedPixels`), start, symmetry) of one image,
+    prepared as a single run prepares it (:func:`refine.command.prepare`: inputs, model, spots or ``--refl``,
+    pixels, compile decision, starting scale and background); the whole image is not kept."""
     a = per_image_args(args, image, out_dir)
     a.quiet, a.resume = args.quiet, False  # the joint run's checkpoint is resumed, not a single run's
     # the structure factors are the joint run's (one shared table), not each image's
     a.structure_factors, a.space_group, a.f_restraint, a.hkl_out = False, None, None, None
-    checked = check_arguments(a)
-    inputs = load_inputs(a, checked, say)
-    if getattr(args, "rotation_series", False) and not inputs.cfg.osc_deg:
+    say(f"  {image}:")
+    p = prepare(a, say)
+    if getattr(args, "rotation_series", False) and not p.inputs.cfg.osc_deg:
         raise InputError(f"--rotation-series: {image} is a still (no oscillation in its header or --model); give "
                          "each image's rotation (-phi, -osc in a {{stem}} model) or refine stills with --joint")
-    sim = _simulator(a, checked, inputs)
-    spots = (read_spot_list(a.spots, a.spot_columns, inputs.observed.shape) if a.spots and a.spots != "find"
-             else a.spots)
-    choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=a.dmin, dmax_A=a.dmax, spots=spots,
-                           spot_window_px=a.spot_window, subsample=a.subsample, seed=a.seed,
-                           spots_source=f"--spots {a.spots}")
-    start = inputs.start
-    if not {"scale", "background"} <= set(start):
-        start = starting_scale_background(choice.simulator(sim), inputs.observed, choice.mask, start)
-    obs, valid = observed_pixels(sim, inputs.observed, choice.mask)
-    pixels = FittedPixels.from_image(obs, valid, source=image)
-    say(f"  {image}: fitting {pixels.n} of {choice.mask.size} pixels")
-    return sim, pixels, start, inputs.symmetry
+    obs, valid = observed_pixels(p.model, p.inputs.observed, p.choice.mask)
+    return p.model, FittedPixels.from_image(obs, valid, source=image), p.start, p.inputs.symmetry
 
 
 def pixel_budget_bytes(args: argparse.Namespace) -> float:
