@@ -4,7 +4,10 @@
 
 1. inside :func:`eager` (e.g. gradient tests): eager, always;
 2. purpose ``esds``: eager: the uncertainty estimate's Jacobian is forward-mode autograd
-   (:func:`refine.uncertainty.pixel_jacobian`), whose tangents a compiled graph drops;
+   (:func:`refine.uncertainty.pixel_jacobian`), whose tangents a compiled graph drops; purpose
+   ``jacobian`` (asked by :func:`~refine.uncertainty.pixel_jacobian` before it enters :func:`eager`):
+   its tiles go through the compiled forward-mode kernels of :mod:`nbtorch.physics.jacobian` unless rule
+   1 or 4 says eager (from :data:`nbtorch.physics.kernel.JACOBIAN_TILE_EVALUATIONS` evaluations per tile);
 3. an explicit ``compile=True/False`` argument (``-compile``, ``--compile``, ``--no-compile``) wins;
 4. ``NANOBRAGG_DISABLE_COMPILE=1`` or ``NANOBRAG_DISABLE_COMPILE=1`` (both spellings) selects eager, on
    CPU and CUDA alike; ``0`` or unset means no objection.  Any other value is an error naming the variable;
@@ -113,7 +116,7 @@ ONE_SHOT_EVALUATIONS = 50_000_000
 #: one model evaluation of a refinement: compile from this many evaluations on (the ~1 min compile pays off
 #: over the hundreds of evaluations of a refinement)
 REFINEMENT_EVALUATIONS = 200_000
-PURPOSES = ("simulator", "one-shot", "refinement", "esds")
+PURPOSES = ("simulator", "one-shot", "refinement", "esds", "jacobian")
 
 
 def compile_policy(purpose: str = "simulator", evaluations: float | None = None,
@@ -129,6 +132,10 @@ def compile_policy(purpose: str = "simulator", evaluations: float | None = None,
         return False, "inside nbtorch.eager()"
     if purpose == "esds":
         return False, "eager for the uncertainty estimate (forward-mode derivatives)"
+    if purpose == "jacobian":
+        if env_disables_compile():
+            return False, "environment variable"
+        return True, "compiled forward-mode kernels for large tiles (nbtorch.physics.jacobian)"
     if explicit is not None:
         return bool(explicit), f"compile={bool(explicit)} requested"
     if env_disables_compile():

@@ -297,8 +297,9 @@ def _with_drift_warning(result, spots: dict):
 
 
 def _extra_esds(sim: Simulator, result, args: argparse.Namespace) -> dict:
-    with eager():  # second derivatives: never through a compiled graph
-        u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
+    # first derivatives only (refine.uncertainty.pixel_jacobian runs the simulator eagerly itself; its large tiles
+    # go through the compiled forward-mode kernels unless compiling is off)
+    u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
     return {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation, "condition": u.condition}
 
 

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 import nbtorch
+from nbtorch import runtime
 from torch import Tensor
 
 from nbtorch.physics.kernel import analytic_jvp
@@ -105,10 +106,13 @@ def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple
 
     First derivatives only, by forward-mode autograd: one pass of the model with the P tangents
     batched (:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
-    (:func:`nbtorch.physics.kernel.analytic_jvp`).  Run eagerly: a compiled graph would drop the tangents.
+    (:func:`nbtorch.physics.kernel.analytic_jvp`).  Run eagerly (a compiled graph would drop the tangents),
+    except that, unless compiling is off (inside ``nbtorch.eager()`` or by the environment variable), each
+    large tile goes through the compiled forward-mode kernels of :mod:`nbtorch.physics.jacobian`.
     """
     th = theta.detach()
-    with nbtorch.eager(), analytic_jvp(), torch.no_grad():
+    compiled, _ = runtime.compile_policy("jacobian")  # before eager(), which would say no
+    with nbtorch.eager(), analytic_jvp(compiled), torch.no_grad():
         if th.numel() == 0:
             mu = model_fn(th)
             return mu, mu.new_zeros(mu.numel(), 0)

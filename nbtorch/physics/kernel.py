@@ -282,18 +282,35 @@ def analytic_orientation_sum(
 
 
 _ANALYTIC_JVP = contextvars.ContextVar("nbtorch_analytic_jvp", default=False)
+#: inside ``analytic_jvp(compiled=True)``: tiles of at least this many evaluations go through the compiled
+#: forward-mode kernels (:mod:`nbtorch.physics.jacobian`; a first compile costs ~1 min, then a load)
+JACOBIAN_TILE_EVALUATIONS = 100_000
 
 
 @contextlib.contextmanager
-def analytic_jvp():
+def analytic_jvp(compiled: bool = False):
     """Inside: the eager hot loop goes through :class:`~nbtorch.physics.square_sum.SquareOrientationSum` where it
     applies, so that forward-mode derivatives (:func:`torch.func.jacfwd`) use its analytic ``jvp`` (the
-    factors computed once for every tangent) instead of differentiating every operation of the loop."""
-    token = _ANALYTIC_JVP.set(True)
+    factors computed once for every tangent) instead of differentiating every operation of the loop.
+
+    ``compiled``: also, without gradient recording, each eager tile of a square crystal without interpolation
+    of at least :data:`JACOBIAN_TILE_EVALUATIONS` evaluations is one call of the compiled forward-mode kernels of
+    :mod:`nbtorch.physics.jacobian` (the caller decides whether compiling is allowed:
+    :func:`nbtorch.runtime.compile_policy` with purpose ``jacobian``)."""
+    token = _ANALYTIC_JVP.set("compiled" if compiled else True)
     try:
         yield
     finally:
         _ANALYTIC_JVP.reset(token)
+
+
+def _compiled_jacobian_applies(pixels: "TilePixels", inp: KernelInputs, opt: KernelOptions) -> bool:
+    if _ANALYTIC_JVP.get() != "compiled" or torch.is_grad_enabled() or opt.shape != "square" or opt.interpolate \
+            or opt.running_sum_quirk:
+        return False
+    evaluations = (pixels.fast_index.numel() * pixels.layers_m.numel() * pixels.oversample ** 2
+                   * inp.incident.shape[0] * inp.real_A.shape[0] * inp.real_A.shape[1])
+    return evaluations >= JACOBIAN_TILE_EVALUATIONS
 
 
 def eager_orientation_sum(sx: Tensor, sy: Tensor, sz: Tensor, inp: KernelInputs, opt: KernelOptions,
@@ -369,6 +386,11 @@ def accumulate_pixels(
     """
     if opt.running_sum_quirk:
         return _accumulate_evaluations(pixels, inp, opt, real_first_A, diagnostics)
+    if stages is EAGER_STAGES and real_first_A is None and not diagnostics and \
+            _compiled_jacobian_applies(pixels, inp, opt):
+        from nbtorch.physics.jacobian import tile_image_with_tangents  # here: it imports this module
+
+        return tile_image_with_tangents(pixels, inp, opt), {}
     pre, hot, post = stages
     terms = pre(pixels, inp, opt)
     sums, diag = hot(terms.sx, terms.sy, terms.sz, inp, opt, diagnostics)
