@@ -22,6 +22,7 @@ exits with status 1; Ctrl-C writes the checkpoint and exits with status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shlex
 import sys
@@ -420,21 +421,28 @@ def run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    """Joint, independent or single mode."""
+    if args.images and args.joint:
+        from refine.joint_command import run_joint  # imports refine.command, which imports this module
+
+        return run_joint(args, Printer(args.quiet))
+    if args.images:
+        from refine.batch import run_batch
+
+        return run_batch(args, run, Printer(args.quiet))
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nbtorch-refine``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     runtime.tune_allocator()
     try:
         args = parse_args(argv)
-        if args.images and args.joint:
-            from refine.joint_command import run_joint  # imports refine.command, which imports this module
-
-            return run_joint(args, Printer(args.quiet))
-        if args.images:
-            from refine.batch import run_batch
-
-            return run_batch(args, run, Printer(args.quiet))
-        return run(args)
+        # --no-compile: nothing compiled, the esds' forward-mode kernels (refine.uncertainty) included
+        with runtime.eager() if args.compile is False else contextlib.nullcontext():
+            return _dispatch(args)
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
