@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 import nbtorch
-from nbtorch import runtime
+from nbtorch import jacobian_kernels, runtime
 from torch import Tensor
 
 from nbtorch.physics.kernel import analytic_jvp
@@ -112,7 +112,7 @@ def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple
     """
     th = theta.detach()
     compiled, _ = runtime.compile_policy("jacobian")  # before eager(), which would say no
-    with nbtorch.eager(), analytic_jvp(compiled), torch.no_grad():
+    with nbtorch.eager(), analytic_jvp(jacobian_kernels.run if compiled else None), torch.no_grad():
         if th.numel() == 0:
             mu = model_fn(th)
             return mu, mu.new_zeros(mu.numel(), 0)

@@ -23,7 +23,8 @@ computed once per evaluation, then a few products per tangent).  The tangents ar
 multiple of :data:`TANGENT_BLOCK`, so that runs with a few more or fewer free parameters (the esds and
 ``--esd-extra``) share one kernel.
 
-How the kernels are compiled: ``torch.func`` inside a ``torch.compile`` graph leaves guards that torch's
+How the kernels are compiled (:mod:`nbtorch.jacobian_kernels`, outside the physics, which compiles and caches
+nothing itself): ``torch.func`` inside a ``torch.compile`` graph leaves guards that torch's
 precompile cannot save (so every process would trace again, ~10-40 s), so both functions are traced
 to plain ATen graphs (``make_fx``) and compiled by Inductor's standalone API
 (``torch._inductor.standalone_compile``); the compiled artifact is saved with torch's own
@@ -37,19 +38,15 @@ compile logs one warning and the same functions run eagerly.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import logging
-import threading
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from nbtorch.physics.detector import DetectorGeometry
-from nbtorch.physics.kernel import KernelInputs, KernelOptions, PixelTerms, TilePixels, combine, orientation_sum, \
-    tile_pixel_terms
+from nbtorch.physics.kernel import KernelInputs, KernelOptions, PixelTerms, TilePixels, combine, jacobian_runner, \
+    orientation_sum, tile_pixel_terms
 from nbtorch.physics.lattice import miller_indices, nearest_index, sincg_reduced_derivatives
 from nbtorch.physics.square_sum import _f_and_default
 from nbtorch.physics.structure import nearest_structure_factor
@@ -219,90 +216,20 @@ def _tangents_flat(static: _Static, fast: Tensor, slow: Tensor, *xs: Tensor) -> 
     return tile_tangents(pixels, inp, static.opt, static.full(xs[n:]))
 
 
-_FLAT = {"image": _image_flat, "tangents": _tangents_flat}
+#: the two kernels' functions, ``(static, fast_index, slow_index, *tensors) -> Tensor``, by kind
+KERNEL_FUNCTIONS = {"image": _image_flat, "tangents": _tangents_flat}
 #: Inductor options of both kernels (as :func:`nbtorch.runtime.compiled_kernel`'s: fused multiply-adds)
 INDUCTOR_OPTIONS = {"cpp.enable_floating_point_contract_flag": "fast"}
-_ARTIFACTS: dict[tuple, Callable] = {}
-_LOCK = threading.Lock()
-_FAILED: list[str] = []  # why compiling failed (then eager, warned once)
-
-
-@functools.lru_cache(maxsize=1)
-def _source_digest() -> str:
-    """Digest of the source of every ``nbtorch.physics`` module (what the kernels trace)."""
-    h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode() + path.read_bytes())
-    return h.hexdigest()
-
-
-def _digest(kind: str, static: _Static, args: Sequence[Tensor]) -> str:
-    from nbtorch.precompile import describe
-
-    what = (kind, torch.__version__, repr(static), sorted(INDUCTOR_OPTIONS.items()), torch.get_num_threads(),
-            describe(tuple(args)), _source_digest())
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
-
-
-def _compile(kind: str, static: _Static, args: list[Tensor]) -> Callable:
-    """The compiled ``kind`` kernel for these arguments: loaded from the cache folder, or traced, compiled and
-    saved (module docstring)."""
-    import torch._inductor.config as inductor_config
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from nbtorch import runtime
-    from nbtorch.precompile import precompile_dir
-
-    runtime.configure_inductor_cache()
-    save = runtime.precompile_enabled()
-    digest = _digest(kind, static, args)
-    path = precompile_dir() / f"jacobian-{kind}-{digest}.bin"
-    with inductor_config.patch(INDUCTOR_OPTIONS):
-        if save and path.is_file():
-            try:
-                artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
-                log.debug("loaded the compiled %s kernel of the Jacobian from %s", kind, path)
-                return artifact
-            except Exception as exc:  # damaged or incompatible: compile again
-                log.debug("cannot load %s (%s: %s); compiling", path, type(exc).__name__, exc)
-        with torch.no_grad():
-            graph = make_fx(functools.partial(_FLAT[kind], static))(*args)
-        artifact = torch._inductor.standalone_compile(graph, args, dynamic_shapes="from_example_inputs")
-    if save:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-            artifact.save(path=str(tmp), format="binary")
-            tmp.replace(path)
-        except Exception as exc:  # unwritable: still usable in this process
-            log.debug("cannot save the compiled %s kernel to %s (%s: %s)", kind, path, type(exc).__name__, exc)
-    return artifact
-
-
 def _run(kind: str, static: _Static, args: list[Tensor]) -> Tensor:
-    """``_FLAT[kind](static, *args)`` through its compiled kernel (eager if compiling failed)."""
-    if not _FAILED:
-        # cheap in-process key (the digest, which describes every argument, only on a miss)
-        key = (kind, static, torch.get_num_threads(),
-               tuple((t.dtype, t.device, tuple(t.shape), t.stride()) for t in args))
-        kernel = _ARTIFACTS.get(key)
-        if kernel is None:
-            with _LOCK:
-                kernel = _ARTIFACTS.get(key)
-                if kernel is None:
-                    try:
-                        kernel = _compile(kind, static, args)
-                    except Exception as exc:  # compile problems: the same functions eagerly
-                        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                        log.warning("compiling the esds' Jacobian kernel failed, running it eagerly: %s", reason)
-                        _FAILED.append(reason)
-                    else:
-                        _ARTIFACTS[key] = kernel
-        if kernel is not None:
-            out = kernel(*args)
-            return out[0] if isinstance(out, (list, tuple)) else out
+    """``KERNEL_FUNCTIONS[kind](static, *args)`` through the compiled kernel of the runner given to
+    :func:`~nbtorch.physics.kernel.analytic_jvp` (:func:`nbtorch.jacobian_kernels.run`), or eagerly when it has
+    none (compiling off or failed)."""
+    runner = jacobian_runner()
+    out = None if runner is None else runner(kind, static, args)
+    if out is not None:
+        return out
     with torch.no_grad():
-        return _FLAT[kind](static, *args)
+        return KERNEL_FUNCTIONS[kind](static, *args)
 
 
 def _padded(tangents: Sequence[Tensor], K: int) -> list[Tensor]:

@@ -282,30 +282,38 @@ def analytic_orientation_sum(
 
 
 _ANALYTIC_JVP = contextvars.ContextVar("nbtorch_analytic_jvp", default=False)
-#: inside ``analytic_jvp(compiled=True)``: tiles of at least this many evaluations go through the compiled
+#: inside ``analytic_jvp(compiled=runner)``: tiles of at least this many evaluations go through the compiled
 #: forward-mode kernels (:mod:`nbtorch.physics.jacobian`; a first compile costs ~1 min, then a load)
 JACOBIAN_TILE_EVALUATIONS = 100_000
 
 
 @contextlib.contextmanager
-def analytic_jvp(compiled: bool = False):
+def analytic_jvp(compiled: Callable | None = None):
     """Inside: the eager hot loop goes through :class:`~nbtorch.physics.square_sum.SquareOrientationSum` where it
     applies, so that forward-mode derivatives (:func:`torch.func.jacfwd`) use its analytic ``jvp`` (the
     factors computed once for every tangent) instead of differentiating every operation of the loop.
 
-    ``compiled``: also, without gradient recording, each eager tile of a square crystal without interpolation
-    of at least :data:`JACOBIAN_TILE_EVALUATIONS` evaluations is one call of the compiled forward-mode kernels of
-    :mod:`nbtorch.physics.jacobian` (the caller decides whether compiling is allowed:
-    :func:`nbtorch.runtime.compile_policy` with purpose ``jacobian``)."""
-    token = _ANALYTIC_JVP.set("compiled" if compiled else True)
+    ``compiled``: a runner of compiled kernels, ``(kind, static, args) -> Tensor or None``
+    (:func:`nbtorch.jacobian_kernels.run`; None from it: run eagerly).  With one, without gradient recording,
+    each eager tile of a square crystal without interpolation of at least :data:`JACOBIAN_TILE_EVALUATIONS`
+    evaluations goes through the forward-mode kernels of :mod:`nbtorch.physics.jacobian`, which it compiles
+    (the caller decides whether compiling is allowed: :func:`nbtorch.runtime.compile_policy` with purpose
+    ``jacobian``; the physics itself never compiles or caches anything)."""
+    token = _ANALYTIC_JVP.set(compiled if compiled is not None else True)
     try:
         yield
     finally:
         _ANALYTIC_JVP.reset(token)
 
 
+def jacobian_runner() -> Callable | None:
+    """The runner of compiled kernels given to :func:`analytic_jvp` (None outside it or without one)."""
+    value = _ANALYTIC_JVP.get()
+    return value if callable(value) else None
+
+
 def _compiled_jacobian_applies(pixels: "TilePixels", inp: KernelInputs, opt: KernelOptions) -> bool:
-    if _ANALYTIC_JVP.get() != "compiled" or torch.is_grad_enabled() or opt.shape != "square" or opt.interpolate \
+    if jacobian_runner() is None or torch.is_grad_enabled() or opt.shape != "square" or opt.interpolate \
             or opt.running_sum_quirk:
         return False
     evaluations = (pixels.fast_index.numel() * pixels.layers_m.numel() * pixels.oversample ** 2

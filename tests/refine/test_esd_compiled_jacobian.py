@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import nbtorch
+import nbtorch.jacobian_kernels as jacobian_kernels
 import nbtorch.physics.jacobian as jacobian
 import nbtorch.physics.kernel as kernel
 import refine.uncertainty as unc
@@ -20,16 +21,16 @@ from test_esd_first_derivatives import _case  # tests/refine is on the path (pyt
 
 
 def _eager_kernels(kind, static, args):  # the kernels' own functions, run eagerly (no Inductor)
-    return functools.partial(jacobian._FLAT[kind], static)
+    return functools.partial(jacobian.KERNEL_FUNCTIONS[kind], static)
 
 
 def _compiled_path(monkeypatch, compile_for_real: bool) -> list:
     """Allow compiling, route every tile through the kernels (threshold 0); the tangent calls are counted."""
     monkeypatch.setenv("NANOBRAGG_DISABLE_COMPILE", "0")
     monkeypatch.setattr(kernel, "JACOBIAN_TILE_EVALUATIONS", 0)
-    monkeypatch.setattr(jacobian, "_ARTIFACTS", {})
+    monkeypatch.setattr(jacobian_kernels, "_ARTIFACTS", {})
     if not compile_for_real:
-        monkeypatch.setattr(jacobian, "_compile", _eager_kernels)
+        monkeypatch.setattr(jacobian_kernels, "_compile", _eager_kernels)
     calls: list = []
     original = jacobian._tangents
     monkeypatch.setattr(jacobian, "_tangents", lambda *a: calls.append(a[-1]) or original(*a))
@@ -135,5 +136,5 @@ def test_compiled_kernels_equal_eager_jacfwd(problem_cache, monkeypatch):
     old = unc.estimate_uncertainties(obj, pmap, pmap.raw0(), excess=3.0)
     calls = _compiled_path(monkeypatch, compile_for_real=True)
     new = unc.estimate_uncertainties(obj, pmap, pmap.raw0(), excess=3.0)
-    assert calls and not jacobian._FAILED
+    assert calls and not jacobian_kernels._FAILED
     _assert_same(new, old)
