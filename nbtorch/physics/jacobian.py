@@ -47,8 +47,7 @@ from torch import Tensor
 from nbtorch.physics.detector import DetectorGeometry
 from nbtorch.physics.kernel import KernelInputs, KernelOptions, PixelTerms, TilePixels, combine, jacobian_runner, \
     orientation_sum, tile_pixel_terms
-from nbtorch.physics.lattice import miller_indices, nearest_index, sincg_reduced_derivatives
-from nbtorch.physics.square_sum import _f_and_default
+from nbtorch.physics.square_sum import square_sum_factors
 from nbtorch.physics.structure import nearest_structure_factor
 
 __all__ = ["applies", "tile_image", "tile_tangents", "square_sum_tangents", "tile_image_with_tangents",
@@ -109,13 +108,8 @@ def square_sum_tangents(sx: Tensor, sy: Tensor, sz: Tensor, real_A: Tensor, n_ce
     """
     shape = tuple(sx.shape)
     K = d_real.shape[0]
-    hkl = list(miller_indices((sx, sy, sz), real_A))
-    hkl0 = [nearest_index(h) for h in hkl]
-    parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], True) for i in range(3)]
-    f = [p[0] for p in parts]
-    others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
-    latt = f[0] * others[0]
-    F, defaulted = _f_and_default(hkl0, F_grid, hkl_min, hkl_max, default_F)
+    hkl0, parts, others, latt, F, defaulted = square_sum_factors(sx, sy, sz, real_A, n_cells, F_grid, hkl_min,
+                                                                 hkl_max, default_F, True)
     common = (2.0 * F * F) * latt
     E, X = real_A.shape[0] * real_A.shape[1], sx.numel()
     sums = ((F * latt) ** 2).reshape(E, X).sum(0)

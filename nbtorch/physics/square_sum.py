@@ -58,12 +58,11 @@ def square_sum(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F)
     return ((f * latt) ** 2).reshape((-1,) + tuple(sx.shape)).sum(0)
 
 
-def square_sum_backward(grad, sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F,
-                        need_s: bool, need_a: bool, need_n: bool, need_f: bool) -> tuple:
-    """Gradients ``(sx, sy, sz, real_A, n_cells, default_F)`` of :func:`square_sum` for upstream ``grad``.
-
-    Those not asked for (``need_*``) are None and cost nothing.
-    """
+def square_sum_factors(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F, need_n: bool) -> tuple:
+    """What :func:`square_sum`'s derivatives share: ``(hkl0, parts, others, latt, F, defaulted)`` with ``hkl0``
+    the nearest Miller indices, ``parts[i]`` the reduced ``sincg`` of axis ``i`` and its derivatives (in ``h`` and,
+    with ``need_n``, in ``N``), ``others[i]`` the product of the other two axes' factors, ``latt`` the lattice
+    factor, ``F`` the structure factors and ``defaulted`` where they follow ``default_F`` (or None)."""
     hkl = list(miller_indices((sx, sy, sz), real_A))
     hkl0 = [nearest_index(h) for h in hkl]
     parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], need_n) for i in range(3)]
@@ -71,6 +70,17 @@ def square_sum_backward(grad, sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_
     others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
     latt = f[0] * others[0]
     F, defaulted = _f_and_default(hkl0, F_grid, hkl_min, hkl_max, default_F)
+    return hkl0, parts, others, latt, F, defaulted
+
+
+def square_sum_backward(grad, sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, default_F,
+                        need_s: bool, need_a: bool, need_n: bool, need_f: bool) -> tuple:
+    """Gradients ``(sx, sy, sz, real_A, n_cells, default_F)`` of :func:`square_sum` for upstream ``grad``.
+
+    Those not asked for (``need_*``) are None and cost nothing.
+    """
+    hkl0, parts, others, latt, F, defaulted = square_sum_factors(sx, sy, sz, real_A, n_cells, F_grid, hkl_min,
+                                                                 hkl_max, default_F, need_n)
     common = grad * (2.0 * F * F) * latt  # dsums/dL_i-factor common to every axis: g 2 F^2 L
     E = real_A.shape[0] * real_A.shape[1]
     X = sx.numel()
@@ -102,13 +112,8 @@ def square_sum_jvp(sx, sy, sz, real_A, n_cells, F_grid, hkl_min, hkl_max, defaul
     Under :func:`torch.func.jacfwd` the tangents carry a batch of P directions: the factors above are
     computed once, each direction then costs a few products (a matrix product for ``dA``).
     """
-    hkl = list(miller_indices((sx, sy, sz), real_A))
-    hkl0 = [nearest_index(h) for h in hkl]
-    parts = [sincg_reduced_derivatives(hkl[i] - hkl0[i], n_cells[i], d_n is not None) for i in range(3)]
-    f = [p[0] for p in parts]
-    others = (f[1] * f[2], f[0] * f[2], f[0] * f[1])
-    latt = f[0] * others[0]
-    F, defaulted = _f_and_default(hkl0, F_grid, hkl_min, hkl_max, default_F)
+    hkl0, parts, others, latt, F, defaulted = square_sum_factors(sx, sy, sz, real_A, n_cells, F_grid, hkl_min,
+                                                                 hkl_max, default_F, d_n is not None)
     common = (2.0 * F * F) * latt
     E, X = real_A.shape[0] * real_A.shape[1], sx.numel()
     out = sx.new_zeros(X)

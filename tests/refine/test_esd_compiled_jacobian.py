@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ import nbtorch.physics.kernel as kernel
 import refine.uncertainty as unc
 from nbtorch import runtime
 
-from test_esd_first_derivatives import _case  # tests/refine is on the path (pytest rootdir insertion)
+from test_esd_first_derivatives import _case, assert_same_esds  # tests/refine is on the path (pytest rootdir insertion)
 
 
 def _eager_kernels(kind, static, args):  # the kernels' own functions, run eagerly (no Inductor)
@@ -37,17 +36,6 @@ def _compiled_path(monkeypatch, compile_for_real: bool) -> list:
     return calls
 
 
-def _assert_same(new, old):
-    assert np.abs(old.fisher).max() > 0
-    assert np.allclose(new.fisher, old.fisher, rtol=1e-9, atol=0)
-    for kind in unc.ESD_KINDS:
-        a, b = new.as_dict(kind), old.as_dict(kind)
-        assert a.keys() == b.keys()
-        for n in a:
-            assert a[n] == pytest.approx(b[n], rel=1e-6), (kind, n)
-    assert np.allclose(new.correlation, old.correlation, rtol=1e-6, atol=1e-9)
-
-
 @pytest.mark.parametrize("name,restricted", [("tetragonal_mosflm", True), ("cubic_mosflm", False)])
 def test_kernel_path_equals_eager_jacfwd(problem_cache, monkeypatch, name, restricted):
     pmap, obj, _ = _case(problem_cache(name, 32), restricted, True, analytic=True)
@@ -57,7 +45,7 @@ def test_kernel_path_equals_eager_jacfwd(problem_cache, monkeypatch, name, restr
     calls = _compiled_path(monkeypatch, compile_for_real=False)
     new = unc.estimate_uncertainties(obj, pmap, pmap.raw0(), excess=3.0)
     assert calls and all(k == len(pmap.names) for k in calls)  # every tile, all directions at once
-    _assert_same(new, old)
+    assert_same_esds(new, old)
 
 
 def test_tile_tangents_equal_autograd_forward_mode(problem_cache):
@@ -137,4 +125,4 @@ def test_compiled_kernels_equal_eager_jacfwd(problem_cache, monkeypatch):
     calls = _compiled_path(monkeypatch, compile_for_real=True)
     new = unc.estimate_uncertainties(obj, pmap, pmap.raw0(), excess=3.0)
     assert calls and not jacobian_kernels._FAILED
-    _assert_same(new, old)
+    assert_same_esds(new, old)
