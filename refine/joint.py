@@ -783,7 +783,6 @@ def refine_joint(
         shared_names = shared_names + amps.free
     names = shared_names + per_names
     images = [_image(im, space, names, hold_scale=amps is not None and im.index == 0) for im in prepared]
-    del prepared
     dtype = torch.float64
     joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
     starts = _all_values(joint, {im.index: im.start for im in images})
