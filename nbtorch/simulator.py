@@ -174,6 +174,16 @@ class Simulator(nn.Module):
         pixels is another simulator (:meth:`restricted`)."""
         return self._setup
 
+    def _shallow_copy(self) -> "Simulator":
+        """A copy sharing this simulator's tensors and compiled kernels, with its own attribute and buffer tables
+        (so that the caller may swap a setup or a buffer) and no pixel-index cache."""
+        new = copy.copy(self)
+        new.__dict__ = dict(self.__dict__)
+        for table in ("_buffers", "_parameters", "_modules"):
+            new.__dict__[table] = dict(self.__dict__[table])
+        new.__dict__.pop("_pixel_cache", None)
+        return new
+
     def restricted(self, pixels: np.ndarray) -> "Simulator":
         """A simulator that computes only the True pixels of ``pixels`` (bool (slow, fast), combined with the
         model's own ``-mask``, not with an earlier restriction); the others render as exactly 0.
@@ -187,11 +197,7 @@ class Simulator(nn.Module):
         if mask.shape != tuple(self.shape):
             raise InputError(f"pixel mask shape {mask.shape} does not match the detector {tuple(self.shape)}")
         old = self._model_mask
-        new = copy.copy(self)
-        new.__dict__ = dict(self.__dict__)
-        for table in ("_buffers", "_parameters", "_modules"):
-            new.__dict__[table] = dict(self.__dict__[table])
-        new.__dict__.pop("_pixel_cache", None)
+        new = self._shallow_copy()
         new._setup = dataclasses.replace(self._setup, pixel_mask=mask if old is None else (mask & old))
         return new
 
@@ -204,11 +210,7 @@ class Simulator(nn.Module):
         lo = np.asarray(hkl_min, dtype=np.float64).reshape(3)
         if grid.ndim != 3 or not np.all(np.isfinite(grid)) or np.any(grid < 0):
             raise InputError(f"structure-factor table: expected a finite, non-negative 3-d array, got shape {grid.shape}")
-        new = copy.copy(self)
-        new.__dict__ = dict(self.__dict__)
-        for table in ("_buffers", "_parameters", "_modules"):
-            new.__dict__[table] = dict(self.__dict__[table])
-        new.__dict__.pop("_pixel_cache", None)
+        new = self._shallow_copy()
         sf = dataclasses.replace(self._setup.structure_factors, F_grid=grid, F_present=None, hkl_min=lo,
                                  hkl_max=lo + np.array(grid.shape) - 1)
         new._setup = dataclasses.replace(self._setup, structure_factors=sf)
@@ -234,10 +236,7 @@ class Simulator(nn.Module):
                 and self.F_grid is not None and other.F_grid is not None and self.device == other.device)
         if not same:
             return self
-        new = copy.copy(self)
-        new.__dict__ = dict(self.__dict__)
-        for table in ("_buffers", "_parameters", "_modules"):
-            new.__dict__[table] = dict(self.__dict__[table])
+        new = self._shallow_copy()
         new._setup = dataclasses.replace(self._setup, structure_factors=b)
         new._buffers["F_grid"] = other.F_grid
         if self.F_present is not None:
