@@ -49,7 +49,7 @@ def _source_digest() -> str:
 
 
 def _digest(kind: str, static, args: Sequence[Tensor]) -> str:
-    what = (kind, torch.__version__, repr(static), sorted(physics_jacobian.INDUCTOR_OPTIONS.items()),
+    what = (kind, torch.__version__, repr(static), sorted(runtime.INDUCTOR_OPTIONS.items()),
             torch.get_num_threads(), describe(tuple(args)), _source_digest())
     return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
@@ -64,7 +64,7 @@ def _compile(kind: str, static, args: list[Tensor]) -> Callable:
     save = runtime.precompile_enabled()
     digest = _digest(kind, static, args)
     path = precompile_dir() / f"jacobian-{kind}-{digest}.bin"
-    with inductor_config.patch(physics_jacobian.INDUCTOR_OPTIONS):
+    with inductor_config.patch(runtime.INDUCTOR_OPTIONS):
         if save and path.is_file():
             try:
                 artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")

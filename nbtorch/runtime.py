@@ -64,6 +64,10 @@ _LOCK = threading.Lock()
 #: environment variable ``NBTORCH_PRECOMPILE=0``): plain ``torch.compile`` wrappers, which trace in every process
 PRECOMPILE = True
 PRECOMPILE_ENV = "NBTORCH_PRECOMPILE"
+#: Inductor options of every compiled kernel (the simulator's and the esds' Jacobian's): fused multiply-adds in
+#: the generated C++ (Inductor's default forbids contraction): ~15 % faster on the hot loop, rounding
+#: differences only (see docs/performance.md)
+INDUCTOR_OPTIONS = {"cpp.enable_floating_point_contract_flag": "fast"}
 
 
 def precompile_enabled() -> bool:
@@ -223,10 +227,7 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
             torch._dynamo.config.cache_size_limit = limit
             if hasattr(torch._dynamo.config, "recompile_limit"):
                 torch._dynamo.config.recompile_limit = limit
-            # fused multiply-adds in the generated C++ (Inductor's default forbids contraction):
-            # ~15 % faster on the hot loop, rounding differences only (see docs/performance.md)
-            inductor_options = {"cpp.enable_floating_point_contract_flag": "fast",
-                                **_known_inductor_options(options or {})}
+            inductor_options = {**INDUCTOR_OPTIONS, **_known_inductor_options(options or {})}
             kernel = torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options)
             if precompile_enabled():  # a new process loads the compiled kernel instead of tracing it (nbtorch.precompile)
                 kernel = PrecompiledKernel(kernel, fn, key, inductor_options)

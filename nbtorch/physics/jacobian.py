@@ -50,7 +50,7 @@ from nbtorch.physics.kernel import KernelInputs, KernelOptions, PixelTerms, Tile
 from nbtorch.physics.square_sum import square_sum_factors
 from nbtorch.physics.structure import nearest_structure_factor
 
-__all__ = ["applies", "tile_image", "tile_tangents", "square_sum_tangents", "tile_image_with_tangents",
+__all__ = ["tile_image", "tile_tangents", "square_sum_tangents", "tile_image_with_tangents",
            "TileImage", "TileTangents", "TANGENT_BLOCK"]
 
 log = logging.getLogger(__name__)
@@ -65,16 +65,18 @@ _INPUTS = tuple(f.name for f in dataclasses.fields(KernelInputs))
 LEAVES = tuple(f"geom.{n}" for n in _GEOM) + ("pixel_m", "layers_m") + _INPUTS
 
 
-def applies(opt: KernelOptions, inp: KernelInputs) -> bool:
-    """Whether :func:`tile_image_with_tangents` handles these options: a square crystal, nearest-neighbour
-    structure factors, no running-sum quirk (the kernel's three stages)."""
-    return opt.shape == "square" and not opt.interpolate and not opt.running_sum_quirk
-
-
 def _leaves(pixels: TilePixels, inp: KernelInputs) -> tuple[Tensor | None, ...]:
     g = pixels.geom
     return (tuple(getattr(g, n) for n in _GEOM) + (pixels.pixel_m, pixels.layers_m)
             + tuple(getattr(inp, n) for n in _INPUTS))
+
+
+def _placed(n: int, present: Sequence[int], xs: Sequence[Tensor]) -> list:
+    """A list of ``n`` entries with ``xs`` at the positions ``present`` and None elsewhere."""
+    out: list = [None] * n
+    for i, x in zip(present, xs):
+        out[i] = x
+    return out
 
 
 def _rebuild(fast: Tensor, slow: Tensor, oversample: int, leaves: Sequence[Tensor | None]) \
@@ -144,14 +146,8 @@ def tile_tangents(pixels: TilePixels, inp: KernelInputs, opt: KernelOptions,
     tan = tuple(tangents[i] for i in idx)
     fast, slow, oversample = pixels.fast_index, pixels.slow_index, pixels.oversample
 
-    def full(xs: Sequence[Tensor]) -> list:
-        out: list = [None] * len(leaves)
-        for i, x in zip(idx, xs):
-            out[i] = x
-        return out
-
     def pre(*xs: Tensor) -> tuple[Tensor, ...]:
-        px, q = _rebuild(fast, slow, oversample, full(xs))
+        px, q = _rebuild(fast, slow, oversample, _placed(len(leaves), idx, xs))
         terms = tile_pixel_terms(px, q, opt)
         return tuple(getattr(terms, n) for n in _TERMS)
 
@@ -168,9 +164,7 @@ def tile_tangents(pixels: TilePixels, inp: KernelInputs, opt: KernelOptions,
 
     def post(s: Tensor, *xs: Tensor) -> Tensor:
         t = dict(zip(_TERMS, xs[:len(_TERMS)]))
-        values: list = [None] * len(_INPUTS)
-        for i, x in zip(inp_idx, xs[len(_TERMS):]):
-            values[i] = x
+        values = _placed(len(_INPUTS), inp_idx, xs[len(_TERMS):])
         return combine(s, PixelTerms(**t, valid=terms.valid), KernelInputs(*values), opt)
 
     primals = (sums,) + tuple(getattr(terms, n) for n in _TERMS) + prim_inp
@@ -193,10 +187,7 @@ class _Static:
         return _rebuild(fast, slow, self.oversample, self.full(xs))
 
     def full(self, xs: Sequence[Tensor]) -> list:
-        out: list = [None] * len(LEAVES)
-        for i, x in zip(self.present, xs):
-            out[i] = x
-        return out
+        return _placed(len(LEAVES), self.present, xs)
 
 
 def _image_flat(static: _Static, fast: Tensor, slow: Tensor, *prims: Tensor) -> Tensor:
@@ -212,8 +203,8 @@ def _tangents_flat(static: _Static, fast: Tensor, slow: Tensor, *xs: Tensor) -> 
 
 #: the two kernels' functions, ``(static, fast_index, slow_index, *tensors) -> Tensor``, by kind
 KERNEL_FUNCTIONS = {"image": _image_flat, "tangents": _tangents_flat}
-#: Inductor options of both kernels (as :func:`nbtorch.runtime.compiled_kernel`'s: fused multiply-adds)
-INDUCTOR_OPTIONS = {"cpp.enable_floating_point_contract_flag": "fast"}
+
+
 def _run(kind: str, static: _Static, args: list[Tensor]) -> Tensor:
     """``KERNEL_FUNCTIONS[kind](static, *args)`` through the compiled kernel of the runner given to
     :func:`~nbtorch.physics.kernel.analytic_jvp` (:func:`nbtorch.jacobian_kernels.run`), or eagerly when it has
