@@ -272,7 +272,6 @@ class ImageObjective:
         self._identity = gather.numel() == n and bool(torch.equal(gather, torch.arange(n, device=dev)))
         self._obs_px = self.observed.reshape(-1)[used]
         self.pixel_weights = torch.ones_like(self._obs_px)
-        self._dxy = (self._dx.expand(shape).reshape(-1)[used], self._dy.expand(shape).reshape(-1)[used])
         self._positions = False  # the simulator's own pixels (not render_pixels(pixels=...))
 
     @classmethod
@@ -309,22 +308,17 @@ class ImageObjective:
         self._dx = (torch.arange(x0, x1 + 1, dtype=dt, device=dev) - (nx - 1) / 2.0)[None, :]
         self._dy = (torch.arange(y0, y1 + 1, dtype=dt, device=dev) - (ny - 1) / 2.0)[:, None]
         self._used, self._obs_px, self._gather, self._identity, self._positions = used, observed, None, True, True
-        self._dxy = None  # made when a planar background asks (_dx_px, _dy_px)
         self.pixel_weights = torch.ones((), dtype=dt, device=dev).expand(used.numel())  # no storage per pixel
 
     @property
     def _dx_px(self) -> Tensor:
-        """Fast offsets of the fitted pixels from the image centre (planar background; on positions: made
-        when asked, not held)."""
-        if self._dxy is not None:
-            return self._dxy[0]
+        """Fast offsets of the fitted pixels from the image centre (made when a planar background asks, not
+        held)."""
         return self._dx.reshape(-1)[self._used % self.view.shape[1]]
 
     @property
     def _dy_px(self) -> Tensor:
         """Slow offsets of the fitted pixels from the image centre."""
-        if self._dxy is not None:
-            return self._dxy[1]
         return self._dy.reshape(-1)[torch.div(self._used, self.view.shape[1], rounding_mode="floor")]
 
     @property

@@ -379,20 +379,15 @@ def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
 
 def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:
     """The largest square side (``largest``, halved down to 1) giving >= 30 non-empty clusters per parameter."""
-    if objective.sparse:  # from the fitted positions (an objective on positions holds no mask)
-        cols = objective.view.shape[1]
-        rows_, cols_ = torch.div(objective._used, cols, rounding_mode="floor"), objective._used % cols
+    if objective.sparse:  # the fitted positions (an objective on positions holds no mask)
+        flat, shape = objective._used, objective.view.shape
     else:
         used = (objective.weights > 0).reshape(objective.weights.shape[-2:]) if objective.weights.dim() >= 2 \
             else (objective.weights > 0).reshape(1, -1)
-        rows_, cols_ = torch.nonzero(used, as_tuple=True)
-        cols = used.shape[1]
+        flat, shape = torch.nonzero(used.reshape(-1)).reshape(-1), tuple(used.shape)
     side = max(int(largest), 1)
     while side > 1:
-        per_row = -(-cols // side)
-        tiles = torch.unique(torch.div(rows_, side, rounding_mode="floor") * per_row
-                             + torch.div(cols_, side, rounding_mode="floor"))
-        if tiles.numel() >= 30 * max(n_free, 1):
+        if torch.unique(cluster_index(flat, shape, side)[0]).numel() >= 30 * max(n_free, 1):
             break
         side //= 2
     return side
