@@ -5,9 +5,10 @@ vector and performs **one** step with it (:meth:`AbstractStrategy.step`);
 everything else (evaluation caching, convergence tests, NaN handling, time
 budget, checkpoints, callbacks) is the loop's job (:mod:`refine.loop`).
 
-* :class:`LBFGS`: ``torch.optim.LBFGS`` with ``max_iter=1`` per step, so one
-  loop step is one quasi-Newton iteration with a strong-Wolfe line search (a
-  few loss evaluations).  The raw parameters are scaled to about one
+* :class:`LBFGS`: one quasi-Newton iteration per loop step with a strong-Wolfe
+  line search (a few loss evaluations): :class:`refine.lbfgs.OneStepLBFGS`,
+  ``torch.optim.LBFGS(max_iter=1)``'s iteration and state layout without its
+  ``torch._dynamo`` import.  The raw parameters are scaled to about one
   (:mod:`refine.parameters`), which LBFGS needs: it uses one step size and one
   initial inverse Hessian ``gamma I`` for every parameter.
 * :class:`Adam`: ``torch.optim.Adam``, one loss evaluation per step, the
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
+from refine.lbfgs import OneStepLBFGS
 
 __all__ = ["AbstractStrategy", "Adam", "LBFGS", "get_strategy"]
 
@@ -76,13 +78,12 @@ class LBFGS(AbstractStrategy):
         if self.line_search not in ("strong_wolfe", None):
             raise InputError(f"line_search: expected 'strong_wolfe' or None, got {self.line_search!r}")
 
-    def init(self, x: Tensor) -> torch.optim.Optimizer:
-        # the loop decides convergence: switch torch's own tests off (tolerances 0)
-        return torch.optim.LBFGS([x], lr=self.lr, max_iter=1, max_eval=self.max_eval, tolerance_grad=0.0,
-                                 tolerance_change=0.0, history_size=self.history_size,
-                                 line_search_fn=self.line_search)
+    def init(self, x: Tensor) -> OneStepLBFGS:
+        # the loop decides convergence: OneStepLBFGS has torch's own tests off (tolerances 0)
+        return OneStepLBFGS(x, lr=self.lr, max_eval=self.max_eval, history_size=self.history_size,
+                            line_search_fn=self.line_search)
 
-    def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Tensor], step: int, max_steps: int) -> None:
+    def step(self, optimizer: OneStepLBFGS, closure: Callable[[], Tensor], step: int, max_steps: int) -> None:
         optimizer.step(closure)
 
 
