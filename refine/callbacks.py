@@ -245,21 +245,20 @@ class TensorBoardCallback(AbstractCallback):
         if w is None:
             return
         s = state.step
-        w.add_scalar("loss", state.loss, s)
-        w.add_scalar("grad_norm", state.grad_norm, s)
-        w.add_scalar("stage", state.stage_index, s)
+        scalars = {"loss": state.loss, "grad_norm": state.grad_norm, "stage": state.stage_index}
         amplitudes = []
         for name, value in state.params.items():
             if is_amplitude(name):  # hundreds of them: one histogram, not a tag each
                 amplitudes.append(value)
                 continue
-            w.add_scalar(parameter_tag(name), value, s)
-            w.add_scalar(parameter_tag(name, "grads"), state.grads.get(name, 0.0), s)
-        if amplitudes:
-            w.add_histogram("structure_factors", np.asarray(amplitudes), s)
+            scalars[parameter_tag(name)] = value
+            scalars[parameter_tag(name, "grads")] = state.grads.get(name, 0.0)
         if any(n in ORIENTATION_DELTAS for n in state.params):
             for name in MISSET_NAMES:
-                w.add_scalar(parameter_tag(name), state.canonical[name], s)
+                scalars[parameter_tag(name)] = state.canonical[name]
+        _add_scalars(w, scalars, s)
+        if amplitudes:
+            w.add_histogram("structure_factors", np.asarray(amplitudes), s)
         if self.every > 0 and s % self.every == 0 and state.model is not None and state.observed is not None:
             model = state.model.detach().cpu().double()
             obs = state.observed.detach().cpu().double()
@@ -283,6 +282,20 @@ class TensorBoardCallback(AbstractCallback):
         if self._own:
             w.close()
             self.writer = None
+
+
+def _add_scalars(writer: Any, scalars: dict[str, float], step: int) -> None:
+    """Each ``tag -> value`` as ``writer.add_scalar(tag, value, step)`` would log it, but for a torch
+    ``SummaryWriter`` as one event of the step (one summary with every value: TensorBoard shows the same
+    curves; one event per scalar cost ~0.2 s of the README's main job, 185 steps x 28 scalars)."""
+    file_writer = getattr(writer, "_get_file_writer", None)
+    if file_writer is None:  # another SummaryWriter-like object: its public method
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, step)
+        return
+    from torch.utils.tensorboard.summary import scalar
+    values = [v for tag, value in scalars.items() for v in scalar(tag, value).value]
+    file_writer().add_summary(type(scalar("loss", 0.0))(value=values), step)
 
 
 def _unit_range(x: Tensor) -> Tensor:
