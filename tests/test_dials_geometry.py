@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +23,10 @@ import torch
 from nbtorch import Simulator, config_from_args
 from nbtorch.dials_geometry import (
     NB_FROM_DIALS, bragg_positions_px, dials_from_nb, experiment_flags, misset_from_rotation_deg, nb_from_dials,
-    refined_document,
+    refined_document, still_experiment,
 )
 from nbtorch.errors import InputError
-from nbtorch.io.dials import read_expt, read_refl
+from nbtorch.io.dials import read_expt, read_refl, write_expt
 from nbtorch.physics.rotation import rotation_matrix_xyz
 
 DATA = Path(__file__).resolve().parent / "data" / "dials"
@@ -69,12 +71,12 @@ def test_expt_model_expt_round_trip(stem: Path, index: int, tmp_path: Path) -> N
     exp = read_expt(stem.with_suffix(".expt"), index)
     image = 3 if exp.scan else 0
     doc = refined_document(exp, _sim(exp, image), {}, image)
-    original, ex = exp.document, doc["experiment"][index]
+    original, ex, ex0 = exp.document, doc["experiment"][index], exp.document["experiment"][index]
     fields = [("beam", ("direction", "wavelength", "polarization_fraction")),
               ("crystal", ("real_space_a", "real_space_b", "real_space_c"))]
     for kind, keys in fields:
         for key in keys:
-            assert np.allclose(doc[kind][ex[kind]][key], original[kind][ex[kind]][key], rtol=0, atol=1e-9), key
+            assert np.allclose(doc[kind][ex[kind]][key], original[kind][ex0[kind]][key], rtol=0, atol=1e-9), key
     for key in ("origin", "fast_axis", "slow_axis"):
         assert np.allclose(doc["detector"][ex["detector"]]["panels"][0][key], exp.panel[key], rtol=0, atol=1e-9)
     # everything else is untouched, and the file is valid JSON that reads back
@@ -89,11 +91,35 @@ def test_refined_values_move_the_written_model() -> None:
     sim = _sim(exp)
     p = sim.setup.params
     doc = refined_document(exp, sim, {"wavelength": 1.4, "distance": p["distance"] + 1.0, "orient_z": 0.5})
-    assert doc["beam"][0]["wavelength"] == 1.4
-    moved = np.asarray(doc["detector"][0]["panels"][0]["origin"]) - exp.panel["origin"]
+    ex = doc["experiment"][0]  # its own beam, detector and crystal (the file's five stills share them)
+    assert doc["beam"][ex["beam"]]["wavelength"] == 1.4
+    moved = np.asarray(doc["detector"][ex["detector"]]["panels"][0]["origin"]) - exp.panel["origin"]
     assert np.allclose(moved, [0.0, 0.0, -1.0], atol=3e-3)  # ~1 mm along the normal (SAMPLE pivot), DIALS -z
-    a0, a1 = np.asarray(exp.crystal["real_space_a"]), np.asarray(doc["crystal"][0]["real_space_a"])
+    a0, a1 = np.asarray(exp.crystal["real_space_a"]), np.asarray(doc["crystal"][ex["crystal"]]["real_space_a"])
     assert np.linalg.norm(a1) == pytest.approx(np.linalg.norm(a0)) and not np.allclose(a0, a1)
+
+
+def test_a_shared_model_is_copied_for_the_refined_experiment(tmp_path: Path) -> None:
+    """The five CuNiR stills share one beam and one detector: writing experiment 2's refined geometry gives it
+    its own copies and leaves the other four experiments' models as they were (values and indices)."""
+    exp = read_expt(STILLS.with_suffix(".expt"), 2)
+    sim = _sim(exp)
+    doc = refined_document(exp, sim, {"wavelength": 1.4, "distance": sim.setup.params["distance"] + 1.0})
+    original = exp.document
+    assert [e["beam"] for e in original["experiment"]] == [0] * 5  # shared in the file
+    assert doc["experiment"][2]["beam"] == len(original["beam"]) and doc["beam"][-1]["wavelength"] == 1.4
+    assert doc["experiment"][2]["detector"] == len(original["detector"])
+    for i in (0, 1, 3, 4):
+        assert doc["experiment"][i] == original["experiment"][i]
+    for kind in ("beam", "detector"):
+        assert doc[kind][:len(original[kind])] == original[kind], kind
+    own = original["experiment"][2]["crystal"]  # its own crystal (not shared): refined where it is
+    assert doc["experiment"][2]["crystal"] == own and len(doc["crystal"]) == len(original["crystal"])
+    assert [c for i, c in enumerate(doc["crystal"]) if i != own] == [c for i, c in enumerate(original["crystal"])
+                                                                     if i != own]
+    path = tmp_path / "out.expt"
+    write_expt(path, doc)
+    assert read_expt(path, 0).beam == exp.beam and read_expt(path, 2).beam["wavelength"] == 1.4
 
 
 def _reflections(stem: Path, index: int, *extra: str) -> dict:
@@ -160,3 +186,72 @@ def test_rendered_still_spots_on_dials_predictions() -> None:
     off = spot_offsets(sim, dict(sim.setup.params), cal)
     assert off.matched.all()
     assert np.abs(off.predicted - cal).max() < 0.5 and off.rms() < 0.3
+
+
+# --- dxtbx itself reads what nbtorch writes (opt-in: DIALS cannot be installed from pip) -------------------
+
+DXTBX_PYTHON = os.environ.get("NBTORCH_DXTBX_PYTHON", "")
+
+
+def _dxtbx_view(*paths: Path) -> dict:
+    """What dxtbx's ExperimentListFactory makes of each file (tests/dxtbx_dump.py run by NBTORCH_DXTBX_PYTHON)."""
+    script = Path(__file__).resolve().parent / "dxtbx_dump.py"
+    done = subprocess.run([DXTBX_PYTHON, str(script), *map(str, paths)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _unit(v) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.linalg.norm(v)
+
+
+def _assert_dxtbx_sees_our_values(seen: list[dict], path: Path) -> None:
+    """dxtbx's reading of every experiment of ``path`` equals nbtorch's (read_expt) to 1e-9."""
+    assert len(seen) == read_expt(path).n_experiments()
+    for i, s in enumerate(seen):
+        ours = read_expt(path, i)
+        assert s["wavelength"] == pytest.approx(ours.beam["wavelength"], rel=1e-12)
+        assert np.allclose(s["direction"], _unit(ours.beam["direction"]), rtol=0, atol=1e-12)
+        for key in ("origin", "fast_axis", "slow_axis", "pixel_size", "image_size"):
+            assert np.allclose(s["panels"][0][key], ours.panel[key], rtol=0, atol=1e-9), (path.name, i, key)
+        for got, key in zip(s["real_space"], ("real_space_a", "real_space_b", "real_space_c")):
+            assert np.allclose(got, ours.crystal[key], rtol=0, atol=1e-9), (path.name, i, key)
+        assert s["hall"].strip() == ours.crystal["space_group_hall_symbol"].strip()
+        assert (s["goniometer"] is None) == (ours.goniometer is None) and (s["scan"] is None) == (ours.scan is None)
+
+
+@pytest.mark.skipif(not DXTBX_PYTHON, reason="set NBTORCH_DXTBX_PYTHON to a Python with DIALS' dxtbx (e.g. the "
+                                             "path of dials.python) to check that dxtbx reads the .expt files "
+                                             "nbtorch writes")
+def test_dxtbx_reads_the_expt_files_nbtorch_writes(tmp_path: Path) -> None:
+    """The files nbtorch-refine --expt-out writes -- a refined still (wavelength, distance, orientation moved), a
+    refined rotation scan, a new still experiment for a model given by flags -- are read by dxtbx itself
+    (ExperimentListFactory, the reader of every DIALS program) as the values nbtorch meant, and the refined
+    changes are what dxtbx sees."""
+    exp = read_expt(STILLS.with_suffix(".expt"), 0)
+    sim = _sim(exp)
+    d0 = sim.setup.params["distance"]
+    write_expt(tmp_path / "still.expt", refined_document(exp, sim, {"wavelength": 1.4, "distance": d0 + 1.0,
+                                                                    "orient_z": 0.5}))
+    scan = read_expt(SCAN.with_suffix(".expt"), 0)
+    sim_scan = _sim(scan, 3)
+    write_expt(tmp_path / "scan.expt", refined_document(scan, sim_scan, {"orient_x": 0.2, "distance":
+                                                                         sim_scan.setup.params["distance"] - 0.5}, 3))
+    write_expt(tmp_path / "new.expt", refined_document(still_experiment(sim, "obs.cbf", " P 2ac 2ab"), sim, {}))
+    paths = [tmp_path / n for n in ("still.expt", "scan.expt", "new.expt")]
+    seen = _dxtbx_view(STILLS.with_suffix(".expt"), SCAN.with_suffix(".expt"), *paths)
+    for path in paths:
+        _assert_dxtbx_sees_our_values(seen[str(path)], path)
+    before, still = seen[str(STILLS.with_suffix(".expt"))], seen[str(paths[0])]
+    assert still[0]["wavelength"] == 1.4 and before[0]["wavelength"] != 1.4
+    assert still[0]["panels"][0]["distance"] == pytest.approx(before[0]["panels"][0]["distance"] + 1.0, abs=3e-3)
+    assert not np.allclose(still[0]["real_space"], before[0]["real_space"])
+    assert still[1:] == before[1:]  # the other experiments of the file: untouched
+    scan_before, scan_after = seen[str(SCAN.with_suffix(".expt"))][0], seen[str(paths[1])][0]
+    assert scan_after["scan"] == scan_before["scan"] and scan_after["goniometer"] == scan_before["goniometer"]
+    assert scan_after["panels"][0]["distance"] == pytest.approx(scan_before["panels"][0]["distance"] - 0.5, abs=3e-3)
+    new = seen[str(paths[2])][0]  # the model written from flags alone is exp 0's geometry
+    assert np.allclose(new["panels"][0]["origin"], before[0]["panels"][0]["origin"], rtol=0, atol=1e-6)
+    assert np.allclose(new["real_space"], before[0]["real_space"], rtol=0, atol=1e-6)
+    assert new["hall"].strip() == "P 2ac 2ab"

@@ -170,10 +170,19 @@ def write_expt(path: str | os.PathLike[str], document: dict) -> None:
 def updated_document(experiment: DialsExperiment, beam: dict, detector_panel: dict, crystal: dict) -> dict:
     """A copy of the experiment's document with fields of its beam, panel and crystal replaced.
 
-    Stale derived crystal fields (``B_covariance``, scan-point matrices) are dropped.
+    A model the experiment shares with others of the file (the stills of a serial experiment usually share
+    one beam and one detector) is first copied to the end of its list for this experiment alone, so the
+    other experiments keep their values.  Stale derived crystal fields (``B_covariance``, scan-point
+    matrices) are dropped.
     """
     doc = copy.deepcopy(experiment.document)
     exp = doc["experiment"][experiment.index]
+    for kind in ("beam", "detector", "crystal"):
+        shared = any(other.get(kind) == exp[kind] for i, other in enumerate(doc["experiment"])
+                     if i != experiment.index)
+        if shared:
+            doc[kind].append(copy.deepcopy(doc[kind][exp[kind]]))
+            exp[kind] = len(doc[kind]) - 1
     doc["beam"][exp["beam"]].update(beam)
     doc["detector"][exp["detector"]]["panels"][0].update(detector_panel)
     cryst = doc["crystal"][exp["crystal"]]
