@@ -293,9 +293,10 @@ def _add_scalars(writer: Any, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, step)
         return
+    from tensorboard.compat.proto.summary_pb2 import Summary
     from torch.utils.tensorboard.summary import scalar
     values = [v for tag, value in scalars.items() for v in scalar(tag, value).value]
-    file_writer().add_summary(type(scalar("loss", 0.0))(value=values), step)
+    file_writer().add_summary(Summary(value=values), step)
 
 
 def _unit_range(x: Tensor) -> Tensor:
