@@ -57,6 +57,8 @@ class RunCheckpoint:
         fingerprint: identifies the problem and the plan (checked on resume).
         names: free names of the current stage.
         precond: the stage's preconditioner ``{"raw0": (P,), "A": (P, P)}`` (None at a stage boundary).
+        memory: at a stage boundary, the finished stage's ``[names, precondition, strategy memory]`` that the next
+            stage may start from (``refine.runner.RunState.memory``; None inside a stage, whose loop state holds it).
     """
 
     stage_index: int
@@ -70,6 +72,7 @@ class RunCheckpoint:
     fingerprint: dict
     names: list = field(default_factory=list)
     precond: dict | None = None
+    memory: list | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

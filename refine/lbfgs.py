@@ -17,6 +17,13 @@ job.  This class does not touch ``torch._dynamo``.
 
 The parameter is one flat leaf tensor ``x`` (shape (P,), real); the closure
 sets ``x.grad`` and returns the loss (the refinement loop's closure does).
+
+One addition: :meth:`OneStepLBFGS.memory` / :meth:`OneStepLBFGS.warm` hand the
+curvature pairs ``(s, y)`` of one loop to the next (the coarse-to-fine copies of
+a stage refine the same parameters in the same raw units): the warmed first step
+is a quasi-Newton step of length ``lr`` from that memory instead of a short
+steepest-descent step, and the pairs of the new loop replace the old ones as
+they come.  Without ``warm`` every step is torch's.
 """
 
 from __future__ import annotations
@@ -79,6 +86,31 @@ class OneStepLBFGS:
             return [self._cast(v) for v in value]
         return value
 
+    def memory(self) -> dict[str, Any] | None:
+        """The curvature memory (copies of the ``(s, y)`` pairs, their ``1/(y.s)`` and the initial inverse
+        Hessian scale), or None before any pair was kept."""
+        if not self.state.get("old_dirs"):
+            return None
+        return {"old_dirs": [t.clone() for t in self.state["old_dirs"]],
+                "old_stps": [t.clone() for t in self.state["old_stps"]],
+                "ro": [r.clone() if isinstance(r, Tensor) else r for r in self.state["ro"]],
+                "H_diag": self.state["H_diag"].clone() if isinstance(self.state["H_diag"], Tensor)
+                else self.state["H_diag"]}
+
+    def warm(self, memory: dict[str, Any] | None) -> None:
+        """Start from another loop's :meth:`memory` (its last ``history_size`` pairs); None: nothing."""
+        if memory is None or not memory.get("old_dirs"):
+            return
+        keep = self.param_groups[0]["history_size"]
+        if any(t.shape != self.x.shape for t in memory["old_dirs"]):
+            raise ValueError("OneStepLBFGS.warm: the memory is of another number of parameters")
+        def own(v: Any) -> Any:
+            return v.clone() if isinstance(v, Tensor) else v
+
+        self.state = {"func_evals": 0, "n_iter": 1,
+                      **{k: [own(v) for v in self._cast(list(memory[k][-keep:]))] for k in ("old_dirs", "old_stps", "ro")},
+                      "H_diag": own(self._cast(memory["H_diag"]))}
+
     # ------------------------------------------------------------------ helpers
     def _grad(self) -> Tensor:
         g = self.x.grad  # a copy, as torch's _gather_flat_grad makes (its torch.cat)
@@ -122,18 +154,19 @@ class OneStepLBFGS:
             old_dirs, old_stps, ro = [], [], []
             H_diag = 1
         else:
-            y = flat_grad.sub(prev_flat_grad)
-            s = d.mul(t)
-            ys = y.dot(s)
-            if ys > 1e-10:  # curvature condition: keep the pair
-                if len(old_dirs) == history_size:
-                    old_dirs.pop(0)
-                    old_stps.pop(0)
-                    ro.pop(0)
-                old_dirs.append(y)
-                old_stps.append(s)
-                ro.append(1.0 / ys)
-                H_diag = ys / y.dot(y)
+            if prev_flat_grad is not None:  # None: the first step after warm(): no pair of this loop yet
+                y = flat_grad.sub(prev_flat_grad)
+                s = d.mul(t)
+                ys = y.dot(s)
+                if ys > 1e-10:  # curvature condition: keep the pair
+                    if len(old_dirs) == history_size:
+                        old_dirs.pop(0)
+                        old_stps.pop(0)
+                        ro.pop(0)
+                    old_dirs.append(y)
+                    old_stps.append(s)
+                    ro.append(1.0 / ys)
+                    H_diag = ys / y.dot(y)
             # two-loop recursion: d = -H g
             num_old = len(old_dirs)
             if "al" not in state:

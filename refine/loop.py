@@ -380,6 +380,7 @@ def minimise(
     on_checkpoint: Callable[[LoopState], None] | None = None,
     checkpoint_every: int = 0,
     resume: LoopState | None = None,
+    memory: dict | None = None,
 ) -> LoopResult:
     """Minimise ``fn`` over a raw parameter vector with ``strategy`` (see the module docstring).
 
@@ -391,6 +392,8 @@ def minimise(
         on_step: called with the state after the start evaluation and after every step.
         on_checkpoint: called with the state every ``checkpoint_every`` steps (0 = never).
         resume: a :class:`LoopState` to continue from (e.g. read from a checkpoint).
+        memory: the strategy's :meth:`~refine.strategies.AbstractStrategy.memory_of` an earlier loop over the same
+            parameters to start from (LBFGS: its curvature pairs); ignored when resuming (the state has its own).
 
     Returns:
         :class:`LoopResult`; its state holds the last finite point.
@@ -401,7 +404,7 @@ def minimise(
     """
     t_start = time.monotonic()
     x = (resume.raw if resume is not None else raw0).detach().clone().requires_grad_(True)
-    optimizer = strategy.init(x)
+    optimizer = strategy.init(x, None if resume is not None else memory)
     evaluate = _Evaluator(fn, x)
     raw_start = x.detach().clone()
     if resume is not None:

@@ -71,6 +71,9 @@ class RunState:
     pre_resume: LinearPreconditioner | None = None
     started: float = field(default_factory=time.monotonic)
     held: frozenset = frozenset()  # candidate amplitudes too faint to refine (refine.structure_factors)
+    #: the last stage's ``(names, precondition, strategy memory)``: a next stage over the same names, neither
+    #: preconditioned (the same raw units), starts from that memory (LBFGS: its curvature pairs)
+    memory: tuple | None = None
 
     def elapsed(self) -> float:
         """Wall seconds of the run, the parts before a resume included."""
@@ -101,7 +104,8 @@ def resume_run(plan: RunPlan, path: str | Path) -> RunState:
         history=History(ckpt.history), summaries=list(ckpt.summaries), first_stage=ckpt.stage_index,
         elapsed_before_s=float(ckpt.elapsed_s), loop_resume=LoopState.from_dict(ckpt.loop) if in_loop else None,
         pre_resume=(LinearPreconditioner(ckpt.precond["raw0"], ckpt.precond["A"])
-                    if in_loop and ckpt.precond is not None else None))
+                    if in_loop and ckpt.precond is not None else None),
+        memory=None if in_loop or ckpt.memory is None else tuple(ckpt.memory))
 
 
 def save_checkpoint(path: str | Path | None, plan: RunPlan, state: RunState, stage_index: int, stage_values: dict,
@@ -116,7 +120,8 @@ def save_checkpoint(path: str | Path | None, plan: RunPlan, state: RunState, sta
         loop=None if loop is None else loop.to_dict(), history=history.to_dict(), summaries=list(state.summaries),
         initial_values=state.initial_values, loss_initial=state.loss_initial, elapsed_s=state.elapsed(),
         fingerprint=plan.fingerprint, names=list(names),
-        precond=None if loop is None or pre is None else {"raw0": pre.raw0, "A": pre.A}))
+        precond=None if loop is None or pre is None else {"raw0": pre.raw0, "A": pre.A},
+        memory=None if loop is not None or state.memory is None else list(state.memory)))
 
 
 def stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: Mapping[str, float]) -> ImageObjective:
@@ -212,16 +217,20 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     def save(point: LoopState | None) -> Path | None:
         return save_checkpoint(checkpoint, plan, state, index, stage_values, point, names, pre)
 
+    carried = state.memory
+    memory = (carried[2] if carried is not None and carried[0] == tuple(names) and carried[1] is None
+              and stage.precondition is None else None)
     try:
         res = minimise(fn, pre.z0(), stage.strategy, conv, on_step=_step_recorder(state, callbacks, stage, index,
                                                                                    pmap, objective, pre),
                        on_checkpoint=save, checkpoint_every=checkpoint_every if checkpoint is not None else 0,
-                       resume=resume)
+                       resume=resume, memory=memory)
     except LoopInterrupted as exc:
         raise RefinementInterrupted(save(exc.state)) from None
     except KeyboardInterrupt:  # during the start evaluation: a resume restarts this stage
         raise RefinementInterrupted(save_checkpoint(checkpoint, plan, state, index, stage_values, None, names)) from None
     state.loop_resume = None
+    state.memory = (tuple(names), stage.precondition, stage.strategy.memory_of(res.state.optimizer))
     state.values = pmap.values_at(pre.to_raw(res.state.raw))
     first_loss = state.history.first_loss(index)
     state.summaries.append(StageSummary(

@@ -201,7 +201,9 @@ def coarse_to_fine(stage: Stage, levels: tuple[tuple[float, int, float], ...] = 
     """``stage`` preceded by coarse copies of itself, one per ``(roi_fraction, bin, n_factor)`` level.
 
     The coarse copies only have to bring the model into the full image's basin, so they stop at loose
-    tolerances (:data:`COARSE_FTOL`, :data:`COARSE_XTOL`); ``n_factor`` only applies while N is fixed.
+    tolerances (:data:`COARSE_FTOL`, :data:`COARSE_XTOL`); each copy and the stage start from the LBFGS
+    memory of the copy before (:mod:`refine.runner`: same names, no preconditioning); ``n_factor`` only
+    applies while N is fixed.
     """
     out = []
     for i, (frac, b, nf) in enumerate(levels):

@@ -39,9 +39,15 @@ class AbstractStrategy:
 
     name: str = "abstract"
 
-    def init(self, x: Tensor) -> torch.optim.Optimizer:  # pragma: no cover - abstract
-        """A fresh optimiser over the raw parameter ``x`` (a leaf tensor, shape (P,))."""
+    def init(self, x: Tensor, memory: dict | None = None) -> torch.optim.Optimizer:  # pragma: no cover - abstract
+        """A fresh optimiser over the raw parameter ``x`` (a leaf tensor, shape (P,)); ``memory``: what
+        :meth:`memory_of` gave at the end of a loop over the same parameters (ignored by rules without one)."""
         raise NotImplementedError
+
+    def memory_of(self, optimizer_state: dict) -> dict | None:
+        """What a later loop over the same parameters may start from, from an optimiser ``state_dict()``
+        (None: nothing; the default)."""
+        return None
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Tensor], step: int, max_steps: int) -> None:
         """Take step number ``step`` (0-based) of at most ``max_steps``; ``closure`` evaluates loss and grads."""
@@ -78,10 +84,19 @@ class LBFGS(AbstractStrategy):
         if self.line_search not in ("strong_wolfe", None):
             raise InputError(f"line_search: expected 'strong_wolfe' or None, got {self.line_search!r}")
 
-    def init(self, x: Tensor) -> OneStepLBFGS:
+    def init(self, x: Tensor, memory: dict | None = None) -> OneStepLBFGS:
         # the loop decides convergence: OneStepLBFGS has torch's own tests off (tolerances 0)
-        return OneStepLBFGS(x, lr=self.lr, max_eval=self.max_eval, history_size=self.history_size,
-                            line_search_fn=self.line_search)
+        optimizer = OneStepLBFGS(x, lr=self.lr, max_eval=self.max_eval, history_size=self.history_size,
+                                 line_search_fn=self.line_search)
+        optimizer.warm(memory)
+        return optimizer
+
+    def memory_of(self, optimizer_state: dict) -> dict | None:
+        """The curvature pairs of the loop (:meth:`refine.lbfgs.OneStepLBFGS.memory`)."""
+        state = optimizer_state.get("state", {}).get(0, {})
+        if not state.get("old_dirs"):
+            return None
+        return {k: state[k] for k in ("old_dirs", "old_stps", "ro", "H_diag")}
 
     def step(self, optimizer: OneStepLBFGS, closure: Callable[[], Tensor], step: int, max_steps: int) -> None:
         optimizer.step(closure)
@@ -121,7 +136,7 @@ class Adam(AbstractStrategy):
             return self.lr * (self.lr_final + (1.0 - self.lr_final) * 0.5 * (1.0 + math.cos(math.pi * frac)))
         return self.lr * self.lr_final ** frac
 
-    def init(self, x: Tensor) -> torch.optim.Optimizer:
+    def init(self, x: Tensor, memory: dict | None = None) -> torch.optim.Optimizer:
         return torch.optim.Adam([x], lr=self.lr, betas=self.betas)
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Tensor], step: int, max_steps: int) -> None:

@@ -105,3 +105,43 @@ def test_a_refinement_loop_does_not_import_torch_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def _bowl(centre):
+    def f(x):
+        w = torch.logspace(-2, 3, x.numel(), dtype=x.dtype)
+        return (w * (x - centre) ** 2).sum() + 0.01 * ((x - centre) ** 4).sum()
+    return f
+
+
+def test_warm_memory_saves_steps_and_is_kept_apart():
+    """A loop warmed with the memory of an earlier loop over the same parameters on a similar objective (as the
+    coarse copies of a stage hand it to the next) reaches the new minimum in fewer steps than a cold one; the
+    memory is a copy, None before any pair, trimmed to the history size, and refused for another size."""
+    x0 = torch.linspace(-1.2, 0.8, 6, dtype=F64)
+    first, opt = _run(_ours, _bowl(0.3), x0, 25, history=8)
+    memory = opt.memory()
+    assert _ours(x0.clone().requires_grad_(True), 1.0, 8, "strong_wolfe").memory() is None
+    assert len(memory["old_dirs"]) == 8 and all(t.shape == (6,) for t in memory["old_stps"])
+    kept = [t.clone() for t in memory["old_dirs"]]
+    second = _bowl(0.35)  # the next stage's objective: the minimum moved a little
+    target = float(second(torch.full((6,), 0.35, dtype=F64)))
+
+    def steps_to_minimum(warm):
+        x = first[-1].clone().requires_grad_(True)
+        o = OneStepLBFGS(x, history_size=8)
+        o.warm(memory if warm else None)
+        for n in range(1, 100):
+            o.step(_closure(second, x))
+            if float(second(x.detach())) <= target + 1e-9:
+                return n
+        return 100
+
+    warm, cold = steps_to_minimum(True), steps_to_minimum(False)
+    assert warm < cold, (warm, cold)
+    assert all(torch.equal(a, b) for a, b in zip(memory["old_dirs"], kept))
+    small = OneStepLBFGS(torch.zeros(6, dtype=F64), history_size=3)
+    small.warm(memory)
+    assert len(small.state["old_dirs"]) == 3 and torch.equal(small.state["old_dirs"][-1], memory["old_dirs"][-1])
+    with pytest.raises(ValueError, match="another number of parameters"):
+        OneStepLBFGS(torch.zeros(4, dtype=F64)).warm(memory)

@@ -15,6 +15,8 @@ from refine import (
     save_json,
     stage_a,
 )
+from refine.checkpoint import write_checkpoint
+from refine.stages import coarse_to_fine
 
 STAGES = stage_a(max_steps=8, final_steps=30)
 
@@ -158,3 +160,35 @@ def test_planar_background_bounds_and_other_losses(small):
     assert res.status.ok and res.loss_final < res.loss_initial and res.hparams["loss"] == "gaussian"
     with pytest.raises(ValueError, match="background"):
         refine(small, stages=one, background="quadratic", progress=False)
+
+
+class _Crash(AbstractCallback):
+    """A process killed between two stages: the run stops at stage ``index``'s start, after the checkpoint
+    written at the end of the stage before."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def on_stage_start(self, stage, index) -> None:
+        if index == self.index:
+            raise RuntimeError("killed")
+
+
+def test_a_run_killed_between_coarse_stages_resumes_with_the_carried_lbfgs_memory(tmp_path, small):
+    """coarse_to_fine's copies hand their LBFGS memory to the next stage; the checkpoint written between two
+    stages keeps it, so a run killed there resumes to the uninterrupted result bit for bit (and the memory
+    matters: a resume without it takes other steps)."""
+    stages = coarse_to_fine(Stage("all", ("scale", "background", "orientation", "beam_centre", "cell", "mosaic"),
+                                  convergence=Convergence(max_steps=12)))
+    whole = refine(small, stages=stages, progress=False)
+    ckpt = tmp_path / "ckpt.h5"
+    with pytest.raises(RuntimeError, match="killed"):
+        refine(small, stages=stages, progress=False, checkpoint=ckpt, callbacks=[_Crash(2)])
+    saved = read_checkpoint(ckpt)
+    assert saved.stage_index == 2 and saved.loop is None and saved.memory is not None
+    resumed = refine(small, stages=stages, progress=False, checkpoint=ckpt, resume=ckpt)
+    assert resumed.params == whole.params and resumed.history["loss"] == whole.history["loss"]
+    saved.memory = None  # the same checkpoint without the memory: the last stage starts cold
+    write_checkpoint(ckpt, saved)
+    cold = refine(small, stages=stages, progress=False, checkpoint=ckpt, resume=ckpt)
+    assert cold.history["loss"] != whole.history["loss"]
