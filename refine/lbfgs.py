@@ -34,7 +34,21 @@ import torch
 from torch import Tensor
 from torch.optim.lbfgs import _strong_wolfe
 
-__all__ = ["OneStepLBFGS"]
+__all__ = ["OneStepLBFGS", "memory_of_state"]
+
+
+def memory_of_state(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The curvature memory in an L-BFGS ``state`` (this class's or ``torch.optim.LBFGS``'s state of its
+    parameter): copies of the ``(s, y)`` pairs, their ``1/(y.s)`` and the initial inverse-Hessian scale; None
+    before any pair was kept."""
+    if not state.get("old_dirs"):
+        return None
+
+    def copy(v: Any) -> Any:
+        return v.clone() if isinstance(v, Tensor) else v
+
+    return {"old_dirs": [copy(t) for t in state["old_dirs"]], "old_stps": [copy(t) for t in state["old_stps"]],
+            "ro": [copy(r) for r in state["ro"]], "H_diag": copy(state["H_diag"])}
 
 
 class OneStepLBFGS:
@@ -87,15 +101,8 @@ class OneStepLBFGS:
         return value
 
     def memory(self) -> dict[str, Any] | None:
-        """The curvature memory (copies of the ``(s, y)`` pairs, their ``1/(y.s)`` and the initial inverse
-        Hessian scale), or None before any pair was kept."""
-        if not self.state.get("old_dirs"):
-            return None
-        return {"old_dirs": [t.clone() for t in self.state["old_dirs"]],
-                "old_stps": [t.clone() for t in self.state["old_stps"]],
-                "ro": [r.clone() if isinstance(r, Tensor) else r for r in self.state["ro"]],
-                "H_diag": self.state["H_diag"].clone() if isinstance(self.state["H_diag"], Tensor)
-                else self.state["H_diag"]}
+        """:func:`memory_of_state` of this optimiser."""
+        return memory_of_state(self.state)
 
     def warm(self, memory: dict[str, Any] | None) -> None:
         """Start from another loop's :meth:`memory` (its last ``history_size`` pairs); None: nothing."""
@@ -104,12 +111,9 @@ class OneStepLBFGS:
         keep = self.param_groups[0]["history_size"]
         if any(t.shape != self.x.shape for t in memory["old_dirs"]):
             raise ValueError("OneStepLBFGS.warm: the memory is of another number of parameters")
-        def own(v: Any) -> Any:
-            return v.clone() if isinstance(v, Tensor) else v
-
-        self.state = {"func_evals": 0, "n_iter": 1,
-                      **{k: [own(v) for v in self._cast(list(memory[k][-keep:]))] for k in ("old_dirs", "old_stps", "ro")},
-                      "H_diag": own(self._cast(memory["H_diag"]))}
+        own = memory_of_state({k: self._cast(list(memory[k][-keep:])) for k in ("old_dirs", "old_stps", "ro")}
+                              | {"H_diag": self._cast(memory["H_diag"])})
+        self.state = {"func_evals": 0, "n_iter": 1, **own}
 
     # ------------------------------------------------------------------ helpers
     def _grad(self) -> Tensor:

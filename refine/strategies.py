@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
-from refine.lbfgs import OneStepLBFGS
+from refine.lbfgs import OneStepLBFGS, memory_of_state
 
 __all__ = ["AbstractStrategy", "Adam", "LBFGS", "get_strategy"]
 
@@ -92,11 +92,8 @@ class LBFGS(AbstractStrategy):
         return optimizer
 
     def memory_of(self, optimizer_state: dict) -> dict | None:
-        """The curvature pairs of the loop (:meth:`refine.lbfgs.OneStepLBFGS.memory`)."""
-        state = optimizer_state.get("state", {}).get(0, {})
-        if not state.get("old_dirs"):
-            return None
-        return {k: state[k] for k in ("old_dirs", "old_stps", "ro", "H_diag")}
+        """The curvature pairs of the loop (:func:`refine.lbfgs.memory_of_state`)."""
+        return memory_of_state(optimizer_state.get("state", {}).get(0, {}))
 
     def step(self, optimizer: OneStepLBFGS, closure: Callable[[], Tensor], step: int, max_steps: int) -> None:
         optimizer.step(closure)
