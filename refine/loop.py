@@ -404,7 +404,8 @@ def minimise(
     """
     t_start = time.monotonic()
     x = (resume.raw if resume is not None else raw0).detach().clone().requires_grad_(True)
-    optimizer = strategy.init(x, None if resume is not None else memory)
+    # a memory only when there is one: a step rule written against init(x) keeps working
+    optimizer = strategy.init(x) if memory is None or resume is not None else strategy.init(x, memory)
     evaluate = _Evaluator(fn, x)
     raw_start = x.detach().clone()
     if resume is not None:

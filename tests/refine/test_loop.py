@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from refine.loop import Convergence, LoopInterrupted, LoopState, Status, minimise
-from refine.strategies import LBFGS, Adam, get_strategy
+from refine.strategies import LBFGS, AbstractStrategy, Adam, get_strategy
 
 F64 = torch.float64
 
@@ -225,3 +225,19 @@ def test_get_strategy_and_settings():
     assert Adam(lr=0.1, schedule="exponential", lr_final=0.01).learning_rate(50, 101) == pytest.approx(0.01)
     hp = LBFGS().hparams()
     assert hp["optimizer"] == "lbfgs" and hp["history_size"] == 20
+
+
+def test_a_step_rule_with_the_old_init_signature_still_runs():
+    """A user's AbstractStrategy written before init took a memory (init(self, x)) runs as before."""
+    class Plain(AbstractStrategy):
+        name = "plain"
+
+        def init(self, x):
+            return torch.optim.SGD([x], lr=0.1)
+
+        def step(self, optimizer, closure, step, max_steps):
+            optimizer.step(closure)
+
+    res = minimise(lambda x: (((x - 1.0) ** 2).sum(), None), torch.zeros(2, dtype=F64), Plain(),
+                   Convergence(max_steps=50, ftol=1e-14, xtol=1e-9))
+    assert res.state.step > 0 and torch.allclose(res.state.raw, torch.ones(2, dtype=F64), atol=1e-3)
