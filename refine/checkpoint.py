@@ -57,7 +57,7 @@ class RunCheckpoint:
         fingerprint: identifies the problem and the plan (checked on resume).
         names: free names of the current stage.
         precond: the stage's preconditioner ``{"raw0": (P,), "A": (P, P)}`` (None at a stage boundary).
-        memory: at a stage boundary, the finished stage's ``[names, precondition, strategy memory]`` that the next
+        memory: at a stage boundary, the finished stage's ``[names, strategy memory]`` that the next
             stage may start from (``refine.runner.RunState.memory``; None inside a stage, whose loop state holds it).
     """
 

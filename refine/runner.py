@@ -71,8 +71,9 @@ class RunState:
     pre_resume: LinearPreconditioner | None = None
     started: float = field(default_factory=time.monotonic)
     held: frozenset = frozenset()  # candidate amplitudes too faint to refine (refine.structure_factors)
-    #: the last stage's ``(names, precondition, strategy memory)``: a next stage over the same names, neither
-    #: preconditioned (the same raw units), starts from that memory (LBFGS: its curvature pairs)
+    #: the last stage's ``(names, strategy memory)`` when it was not preconditioned (else None): a next stage over
+    #: the same names, not preconditioned either (the same raw units), starts from that memory (LBFGS: its
+    #: curvature pairs)
     memory: tuple | None = None
 
     def elapsed(self) -> float:
@@ -218,8 +219,8 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
         return save_checkpoint(checkpoint, plan, state, index, stage_values, point, names, pre)
 
     carried = state.memory
-    memory = (carried[2] if carried is not None and carried[0] == tuple(names) and carried[1] is None
-              and stage.precondition is None else None)
+    same_units = carried is not None and carried[0] == tuple(names) and stage.precondition is None
+    memory = carried[1] if same_units else None
     try:
         res = minimise(fn, pre.z0(), stage.strategy, conv, on_step=_step_recorder(state, callbacks, stage, index,
                                                                                    pmap, objective, pre),
@@ -230,7 +231,8 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     except KeyboardInterrupt:  # during the start evaluation: a resume restarts this stage
         raise RefinementInterrupted(save_checkpoint(checkpoint, plan, state, index, stage_values, None, names)) from None
     state.loop_resume = None
-    state.memory = (tuple(names), stage.precondition, stage.strategy.memory_of(res.state.optimizer))
+    state.memory = ((tuple(names), stage.strategy.memory_of(res.state.optimizer)) if stage.precondition is None
+                    else None)
     state.values = pmap.values_at(pre.to_raw(res.state.raw))
     first_loss = state.history.first_loss(index)
     state.summaries.append(StageSummary(
