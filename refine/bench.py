@@ -20,10 +20,11 @@ cache loading included, is reported as ``first_s``):
 * ``esds``: :func:`refine.uncertainty.estimate_uncertainties` on the whole fitted image as
   :func:`refine.finalise.finalise` calls it (the simulator switched to the esds' compile policy first, as the
   command does), ``--esd-repeats`` times;
-* with ``--main-job``: the README's main job (``scripts/main.sh``'s command) in a subprocess, its own
-  "in all" time and the subprocess's wall time.
+* with ``--main-job``: the README's main job (``scripts/main.sh``'s command) in a subprocess on the same
+  device (``--device``), its own "in all" time and the subprocess's wall time.
 
-Each evaluation's time is also given per lattice-factor evaluation: time / (pixels x evaluations per pixel).
+On a GPU (``-- --device cuda ...``) every timed call ends with ``torch.cuda.synchronize()``.  Each
+evaluation's time is also given per lattice-factor evaluation: time / (pixels x evaluations per pixel).
 ``--profile N`` prints the torch profiler's table of N loss-and-gradient evaluations.  The first JSON record
 describes the machine (processor, cores, torch, threads, load average before and after, date).  Nothing
 here is a unit-test assertion; ratios are only meaningful within one run on one machine.
@@ -116,17 +117,22 @@ def build_objective(argv: Sequence[str]) -> Bench:
     return Bench(argv)
 
 
-def measure(fn: Callable[[], object], repeats: int) -> dict:
+def measure(fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu") -> dict:
     """``first_s`` (the warm-up call, not in the statistics) and the median/min/max wall time of ``repeats``
     calls, and their median process CPU time (all threads; less sensitive than wall time to other jobs on a
-    shared machine), in seconds."""
+    shared machine), in seconds.  On a CUDA ``device`` each call ends with a synchronisation, so a time is
+    the GPU's work and not only its launch."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     fn()
+    sync()
     first = time.perf_counter() - t0
     times, cpu = [], []
     for _ in range(repeats):
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return {"first_s": first, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
@@ -198,9 +204,11 @@ def run(ns: argparse.Namespace, refine_args: Sequence[str]) -> dict:
                  "pixels": bench.pixels, "evaluations_per_pixel": bench.evaluations_per_pixel, "dtype": bench.dtype,
                  "thicksteps": bench.sim.setup.thicksteps, "compile_mode": bench.sim.compile_mode,
                  "free": list(bench.pmap.names)}
-    rec["loss_grad"] = measure(bench.loss_grad, ns.repeats)
-    rec["loss"] = measure(bench.loss, ns.repeats)
-    rec["forward"] = measure(bench.forward, ns.repeats)
+    device = bench.sim.device
+    rec["device"] = str(device) if device.type != "cuda" else f"{device} ({torch.cuda.get_device_name(device)})"
+    rec["loss_grad"] = measure(bench.loss_grad, ns.repeats, device)
+    rec["loss"] = measure(bench.loss, ns.repeats, device)
+    rec["forward"] = measure(bench.forward, ns.repeats, device)
     if ns.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -210,9 +218,9 @@ def run(ns: argparse.Namespace, refine_args: Sequence[str]) -> dict:
         rec["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
     if ns.esd_repeats:
         bench.sim.set_compile(*runtime.compile_policy("esds"))  # as the command's last stage does
-        rec["esds"] = measure(bench.esds, ns.esd_repeats)
-    if ns.main_job:
-        rec["main_job"] = main_job_seconds(threads=ns.threads)
+        rec["esds"] = measure(bench.esds, ns.esd_repeats, device)
+    if ns.main_job:  # on the bench's device
+        rec["main_job"] = main_job_seconds(("--device", str(device)), threads=ns.threads)
     evaluations = bench.pixels * bench.evaluations_per_pixel
     for name in ("loss_grad", "loss", "forward", "esds"):
         if name in rec:
@@ -258,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{rec['date']}, {rec['processor']} ({rec['cpu_count']} cores), torch {rec['torch']}, {rec['threads']} "
           f"threads, load average {rec['load_average'][0]:.2f} -> {rec['load_average_after'][0]:.2f}")
     print(f"{' '.join(rec['refine_args'])}: {rec['pixels']} pixels x {rec['evaluations_per_pixel']} evaluations, "
-          f"{rec['dtype']}, {rec['compile_mode']}, {len(rec['free'])} free, set-up {rec['setup_s']:.1f} s")
+          f"{rec['dtype']}, {rec['compile_mode']}, {rec['device']}, {len(rec['free'])} free, set-up "
+          f"{rec['setup_s']:.1f} s")
     print(table(rec))
     if ns.json:
         from nbtorch.io.atomic import atomic_write

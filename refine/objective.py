@@ -431,8 +431,11 @@ def _photons(simulated: Tensor, values: Mapping[str, Tensor | float], dx: Tensor
     ``dx``, ``dy``: pixel offsets from the image centre (fast, slow), broadcastable to ``simulated``, or
     functions giving them (called only for a planar background).
     """
-    model = values["scale"] * simulated + values["background"]
-    bx, by = values.get("background_x", 0.0), values.get("background_y", 0.0)
+    def here(v):  # a parameter on the CPU (a refinement's raw values) with a model on a GPU: the model's device
+        return v.to(simulated.device) if isinstance(v, Tensor) and v.device != simulated.device else v
+
+    model = here(values["scale"]) * simulated + here(values["background"])
+    bx, by = here(values.get("background_x", 0.0)), here(values.get("background_y", 0.0))
     if isinstance(bx, Tensor) or bx != 0.0:
         model = model + bx * (dx() if callable(dx) else dx)
     if isinstance(by, Tensor) or by != 0.0:

@@ -142,7 +142,7 @@ def fisher_information(model_fn: Callable[[Tensor, tuple[int, int]], Tensor], th
     for block in rows:
         mu, J = pixel_jacobian(lambda th: model_fn(th, block), theta)
         w = weights_fn(mu, block).reshape(-1)
-        F += J.T @ (w[:, None] * J)
+        F += (J.T @ (w[:, None] * J)).to(F.device)  # J on the model's device (a GPU), F beside theta
     return F
 
 
@@ -179,8 +179,9 @@ class _Block:
 
 
 def _add_information(F: Tensor, B: Tensor, block: _Block, theta: Tensor) -> None:
-    """``F += J^T diag(w / mu) J`` and ``B += S^T S`` (clustered Poisson scores) of one block."""
-    mu, J = pixel_jacobian(block.model, theta)
+    """``F += J^T diag(w / mu) J`` and ``B += S^T S`` (clustered Poisson scores) of one block; the Jacobian on the
+    block's device (a GPU's: the tangents of ``theta`` meet the model there), ``F`` and ``B`` where they are."""
+    mu, J = pixel_jacobian(block.model, theta.to(block.observed.device))
     _accumulate(F, B, mu.reshape(-1), J, block.observed, block.weights, block.cluster, block.clusters)
 
 
@@ -188,10 +189,10 @@ def _accumulate(F: Tensor, B: Tensor, mu: Tensor, J: Tensor, observed: Tensor, w
                 clusters: int) -> None:
     safe = torch.clamp(mu, min=1e-12)
     inv = torch.where(w > 0, w / safe, torch.zeros_like(mu))
-    F += J.T @ (inv[:, None] * J)
+    F += (J.T @ (inv[:, None] * J)).to(F.device)
     factor = torch.where(w > 0, w * (observed - mu) / safe, torch.zeros_like(mu))
-    S = _sum_scores(J, factor, cluster, clusters)
-    B += S.T @ S
+    S = _sum_scores(J, factor, cluster.to(J.device), clusters)
+    B += (S.T @ S).to(B.device)
 
 
 def information_matrices(model_fn, theta: Tensor, rows: Sequence[tuple[int, int]], weights_fn, observed_fn,
