@@ -346,10 +346,7 @@ class Simulator(nn.Module):
         """
         x0, x1, y0, y1 = roi or self.setup.roi
         key = ((x0, x1, y0, y1), self.device)
-        owner, cache = getattr(self, "_pixel_cache", (None, {}))
-        if owner is not self.setup or len(cache) > 16:
-            owner, cache = self.setup, {}
-            self._pixel_cache = (owner, cache)
+        cache = self._setup_cache()
         if key in cache:
             return cache[key]
         slow = torch.arange(y0, y1 + 1, device=self.device)
@@ -365,6 +362,23 @@ class Simulator(nn.Module):
             out = (ss[where], ff[where], where)
         cache[key] = out
         return out
+
+    def _setup_cache(self) -> dict:
+        """A dict kept while the setup object stays the same (a new pixel mask replaces it): the tensors made from
+        it, such as pixel indices and the model's mask on the device."""
+        owner, cache = getattr(self, "_pixel_cache", (None, {}))
+        if owner is not self.setup or len(cache) > 16:
+            owner, cache = self.setup, {}
+            self._pixel_cache = (owner, cache)
+        return cache
+
+    def _mask_tensor(self) -> Tensor:
+        """The model's own ``-mask`` (bool (slow, fast)) on the simulator's device, made once per setup."""
+        cache = self._setup_cache()
+        key = ("pixel_mask", self.device)
+        if key not in cache:
+            cache[key] = torch.as_tensor(np.asarray(self.setup.pixel_mask, dtype=bool), device=self.device)
+        return cache[key]
 
     def _positions(self, roi, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(slow, fast) indices of the given flat ROI positions, and the positions (:meth:`render_pixels`)."""
@@ -481,7 +495,7 @@ class Simulator(nn.Module):
             diags.append(diag)
         values = (torch.cat(pieces) if pieces else layers.new_zeros(0)).to(self.dtype)
         if positions is not None and s.pixel_mask is not None:  # the model's own -mask: exactly 0
-            keep = torch.as_tensor(s.pixel_mask, device=values.device)[slow, fast]
+            keep = self._mask_tensor()[slow, fast]
             values = torch.where(keep, values, values.new_zeros(()))
         x0, x1, y0, y1 = roi or s.roi
         merged = _merge_diagnostics(diags, values, want_diag, (y1 - y0 + 1) * (x1 - x0 + 1))

@@ -14,7 +14,7 @@ def test_harness_runs_on_a_tiny_problem(tmp_path, capsys):
     rec = json.loads(out.read_text())
     for key in ("date", "processor", "torch", "threads", "load_average", "load_average_after"):
         assert key in rec
-    assert rec["compile_mode"] == "eager" and rec["dtype"] == "float64"
+    assert rec["compile_mode"] == "eager" and rec["dtype"] == "float64" and rec["device"] == "cpu"
     assert rec["pixels"] > 0 and rec["evaluations_per_pixel"] >= 1
     for name in ("loss_grad", "loss", "forward", "esds"):
         r = rec[name]
@@ -38,3 +38,15 @@ def test_main_job_time_is_parsed(monkeypatch):
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: Done())
     got = bench.main_job_seconds()
     assert got["in_all_s"] == 4.2 and "--problem tetragonal_mosflm" in got["command"]
+    assert "--device cuda:0" in bench.main_job_seconds(("--device", "cuda:0"))["command"]
+
+
+def test_the_refinement_tile_is_small_on_a_cpu_and_one_large_tile_on_a_gpu():
+    """A refinement's simulator: tiles of 2^17 evaluations on a CPU (cache-sized), 2^22 on a GPU (launches);
+    the tile changes no pixel's value (tests/test_simulator.py), so the choice is speed alone."""
+    from refine.command import tile_evaluations
+
+    assert tile_evaluations("cpu") == 1 << 17
+    assert tile_evaluations("cuda") == tile_evaluations("cuda:1") == 1 << 22
+    b = bench.build_objective(TINY)
+    assert b.sim.max_evals_per_tile == tile_evaluations(b.sim.device)
