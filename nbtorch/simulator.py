@@ -31,8 +31,8 @@ from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
 from nbtorch.physics.detector import DetectorGeometry, detector_geometry
 from nbtorch.physics.kernel import (
-    KernelInputs, KernelOptions, TilePixels, accumulate_pixels, analytic_orientation_sum, combine, orientation_sum,
-    tile_pixel_terms,
+    JACOBIAN_TILE_EVALUATIONS, KernelInputs, KernelOptions, TilePixels, accumulate_pixels, analytic_orientation_sum,
+    combine, orientation_sum, tile_pixel_terms,
 )
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.physics.square_sum import square_sum_backward
@@ -85,6 +85,23 @@ FUSE_HOT_LOOP = {"realize_opcount_threshold": 100_000, "realize_acc_reads_thresh
 # realized (float64 heavy 128^2 with cell, detector, N and default_F gradients: first compile
 # 136 s, warm 0.031 s; Inductor's defaults 89 s and 0.053 s; FUSE_HOT_LOOP for both >240 s)
 FUSE_BACKWARD = {"realize_reads_threshold": 1_000}
+
+
+def tile_pixels(n_pix: int, most: int, bucket: bool) -> int:
+    """Pixels per tile for ``n_pix`` pixels and tiles of at most ``most``: a multiple of 16 (the last tile padded).
+
+    A compiled kernel is compiled for each tile shape (``dynamic=False``), so when the pixels fit in fewer than
+    ``most`` and a compiled kernel may run (``bucket``: a compiled simulator, or tiles large enough for the esds'
+    compiled Jacobian kernels), the tile is not the pixel count but the next of four sizes per octave
+    (multiples of a quarter of the power of two below it): images and Jacobian blocks of different sizes share
+    a few shapes (a GPU's one large tile, :func:`refine.command.tile_evaluations`), at the price of under 25 %
+    padding pixels in that one tile.
+    """
+    n = max(1, min(int(most), int(n_pix)))
+    if bucket and n < most:
+        step = max(16, 1 << max(n.bit_length() - 3, 0))
+        n = min(-(-n // step) * step, int(most))
+    return -(-n // 16) * 16
 
 
 class Simulator(nn.Module):
@@ -473,7 +490,8 @@ class Simulator(nn.Module):
         # tiles hold a multiple of 16 pixels (the last one padded): with the pixel axis
         # innermost, vectorised math then never meets a scalar tail, so every pixel gets
         # the same bits whatever the tile size or its position in a tile
-        tile = -(-max(1, min(tile, n_pix)) // 16) * 16
+        bucket = self.compile_mode == "compiled" or n_pix * self.evaluations_per_pixel() >= JACOBIAN_TILE_EVALUATIONS
+        tile = tile_pixels(n_pix, tile, bucket)
         starts = range(0, n_pix, tile)
         if progress:
             from tqdm import tqdm

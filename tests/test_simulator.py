@@ -23,6 +23,37 @@ def test_tiled_equals_untiled():
     assert torch.equal(whole, tiled)
 
 
+def test_a_padded_bucketed_tile_gives_the_same_bits():
+    """3600 pixels x 32 evaluations (over JACOBIAN_TILE_EVALUATIONS) in one tile: bucketed to 4096 pixels (496
+    padding pixels); the image is the one of many small tiles, bit for bit."""
+    from nbtorch.simulator import tile_pixels
+
+    extra = "-mosaic 0.3 -mosaic_dom 4 -phi 1 -osc 0.5 -phisteps 2 -oversample 2 -detpixels 60"
+    one = make(extra, max_evals_per_tile=1 << 30)
+    assert tile_pixels(3600, (1 << 30) // one.evaluations_per_pixel(), True) == 4096
+    whole = one()
+    tiled = make(extra, max_evals_per_tile=97)()
+    assert whole.max() > 0 and whole.shape == (60, 60)
+    assert torch.equal(whole, tiled)
+
+
+def test_tile_pixels_share_a_few_shapes():
+    """Bucketed: at least the pixels (up to the most), a multiple of 16, under 25 % padding, four sizes per
+    octave; not bucketed: the pixel count rounded up to 16."""
+    from nbtorch.simulator import tile_pixels
+
+    most = 139810  # a GPU's 2^22 evaluations / 30
+    shapes = set()
+    for n in range(1, 2 * most, 7):
+        t = tile_pixels(n, most, True)
+        assert t % 16 == 0 and min(n, most) <= t <= most + 15, (n, t)
+        assert t - min(n, most) <= max(15, 0.25 * min(n, most)), (n, t)
+        assert tile_pixels(n, most, False) == -(-min(n, most) // 16) * 16
+        if n >= 1024:
+            shapes.add(t)
+    assert len(shapes) <= 4 * 8 + 1  # 1024 .. 139810 px: 7-8 octaves
+
+
 def test_roi_is_the_same_physics():
     full = make()()
     roi = make("-roi 5 30 10 40")()
