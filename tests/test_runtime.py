@@ -157,7 +157,10 @@ def test_shared_kernel_no_recompile(compiled_pair):
     assert counters["stats"]["unique_graphs"] == before, "a parameter change or a same-key simulator recompiled"
     assert construct <= 0.05, f"constructing a same-key simulator took {construct:.3f} s"
     keys = runtime.cached_kernel_keys()
-    assert all(sim2._kernel_key(24 * 24, False) + stage in keys
+    from nbtorch.simulator import tile_pixels
+
+    tile = tile_pixels(24 * 24, sim2.max_evals_per_tile // sim2.evaluations_per_pixel(), True)  # 640: bucketed
+    assert all(sim2._kernel_key(tile, False) + stage in keys
                for stage in (("tile_pixel_terms",), ("orientation_sum",), ("orientation_sum", "autograd"),
                              ("square_sum_backward",), ("combine",)))
 
