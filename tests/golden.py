@@ -44,3 +44,12 @@ def golden_args(case: str) -> list[str]:
 
 def golden_image(case: str, shape) -> np.ndarray:
     return np.fromfile(GOLDEN / case / "float.bin", "<f4").reshape(shape)
+
+
+def assert_parity(img: np.ndarray, ref: np.ndarray, case: str) -> None:
+    """The C-parity acceptance (float64): max|diff| <= 1e-5 max(C) and |sum diff| / sum C <= 1e-6."""
+    assert ref.max() > 0, f"{case}: golden image is empty"
+    dmax = np.abs(img - ref).max() / ref.max()
+    dsum = abs(img.sum() - ref.sum()) / ref.sum()
+    assert dmax <= 1e-5, f"{case}: max|diff|/max = {dmax:.3g}"
+    assert dsum <= 1e-6, f"{case}: |sum diff|/sum = {dsum:.3g}"

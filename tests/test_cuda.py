@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from golden import GOLDEN, golden_args, golden_cases, golden_image, require_golden
+from golden import GOLDEN, assert_parity, golden_args, golden_cases, golden_image, require_golden
 from nbtorch import Simulator, config_from_args
 
 DEVICE = os.environ.get("NBTORCH_TEST_DEVICE", "cuda")
@@ -51,18 +51,10 @@ def _simulate(case: str, dtype: torch.dtype, compile: bool = False) -> tuple[np.
         os.chdir(old)
 
 
-def _assert_parity(img: np.ndarray, ref: np.ndarray, case: str) -> None:
-    assert ref.max() > 0, f"{case}: golden image is empty"
-    dmax = np.abs(img - ref).max() / ref.max()
-    dsum = abs(img.sum() - ref.sum()) / ref.sum()
-    assert dmax <= 1e-5, f"{case}: max|diff|/max = {dmax:.3g}"
-    assert dsum <= 1e-6, f"{case}: |sum diff|/sum = {dsum:.3g}"
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_parity_float64_on_device(case):
     img, _ = _simulate(case, torch.float64)
-    _assert_parity(img, golden_image(case, img.shape), case)
+    assert_parity(img, golden_image(case, img.shape), case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "large_1024"])
@@ -77,7 +69,7 @@ def test_parity_float32_correlation_on_device(case):
 def test_parity_compiled_on_device(case):
     img, sim = _simulate(case, torch.float64, compile=True)
     assert sim.compile_mode == "compiled", f"{case}: fell back to eager: {sim.compile_reason}"
-    _assert_parity(img, golden_image(case, img.shape), case)
+    assert_parity(img, golden_image(case, img.shape), case)
 
 
 def test_command_on_device(case_copy):
@@ -88,7 +80,7 @@ def test_command_on_device(case_copy):
     (folder / "float.bin").unlink()
     assert main(golden_args("simple_cubic") + ["-c_parity", "-nopgm", "-device", DEVICE]) == 0
     img = np.fromfile(folder / "float.bin", "<f4").astype(np.float64)
-    _assert_parity(img, golden_image("simple_cubic", img.shape).astype(np.float64), "simple_cubic")
+    assert_parity(img, golden_image("simple_cubic", img.shape).astype(np.float64), "simple_cubic")
 
 
 def test_gradients_on_device_equal_the_cpu_ones():

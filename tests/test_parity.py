@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from golden import GOLDEN, golden_args, golden_cases, golden_image, require_golden
+from golden import GOLDEN, assert_parity, golden_args, golden_cases, golden_image, require_golden
 from nbtorch import Simulator, config_from_args
 
 CASES = golden_cases()
@@ -43,18 +43,10 @@ def _simulate(case: str, dtype: torch.dtype) -> np.ndarray:
         os.chdir(old)
 
 
-def _assert_parity(img: np.ndarray, ref: np.ndarray, case: str) -> None:
-    assert ref.max() > 0, f"{case}: golden image is empty"
-    dmax = np.abs(img - ref).max() / ref.max()
-    dsum = abs(img.sum() - ref.sum()) / ref.sum()
-    assert dmax <= 1e-5, f"{case}: max|diff|/max = {dmax:.3g}"
-    assert dsum <= 1e-6, f"{case}: |sum diff|/sum = {dsum:.3g}"
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_parity_float64(case):
     img = _simulate(case, torch.float64)
-    _assert_parity(img, golden_image(case, img.shape), case)
+    assert_parity(img, golden_image(case, img.shape), case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "large_1024"])
@@ -80,7 +72,7 @@ def test_parity_through_command(case, case_copy):
             (folder / name).unlink()
     assert main(args + ["-c_parity", "-nopgm"]) == 0
     img = np.fromfile(folder / "float.bin", "<f4").astype(np.float64)
-    _assert_parity(img, ref.astype(np.float64), case)
+    assert_parity(img, ref.astype(np.float64), case)
     for name in ("int.img", "noise.img"):
         if (GOLDEN / case / name).exists():
             assert (folder / name).read_bytes() == (GOLDEN / case / name).read_bytes(), f"{case}: {name} differs"
@@ -96,4 +88,4 @@ def test_console_script_runs(case_copy):
     out = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     img = np.fromfile(folder / "float.bin", "<f4").astype(np.float64)
-    _assert_parity(img, golden_image("simple_cubic", img.shape).reshape(-1).astype(np.float64), "simple_cubic")
+    assert_parity(img, golden_image("simple_cubic", img.shape).reshape(-1).astype(np.float64), "simple_cubic")
