@@ -53,13 +53,14 @@ import nbtorch
 from nbtorch import jacobian_kernels, runtime
 from torch import Tensor
 
-from nbtorch.physics.kernel import analytic_jvp
+from nbtorch.physics.kernel import JACOBIAN_TILE_EVALUATIONS, analytic_jvp
 from refine.objective import ImageObjective, View
 from refine.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 from refine.structure_factors import is_amplitude
 
-__all__ = ["Uncertainties", "fisher_information", "information_matrices", "cluster_scores", "estimate_uncertainties",
-           "image_information", "ESD_KINDS", "derived_esds", "invert_information", "add_restraint"]
+__all__ = ["Uncertainties", "pixel_jacobian", "reverse_pixel_jacobian", "fisher_information", "information_matrices",
+           "cluster_scores", "estimate_uncertainties", "image_information", "ESD_KINDS", "derived_esds",
+           "invert_information", "add_restraint"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,39 @@ def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple
     return mu.detach(), J.detach()
 
 
+#: blocks of fewer lattice-factor evaluations than this take their Jacobian by reverse mode
+#: (:func:`reverse_pixel_jacobian`): where the compiled forward-mode kernels never apply, that is faster
+REVERSE_JACOBIAN_EVALUATIONS = JACOBIAN_TILE_EVALUATIONS
+
+
+def reverse_pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mu, J)`` as :func:`pixel_jacobian`, by reverse mode only: ``g = J^T v`` is linear in ``v``, so column
+    ``i`` of ``J`` is the derivative of ``g_i`` in ``v``: one forward pass, one backward pass that records its
+    own graph, and one backward pass of that per parameter, eagerly.
+
+    Used for small blocks (:data:`REVERSE_JACOBIAN_EVALUATIONS`), where it is faster than forward mode: torch's
+    eager forward-mode derivatives run its Python references (``torch._refs``) for every operation that mixes
+    a tensor carrying tangents with a constant, and their first call imports ``torch._dynamo`` (the README's
+    main job: 0.57 s for its first Jacobian instead of 1.99 s, 0.23 s instead of 0.29 s later; the same J to
+    3e-15 relative)."""
+    th0 = theta.detach()
+    with nbtorch.eager(), torch.enable_grad():
+        th = th0.clone().requires_grad_(True)
+        out = model_fn(th)
+        flat = out.reshape(-1)
+        if th.numel() == 0:
+            return out.detach(), flat.new_zeros(flat.numel(), 0).detach()
+        v = torch.zeros_like(flat, requires_grad=True)
+        (g,) = torch.autograd.grad(flat, th, v, create_graph=True, allow_unused=True)
+        cols = []
+        for i in range(th.numel()):
+            col = None
+            if g is not None and g[i].requires_grad:
+                (col,) = torch.autograd.grad(g[i], v, retain_graph=True, allow_unused=True)
+            cols.append(flat.new_zeros(flat.numel()) if col is None else col.detach())
+    return out.detach(), torch.stack(cols, -1)
+
+
 def fisher_information(model_fn: Callable[[Tensor, tuple[int, int]], Tensor], theta: Tensor,
                        rows: Sequence[tuple[int, int]], weights_fn: Callable[[Tensor, tuple[int, int]], Tensor]) -> Tensor:
     """``sum over row blocks of J^T diag(w) J``.
@@ -176,12 +210,15 @@ class _Block:
     weights: Tensor
     cluster: Tensor
     clusters: int
+    evaluations: int = REVERSE_JACOBIAN_EVALUATIONS  # lattice-factor evaluations of one model call
 
 
 def _add_information(F: Tensor, B: Tensor, block: _Block, theta: Tensor) -> None:
     """``F += J^T diag(w / mu) J`` and ``B += S^T S`` (clustered Poisson scores) of one block; the Jacobian on the
-    block's device (a GPU's: the tangents of ``theta`` meet the model there), ``F`` and ``B`` where they are."""
-    mu, J = pixel_jacobian(block.model, theta.to(block.observed.device))
+    block's device (a GPU's: the tangents of ``theta`` meet the model there), ``F`` and ``B`` where they are; by
+    reverse mode for a small block (:data:`REVERSE_JACOBIAN_EVALUATIONS`), else by forward mode."""
+    jacobian = reverse_pixel_jacobian if block.evaluations < REVERSE_JACOBIAN_EVALUATIONS else pixel_jacobian
+    mu, J = jacobian(block.model, theta.to(block.observed.device))
     _accumulate(F, B, mu.reshape(-1), J, block.observed, block.weights, block.cluster, block.clusters)
 
 
@@ -367,7 +404,8 @@ def _values(pmap: ParameterMap, th: Tensor) -> dict:
 def _sparse_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
     """The fitted pixels of ``sub`` only (:meth:`ImageObjective.pixel_model`)."""
     index, count = cluster_index(sub._used, sub.view.shape, k)
-    return _Block(lambda th: sub.pixel_model(_values(pmap, th)), sub._obs_px, sub.pixel_weights, index, count)
+    return _Block(lambda th: sub.pixel_model(_values(pmap, th)), sub._obs_px, sub.pixel_weights, index, count,
+                  sub._obs_px.numel() * sub.sim.evaluations_per_pixel())
 
 
 def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
@@ -375,7 +413,7 @@ def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
     shape = tuple(sub.weights.shape[-2:]) if sub.weights.dim() >= 2 else (1, sub.weights.numel())
     index, count = cluster_index(torch.arange(sub.weights.numel(), device=sub.weights.device), shape, k)
     return _Block(lambda th: sub.model(_values(pmap, th)), sub.observed.reshape(-1), sub.weights.reshape(-1),
-                  index, count)
+                  index, count, sub.weights.numel() * sub.view.bin ** 2 * sub.sim.evaluations_per_pixel())
 
 
 def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:

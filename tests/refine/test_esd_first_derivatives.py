@@ -6,6 +6,11 @@ without (the analytic jvp of :class:`nbtorch.physics.square_sum.SquareOrientatio
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -74,12 +79,17 @@ def test_first_derivative_esds_equal_the_double_backward_ones(problem_cache, mon
                                                               analytic):
     pmap, new_obj, old_obj = _case(problem_cache(name, 32), restricted, priors, analytic)
     assert new_obj.sparse and not old_obj.sparse
-    new = unc.estimate_uncertainties(new_obj, pmap, pmap.raw0(), excess=3.0)
+    reverse = unc.estimate_uncertainties(new_obj, pmap, pmap.raw0(), excess=3.0)  # small: reverse mode
+    with monkeypatch.context() as m:  # the forward mode of larger blocks
+        m.setattr(unc, "REVERSE_JACOBIAN_EVALUATIONS", 0)
+        forward = unc.estimate_uncertainties(new_obj, pmap, pmap.raw0(), excess=3.0)
     with monkeypatch.context() as m:
         m.setattr(unc, "pixel_jacobian", double_backward_jacobian)
+        m.setattr(unc, "REVERSE_JACOBIAN_EVALUATIONS", 0)
         old = unc.estimate_uncertainties(old_obj, pmap, pmap.raw0(), rows_per_block=64, excess=3.0)
-    assert_same_esds(new, old)
-    assert new.condition == pytest.approx(old.condition, rel=1e-6)
+    for new in (forward, reverse):
+        assert_same_esds(new, old)
+        assert new.condition == pytest.approx(old.condition, rel=1e-6)
 
 
 @pytest.mark.parametrize("analytic", [False, True])
@@ -106,6 +116,43 @@ def test_jacobian_is_exact_and_blocks_do_not_matter(problem_cache, analytic):
     assert np.allclose(whole.fisher, rows.fisher, rtol=1e-10)
     for kind in unc.ESD_KINDS:
         assert all(whole.as_dict(kind)[n] == pytest.approx(v, rel=1e-8) for n, v in rows.as_dict(kind).items())
+
+
+@pytest.mark.parametrize("analytic", [False, True])
+def test_reverse_jacobian_equals_the_forward_one(problem_cache, analytic):
+    """:func:`refine.uncertainty.reverse_pixel_jacobian` (small blocks) gives the forward-mode J and mu (1e-12),
+    a parameter the model does not depend on a zero column, no parameter an empty J."""
+    pmap, obj, _ = _case(problem_cache("tetragonal_mosflm", 32), True, False, analytic)
+    theta = torch.stack(list(pmap.physical(pmap.raw0()).values())).detach()
+
+    def model(th):
+        return obj.pixel_model(pmap.expand({n: th[i] for i, n in enumerate(pmap.names)}))
+
+    mu, J = unc.pixel_jacobian(model, theta)
+    mu_r, J_r = unc.reverse_pixel_jacobian(model, theta)
+    assert J.shape == J_r.shape and float(J.abs().max()) > 0
+    assert torch.allclose(mu_r, mu, rtol=1e-13, atol=0)
+    assert torch.allclose(J_r, J, rtol=1e-12, atol=1e-12 * float(J.abs().max()))
+    extra = torch.cat([theta, theta.new_ones(1)])  # a parameter the model ignores
+    _, J_x = unc.reverse_pixel_jacobian(lambda th: model(th[:-1]), extra)
+    assert torch.equal(J_x[:, -1], torch.zeros_like(J_x[:, -1])) and torch.allclose(J_x[:, :-1], J_r)
+    _, J_0 = unc.reverse_pixel_jacobian(lambda th: model(theta), theta.new_zeros(0))
+    assert J_0.shape == (mu.numel(), 0)
+
+
+def test_a_small_run_with_esds_never_imports_dynamo(tmp_path):
+    """The esds of a small problem (reverse mode) do not import ``torch._dynamo``, which torch's eager forward
+    mode does (~1 s of the README's main job), nor does anything else of a small eager run."""
+    code = ("import sys\nfrom refine.cli import main\n"
+            "code = main(['--problem', 'tetragonal_mosflm', '--size', '32', '--refine', 'scale,background,cell,"
+            "orientation', '--max-steps', '5', '--no-compile', '--quiet', '--out', sys.argv[1], '--json', "
+            "sys.argv[2]])\nprint('exit', code, 'dynamo', 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.h5"), str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "NBTORCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert "exit 0 dynamo False" in done.stdout, done.stdout + done.stderr[-2000:]
+    esds = json.loads((tmp_path / "r.json").read_text())["esds"]
+    assert {"cell_a", "cell_c", "scale", "orient_x"} <= set(esds) and all(0 < v < 1e3 for v in esds.values()), esds
 
 
 def assert_same_esds(new, old) -> None:
