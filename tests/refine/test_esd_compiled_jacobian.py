@@ -24,9 +24,11 @@ def _eager_kernels(kind, static, args):  # the kernels' own functions, run eager
 
 
 def _compiled_path(monkeypatch, compile_for_real: bool) -> list:
-    """Allow compiling, route every tile through the kernels (threshold 0); the tangent calls are counted."""
+    """Allow compiling, route every block through forward mode and every tile through the kernels (thresholds
+    0); the tangent calls are counted."""
     monkeypatch.setenv("NANOBRAGG_DISABLE_COMPILE", "0")
     monkeypatch.setattr(kernel, "JACOBIAN_TILE_EVALUATIONS", 0)
+    monkeypatch.setattr(unc, "REVERSE_JACOBIAN_EVALUATIONS", 0)
     monkeypatch.setattr(jacobian_kernels, "_ARTIFACTS", {})
     if not compile_for_real:
         monkeypatch.setattr(jacobian_kernels, "_compile", _eager_kernels)
