@@ -203,14 +203,15 @@ def _sum_scores(J: Tensor, factor: Tensor, index: Tensor, count: int) -> Tensor:
 @dataclass(frozen=True)
 class _Block:
     """Pixels of one block: ``model(theta) -> mu`` (flattened), their observed counts and weights (flattened),
-    and each pixel's cluster (``cluster`` (pixels,), ``clusters`` in all)."""
+    each pixel's cluster (``cluster`` (pixels,), ``clusters`` in all) and the lattice-factor evaluations of one
+    model call (which Jacobian it takes: :func:`_add_information`)."""
 
     model: Callable[[Tensor], Tensor]
     observed: Tensor
     weights: Tensor
     cluster: Tensor
     clusters: int
-    evaluations: int = REVERSE_JACOBIAN_EVALUATIONS  # lattice-factor evaluations of one model call
+    evaluations: int  # lattice-factor evaluations of one model call
 
 
 def _add_information(F: Tensor, B: Tensor, block: _Block, theta: Tensor) -> None:

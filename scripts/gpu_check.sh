@@ -8,8 +8,9 @@
 #      gradients, beside a C nanoBragg build if C_BIN names one (timed on the machine's cores);
 #   3. the refinement harness (python -m refine.bench) on the thaumatin tutorial with --device cuda, and the
 #      README's main job on the GPU.
-# Environment: OUT (logs and JSON, at most 7 files; default out/gpu), DEVICE (default cuda), PYTHON (default python3), C_BIN (optional), SHARED (the
-# folder holding golden/ and real/; default ../shared), STEP_TIMEOUT_SCALE (multiplies each step's time limit).
+# Environment: OUT (logs and JSON, at most 7 files; default out/gpu), DEVICE (default cuda), PYTHON (default
+# python3), C_BIN (optional), SHARED (the folder holding golden/ and real/; default ../shared),
+# STEP_TIMEOUT_SCALE (multiplies each step's time limit).
 # Each step has a time limit, so one slow step does not hide the others' results; the exit status is the
 # number of steps that failed.
 set -uo pipefail

@@ -53,3 +53,22 @@ def assert_parity(img: np.ndarray, ref: np.ndarray, case: str) -> None:
     dsum = abs(img.sum() - ref.sum()) / ref.sum()
     assert dmax <= 1e-5, f"{case}: max|diff|/max = {dmax:.3g}"
     assert dsum <= 1e-6, f"{case}: |sum diff|/sum = {dsum:.3g}"
+
+
+def simulate_case(case: str, dtype, **simulator_options):
+    """``(image as float64 numpy, simulator)`` of a golden case's arguments with ``-c_parity``, built in the case
+    folder (its args name input files relative to it; nothing is written); ``simulator_options`` go to
+    :class:`nbtorch.Simulator` (``device``, ``compile``)."""
+    import torch
+
+    from nbtorch import Simulator, config_from_args
+
+    old = os.getcwd()
+    os.chdir(GOLDEN / case)
+    try:
+        sim = Simulator(config_from_args(golden_args(case) + ["-c_parity"]), dtype=dtype, **simulator_options)
+        with torch.no_grad():
+            img = sim()
+        return img.double().cpu().numpy(), sim
+    finally:
+        os.chdir(old)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from golden import GOLDEN, assert_parity, golden_args, golden_cases, golden_image, require_golden
+from golden import assert_parity, golden_args, golden_cases, golden_image, require_golden, simulate_case
 from nbtorch import Simulator, config_from_args
 
 DEVICE = os.environ.get("NBTORCH_TEST_DEVICE", "cuda")
@@ -38,17 +38,9 @@ def _golden_present():
 
 
 def _simulate(case: str, dtype: torch.dtype, compile: bool = False) -> tuple[np.ndarray, Simulator]:
-    old = os.getcwd()
-    os.chdir(GOLDEN / case)  # args name input files relative to the case folder; nothing is written
-    try:
-        sim = Simulator(config_from_args(golden_args(case) + ["-c_parity"]), dtype=dtype, device=DEVICE,
-                        compile=compile)
-        with torch.no_grad():
-            img = sim()
-        assert img.device.type == torch.device(DEVICE).type, f"{case}: image on {img.device}"
-        return img.double().cpu().numpy(), sim
-    finally:
-        os.chdir(old)
+    img, sim = simulate_case(case, dtype, device=DEVICE, compile=compile)
+    assert sim.device.type == torch.device(DEVICE).type, f"{case}: simulated on {sim.device}"
+    return img, sim
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -6,7 +6,6 @@ float32: correlation with the C image >= 0.99999.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -14,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from golden import GOLDEN, assert_parity, golden_args, golden_cases, golden_image, require_golden
-from nbtorch import Simulator, config_from_args
+from golden import (GOLDEN, assert_parity, golden_args, golden_cases, golden_image, require_golden,
+                    simulate_case)
 
 CASES = golden_cases()
 
@@ -33,14 +32,7 @@ def test_golden_folder_is_there():
 
 
 def _simulate(case: str, dtype: torch.dtype) -> np.ndarray:
-    old = os.getcwd()
-    os.chdir(GOLDEN / case)  # args name input files relative to the case folder; nothing is written
-    try:
-        sim = Simulator(config_from_args(golden_args(case) + ["-c_parity"]), dtype=dtype)
-        with torch.no_grad():
-            return sim().double().numpy()
-    finally:
-        os.chdir(old)
+    return simulate_case(case, dtype)[0]
 
 
 @pytest.mark.parametrize("case", CASES)
