@@ -297,7 +297,8 @@ class _Joint:
                     loss, _ = im.objective.evaluate(im.pmap.expand(im.pmap.physical(r)))
                     (g,) = torch.autograd.grad(loss, r, allow_unused=True)
                 g = torch.zeros_like(r) if g is None else g
-                local[im.index] = torch.cat([loss.detach().reshape(1), g.detach()])
+                # the loss on the model's device (a GPU), the gradient beside the raw values (the CPU)
+                local[im.index] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()])
             except Exception:  # noqa: BLE001 - every process must stop together: NaN tells them
                 log.exception("image %d: evaluating the model failed", im.index)
                 local[im.index] = torch.full((1 + self.S + self.K,), math.nan, dtype=self.dtype)

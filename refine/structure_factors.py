@@ -153,7 +153,9 @@ class AmplitudeTable:
         items = [values[n] for n in self.names]
         if not any(isinstance(v, Tensor) for v in items):
             return torch.as_tensor([float(v) for v in items], dtype=dtype, device=device)
-        return torch.stack([v.to(dtype) if isinstance(v, Tensor) else torch.tensor(float(v), dtype=dtype, device=device)
+        # a refinement's raw values live on the CPU, the model maybe on a GPU: the table goes where the model is
+        return torch.stack([v.to(dtype=dtype, device=device) if isinstance(v, Tensor)
+                            else torch.tensor(float(v), dtype=dtype, device=device)
                             for v in items])
 
     def grid(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:

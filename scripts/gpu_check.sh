@@ -3,7 +3,7 @@
 # go, on a machine with CUDA and the project's packages, run from the checkout:
 #   1. tests/test_cuda.py (-m gpu): C parity of every golden case on the GPU (float64 eager, float32
 #      correlation, a few compiled with Triton), the command with -device cuda, gradients equal to the CPU's,
-#      a refinement reaching the CPU's values;
+#      a refinement and joint refinements (with shared structure factors: needs gemmi) reaching the CPU's values;
 #   2. the forward harness (python -m nbtorch.tools.bench) on cuda: heavy and cubic, 1024^2 and 2048^2, with
 #      gradients, beside a C nanoBragg build if C_BIN names one (timed on the machine's cores);
 #   3. the refinement harness (python -m refine.bench) on the thaumatin tutorial with --device cuda, and the

@@ -8,7 +8,9 @@ Acceptance as on the CPU (tests/test_parity.py): float64 max|diff| <= 1e-5 max(C
 1e-6 (eager, and compiled for a few cases: Triton kernels on a GPU); float32 correlation >= 0.99999.
 Gradients of a weighted image sum in every probed parameter: the device's equal the CPU's to 1e-9 relative
 (float64; only the order of sums differs).  A short refinement (the README's main-job problem, 20 steps)
-reaches the CPU's values to 1e-4 of each value's esd.
+reaches the CPU's values to 1e-4 of each value's esd; so do joint refinements of two stills (the API, the
+command, and with shared structure factors, whose EM start and amplitudes also run on the device; 8 steps
+there, 1e-3 esd) -- parameters held on the CPU, images on the device.
 """
 
 from __future__ import annotations
@@ -122,4 +124,135 @@ def test_refinement_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
     bad = [f"{n}: {dev['refined'][n]!r} vs {cpu['refined'][n]!r} (esd {cpu['esds'][n]:.3g})" for n in cpu["refined"]
            if abs(dev["refined"][n] - cpu["refined"][n]) > 1e-4 * cpu["esds"][n]
            or dev["esds"][n] != pytest.approx(cpu["esds"][n], rel=1e-5)]
+    assert not bad, "; ".join(bad)
+
+
+def test_joint_refinement_on_device_reaches_the_cpu_values(tmp_path):
+    """:func:`refine.joint.refine_joint` with every image's simulator on the device (the joint Fisher
+    preconditioner and esds summed beside the CPU-held parameters): the CPU run's values, esds and steps."""
+    from refine.joint import refine_joint
+    from refine.parameters import SYMMETRIES
+    from refine.problems import make_stills
+
+    stills = make_stills("orthorhombic_xds", 2, 32, seed=1, directory=tmp_path)
+    cell = SYMMETRIES["orthorhombic"]
+    # as tests/refine/test_joint.py: orientation and scale from each still's start, the geometry known
+    starts = [{**{k: p.start[k] for k in ("misset_x", "misset_y", "misset_z", "scale")},
+               **{k: p.truth[k] for k in ("beam_x", "beam_y", "mosaic_spread", "N_a", "N_b", "N_c", "distance")}}
+              for p in stills]
+    results = {}
+    for device in ("cpu", DEVICE):
+        sims = [Simulator(config_from_args(list(p.args)), dtype=torch.float64, device=device, compile=False)
+                for p in stills]
+        results[device] = refine_joint(sims, [p.observed for p in stills], symmetry=stills[0].symmetry,
+                                       start={k: stills[0].start[k] for k in cell}, image_starts=starts)
+    cpu, dev = results["cpu"], results[DEVICE]
+    assert cpu.status.ok, cpu.message
+    assert dev.status == cpu.status and dev.steps == cpu.steps
+    assert dev.loss_final == pytest.approx(cpu.loss_final, rel=1e-8)
+    assert set(cpu.shared_esds) >= set(cpu.shared_names) - {"orient_x", "orient_y", "orient_z"}
+    bad = [f"{n}: {dev.shared[n]!r} vs {cpu.shared[n]!r} (esd {e:.3g})" for n, e in cpu.shared_esds.items()
+           if abs(dev.shared[n] - cpu.shared[n]) > 1e-4 * e
+           or dev.shared_esds[n] != pytest.approx(e, rel=1e-5)]
+    for i, (d, c) in enumerate(zip(dev.image_esds, cpu.image_esds)):
+        bad += [f"image {i} {n}: esd {d[n]!r} vs {e!r}" for n, e in c.items() if d[n] != pytest.approx(e, rel=1e-5)]
+        bad += [f"image {i} {n}: {dev.images[i][n]!r} vs {cpu.images[i][n]!r} (esd {c[n]:.3g})" for n in c
+                if n in cpu.images[i] and abs(dev.images[i][n] - cpu.images[i][n]) > 1e-4 * c[n]]
+    assert not bad, "; ".join(bad)
+
+
+def test_joint_structure_factors_on_device_reach_the_cpu_values(tmp_path):
+    """Shared structure factors (the EM start, the amplitudes refined with the cell) with every image's
+    simulator on the device: the CPU run's amplitudes, cell and esds (tests/refine/test_joint_structure_factors.py's
+    problem, two stills); and one still's amplitudes refined alone."""
+    pytest.importorskip("gemmi")
+    from refine import refine
+    from refine.joint import refine_joint
+    from refine.loop import Convergence
+    from refine.problems import make_stills
+    from refine.stages import Stage
+    from refine.structure_factors import AmplitudeOptions
+
+    stills = make_stills("orthorhombic_xds", 2, 32, seed=1, directory=tmp_path)
+    known = ("misset_x", "misset_y", "misset_z", "cell_a", "cell_b", "cell_c", "beam_x", "beam_y", "mosaic_spread",
+             "N_a", "N_b", "N_c", "distance")
+    starts = [{**{k: p.truth[k] for k in known}, "scale": 1.0 if i == 0 else 2.0} for i, p in enumerate(stills)]
+    options = AmplitudeOptions("P1", start="estimate", min_photons=30.0)
+    # a few steps: many amplitudes make a long, flat valley whose end (300 and 100 steps, not converged) would
+    # depend on the sums' order; a short path compares the code, not where rounding leads the loop
+    short = Convergence(max_steps=8, ftol=1e-4, xtol=1e-4)
+    results = {}
+    for device in ("cpu", DEVICE):
+        sims = [Simulator(config_from_args(list(p.args)), dtype=torch.float64, device=device, compile=False)
+                for p in stills]
+        results[device] = refine_joint(sims, [p.observed for p in stills], shared=("cell",),
+                                       per_image=("scale", "background"), symmetry="orthorhombic",
+                                       image_starts=starts, geometry_first=False, structure_factors=options,
+                                       convergence=short)
+    cpu, dev = results["cpu"], results[DEVICE]
+    assert dev.status == cpu.status and dev.steps == cpu.steps == short.max_steps, (cpu.message, dev.message)
+    rows = {device: {tuple(r[:3]): r for r in res.structure_factors["reflections"]} for device, res in results.items()}
+    assert rows[DEVICE].keys() == rows["cpu"].keys() and any(r[6] for r in rows["cpu"].values())
+    # (name, device value, CPU value, CPU esd, device esd) of every refined amplitude and shared cell value
+    pairs = [(f"F{hkl}", rows[DEVICE][hkl][4], r[4], r[5], rows[DEVICE][hkl][5])
+             for hkl, r in rows["cpu"].items() if r[6]]
+    pairs += [(n, dev.shared[n], cpu.shared[n], e, dev.shared_esds[n]) for n, e in cpu.shared_esds.items()
+              if n in cpu.shared]
+    # one still alone (refine.refine's amplitudes stage, as tests/refine/test_joint_structure_factors.py's singles)
+    singles = {}
+    for device in ("cpu", DEVICE):
+        sim = Simulator(config_from_args(list(stills[0].args)), dtype=torch.float64, device=device, compile=False)
+        singles[device] = refine(sim, stills[0].observed, start=starts[0], free=("background", "structure_factors"),
+                                 stages=(Stage("amps", ("background", "structure_factors"), convergence=short),),
+                                 progress=False,
+                                 structure_factors=options)
+    one = {device: {tuple(r[:3]): r for r in res.structure_factors()["reflections"]} for device, res in singles.items()}
+    assert one[DEVICE].keys() == one["cpu"].keys() and any(r[6] for r in one["cpu"].values())
+    pairs += [(f"still 0 alone F{hkl}", one[DEVICE][hkl][4], r[4], r[5], one[DEVICE][hkl][5])
+              for hkl, r in one["cpu"].items() if r[6]]
+    assert singles[DEVICE].steps == singles["cpu"].steps == short.max_steps
+    pull = max(abs(d - c) / e for _, d, c, e, _ in pairs)
+    esd_diff = max(abs(de / e - 1) for _, _, _, e, de in pairs)
+    print(f"{len(pairs)} values: largest |{DEVICE} - cpu| / esd {pull:.3g}, largest esd difference {esd_diff:.3g}; "
+          f"joint loss {dev.loss_final!r} vs {cpu.loss_final!r}, steps {dev.steps} vs {cpu.steps}; still 0 alone "
+          f"loss {singles[DEVICE].loss_final!r} vs {singles['cpu'].loss_final!r}, steps {singles[DEVICE].steps} vs "
+          f"{singles['cpu'].steps}")
+    assert dev.loss_final == pytest.approx(cpu.loss_final, rel=1e-8)
+    assert singles[DEVICE].loss_final == pytest.approx(singles["cpu"].loss_final, rel=1e-8)
+    bad = [f"{n}: {d!r} vs {c!r} (esd {e:.3g}, {de:.3g})" for n, d, c, e, de in pairs
+           if abs(d - c) > 1e-3 * e or de != pytest.approx(e, rel=1e-5)]
+    assert not bad, "; ".join(bad)
+
+
+def test_joint_command_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
+    """``nbtorch-refine --images ... --joint --device cuda`` (every image prepared on the device, as a single run
+    prepares it): the CPU run's joint.json values and esds."""
+    from nbtorch.io.cbf import write_cbf
+    from refine.cli import main
+
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45"
+    crystal = "-N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
+    monkeypatch.setenv("NBTORCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    for k, misset in enumerate(("10 20 30", "-40 5 75")):
+        sim = Simulator(config_from_args(f"-cell 30 30 40 90 90 90 -misset {misset} {crystal} {geometry}".split()),
+                        compile=False)
+        with torch.no_grad():
+            img = np.random.default_rng(20 + k).poisson(sim().numpy() + 1.0).astype(np.int32)
+        write_cbf(tmp_path / f"still_{k}.cbf", img, {"pixel_size_mm": 0.1})
+        (tmp_path / f"still_{k}.txt").write_text(f"-cell 30.09 30.09 40.12 90 90 90 -misset {misset} {crystal} "
+                                                 f"{geometry}")
+    docs = {}
+    for device in ("cpu", DEVICE):
+        out = device.replace(":", "_")
+        assert main(["--images", "still_0.cbf", "still_1.cbf", "--model", "@{stem}.txt", "--joint", "--symmetry",
+                     "tetragonal", "--max-steps", "40", "--device", device, "--out-dir", out, "--quiet"]) == 0
+        docs[device] = json.loads((tmp_path / out / "joint.json").read_text())
+    cpu, dev = docs["cpu"], docs[DEVICE]
+    assert dev["status"] == cpu["status"] and dev["steps"] == cpu["steps"]
+    assert dev["loss_final"] == pytest.approx(cpu["loss_final"], rel=1e-8)
+    assert set(cpu["shared_esds"]) == {"cell_a", "cell_b", "cell_c"}
+    bad = [f"{n}: {dev['shared'][n]!r} vs {cpu['shared'][n]!r} (esd {e:.3g})" for n, e in cpu["shared_esds"].items()
+           if abs(dev["shared"][n] - cpu["shared"][n]) > 1e-4 * e
+           or dev["shared_esds"][n] != pytest.approx(e, rel=1e-5)]
     assert not bad, "; ".join(bad)
