@@ -13,6 +13,7 @@ A run is four named steps, each in its own place:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -181,7 +182,8 @@ def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index
             stage=stage.name, stage_index=index, step=step, stage_step=point.step, loss=point.loss,
             grad_norm=point.grad_norm, params=pmap.physical_floats(raw),
             grads={n: float(g) for n, g in zip(pmap.names, grad_raw)}, canonical=canon,
-            model=None if point.aux is None else objective.model_image(point.aux), observed=objective.observed,
+            model=None if point.aux is None else functools.partial(objective.model_image, point.aux),
+            observed=objective.observed,
             weights=objective.weights))
 
     return on_step

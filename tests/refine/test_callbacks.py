@@ -104,3 +104,56 @@ def test_compiled_refinement_with_tensorboard_has_no_graph_breaks(tmp_path, prob
     # add_hparams wrote the run's settings and final metrics beside the scalars
     assert "hparam/loss_final" in tags["scalars"]
     assert acc.Scalars("hparam/loss_final")[0].value == pytest.approx(res.loss_final, rel=1e-6)
+
+
+def test_bin_image_sums_squares_to_fit_the_longest_side():
+    from refine.callbacks import bin_image
+
+    image = torch.arange(7 * 10, dtype=torch.float64).reshape(7, 10)
+    assert bin_image(image, 10) is image  # fits: unchanged
+    binned = bin_image(image, 4)  # k = 3: 3 x 4 squares, the last row and column partial
+    assert binned.shape == (3, 4)
+    assert float(binned.sum()) == float(image.sum())
+    assert float(binned[0, 0]) == float(image[:3, :3].sum()) and float(binned[2, 3]) == float(image[6:, 9:].sum())
+    assert bin_image(torch.ones(2527, 2463), 1024).shape == (843, 821)  # a Pilatus 6M in squares of 3
+    with pytest.raises(ValueError, match="max_image_px"):
+        TensorBoardCallback("x", max_image_px=0)
+
+
+class _ImageWriter:
+    def __init__(self) -> None:
+        self.images = {}
+
+    def add_scalar(self, tag, value, step):
+        pass
+
+    def add_histogram(self, tag, values, step):
+        pass
+
+    def add_image(self, tag, image, step, dataformats):
+        self.images[tag] = tuple(image.shape)
+
+
+def test_step_model_is_made_only_when_an_image_step_reads_it():
+    from refine.callbacks import StepState
+
+    made = []
+
+    def model():
+        made.append(1)
+        return torch.ones(2000, 300, dtype=torch.float64)
+
+    def state(step):
+        return StepState(stage="s", stage_index=0, step=step, stage_step=step, loss=1.0, grad_norm=0.0,
+                         params={"scale": 1.0}, grads={}, canonical={}, model=model,
+                         observed=torch.full((2000, 300), 2.0, dtype=torch.float64),
+                         weights=torch.ones(2000, 300))
+
+    writer = _ImageWriter()
+    cb = TensorBoardCallback(writer=writer, every=3, max_image_px=500)
+    cb.on_step(state(1))
+    assert made == [] and writer.images == {}  # not an image step: the model image was never made
+    s = state(3)
+    cb.on_step(s)
+    assert made == [1] and s.model.shape == (2000, 300) and made == [1]  # made once, then kept
+    assert writer.images == {f"images/{k}": (500, 75) for k in ("observed", "model", "residual")}  # squares of 4
