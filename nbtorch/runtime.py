@@ -199,7 +199,11 @@ def cache_dir() -> Path:
 
 
 def configure_inductor_cache() -> Path:
-    """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one)."""
+    """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one), and skip its
+    per-process vector-ISA probe where an earlier process's verdict is recorded (:mod:`nbtorch.vec_isa`)."""
+    from nbtorch.vec_isa import trust_vec_isa_probe
+
+    trust_vec_isa_probe(cache_dir())
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     path = cache_dir() / "inductor"
