@@ -239,10 +239,12 @@ def load_inputs(args: argparse.Namespace, checked: Checked, say) -> Inputs:
 def tile_evaluations(device: str | torch.device) -> int:
     """Lattice-factor evaluations per kernel tile of a refinement's simulator on ``device``.
 
-    On a CPU, small tiles keep a tile's intermediates in cache (the tutorial's loss and gradient: 2^17 and 2^19
-    alike, 2^21 slower); on a GPU the kernels are short and the time goes to launching them and to the eager
-    glue of each tile, so one large tile (the tutorial: one tile instead of 19) saves most of it."""
-    return 1 << 22 if torch.device(device).type == "cuda" else 1 << 17
+    On a CPU each tile costs ~1 ms of eager glue around its kernels, and tiles too large leave the caches and
+    pad more: the tutorial's loss and gradient (2 threads, alternating, 2026-11-26) 55.1 ms median with tiles
+    of 2^19 evaluations (5 tiles) against 58.9-64.5 ms with 2^18 (10), 61.0-63.1 ms with 2^20 (3, 28 %
+    padding) and 69.7-75.3 ms with 2^17 (19); on a GPU the kernels are short and the time goes to launching
+    them and to the glue, so one large tile (the tutorial: one tile instead of 19) saves most of it."""
+    return 1 << 22 if torch.device(device).type == "cuda" else 1 << 19
 
 
 def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Simulator:
