@@ -5,7 +5,8 @@
 # an indexing solution is (cell +1 %, orientation 0.3 deg, beam centre 2 pixels, mosaic x2, N -25 %,
 # scale x3), refines it, and prints truth, start and refined values with esds side by side, and where
 # the TensorBoard logs are.  Outputs: out/main/result.h5, out/main/result.json, out/main/runs/.
-# About 2 minutes on 2 CPU cores.  Extra arguments pass through to nbtorch-refine.
+# A few seconds on 2 idle CPU cores once set up (the first bootstrap installs the packages).  Extra arguments
+# pass through to nbtorch-refine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
