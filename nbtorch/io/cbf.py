@@ -115,11 +115,14 @@ def decode_byte_offset(data: bytes | np.ndarray, n_elements: int, source: str = 
     else:
         esc = np.zeros(0, dtype=np.int64)
         esc_len = np.zeros(0, dtype=np.int64)
-    total = size + 16
-    cover = np.cumsum(
-        np.bincount(esc + 1, minlength=total + 16)[:total] - np.bincount(esc + esc_len, minlength=total + 16)[:total]
-    )
-    starts = np.flatnonzero(cover[:size] == 0)
+    # a value starts at every byte that is not inside an escape (bytes esc + 1 .. esc + len - 1): mark those,
+    # a few per escape, rather than a running count over the whole buffer
+    inside = np.zeros(size + 16, dtype=bool)
+    if esc.size:
+        tail = esc_len - 1
+        first = np.repeat(esc + 1 - np.cumsum(tail) + tail, tail)  # each inside byte's escape start, shifted
+        inside[first + np.arange(int(tail.sum()))] = True
+    starts = np.flatnonzero(~inside[:size])
     if starts.size < n_elements:
         raise InputError(f"{source}: compressed data hold {starts.size} values, expected {n_elements}")
     starts = starts[:n_elements]
