@@ -132,9 +132,10 @@ class Problem:
     pedestal: float
     description: str
 
-    def simulator(self, dtype: torch.dtype = torch.float64, compile: bool | None = False) -> Simulator:
-        """A simulator of the starting model (``compile=None`` follows the environment)."""
-        return Simulator(config_from_args(list(self.args)), dtype=dtype, compile=compile)
+    def simulator(self, dtype: torch.dtype = torch.float64, compile: bool | None = False,
+                  device: str | torch.device = "cpu") -> Simulator:
+        """A simulator of the starting model on ``device`` (``compile=None`` follows the environment)."""
+        return Simulator(config_from_args(list(self.args)), dtype=dtype, device=device, compile=compile)
 
 
 def misorientation_deg(misset_a, misset_b) -> float:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ import torch
 from golden import assert_parity, golden_args, golden_cases, golden_image, require_golden, simulate_case
 from nbtorch import Simulator, config_from_args
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # joint_stills, as tests/refine/test_joint.py
 DEVICE = os.environ.get("NBTORCH_TEST_DEVICE", "cuda")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
@@ -130,20 +133,17 @@ def test_refinement_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
 def test_joint_refinement_on_device_reaches_the_cpu_values(tmp_path):
     """:func:`refine.joint.refine_joint` with every image's simulator on the device (the joint Fisher
     preconditioner and esds summed beside the CPU-held parameters): the CPU run's values, esds and steps."""
+    from joint_stills import image_start  # scripts/: orientation and scale from each still's start, geometry known
     from refine.joint import refine_joint
     from refine.parameters import SYMMETRIES
     from refine.problems import make_stills
 
     stills = make_stills("orthorhombic_xds", 2, 32, seed=1, directory=tmp_path)
     cell = SYMMETRIES["orthorhombic"]
-    # as tests/refine/test_joint.py: orientation and scale from each still's start, the geometry known
-    starts = [{**{k: p.start[k] for k in ("misset_x", "misset_y", "misset_z", "scale")},
-               **{k: p.truth[k] for k in ("beam_x", "beam_y", "mosaic_spread", "N_a", "N_b", "N_c", "distance")}}
-              for p in stills]
+    starts = [image_start(p) for p in stills]  # as tests/refine/test_joint.py
     results = {}
     for device in ("cpu", DEVICE):
-        sims = [Simulator(config_from_args(list(p.args)), dtype=torch.float64, device=device, compile=False)
-                for p in stills]
+        sims = [p.simulator(device=device) for p in stills]
         results[device] = refine_joint(sims, [p.observed for p in stills], symmetry=stills[0].symmetry,
                                        start={k: stills[0].start[k] for k in cell}, image_starts=starts)
     cpu, dev = results["cpu"], results[DEVICE]
@@ -183,8 +183,7 @@ def test_joint_structure_factors_on_device_reach_the_cpu_values(tmp_path):
     short = Convergence(max_steps=8, ftol=1e-4, xtol=1e-4)
     results = {}
     for device in ("cpu", DEVICE):
-        sims = [Simulator(config_from_args(list(p.args)), dtype=torch.float64, device=device, compile=False)
-                for p in stills]
+        sims = [p.simulator(device=device) for p in stills]
         results[device] = refine_joint(sims, [p.observed for p in stills], shared=("cell",),
                                        per_image=("scale", "background"), symmetry="orthorhombic",
                                        image_starts=starts, geometry_first=False, structure_factors=options,
@@ -201,11 +200,9 @@ def test_joint_structure_factors_on_device_reach_the_cpu_values(tmp_path):
     # one still alone (refine.refine's amplitudes stage, as tests/refine/test_joint_structure_factors.py's singles)
     singles = {}
     for device in ("cpu", DEVICE):
-        sim = Simulator(config_from_args(list(stills[0].args)), dtype=torch.float64, device=device, compile=False)
-        singles[device] = refine(sim, stills[0].observed, start=starts[0], free=("background", "structure_factors"),
-                                 stages=(Stage("amps", ("background", "structure_factors"), convergence=short),),
-                                 progress=False,
-                                 structure_factors=options)
+        singles[device] = refine(stills[0].simulator(device=device), stills[0].observed, start=starts[0],
+                                 free=("background", "structure_factors"), progress=False, structure_factors=options,
+                                 stages=(Stage("amps", ("background", "structure_factors"), convergence=short),))
     one = {device: {tuple(r[:3]): r for r in res.structure_factors()["reflections"]} for device, res in singles.items()}
     assert one[DEVICE].keys() == one["cpu"].keys() and any(r[6] for r in one["cpu"].values())
     pairs += [(f"still 0 alone F{hkl}", one[DEVICE][hkl][4], r[4], r[5], one[DEVICE][hkl][5])
