@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="default %(default)s")
     g.add_argument("--kernel-dtype", choices=("float64", "float32"),
                    help="dtype of the simulator's per-pixel kernel only (default: --dtype); float32 with --dtype "
-                        "float64 keeps parameters, geometry, the loss and the sums over tiles in float64")
+                        "float64 keeps parameters, geometry, the loss and the sums over tiles in float64, but its "
+                        "Miller indices are float32: a run ends at that precision, often after more evaluations")
     g.add_argument("--compile", dest="compile", action="store_const", const=True,
                    help="torch.compile the simulator kernel (default: only for big jobs)")
     g.add_argument("--no-compile", dest="compile", action="store_const", const=False, help="never compile")

@@ -25,6 +25,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 _SPHERE_CUBE = 0.723601254558268
 SHAPES = ("square", "round", "gauss", "tophat")
@@ -94,10 +95,28 @@ def _range_reduced(dh: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _poly_x2(x2: Tensor, c: tuple[float, ...]) -> Tensor:
+    """``sum_k c[k] x2^k`` by Horner's rule; in place on its own accumulator where nothing records derivatives
+    (:func:`_plain_values`): the same operations in the same order, so the same bits, without a new
+    evaluations-sized temporary per operation (eager renders of large tiles: the polynomial ~3x faster)."""
     acc = x2 * c[-1] + c[-2]
+    if _plain_values(x2):
+        for ck in reversed(c[:-2]):
+            acc.mul_(x2).add_(ck)
+        return acc
     for ck in reversed(c[:-2]):
         acc = acc * x2 + ck
     return acc
+
+
+def _plain_values(x: Tensor) -> bool:
+    """Whether ``x`` is a plain tensor whose results may be updated in place: nothing is being traced or
+    compiled, it records no reverse-mode graph, carries no forward-mode tangent and is no ``torch.func``
+    wrapper (vmap, jacfwd)."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    if x.requires_grad and torch.is_grad_enabled():
+        return False
+    return forward_ad.unpack_dual(x).tangent is None
 
 
 # S1 with d/dx sinc_pi(x) = 2 x S1(x); then cos(pi x) = sinc_pi(x) + 2 x^2 S1(x)
