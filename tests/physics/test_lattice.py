@@ -226,3 +226,23 @@ def test_polynomial_keeps_every_kind_of_derivative():
     assert torch.allclose(tangent, expected, rtol=1e-12)
     jac = torch.func.jacfwd(lambda x: lattice.sincg_reduced(x, n))(x0)
     assert torch.allclose(torch.diagonal(jac), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 2.3e-16), (torch.float32, 1e-7)])
+def test_sinc_pi_polynomials_are_within_rounding(dtype, rtol):
+    """The fitted polynomial of sin(pi x)/(pi x) and its derivative polynomial S1 ((d/dx)/(2x)) against mpmath on
+    |x| <= 1/2, evaluated in their own dtype: within one rounding (a wrong or truncated coefficient fails)."""
+    from nbtorch.physics import lattice
+
+    mpmath.mp.dps = 40
+    t = torch.linspace(0.0, 0.5, 1001, dtype=dtype)
+    x = t.double().numpy()  # the values the polynomial sees
+    ref = np.array([1.0 if v == 0 else float(mpmath.sin(mpmath.pi * v) / (mpmath.pi * v)) for v in x])
+    ref_s1 = np.array([float(-mpmath.pi**2 / 6) if v == 0 else float(
+        (mpmath.pi * v * mpmath.cos(mpmath.pi * v) - mpmath.sin(mpmath.pi * v)) / (2 * mpmath.pi * mpmath.mpf(v) ** 3))
+        for v in x])
+    got = lattice.sinc_pi(t).double().numpy()
+    got_s1 = lattice._poly_x2(t * t, lattice._SINC_PI_D1[dtype]).double().numpy()
+    assert np.abs(got / ref - 1).max() <= rtol
+    assert np.abs(got_s1 / ref_s1 - 1).max() <= rtol
+    assert lattice._SINC_PI[dtype][0] == 1.0  # exactly n at the Bragg condition
