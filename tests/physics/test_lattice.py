@@ -234,13 +234,13 @@ def test_sinc_pi_polynomials_are_within_rounding(dtype, rtol):
     |x| <= 1/2, evaluated in their own dtype: within one rounding (a wrong or truncated coefficient fails)."""
     from nbtorch.physics import lattice
 
-    mpmath.mp.dps = 40
     t = torch.linspace(0.0, 0.5, 1001, dtype=dtype)
     x = t.double().numpy()  # the values the polynomial sees
-    ref = np.array([1.0 if v == 0 else float(mpmath.sin(mpmath.pi * v) / (mpmath.pi * v)) for v in x])
-    ref_s1 = np.array([float(-mpmath.pi**2 / 6) if v == 0 else float(
-        (mpmath.pi * v * mpmath.cos(mpmath.pi * v) - mpmath.sin(mpmath.pi * v)) / (2 * mpmath.pi * mpmath.mpf(v) ** 3))
-        for v in x])
+    with mpmath.workdps(40):
+        ref = np.array([1.0 if v == 0 else float(mpmath.sin(mpmath.pi * v) / (mpmath.pi * v)) for v in x])
+        ref_s1 = np.array([float(-mpmath.pi**2 / 6) if v == 0 else float(
+            (mpmath.pi * v * mpmath.cos(mpmath.pi * v) - mpmath.sin(mpmath.pi * v)) / (2 * mpmath.pi * mpmath.mpf(v) ** 3))
+            for v in x])
     got = lattice.sinc_pi(t).double().numpy()
     got_s1 = lattice._poly_x2(t * t, lattice._SINC_PI_D1[dtype]).double().numpy()
     assert np.abs(got / ref - 1).max() <= rtol
