@@ -44,8 +44,8 @@ from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_out
 from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS
 from refine import Adam, TensorBoardCallback, refine, stage_a
-from refine.objective import ImageObjective, make_view, poisson_deviance
-from refine.parameters import SYMMETRIES, ParameterMap, ParameterSpace
+from refine.fitting.objective import ImageObjective, make_view, poisson_deviance
+from refine.fitting.parameters import SYMMETRIES, ParameterMap, ParameterSpace
 
 __all__ = ["main", "run_phases"]
 

@@ -55,7 +55,7 @@ from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_out
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 from refine import LBFGS, Adam, Convergence, refine, single_stage, stage_a
-from refine.precondition import PRECONDITIONER_NAMES
+from refine.solver.precondition import PRECONDITIONER_NAMES
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
@@ -356,7 +356,7 @@ def _pruner() -> optuna.pruners.BasePruner:
 
 def _run_worker(args: argparse.Namespace, url: str, n: int, index: int, w: Workload | None = None,
                 space: dict | None = None) -> None:
-    logging.getLogger("refine.loop").addFilter(_not_pruned)
+    logging.getLogger("refine.solver.loop").addFilter(_not_pruned)
     if w is None:
         w = load_workload(args.problem, args.size, args.image, args.model)
     if space is None:

@@ -22,8 +22,8 @@ from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
 from nbtorch.setup import resolve
 from refine import make_problem
-from refine.data import load_image
-from refine.problems import misorientation_deg
+from refine.inputs.images import load_image
+from refine.inputs.problems import misorientation_deg
 
 __all__ = ["Workload", "load_workload", "parameter_error", "DTYPES"]
 

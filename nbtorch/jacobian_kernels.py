@@ -1,6 +1,6 @@
 """Compiling and caching the forward-mode kernels of the esds' Jacobian (:mod:`nbtorch.physics.jacobian`).
 
-:func:`run` is the runner :func:`refine.uncertainty.pixel_jacobian` hands to
+:func:`run` is the runner :func:`refine.quality.uncertainty.pixel_jacobian` hands to
 :func:`nbtorch.physics.kernel.analytic_jvp` when :func:`nbtorch.runtime.compile_policy` allows compiling
 (purpose ``jacobian``): the physics defines the two kernels' functions (the tile's photons and its tangents)
 and stays free of compiling and caching; this module traces them to plain ATen graphs (``make_fx``),
@@ -88,7 +88,7 @@ def _compile(kind: str, static, args: list[Tensor]) -> Callable:
 
 def run(kind: str, static, args: list[Tensor]) -> Tensor | None:
     """``KERNEL_FUNCTIONS[kind](static, *args)`` (:mod:`nbtorch.physics.jacobian`) through its compiled kernel;
-    None where compiling failed (the caller then runs the function eagerly).  The runner :func:`refine.uncertainty.pixel_jacobian` gives
+    None where compiling failed (the caller then runs the function eagerly).  The runner :func:`refine.quality.uncertainty.pixel_jacobian` gives
     :func:`~nbtorch.physics.kernel.analytic_jvp`."""
     if not _FAILED:
         # cheap in-process key (the digest, which describes every argument, only on a miss)

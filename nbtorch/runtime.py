@@ -4,8 +4,8 @@
 
 1. inside :func:`eager` (e.g. gradient tests): eager, always;
 2. purpose ``esds``: eager: the uncertainty estimate's Jacobian is forward-mode autograd
-   (:func:`refine.uncertainty.pixel_jacobian`), whose tangents a compiled graph drops; purpose
-   ``jacobian`` (asked by :func:`~refine.uncertainty.pixel_jacobian` before it enters :func:`eager`):
+   (:func:`refine.quality.uncertainty.pixel_jacobian`), whose tangents a compiled graph drops; purpose
+   ``jacobian`` (asked by :func:`~refine.quality.uncertainty.pixel_jacobian` before it enters :func:`eager`):
    its tiles go through the compiled forward-mode kernels of :mod:`nbtorch.physics.jacobian` unless rule
    1 or 4 says eager (from :data:`nbtorch.physics.kernel.JACOBIAN_TILE_EVALUATIONS` evaluations per tile);
 3. an explicit ``compile=True/False`` argument (``-compile``, ``--compile``, ``--no-compile``) wins;

@@ -94,7 +94,7 @@ def tile_pixels(n_pix: int, most: int, bucket: bool) -> int:
     ``most`` and a compiled kernel may run (``bucket``: a compiled simulator, or tiles large enough for the esds'
     compiled Jacobian kernels), the tile is not the pixel count but the next of four sizes per octave
     (multiples of a quarter of the power of two below it): images and Jacobian blocks of different sizes share
-    a few shapes (a GPU's one large tile, :func:`refine.command.tile_evaluations`), at the price of under 25 %
+    a few shapes (a GPU's one large tile, :func:`refine.cli.single.tile_evaluations`), at the price of under 25 %
     padding pixels in that one tile.
     """
     n = max(1, min(int(most), int(n_pix)))
@@ -221,7 +221,7 @@ class Simulator(nn.Module):
     def with_structure_factors(self, F_grid: np.ndarray, hkl_min) -> "Simulator":
         """A simulator whose structure-factor table is ``F_grid`` ((nh, nk, nl), F of ``hkl_min + index``; every
         entry listed, reflections outside follow ``default_F``), e.g. the table a refinement of the amplitudes
-        edits (:mod:`refine.structure_factors`).  Pixels, parameters and kernel options are this simulator's;
+        edits (:mod:`refine.fitting.structure_factors`).  Pixels, parameters and kernel options are this simulator's;
         ``self`` is unchanged."""
         grid = np.asarray(F_grid, dtype=np.float64)
         lo = np.asarray(hkl_min, dtype=np.float64).reshape(3)
@@ -241,7 +241,7 @@ class Simulator(nn.Module):
     def sharing_structure_factors(self, other: "Simulator") -> "Simulator":
         """This simulator with ``other``'s structure-factor table in place of its own equal one (the same
         entries, listed entries and index range), so that many simulators of one crystal hold one copy (a joint
-        refinement of many images, :mod:`refine.joint`); ``self`` when the tables differ, either has none, or
+        refinement of many images, :mod:`refine.many.joint`); ``self`` when the tables differ, either has none, or
         they are already one.  ``self`` is unchanged."""
         a, b = self._setup.structure_factors, other.setup.structure_factors
         if a is b or a.F_grid is None or b.F_grid is None or a.F_grid is b.F_grid:
@@ -445,7 +445,7 @@ class Simulator(nn.Module):
         ``pixels``: the flat row-major positions in the ROI to compute instead of the simulator's own
         (int64 (n,), each in ``[0, ROI size)``; ``index`` is then ``pixels`` and ``values`` follow its
         order).  The simulator needs no pixel mask of the detector's size for that: a refinement of many
-        images keeps only each image's fitted positions (:mod:`refine.pixel_table`).  A position the model's
+        images keeps only each image's fitted positions (:mod:`refine.many.pixel_table`).  A position the model's
         own ``-mask`` excludes gives exactly 0, as in :meth:`render`.
         """
         values, where, merged, roi = self._render_values(roi, progress, diagnostics, overrides, pixels)

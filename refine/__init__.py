@@ -13,7 +13,7 @@ Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
 
 * :func:`refine`, :class:`RefinementResult`, :class:`RefinementInterrupted`, :func:`save_json`,
   :func:`save_h5`, :func:`load_h5`;
-* joint mode (many stills, shared cell; :mod:`refine.joint`): :func:`refine_joint`, :class:`JointResult`;
+* joint mode (many stills, shared cell; :mod:`refine.many.joint`): :func:`refine_joint`, :class:`JointResult`;
 * stages and step rules: :class:`Stage`, :func:`stage_a`, :func:`single_stage`,
   :func:`coarse_to_fine`, :class:`LBFGS`, :class:`Adam`, :class:`Convergence`, :class:`Status`,
   :func:`minimise` (the loop on any ``raw -> loss`` function);
@@ -30,23 +30,23 @@ Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
 
 from __future__ import annotations
 
-from refine.callbacks import (
+from refine.output.callbacks import (
     AbstractCallback, Callback, NullCallback, ProgressCallback, RunInfo, StepState, TensorBoardCallback,
 )
-from refine.checkpoint import read_checkpoint, write_checkpoint
-from refine.joint import JointResult, refine_joint
-from refine.loop import Convergence, Status, minimise
-from refine.objective import poisson_deviance
-from refine.parameters import GROUPS, SYMMETRIES, UNITS, ParameterMap, ParameterSpace
-from refine.problems import PROBLEMS, Problem, make_problem, make_stills
-from refine.results import RefinementResult, load_h5, save_h5, save_json
-from refine.runner import RefinementInterrupted, refine
-from refine.stages import Stage, coarse_to_fine, single_stage, stage_a
-from refine.strategies import LBFGS, Adam
-from refine.transforms import (
+from refine.solver.checkpoint import read_checkpoint, write_checkpoint
+from refine.many.joint import JointResult, refine_joint
+from refine.solver.loop import Convergence, Status, minimise
+from refine.fitting.objective import poisson_deviance
+from refine.fitting.parameters import GROUPS, SYMMETRIES, UNITS, ParameterMap, ParameterSpace
+from refine.inputs.problems import PROBLEMS, Problem, make_problem, make_stills
+from refine.output.results import RefinementResult, load_h5, save_h5, save_json
+from refine.solver.runner import RefinementInterrupted, refine
+from refine.solver.stages import Stage, coarse_to_fine, single_stage, stage_a
+from refine.solver.strategies import LBFGS, Adam
+from refine.fitting.transforms import (
     TRANSFORM_NAMES, Bounded, Identity, LogPositive, Multiplicative, Positive, Transform, default_transform,
 )
-from refine.uncertainty import Uncertainties, estimate_uncertainties
+from refine.quality.uncertainty import Uncertainties, estimate_uncertainties
 
 __all__ = [
     "refine", "refine_joint", "JointResult", "RefinementResult", "RefinementInterrupted", "save_json", "save_h5", "load_h5",

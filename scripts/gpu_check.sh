@@ -6,7 +6,7 @@
 #      a refinement and joint refinements (with shared structure factors: needs gemmi) reaching the CPU's values;
 #   2. the forward harness (python -m nbtorch.tools.bench) on cuda: heavy and cubic, 1024^2 and 2048^2, with
 #      gradients, beside a C nanoBragg build if C_BIN names one (timed on the machine's cores);
-#   3. the refinement harness (python -m refine.bench) on the thaumatin tutorial with --device cuda, and the
+#   3. the refinement harness (python -m refine.tools.bench) on the thaumatin tutorial with --device cuda, and the
 #      README's main job on the GPU.
 # Environment: OUT (logs and JSON, at most 7 files; default out/gpu), DEVICE (default cuda), PYTHON (default
 # python3), C_BIN (optional), SHARED (the folder holding golden/ and real/; default ../shared),
@@ -60,7 +60,7 @@ step bench_cubic 60 "$PY" -m nbtorch.tools.bench --device "$DEVICE" --case cubic
 # the tutorial's configuration with its ../shared paths pointed at $SHARED
 toml=${TMPDIR:-/tmp}/nbtorch_gpu_thaumatin.toml
 sed "s#\.\./shared/#$SHARED/#g; s#out/thaumatin/#${TMPDIR:-/tmp}/nbtorch_gpu_thaumatin/#g" examples/thaumatin_still.toml >"$toml"
-step refine_bench 150 "$PY" -m refine.bench --repeats 10 --esd-repeats 3 --main-job --json "$OUT/refine_bench.json" \
+step refine_bench 150 "$PY" -m refine.tools.bench --repeats 10 --esd-repeats 3 --main-job --json "$OUT/refine_bench.json" \
     -- --config "$toml" --device "$DEVICE"
 echo "failed steps: $failed"
 exit "$failed"

@@ -1,12 +1,12 @@
-"""Joint refinement of synthetic stills of one crystal (refine.joint), in one process or under torchrun.
+"""Joint refinement of synthetic stills of one crystal (refine.many.joint), in one process or under torchrun.
 
 ::
 
     python scripts/joint_stills.py --stills 16 --size 48 --out out/joint16.json [--singles]
     torchrun --nproc-per-node 2 scripts/joint_stills.py --stills 16 --size 48 --out out/joint16_2p.json
 
-Each process builds only its share of the stills (:func:`refine.joint.image_shard`).  The stills are
-:func:`refine.problems.make_stills` of ``--problem``: the start has the bank's cell (+1 %), orientation
+Each process builds only its share of the stills (:func:`refine.many.joint.image_shard`).  The stills are
+:func:`refine.inputs.problems.make_stills` of ``--problem``: the start has the bank's cell (+1 %), orientation
 (0.3 deg) and scale (x3) errors, the beam centre, distance, mosaic spread and N at the truth (not refined).
 Process 0 writes ``--out``: the joint result, the truth, the rms cell error (over the free cell values of the
 crystal system) and, with ``--singles``, that of :func:`refine.refine` on each still alone (same free names).
@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from refine.joint import DEFAULT_CONVERGENCE, image_shard, refine_joint, save_joint_json  # noqa: E402
-from refine.parameters import SYMMETRIES  # noqa: E402
-from refine.problems import make_stills  # noqa: E402
-from refine.results import jsonable  # noqa: E402
-from refine.structure_factors import AmplitudeOptions  # noqa: E402
+from refine.many.joint import DEFAULT_CONVERGENCE, image_shard, refine_joint, save_joint_json  # noqa: E402
+from refine.fitting.parameters import SYMMETRIES  # noqa: E402
+from refine.inputs.problems import make_stills  # noqa: E402
+from refine.output.results import jsonable  # noqa: E402
+from refine.fitting.structure_factors import AmplitudeOptions  # noqa: E402
 
 #: values the stills' starts take from the truth (not refined here)
 KNOWN = ("beam_x", "beam_y", "mosaic_spread", "N_a", "N_b", "N_c", "distance")
@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--singles", action="store_true", help="also refine each still alone (one process only)")
     ap.add_argument("--space-group", help="also refine the structure factors, shared by the stills, in this space "
-                                          "group (EM start, 30 photons to be refined; refine.joint_amplitudes)")
-    ap.add_argument("--max-steps", type=int, help="the joint loop's step limit (default: refine.joint's)")
+                                          "group (EM start, 30 photons to be refined; refine.many.amplitudes)")
+    ap.add_argument("--max-steps", type=int, help="the joint loop's step limit (default: refine.many.joint's)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     shard = image_shard(a.stills)

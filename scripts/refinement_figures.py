@@ -3,7 +3,7 @@
     .venv/bin/nbtorch-refine --config examples/thaumatin_still.toml --report out/thaumatin/report.html
     .venv/bin/python scripts/refinement_figures.py out/thaumatin docs/img
 
-Writes into the second folder (matplotlib, :mod:`refine.figures`):
+Writes into the second folder (matplotlib, :mod:`refine.output.figures`):
 
 * ``thaumatin_panels.png``: a crop of the observed image, the model at the start and refined (one
   square-root colour scale, photons); the observed spots (green squares) with the model's spots next
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from nbtorch import Simulator, config_from_args, eager
-from refine.data import load_image
-from refine.figures import save_png
-from refine.html_report import load_report_data
-from refine.spots import render_pixels
+from refine.inputs.images import load_image
+from refine.output.figures import save_png
+from refine.output.html_report import load_report_data
+from refine.inputs.spots import render_pixels
 
 TAGS = ("loss", "params/cell_a", "params/cell_c", "params/beam_x", "params/beam_y", "params/mosaic_spread",
         "params/N", "params/scale")

@@ -50,7 +50,7 @@ def test_table_is_linked_from_the_readme():
 
 def test_spot_list_bad_rows(tmp_path):
     """--spots files: NaN/Inf positions and rows without two numbers are one-line errors naming file and line."""
-    from refine.spots import read_spot_list
+    from refine.inputs.spots import read_spot_list
 
     cases = {"inf.txt": ("1 2\n10 inf 3\n", "inf.txt line 2: spot position is not finite"),
              "nan.txt": ("nan 2\n", "nan.txt line 1: spot position is not finite"),

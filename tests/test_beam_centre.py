@@ -113,10 +113,10 @@ def test_flags_resolve_to_the_canonical_centre(conv):
 
 
 def test_header_beam_centre_written_in_every_convention(tmp_path):
-    """refine.model: a header's direct-beam spot becomes flags that put the beam back on it."""
+    """refine.inputs.start_model: a header's direct-beam spot becomes flags that put the beam back on it."""
     from nbtorch.io import write_cbf
-    from refine.data import load_image
-    from refine.model import model_config
+    from refine.inputs.images import load_image
+    from refine.inputs.start_model import model_config
 
     spot_px = (17.25, 11.5)  # fast, slow, from the corner of pixel (0, 0)
     write_cbf(tmp_path / "x.cbf", np.zeros((30, 40), dtype=np.int32),

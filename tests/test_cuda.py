@@ -109,7 +109,7 @@ def test_gradients_on_device_equal_the_cpu_ones():
 
 def test_refinement_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
     """``nbtorch-refine --device cuda`` on the main job's problem: the values and esds of the CPU run."""
-    from refine.cli import main
+    from refine.cli.parser import main
 
     monkeypatch.setenv("NBTORCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -131,12 +131,12 @@ def test_refinement_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
 
 
 def test_joint_refinement_on_device_reaches_the_cpu_values(tmp_path):
-    """:func:`refine.joint.refine_joint` with every image's simulator on the device (the joint Fisher
+    """:func:`refine.many.joint.refine_joint` with every image's simulator on the device (the joint Fisher
     preconditioner and esds summed beside the CPU-held parameters): the CPU run's values, esds and steps."""
     from joint_stills import image_start  # scripts/: orientation and scale from each still's start, geometry known
-    from refine.joint import refine_joint
-    from refine.parameters import SYMMETRIES
-    from refine.problems import make_stills
+    from refine.many.joint import refine_joint
+    from refine.fitting.parameters import SYMMETRIES
+    from refine.inputs.problems import make_stills
 
     stills = make_stills("orthorhombic_xds", 2, 32, seed=1, directory=tmp_path)
     cell = SYMMETRIES["orthorhombic"]
@@ -167,11 +167,11 @@ def test_joint_structure_factors_on_device_reach_the_cpu_values(tmp_path):
     problem, two stills); and one still's amplitudes refined alone."""
     pytest.importorskip("gemmi")
     from refine import refine
-    from refine.joint import refine_joint
-    from refine.loop import Convergence
-    from refine.problems import make_stills
-    from refine.stages import Stage
-    from refine.structure_factors import AmplitudeOptions
+    from refine.many.joint import refine_joint
+    from refine.solver.loop import Convergence
+    from refine.inputs.problems import make_stills
+    from refine.solver.stages import Stage
+    from refine.fitting.structure_factors import AmplitudeOptions
 
     stills = make_stills("orthorhombic_xds", 2, 32, seed=1, directory=tmp_path)
     known = ("misset_x", "misset_y", "misset_z", "cell_a", "cell_b", "cell_c", "beam_x", "beam_y", "mosaic_spread",
@@ -225,7 +225,7 @@ def test_joint_command_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
     """``nbtorch-refine --images ... --joint --device cuda`` (every image prepared on the device, as a single run
     prepares it): the CPU run's joint.json values and esds."""
     from nbtorch.io.cbf import write_cbf
-    from refine.cli import main
+    from refine.cli.parser import main
 
     geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45"
     crystal = "-N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"

@@ -178,7 +178,7 @@ def test_converter_errors(tmp_path: Path) -> None:
 
 def test_rendered_still_spots_on_dials_predictions() -> None:
     """The Simulator's own spots (rendered in windows around them) have centroids within 0.5 px of xyzcal.px."""
-    from refine.spots import spot_offsets
+    from refine.inputs.spots import spot_offsets
 
     exp = read_expt(STILLS.with_suffix(".expt"), 1)
     sim = _sim(exp, extra=("-N", "20", "-default_F", "100", "-oversample", "2"))

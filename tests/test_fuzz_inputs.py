@@ -225,7 +225,7 @@ def test_fuzz_sourcefile(tmp_path):
 
 
 def test_fuzz_spot_list(tmp_path):
-    from refine.spots import read_spot_list
+    from refine.inputs.spots import read_spot_list
 
     data = b"# x y intensity\n10.5 12.25 300\n 3.0\t4.0\n\n17.75 1.5 20 # strong\n"
     _fuzz_file(tmp_path, "spots.txt", data, read_spot_list, 60, 5)
@@ -233,7 +233,7 @@ def test_fuzz_spot_list(tmp_path):
 
 def test_fuzz_smv(tmp_path):
     from nbtorch.io.smv import read_smv
-    from refine.data import load_image
+    from refine.inputs.images import load_image
 
     data = _smv_bytes(tmp_path)
     _fuzz_file(tmp_path, "image.img", data, read_smv, 50, 6, head=512)
@@ -242,7 +242,7 @@ def test_fuzz_smv(tmp_path):
 
 def test_fuzz_cbf(tmp_path):
     from nbtorch.io.cbf import read_cbf
-    from refine.data import load_image
+    from refine.inputs.images import load_image
 
     data = _cbf_bytes(tmp_path)
     head = data.index(b"\x0c\x1a\x04\xd5")
@@ -282,7 +282,7 @@ def test_fuzz_real_cbf_header(tmp_path):
 
 def test_fuzz_hdf5(tmp_path):
     pytest.importorskip("h5py")
-    from refine.data import load_image
+    from refine.inputs.images import load_image
 
     data = _h5_bytes(tmp_path)
     _fuzz_file(tmp_path, "image.h5", data, load_image, 40, 13, head=2048)
@@ -297,7 +297,7 @@ def test_fuzz_pgm(tmp_path):
 
 
 def test_fuzz_raw(tmp_path):
-    from refine.data import load_image
+    from refine.inputs.images import load_image
 
     src = tmp_path / "src.bin"
     np.arange(64, dtype="<f4").tofile(src)
@@ -321,7 +321,7 @@ def test_fuzz_reflection_files(tmp_path, name, head):
 def test_fuzz_checkpoint(tmp_path):
     """A damaged refinement checkpoint (the file --resume reads)."""
     pytest.importorskip("h5py")
-    from refine.checkpoint import read_checkpoint
+    from refine.solver.checkpoint import read_checkpoint
 
     src = _checkpoint(tmp_path)
     _fuzz_file(tmp_path, "run.ckpt.h5", src.read_bytes(), read_checkpoint, 12, 20, head=2048)
@@ -349,7 +349,7 @@ max_steps = 5
 
 
 def test_fuzz_refine_config(tmp_path):
-    from refine.cli import parse_args
+    from refine.cli.parser import parse_args
 
     _fuzz_file(tmp_path, "refine.toml", REFINE_TOML, lambda p: parse_args(["--config", str(p)]), 60, 16)
 
@@ -402,8 +402,8 @@ def test_fuzz_nbtorch_arguments(tmp_path, monkeypatch):
 
 
 def test_fuzz_refine_arguments(tmp_path, monkeypatch):
-    """Random nbtorch-refine option lists through refine.cli.parse_args."""
-    from refine.cli import build_parser, parse_args
+    """Random nbtorch-refine option lists through refine.cli.parser.parse_args."""
+    from refine.cli.parser import build_parser, parse_args
 
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "refine.toml", REFINE_TOML)
@@ -447,7 +447,7 @@ def test_hdf5_damaged_inside_is_a_one_line_input_error(tmp_path, signature):
     libhdf5 (after the file opened); now every such read is a one-line InputError naming the file."""
     pytest.importorskip("h5py")
     from nbtorch.io.hdf5 import read_h5_image
-    from refine.data import load_image
+    from refine.inputs.images import load_image
 
     data = _h5_bytes(tmp_path)
     starts = [i for i in range(len(data)) if data.startswith(signature, i)]
@@ -479,7 +479,7 @@ def test_mtz_with_an_undecodable_column_label_is_a_one_line_input_error(tmp_path
 def _checkpoint(tmp_path: Path) -> Path:
     import torch
 
-    from refine.checkpoint import RunCheckpoint, write_checkpoint
+    from refine.solver.checkpoint import RunCheckpoint, write_checkpoint
 
     ckpt = RunCheckpoint(stage_index=1, stage_values={"distance": 100.0}, history={"step": [0, 1], "loss": [2.0, 1.0]},
                          loop={"step": 3, "raw": torch.tensor([0.5, -0.25], dtype=torch.float64)}, summaries=[],
@@ -492,7 +492,7 @@ def test_checkpoint_with_damaged_state_is_a_one_line_input_error(tmp_path):
     """Damaged bytes of the saved state once escaped from torch.load as RuntimeError; a checkpoint without
     its state dataset as KeyError."""
     h5py = pytest.importorskip("h5py")
-    from refine.checkpoint import read_checkpoint
+    from refine.solver.checkpoint import read_checkpoint
 
     data = _checkpoint(tmp_path).read_bytes()
     name = b"archive/.storage_alignmentPK"  # a name in the zip's central directory

@@ -85,7 +85,7 @@ def test_the_packages_keep_the_layering():
     ("nbtorch/physics/bad.py", "import numpy\n", "nbtorch.physics imports only torch"),
     ("nbtorch/physics/bad.py", "from nbtorch.io import hkl\n", "nbtorch.physics imports only torch"),
     ("nbtorch/io/bad.py", "def f():\n    import torch\n", "nbtorch.io never imports torch"),
-    ("nbtorch/bad.py", "from refine.runner import refine\n", "nbtorch never imports refine or losses"),
+    ("nbtorch/bad.py", "from refine.solver.runner import refine\n", "nbtorch never imports refine or losses"),
     ("nbtorch/bad.py", "import losses\n", "nbtorch never imports refine or losses"),
     ("losses/bad.py", "from refine import x\n", "losses never imports refine"),
     ("refine/bad.py", "from experiments.cli import Parser\n", "nothing imports experiments"),

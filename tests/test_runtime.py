@@ -246,7 +246,7 @@ def test_every_command_decides_through_the_policy():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for path in list((root / "refine").glob("*.py")) + list((root / "nbtorch").glob("*.py")) + \
+    for path in list((root / "refine").rglob("*.py")) + list((root / "nbtorch").glob("*.py")) + \
             list((root / "experiments").glob("*.py")):
         if path.name == "runtime.py":
             continue

@@ -36,7 +36,7 @@ def test_gpu_check_runs_each_step_with_its_arguments(tmp_path):
     assert any(c.startswith("-m pytest -q -m gpu tests/test_cuda.py") for c in calls), calls
     bench = [c for c in calls if c.startswith("-m nbtorch.tools.bench")]
     assert len(bench) == 2 and all("--device cpu" in c and "--c-bin /opt/nanoBragg --c-parity" in c for c in bench)
-    refine = [c for c in calls if c.startswith("-m refine.bench")]
+    refine = [c for c in calls if c.startswith("-m refine.tools.bench")]
     assert len(refine) == 1 and refine[0].endswith("--device cpu") and "--main-job" in refine[0]
     toml = Path(refine[0].split("--config ")[1].split()[0])
     text = toml.read_text()

@@ -25,7 +25,7 @@ and ``/entry/instrument/detector/goniometer/two_theta``.
 
 :func:`nexus_rest` lists every other dataset under ``/entry/instrument`` and ``/entry/sample`` with why it is not
 used (layout, corrections, NXgeometry, restated values, goniometer, the rest; an Eiger master's ``detectorModule_NNN``
-groups as one entry), so that the header notes of :mod:`refine.model` say every value.
+groups as one entry), so that the header notes of :mod:`refine.inputs.start_model` say every value.
 
 :func:`nexus_goniometry` returns the keys of :func:`nbtorch.io.cbf.read_cbf` (``detector_2theta_deg``,
 ``start_angle_deg``, ``angle_increment_deg``, maybe ``distance_mm``) with ``labels`` and ``unused`` as
@@ -200,7 +200,7 @@ def beam_polarization(h5py: Any, f: Any, name: str, frame: int) -> dict[str, Any
             "polarization_stokes": (s0, s1, s2, s3), "labels": {"polarization": field}}
 
 
-# the fields a reader takes (nbtorch.io.hdf5, refine.data), relative to /entry/instrument
+# the fields a reader takes (nbtorch.io.hdf5, refine.inputs.images), relative to /entry/instrument
 _TAKEN = {"detector/distance", "detector/beam_center_x", "detector/beam_center_y", "detector/x_pixel_size",
           "detector/y_pixel_size", "detector/sensor_thickness", "detector/sensor_material", "detector/saturation_value",
           "detector/pixel_mask", "detector/depends_on", "detector/detectorSpecific/countrate_correction_count_cutoff",

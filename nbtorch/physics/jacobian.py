@@ -1,6 +1,6 @@
 """Forward-mode derivatives of a tile's pixels through compiled kernels (the esds' Jacobian).
 
-:func:`refine.uncertainty.pixel_jacobian` pushes the P tangents of the free parameters through the
+:func:`refine.quality.uncertainty.pixel_jacobian` pushes the P tangents of the free parameters through the
 model at once (:func:`torch.func.jacfwd`).  Eagerly, the hot loop (orientations x evaluations) and the
 pixel geometry then run as a few hundred separate passes over memory, each with the P tangents
 batched (~2.3 s on the thaumatin tutorial).  Inside :func:`~nbtorch.physics.kernel.analytic_jvp` with

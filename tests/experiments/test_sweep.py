@@ -58,13 +58,13 @@ def test_sweep_two_workers_then_resume(tmp_path):
     best = tomllib.loads((out / "best.toml").read_text())
     assert best["optimizer"] == "adam" and best["problem"] == "cubic_mosflm" and best["max-steps"] == 4
     assert best["loss"] in ("poisson", "gaussian") and 0.01 <= best["lr"] <= 0.2
-    from refine.cli import parse_args
+    from refine.cli.parser import parse_args
 
     args = parse_args(["--config", str(out / "best.toml")])
     assert args.optimizer == "adam" and args.max_steps == 4 and args.problem == "cubic_mosflm"
     best_trial = _study(out).best_trial
     assert args.precondition == best_trial.params["precondition"]
-    from refine.cli import build_stages
+    from refine.cli.parser import build_stages
 
     pre = None if args.precondition == "none" else args.precondition
     assert [s.precondition for s in build_stages(args)] == [pre]

@@ -209,7 +209,7 @@ def test_hkl_flags_errors(tmp_path):
 
 
 def test_refine_f_column_option():
-    from refine.cli import parse_args
+    from refine.cli.parser import parse_args
 
     args = parse_args(["--image", "x.cbf", "--model=-hkl ref.mtz -cell 1 2 3 90 90 90", "--f-column", "F-obs"])
     assert args.model.endswith("-hkl_column F-obs")

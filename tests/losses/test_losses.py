@@ -434,8 +434,8 @@ def test_poisson_deviance_hand_values_and_nll_gradient() -> None:
 def test_refinement_and_registry_share_the_poisson_deviance() -> None:
     """'poisson' means the half deviance in losses.get_loss and in the refinement, computed by one kernel."""
     from losses import kernels
-    from refine.objective import poisson_deviance as refine_deviance
-    from refine.objective import resolve_loss
+    from refine.fitting.objective import poisson_deviance as refine_deviance
+    from refine.fitting.objective import resolve_loss
 
     assert resolve_loss("poisson") is kernels.poisson_deviance is refine_deviance
     model, observed = image_pair(21)
@@ -449,7 +449,7 @@ def test_refinement_and_registry_share_the_poisson_deviance() -> None:
 def test_refinement_losses_equal_the_registry_modules(name) -> None:
     """Every registry name means in the refinement (check-free kernels, summed over weighted pixels) what
     get_loss(name, reduction='sum') computes with its checks, ignored pixels holding anything finite."""
-    from refine.objective import resolve_loss
+    from refine.fitting.objective import resolve_loss
 
     model, observed = image_pair(22)
     weights = torch.ones_like(model)

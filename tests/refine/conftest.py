@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refine.problems import make_problem
+from refine.inputs.problems import make_problem
 
 _PROBLEMS: dict = {}
 
@@ -29,7 +29,7 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def problem_cache(tmp_path_factory):
-    """``get(name, size)`` -> the cached :class:`refine.problems.Problem` (F tables in a temp dir)."""
+    """``get(name, size)`` -> the cached :class:`refine.inputs.problems.Problem` (F tables in a temp dir)."""
     directory = tmp_path_factory.mktemp("problems")
 
     def get(name: str, size: int = 64):

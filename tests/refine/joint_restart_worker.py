@@ -5,10 +5,10 @@
     torchrun --nproc-per-node 2 --max-restarts 1 joint_restart_worker.py --stills 4 --size 32 --seed 1 \
         --checkpoint joint.ckpt.h5 --every 2 --kill-rank 1 --kill-step 2 --out result.json --attempts attempts.txt
 
-A joint refinement of :func:`refine.problems.make_stills` (each process builds its share) with a checkpoint
+A joint refinement of :func:`refine.inputs.problems.make_stills` (each process builds its share) with a checkpoint
 every ``--every`` steps.  On the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0) process ``--kill-rank``
 sends itself SIGKILL right after the checkpoint of step ``--kill-step`` is complete; torchrun then stops the
-other process and starts both again, and :func:`refine.joint.refine_joint` resumes from the checkpoint by
+other process and starts both again, and :func:`refine.many.joint.refine_joint` resumes from the checkpoint by
 itself.  Every process appends ``<restart count> <rank>`` to ``--attempts`` when it starts; process 0 writes
 the result's JSON document to ``--out``.
 """
@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch.distributed as dist  # noqa: E402
 
 from joint_stills import image_start  # noqa: E402
-from refine.batch import restart_count  # noqa: E402
-from refine.joint import image_shard, refine_joint  # noqa: E402
-from refine.parameters import SYMMETRIES  # noqa: E402
-from refine.problems import make_stills  # noqa: E402
-from refine.results import jsonable  # noqa: E402
+from refine.many.batch import restart_count  # noqa: E402
+from refine.many.joint import image_shard, refine_joint  # noqa: E402
+from refine.fitting.parameters import SYMMETRIES  # noqa: E402
+from refine.inputs.problems import make_stills  # noqa: E402
+from refine.output.results import jsonable  # noqa: E402
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Acceptance: the synthetic problem bank, refined from perturbed starts, recovers the known truth.
 
-Start errors (refine.problems.PERTURBATION): cell +1 % (a, b, c) and +0.5 deg (free angles),
+Start errors (refine.inputs.problems.PERTURBATION): cell +1 % (a, b, c) and +0.5 deg (free angles),
 orientation 0.3 deg, beam centre +2 px, mosaic spread x2, N -25 %, scale x3, and a
 40-count pedestal in the data.  Tolerances: a, b, c within 0.05 %, angles within 0.02 deg,
 beam centre within 0.1 px, mosaic spread within 10 %, N within 5 %, each also within 3
@@ -19,7 +19,7 @@ import pytest
 
 from nbtorch.setup import PARAMETER_NAMES
 from refine import PROBLEMS, Adam, refine, stage_a
-from refine.problems import PIXEL_MM, misorientation_deg
+from refine.inputs.problems import PIXEL_MM, misorientation_deg
 
 TOLERANCES = {  # name: (kind, tolerance)
     "cell_a": ("rel", 5e-4), "cell_b": ("rel", 5e-4), "cell_c": ("rel", 5e-4),
@@ -101,9 +101,9 @@ def test_lbfgs_recovers_truth_512(problem_cache, name):
 def _esds_at_truth(problem, free):
     import torch
 
-    from refine.objective import ImageObjective, make_view
-    from refine.parameters import ParameterMap, ParameterSpace
-    from refine.uncertainty import estimate_uncertainties
+    from refine.fitting.objective import ImageObjective, make_view
+    from refine.fitting.parameters import ParameterMap, ParameterSpace
+    from refine.quality.uncertainty import estimate_uncertainties
 
     sim = problem.simulator()
     space = ParameterSpace(symmetry=problem.symmetry, pixel_mm=PIXEL_MM)

@@ -1,9 +1,9 @@
-"""The refinement benchmark harness (``python -m refine.bench``) runs end to end on a tiny synthetic problem,
+"""The refinement benchmark harness (``python -m refine.tools.bench``) runs end to end on a tiny synthetic problem,
 eagerly, so that it cannot rot; no time is asserted."""
 
 import json
 
-from refine import bench
+from refine.tools import bench
 
 TINY = ["--problem", "tetragonal_mosflm", "--size", "16", "--refine", "scale,background,cell", "--no-compile"]
 
@@ -26,7 +26,7 @@ def test_harness_runs_on_a_tiny_problem(tmp_path, capsys):
 def test_bad_repeats_is_one_line(capsys):
     assert bench.main(["--repeats", "0", "--", *TINY]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("python -m refine.bench: error:") and "\n" not in err
+    assert err.startswith("python -m refine.tools.bench: error:") and "\n" not in err
 
 
 def test_main_job_time_is_parsed(monkeypatch):
@@ -44,7 +44,7 @@ def test_main_job_time_is_parsed(monkeypatch):
 def test_the_refinement_tile_is_small_on_a_cpu_and_one_large_tile_on_a_gpu():
     """A refinement's simulator: tiles of 2^19 evaluations on a CPU (few tiles, cache-sized), 2^22 on a GPU;
     the tile changes no pixel's value (tests/test_simulator.py), so the choice is speed alone."""
-    from refine.command import tile_evaluations
+    from refine.cli.single import tile_evaluations
 
     assert tile_evaluations("cpu") == 1 << 19
     assert tile_evaluations("cuda") == tile_evaluations("cuda:1") == 1 << 22

@@ -10,7 +10,7 @@ import torch
 from refine import (
     AbstractCallback, Callback, Convergence, NullCallback, ProgressCallback, Stage, TensorBoardCallback, refine,
 )
-from refine.objective import poisson_deviance
+from refine.fitting.objective import poisson_deviance
 
 FREE = ("scale", "background", "orientation", "beam_centre", "cell")
 
@@ -107,7 +107,7 @@ def test_compiled_refinement_with_tensorboard_has_no_graph_breaks(tmp_path, prob
 
 
 def test_bin_image_sums_squares_to_fit_the_longest_side():
-    from refine.callbacks import bin_image
+    from refine.output.callbacks import bin_image
 
     image = torch.arange(7 * 10, dtype=torch.float64).reshape(7, 10)
     assert bin_image(image, 10) is image  # fits: unchanged
@@ -135,7 +135,7 @@ class _ImageWriter:
 
 
 def test_step_model_is_made_only_when_an_image_step_reads_it():
-    from refine.callbacks import StepState
+    from refine.output.callbacks import StepState
 
     made = []
 

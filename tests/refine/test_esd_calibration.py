@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from refine import make_problem, refine, single_stage
-from refine.loop import Convergence
+from refine.solver.loop import Convergence
 
 REALISATIONS = 20
 SIZE = 48

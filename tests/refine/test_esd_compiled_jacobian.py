@@ -1,5 +1,5 @@
 """The esds' Jacobian through the compiled forward-mode kernels (:mod:`nbtorch.physics.jacobian`) equals the
-eager forward-mode one (``jacfwd`` through the eager simulator, :mod:`refine.uncertainty`) to 1e-6 relative in
+eager forward-mode one (``jacfwd`` through the eager simulator, :mod:`refine.quality.uncertainty`) to 1e-6 relative in
 every esd kind, on a synthetic problem with spots; the kernels are used only where compiling is allowed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import nbtorch
 import nbtorch.jacobian_kernels as jacobian_kernels
 import nbtorch.physics.jacobian as jacobian
 import nbtorch.physics.kernel as kernel
-import refine.uncertainty as unc
+import refine.quality.uncertainty as unc
 from nbtorch import runtime
 
 from test_esd_first_derivatives import _case, assert_same_esds  # tests/refine is on the path (pytest rootdir insertion)

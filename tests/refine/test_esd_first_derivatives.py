@@ -19,9 +19,9 @@ import nbtorch
 from nbtorch import Simulator
 from nbtorch.args import config_from_args
 import nbtorch.physics.square_sum as square_sum
-import refine.uncertainty as unc
-from refine.objective import ImageObjective, make_view, poisson_deviance
-from refine.parameters import ParameterMap, ParameterSpace
+import refine.quality.uncertainty as unc
+from refine.fitting.objective import ImageObjective, make_view, poisson_deviance
+from refine.fitting.parameters import ParameterMap, ParameterSpace
 
 FREE = ("scale", "background", "orientation", "cell", "beam_centre", "mosaic")
 PRIORS = {"cell_a": (0.0, 0.05), "beam_x": (0.0, 0.002), "mosaic_spread": (0.0, 0.01)}
@@ -120,7 +120,7 @@ def test_jacobian_is_exact_and_blocks_do_not_matter(problem_cache, analytic):
 
 @pytest.mark.parametrize("analytic", [False, True])
 def test_reverse_jacobian_equals_the_forward_one(problem_cache, analytic):
-    """:func:`refine.uncertainty.reverse_pixel_jacobian` (small blocks) gives the forward-mode J and mu (1e-12),
+    """:func:`refine.quality.uncertainty.reverse_pixel_jacobian` (small blocks) gives the forward-mode J and mu (1e-12),
     a parameter the model does not depend on a zero column, no parameter an empty J."""
     pmap, obj, _ = _case(problem_cache("tetragonal_mosflm", 32), True, False, analytic)
     theta = torch.stack(list(pmap.physical(pmap.raw0()).values())).detach()
@@ -143,7 +143,7 @@ def test_reverse_jacobian_equals_the_forward_one(problem_cache, analytic):
 def test_a_small_run_with_esds_never_imports_dynamo(tmp_path):
     """The esds of a small problem (reverse mode) do not import ``torch._dynamo``, which torch's eager forward
     mode does (~1 s of the README's main job), nor does anything else of a small eager run."""
-    code = ("import sys\nfrom refine.cli import main\n"
+    code = ("import sys\nfrom refine.cli.parser import main\n"
             "code = main(['--problem', 'tetragonal_mosflm', '--size', '32', '--refine', 'scale,background,cell,"
             "orientation', '--max-steps', '5', '--no-compile', '--quiet', '--out', sys.argv[1], '--json', "
             "sys.argv[2]])\nprint('exit', code, 'dynamo', 'torch._dynamo' in sys.modules)\n")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from refine import refine
-from refine.fit_quality import EXCESS_WARNING, assess_poisson_fit, expected_poisson_deviance
-from refine.objective import poisson_deviance
-from refine.stages import Stage
+from refine.quality.fit_quality import EXCESS_WARNING, assess_poisson_fit, expected_poisson_deviance
+from refine.fitting.objective import poisson_deviance
+from refine.solver.stages import Stage
 
 
 @pytest.mark.parametrize("m", [0.05, 0.7, 3.0, 12.0, 29.5, 30.0, 80.0, 1000.0])
@@ -72,7 +72,7 @@ def _spot_image(centres, shape=(64, 64), height=400.0, background=20.0):
 
 
 def test_signal_support_counts_pixels_and_spots_and_warns_below_five_spots_per_parameter(caplog):
-    from refine.fit_quality import MIN_SPOTS_PER_PARAMETER, signal_support
+    from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER, signal_support
 
     centres = [(cx, cy) for cx in range(6, 64, 16) for cy in range(6, 64, 20)]  # 4 x 3 = 12 spots
     centres.append((centres[0][0] + 3, centres[0][1]))  # touching the first one: still its own spot
@@ -84,7 +84,7 @@ def test_signal_support_counts_pixels_and_spots_and_warns_below_five_spots_per_p
     assert 12 * 18 < s.signal_pixels < 13 * 26
     assert s.to_dict() == {"signal_pixels": s.signal_pixels, "signal_spots": 13, "parameters": 2,
                            "spots_per_parameter": 6.5, "support_warning": None}
-    with caplog.at_level("WARNING", logger="refine.fit_quality"):
+    with caplog.at_level("WARNING", logger="refine.quality.fit_quality"):
         few = signal_support(model, 20.0, mask, 3)
     assert 13 < MIN_SPOTS_PER_PARAMETER * 3 and few.warning.startswith("only 13 spots")
     assert "3 refined parameters" in few.warning and "\n" not in few.warning
@@ -92,7 +92,7 @@ def test_signal_support_counts_pixels_and_spots_and_warns_below_five_spots_per_p
     # pixels not fitted do not count, and a planar background is taken off before the threshold
     mask[:, 32:] = False
     assert signal_support(model, 20.0, mask, 1).spots == 7
-    from refine.fit_quality import background_image
+    from refine.quality.fit_quality import background_image
 
     bg = background_image(model.shape, {"background": 20.0, "background_x": 2.0, "background_y": -1.0})
     assert bg[0, 0] == pytest.approx(20.0 - 2.0 * 31.5 + 31.5) and bg.mean() == pytest.approx(20.0)
@@ -100,7 +100,7 @@ def test_signal_support_counts_pixels_and_spots_and_warns_below_five_spots_per_p
 
 
 def test_refinement_result_reports_the_signal_support(problem_cache):
-    from refine.fit_quality import MIN_SPOTS_PER_PARAMETER
+    from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
 
     problem = problem_cache("cubic_mosflm", 64)
     full = refine(problem, start=problem.truth, stages=(Stage("scale", ("scale", "background")),), progress=False,

@@ -6,8 +6,8 @@ import pytest
 
 from nbtorch.errors import InputError
 from refine import Convergence, make_problem, refine, single_stage
-from refine.identifiability import FIX_ORDER, drift_warning, reduce_free
-from refine.plan import make_plan
+from refine.quality.identifiability import FIX_ORDER, drift_warning, reduce_free
+from refine.solver.plan import make_plan
 
 NAMES = ("scale", "background", "orient_x", "orient_y", "orient_z", "cell_a", "cell_c", "mosaic_spread",
          "beam_x", "beam_y")

@@ -1,6 +1,6 @@
-"""Joint mode (refine.joint): shared cell + per-image orientation, scale, background over many stills.
+"""Joint mode (refine.many.joint): shared cell + per-image orientation, scale, background over many stills.
 
-Four 32 x 32 stills of one orthorhombic crystal (refine.problems.make_stills) are refined jointly and one
+Four 32 x 32 stills of one orthorhombic crystal (refine.inputs.problems.make_stills) are refined jointly and one
 by one; the joint cell is compared with the truth, its esds with the per-image Fisher blocks and with its
 error, and one process with two (torchrun, gloo on loopback).  The 16-still check of the issue is the
 slow test at the end.
@@ -22,15 +22,15 @@ import torch
 
 from nbtorch.errors import InputError
 from refine import refine
-from refine.joint import (DEFAULT_CONVERGENCE, JointResult, image_shard, load_joint_h5, refine_joint, save_joint_h5,
+from refine.many.joint import (DEFAULT_CONVERGENCE, JointResult, image_shard, load_joint_h5, refine_joint, save_joint_h5,
                           save_joint_json)
-from refine.joint_checkpoint import read_joint_checkpoint
-from refine.objective import ImageObjective, make_view
-from refine.parameters import ParameterMap, ParameterSpace, SYMMETRIES
-from refine.plan import observed_pixels
-from refine.problems import make_stills
-from refine.results import jsonable
-from refine.uncertainty import estimate_uncertainties
+from refine.many.checkpoint import read_joint_checkpoint
+from refine.fitting.objective import ImageObjective, make_view
+from refine.fitting.parameters import ParameterMap, ParameterSpace, SYMMETRIES
+from refine.solver.plan import observed_pixels
+from refine.inputs.problems import make_stills
+from refine.output.results import jsonable
+from refine.quality.uncertainty import estimate_uncertainties
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "joint_stills.py"
@@ -115,11 +115,11 @@ def test_joint_esds_combine_the_images_fisher_blocks(stills, joint, singles):
 
 
 def test_joint_esds_from_blocks_equal_the_dense_ones(stills, joint, monkeypatch):
-    """Above MAX_DENSE the esds come from the per-image blocks (refine.joint_esds): forced here on the same
+    """Above MAX_DENSE the esds come from the per-image blocks (refine.many.esds): forced here on the same
     problem (the same steps: the preconditioner is unchanged), every esd equals the dense path's."""
-    import refine.joint_esds
+    import refine.many.esds
 
-    monkeypatch.setattr(refine.joint_esds, "MAX_DENSE", 0)
+    monkeypatch.setattr(refine.many.esds, "MAX_DENSE", 0)
     blocked = _joint(stills)
     assert blocked.shared == joint.shared
     for kind in ("sandwich", "fisher"):

@@ -1,4 +1,4 @@
-"""Joint esds from blocks (refine.joint_esds): the blocked Schur-complement path equals the dense inverse.
+"""Joint esds from blocks (refine.many.esds): the blocked Schur-complement path equals the dense inverse.
 
 Above MAX_DENSE raw parameters a joint run's esds come from the per-image blocks without the dense
 (S + nK)^2 matrix; here both paths are run on the same random arrowhead matrices (with a restraint, a held
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from refine.joint_esds import assemble, dense_covariances, joint_covariances
+from refine.many.esds import assemble, dense_covariances, joint_covariances
 
 S, K, N = 3, 4, 5
 

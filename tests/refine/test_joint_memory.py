@@ -1,5 +1,5 @@
 """Bounded memory of a joint refinement (issue #19): each image holds only its fitted pixels
-(:mod:`refine.pixel_table`), and pixels stored in files (read back at each evaluation) give the same result.
+(:mod:`refine.many.pixel_table`), and pixels stored in files (read back at each evaluation) give the same result.
 
 The stills are 96 x 96 pixels fitted on a sparse sample of ~4 % of them, so anything of the detector's size that
 an image keeps (the observed image, a mask, a restricted simulator's mask, dense copies of the fitted rectangle)
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-import refine.joint as joint_module
+import refine.many.joint as joint_module
 from nbtorch.errors import InputError
-from refine.joint import DEFAULT_CONVERGENCE, refine_joint
-from refine.pixel_table import FittedPixels, StoredPixels, load_pixels
-from refine.plan import observed_pixels
-from refine.problems import make_stills
+from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
+from refine.many.pixel_table import FittedPixels, StoredPixels, load_pixels
+from refine.solver.plan import observed_pixels
+from refine.inputs.problems import make_stills
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

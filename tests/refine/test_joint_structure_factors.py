@@ -1,5 +1,5 @@
-"""Structure factors shared by the stills of a joint refinement (refine.joint_amplitudes): four 32 x 32 stills of
-one crystal (refine.problems.make_stills, whose F table is random: space group P1) at their true geometry, the
+"""Structure factors shared by the stills of a joint refinement (refine.many.amplitudes): four 32 x 32 stills of
+one crystal (refine.inputs.problems.make_stills, whose F table is random: space group P1) at their true geometry, the
 amplitudes started by the EM estimate from the spots of all four, image 0's scale held (the overall level),
 the other scales started 2x off; compared with the truth table and with each still refined alone.  One process
 against two is in test_joint.py's pattern (torchrun, gloo on loopback)."""
@@ -19,10 +19,10 @@ import torch
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import read_fdump, read_hkl, write_hkl
 from refine import refine
-from refine.joint import DEFAULT_CONVERGENCE, load_joint_h5, refine_joint, save_joint_h5, save_joint_json
-from refine.problems import make_stills
-from refine.stages import Stage
-from refine.structure_factors import AmplitudeOptions, amplitude_hkl, is_amplitude
+from refine.many.joint import DEFAULT_CONVERGENCE, load_joint_h5, refine_joint, save_joint_h5, save_joint_json
+from refine.inputs.problems import make_stills
+from refine.solver.stages import Stage
+from refine.fitting.structure_factors import AmplitudeOptions, amplitude_hkl, is_amplitude
 
 pytest.importorskip("gemmi")
 

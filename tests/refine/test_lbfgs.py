@@ -1,4 +1,4 @@
-"""refine.lbfgs.OneStepLBFGS: torch.optim.LBFGS(max_iter=1)'s steps bit for bit, its state layout both ways,
+"""refine.solver.lbfgs.OneStepLBFGS: torch.optim.LBFGS(max_iter=1)'s steps bit for bit, its state layout both ways,
 and no torch._dynamo import."""
 
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from refine.lbfgs import OneStepLBFGS
+from refine.solver.lbfgs import OneStepLBFGS
 
 F64 = torch.float64
 
@@ -96,8 +96,8 @@ def test_bad_arguments():
 
 def test_a_refinement_loop_does_not_import_torch_dynamo():
     code = ("import sys, torch\n"
-            "from refine.loop import minimise, Convergence\n"
-            "from refine.strategies import LBFGS\n"
+            "from refine.solver.loop import minimise, Convergence\n"
+            "from refine.solver.strategies import LBFGS\n"
             "f = lambda x: (((x - 1.0) ** 2).sum(), None)\n"
             "res = minimise(f, torch.zeros(3, dtype=torch.float64), LBFGS(), Convergence(max_steps=5))\n"
             "assert res.state.step > 0, res\n"

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from refine.loop import Convergence, LoopInterrupted, LoopState, Status, minimise
-from refine.strategies import LBFGS, AbstractStrategy, Adam, get_strategy
+from refine.solver.loop import Convergence, LoopInterrupted, LoopState, Status, minimise
+from refine.solver.strategies import LBFGS, AbstractStrategy, Adam, get_strategy
 
 F64 = torch.float64
 
@@ -188,7 +188,7 @@ def test_interrupt_then_resume_matches_uninterrupted(strategy, at):
 
 def test_loop_aborted_propagates():
     """LoopAborted from fn (a lost process group) leaves minimise; any other exception ends the run as FAILED."""
-    from refine.loop import LoopAborted
+    from refine.solver.loop import LoopAborted
 
     def lost(x):
         if float(x[0].detach()) != float(START[0]):

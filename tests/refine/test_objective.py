@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nbtorch.errors import InputError
-from refine.objective import ImageObjective, make_view, poisson_deviance, resolve_loss
+from refine.fitting.objective import ImageObjective, make_view, poisson_deviance, resolve_loss
 
 F64 = torch.float64
 GRAD = ("cell_a", "beam_x", "mosaic_spread", "orient_y", "scale", "background", "background_x")
@@ -132,9 +132,9 @@ def test_binned_views_and_unmarked_losses_stay_dense(problem_cache):
 def test_priors_add_the_restraint_to_the_loss_and_the_fisher_information(problem_cache):
     """A Gaussian prior adds 0.5 ((value - mean) / sigma)^2 to the loss (gradient checked by finite differences) and
     1 / sigma^2 to the Fisher information; bad priors are one-line errors naming the input."""
-    from refine.objective import check_priors
-    from refine.parameters import ParameterMap, ParameterSpace
-    from refine.uncertainty import estimate_uncertainties
+    from refine.fitting.objective import check_priors
+    from refine.fitting.parameters import ParameterMap, ParameterSpace
+    from refine.quality.uncertainty import estimate_uncertainties
 
     problem = problem_cache("cubic_mosflm", 32)
     sim = problem.simulator()

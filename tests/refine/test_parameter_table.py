@@ -17,10 +17,10 @@ from nbtorch.parameters import (
     EXTRA_TABLE, MISSET_NAMES, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, UNITS as TABLE_UNITS,
     Parameter, names_in_group, parameter,
 )
-from refine import parameters as rp
-from refine.callbacks import StepState, TensorBoardCallback, parameter_tag
-from refine.loop import Status
-from refine.results import RefinementResult, save_h5, save_json
+from refine.fitting import parameters as rp
+from refine.output.callbacks import StepState, TensorBoardCallback, parameter_tag
+from refine.solver.loop import Status
+from refine.output.results import RefinementResult, save_h5, save_json
 
 ARGS = "-cell 50 60 70 90 90 90 -N 3 -lambda 1.0 -default_F 10 -distance 80 -detpixels 8"
 

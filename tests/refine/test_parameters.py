@@ -9,11 +9,11 @@ import torch
 
 from nbtorch.physics.rotation import rotation_matrix_xyz
 from nbtorch.setup import PARAMETER_NAMES
-from refine.parameters import (
+from refine.fitting.parameters import (
     BASE_NAMES, SYMMETRIES, UNITS, ParameterMap, ParameterSpace, canonical_values, constrained_cell,
     misset_after_rotation,
 )
-from refine.transforms import Bounded, Identity, Multiplicative, Positive
+from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive
 
 F64 = torch.float64
 

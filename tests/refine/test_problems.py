@@ -9,8 +9,8 @@ import pytest
 
 from nbtorch.args import config_from_args
 from refine import PROBLEMS, make_problem
-from refine.parameters import BASE_NAMES, SYMMETRIES
-from refine.problems import PEDESTAL, PERTURBATION, misorientation_deg
+from refine.fitting.parameters import BASE_NAMES, SYMMETRIES
+from refine.inputs.problems import PEDESTAL, PERTURBATION, misorientation_deg
 
 MISSET = ("misset_x", "misset_y", "misset_z")
 

@@ -15,8 +15,8 @@ from refine import (
     save_json,
     stage_a,
 )
-from refine.checkpoint import write_checkpoint
-from refine.stages import coarse_to_fine
+from refine.solver.checkpoint import write_checkpoint
+from refine.solver.stages import coarse_to_fine
 
 STAGES = stage_a(max_steps=8, final_steps=30)
 

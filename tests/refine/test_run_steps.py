@@ -10,10 +10,10 @@ import pytest
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
 from refine import Convergence, make_problem, refine, single_stage
-from refine.history import History
-from refine.pixels import check_pixel_options, choose_pixels, starting_scale_background
-from refine.plan import RunPlan, make_plan
-from refine.selection import resolution_mask, subsample_mask
+from refine.solver.history import History
+from refine.inputs.pixels import check_pixel_options, choose_pixels, starting_scale_background
+from refine.solver.plan import RunPlan, make_plan
+from refine.inputs.selection import resolution_mask, subsample_mask
 
 MODEL = ("-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -oversample 1 "
          "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48")

@@ -1,4 +1,4 @@
-"""Structure factors as refinable parameters (refine.structure_factors): the table, symmetry, gradients,
+"""Structure factors as refinable parameters (refine.fitting.structure_factors): the table, symmetry, gradients,
 the EM start, the restraint, the staged run and its errors."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from nbtorch import Simulator, config_from_args, eager
 from nbtorch.errors import InputError
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from refine import refine
-from refine.objective import ImageObjective, make_view
-from refine.parameters import ParameterMap
-from refine.plan import make_plan, observed_pixels, starting_values
-from refine.problems import make_problem
-from refine.stages import Stage
-from refine.structure_factors import (
+from refine.fitting.objective import ImageObjective, make_view
+from refine.fitting.parameters import ParameterMap
+from refine.solver.plan import make_plan, observed_pixels, starting_values
+from refine.inputs.problems import make_problem
+from refine.solver.stages import Stage
+from refine.fitting.structure_factors import (
     AmplitudeOptions, AmplitudeRestraint, amplitude_hkl, amplitude_name, amplitude_table, estimate_amplitudes,
     is_amplitude,
 )
@@ -244,7 +244,7 @@ def test_amplitude_gradients_through_the_compiled_kernel(ortho):
 def test_a_run_stopped_in_the_amplitudes_stage_resumes_to_the_same_result(ortho, tmp_path):
     """Checkpoints hold the amplitudes; a resume inside the amplitudes stage recomputes the same held set and
     ends where an uninterrupted run ends."""
-    from refine.loop import Convergence
+    from refine.solver.loop import Convergence
 
     p, *_ = ortho
     opts = AmplitudeOptions("P1", start="estimate", min_photons=30.0)

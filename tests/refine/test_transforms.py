@@ -1,4 +1,4 @@
-"""Tests for refine.transforms: values, round trips, domains, gradients, default_transform."""
+"""Tests for refine.fitting.transforms: values, round trips, domains, gradients, default_transform."""
 
 from __future__ import annotations
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from refine.objective import ImageObjective, make_view, poisson_deviance
-from refine.parameters import ParameterMap, ParameterSpace
-from refine.precondition import make_preconditioner
-from refine.uncertainty import estimate_uncertainties, fisher_information
+from refine.fitting.objective import ImageObjective, make_view, poisson_deviance
+from refine.fitting.parameters import ParameterMap, ParameterSpace
+from refine.solver.precondition import make_preconditioner
+from refine.quality.uncertainty import estimate_uncertainties, fisher_information
 
 F64 = torch.float64
 FREE = ("scale", "background", "orientation", "cell", "beam_centre", "mosaic")
@@ -78,8 +78,8 @@ def test_esds_match_the_scatter_of_refits(problem_cache):
         mu = obj.full_model(pmap.expand({}))
     gen = torch.Generator().manual_seed(5)
     fits = []
-    from refine.loop import Convergence, minimise
-    from refine.strategies import LBFGS
+    from refine.solver.loop import Convergence, minimise
+    from refine.solver.strategies import LBFGS
 
     for _ in range(8):
         noisy = torch.poisson(mu, generator=gen)
@@ -111,7 +111,7 @@ def test_preconditioner_whitens_the_fisher_matrix(problem_cache, kind):
 
 
 def test_cluster_scores_sum_squares_of_pixels():
-    from refine.uncertainty import cluster_scores
+    from refine.quality.uncertainty import cluster_scores
 
     J = torch.arange(2 * 5 * 3 * 2, dtype=torch.float64).reshape(2 * 5 * 3, 2)  # a 6 x 5 block, P = 2
     factor = torch.ones(30, dtype=torch.float64)

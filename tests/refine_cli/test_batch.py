@@ -1,4 +1,4 @@
-"""Independent mode (nbtorch-refine --images, refine.batch): every image refined on its own, bad ones recorded with
+"""Independent mode (nbtorch-refine --images, refine.many.batch): every image refined on its own, bad ones recorded with
 their reason, a summary table, resume after an interruption, and sharding over torchrun processes."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from cli_helpers import simulate
 from nbtorch.errors import InputError
 from nbtorch.io.cbf import write_cbf
-from refine.batch import SUMMARY_COLUMNS, expand_image_list, image_stem
+from refine.many.batch import SUMMARY_COLUMNS, expand_image_list, image_stem
 
 CRYSTAL = "-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
 GEOMETRY = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48"
@@ -120,7 +120,7 @@ def test_torchrun_shards_images_over_two_processes(tmp_path):
                                                         os.environ.get("PYTHONPATH", "")]),
            "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(29500 + os.getpid() % 1000), "-m", "refine.cli", "--images", *map(str, good),
+           "--master-port", str(29500 + os.getpid() % 1000), "-m", "refine.cli.parser", "--images", *map(str, good),
            "--model", MODEL, *OPTIONS, "--out-dir", str(tmp_path / "dist")]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -159,7 +159,7 @@ def test_spots_report(refine_cli, tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
-    from refine.cli import build_stages, parse_args
+    from refine.cli.parser import build_stages, parse_args
 
     stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--max-steps", "10", "--optimizer", optimizer]))
     assert [s.name for s in stages][-1] == "final"
@@ -167,7 +167,7 @@ def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
 
 
 def test_history_size_and_precondition_reach_every_stage():
-    from refine.cli import build_stages, parse_args
+    from refine.cli.parser import build_stages, parse_args
 
     stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--history-size", "7",
                                       "--precondition", "diagonal"]))
@@ -178,7 +178,7 @@ def test_history_size_and_precondition_reach_every_stage():
 
 
 def test_stage_table_precondition(tmp_path):
-    from refine.cli import build_stages, parse_args
+    from refine.cli.parser import build_stages, parse_args
 
     (tmp_path / "s.toml").write_text('problem = "cubic_mosflm"\n[[stages]]\nfree = ["cell"]\nprecondition = "full"\n'
                                      'history_size = 5\n[[stages]]\nfree = ["cell", "scale"]\n')
@@ -193,7 +193,7 @@ def test_stage_table_precondition(tmp_path):
 ])
 def test_bad_optimizer_options(argv, message):
     from nbtorch.errors import InputError
-    from refine.cli import build_stages, parse_args
+    from refine.cli.parser import build_stages, parse_args
 
     with pytest.raises(InputError, match=message):
         build_stages(parse_args(["--problem", "cubic_mosflm", *argv]))
@@ -201,7 +201,7 @@ def test_bad_optimizer_options(argv, message):
 
 def test_spot_list_with_named_columns(refine_cli, tmp_path):
     """--spots with a DIALS-style table: x and y named by --spot-columns (the header-less table alone is refused)."""
-    from refine.spots import find_spots
+    from refine.inputs.spots import find_spots
 
     crystal = "-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"
     geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45"
@@ -221,7 +221,7 @@ def test_spot_list_with_named_columns(refine_cli, tmp_path):
 
 def test_config_value_starting_with_a_dash(tmp_path):
     """A config value that starts with '-' (a one-flag model) is the option's value, not another option."""
-    from refine.cli import parse_args
+    from refine.cli.parser import parse_args
 
     (tmp_path / "run.toml").write_text('image = "x.cbf"\nmodel = "-mosflm"\nstart = { cell_a = -1 }\n')
     args = parse_args(["--config", str(tmp_path / "run.toml")])
@@ -231,7 +231,7 @@ def test_config_value_starting_with_a_dash(tmp_path):
 def test_measured_image_default_plan_refines_the_tilt_and_fixes_the_distance(refine_cli, tmp_path):
     """With --image and no --refine/--stages: stage_a whose detector stage frees the tilt; the distance is fixed
     unless --fix says otherwise (--fix none: nothing fixed)."""
-    from refine.cli import build_stages, parse_args
+    from refine.cli.parser import build_stages, parse_args
 
     stages = build_stages(parse_args(["--image", "obs.cbf", "--model", CRYSTAL]))
     detector = next(s for s in stages if s.name == "detector")

@@ -1,4 +1,4 @@
-"""refine.data.load_image: every format, its header geometry, and the masks."""
+"""refine.inputs.images.load_image: every format, its header geometry, and the masks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from nbtorch.errors import InputError
 from nbtorch.io import write_cbf, write_h5, write_raw_float, write_smv
-from refine.data import detect_format, load_image, load_mask
+from refine.inputs.images import detect_format, load_image, load_mask
 
 
 def _image(shape=(6, 8), seed=0):

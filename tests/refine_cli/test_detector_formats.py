@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from nbtorch.errors import InputError
-from refine.data import detect_format, load_image
-from refine.model import model_config
+from refine.inputs.images import detect_format, load_image
+from refine.inputs.start_model import model_config
 
 from cli_helpers import CRYSTAL, simulate
 

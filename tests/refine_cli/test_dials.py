@@ -35,7 +35,7 @@ def _small_expt(path: Path, shift_mm: float = 0.0) -> None:
 @pytest.fixture
 def observed(tmp_path: Path) -> Path:
     """obs.cbf simulated from truth.expt, and spots.refl from its spot finder."""
-    from refine.spots import find_spots
+    from refine.inputs.spots import find_spots
 
     _small_expt(tmp_path / "truth.expt")
     flags = " ".join(experiment_flags(read_expt(tmp_path / "truth.expt")))

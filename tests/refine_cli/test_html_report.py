@@ -1,4 +1,4 @@
-"""The HTML report (``nbtorch-refine --report``, :mod:`refine.html_report`): content, self-containment, and a
+"""The HTML report (``nbtorch-refine --report``, :mod:`refine.output.html_report`): content, self-containment, and a
 real browser (headless Chromium) that loads every figure."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nbtorch.errors import InputError
-from refine.html_report import load_report_data, main as report_main, render_report
+from refine.output.html_report import load_report_data, main as report_main, render_report
 
 pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install 'nbtorch[report]')")
 
@@ -26,7 +26,7 @@ _SECTIONS = ("Parameters", "Loss and parameters per step", "Observed, model and 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """One short synthetic refinement with a spot list, its result.h5 and report.html."""
-    from refine.cli import main
+    from refine.cli.parser import main
 
     tmp = tmp_path_factory.mktemp("report")
     cwd = os.getcwd()
@@ -80,7 +80,7 @@ def test_report_without_spots_or_esds(tmp_path):
 
 
 def load_report_data_for_test(tmp_path: Path) -> dict:
-    from refine.cli import main
+    from refine.cli.parser import main
 
     cwd = os.getcwd()
     os.chdir(tmp_path)
@@ -99,7 +99,7 @@ def test_bad_result_file_is_one_line(tmp_path, capsys):
         load_report_data(bad)
     assert report_main([str(tmp_path / "missing.h5"), str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"python -m refine.html_report: error: {tmp_path / 'missing.h5'}: result file not found"]
+    assert err == [f"python -m refine.output.html_report: error: {tmp_path / 'missing.h5'}: result file not found"]
     assert not (tmp_path / "r.html").exists()
 
 
@@ -155,7 +155,7 @@ def test_report_loads_in_a_real_browser(finished_run, tmp_path):
 
 
 def test_summary_shows_the_spot_noise_floor():
-    from refine.html_report import _summary
+    from refine.output.html_report import _summary
 
     spots = {"n": 10, "matched_start": 8, "matched_final": 9, "rms_px_start_common": 3.0, "rms_px_final_common": 1.0,
              "n_common": 8, "rms_px_final": 1.1, "rms_px_floor": 0.123, "floor_realisations": 5, "floor_spots": 9}

@@ -1,4 +1,4 @@
-"""refine.model: the starting model's flags completed from the image header (and the precedence rules)."""
+"""refine.inputs.start_model: the starting model's flags completed from the image header (and the precedence rules)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
 from nbtorch.io import write_cbf, write_h5, write_smv
 from nbtorch.physics.detector import detector_geometry
-from refine.cli import parse_args
-from refine.data import load_image
-from refine.model import expand_model_args, model_config
-from refine.sensor import HC_KEV_A, silicon_attenuation_length_um, silicon_mu_rho
+from refine.cli.parser import parse_args
+from refine.inputs.images import load_image
+from refine.inputs.start_model import expand_model_args, model_config
+from refine.inputs.sensor import HC_KEV_A, silicon_attenuation_length_um, silicon_mu_rho
 
 from cli_helpers import CRYSTAL
 
@@ -108,7 +108,7 @@ SPOTS = [(8, 8), (20, 10), (30, 25), (12, 28)]
 
 
 def test_fit_scale_background_recovers_a_matching_start():
-    from refine.model import fit_scale_background
+    from refine.inputs.start_model import fit_scale_background
 
     bragg = _spots((36, 40), SPOTS)
     obs = np.random.default_rng(3).poisson(0.2 * bragg + 7.0).astype(np.float64)
@@ -119,7 +119,7 @@ def test_fit_scale_background_recovers_a_matching_start():
 def test_fit_scale_background_refuses_a_model_whose_spots_miss():
     """#20: spots beside the observed ones made the scale collapse to 1.9e-150 and the run 'converge' at step 0."""
     from nbtorch.errors import InputError
-    from refine.model import fit_scale_background
+    from refine.inputs.start_model import fit_scale_background
 
     obs = np.random.default_rng(3).poisson(0.2 * _spots((36, 40), SPOTS) + 7.0).astype(np.float64)
     elsewhere = _spots((36, 40), [(cx + 5, cy + 4) for cx, cy in SPOTS])
@@ -130,7 +130,7 @@ def test_fit_scale_background_refuses_a_model_whose_spots_miss():
 
 def test_fit_scale_background_refuses_a_model_that_is_zero_on_the_fitted_pixels():
     from nbtorch.errors import InputError
-    from refine.model import fit_scale_background
+    from refine.inputs.start_model import fit_scale_background
 
     bragg = _spots((36, 40), SPOTS)
     obs = np.random.default_rng(3).poisson(0.2 * bragg + 7.0).astype(np.float64)

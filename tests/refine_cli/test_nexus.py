@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from nbtorch.errors import InputError
-from refine.data import load_image
-from refine.model import model_config
+from refine.inputs.images import load_image
+from refine.inputs.start_model import model_config
 
 from cli_helpers import CRYSTAL
 
@@ -121,7 +121,7 @@ def test_a_nexus_still_and_a_dectris_goniometer(tmp_path):
 def test_master_without_its_data_files_or_filters(tmp_path):
     path = write_master(tmp_path, _frames())
     script = ("import sys; sys.modules['hdf5plugin'] = None\n"  # as if nbtorch[formats] were not installed
-              "from refine.data import load_image\nfrom nbtorch.errors import InputError\n"
+              "from refine.inputs.images import load_image\nfrom nbtorch.errors import InputError\n"
               f"try:\n    load_image({str(path)!r}, frame=0)\nexcept InputError as exc:\n    print(exc)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HDF5_PLUGIN_PATH": str(tmp_path / "none")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from nbtorch.errors import InputError
-from refine.data import load_image
-from refine.model import header_flags
+from refine.inputs.images import load_image
+from refine.inputs.start_model import header_flags
 
 pytest.importorskip("fabio")
 h5py = pytest.importorskip("h5py")

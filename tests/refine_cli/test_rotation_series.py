@@ -1,4 +1,4 @@
-"""A rotation series (nbtorch-refine --images ... --rotation-series; refine.joint_command): a wedge of five
+"""A rotation series (nbtorch-refine --images ... --rotation-series; refine.cli.joint): a wedge of five
 consecutive 0.1 deg rotation images of one crystal, each a CBF with its own Start_angle/Angle_increment,
 refined together (one cell and orientation, each image's scale and background) and compared with the
 images refined one by one.  No image is summed: each image's phi start and width come from its own header.
@@ -14,7 +14,7 @@ import pytest
 
 from cli_helpers import simulate
 from nbtorch.io.cbf import write_cbf
-from refine.problems import misorientation_deg
+from refine.inputs.problems import misorientation_deg
 
 #: the crystal and the wedge: 5 images of 0.1 deg from phi 10 deg (the model's -phisteps 5: a step per 0.02 deg)
 CELL, MISSET = (30.0, 40.0), (10.0, 20.0, 30.0)

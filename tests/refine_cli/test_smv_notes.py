@@ -10,8 +10,8 @@ import pytest
 
 from nbtorch.cli import main
 from nbtorch.io import write_smv
-from refine.data import load_image
-from refine.model import model_config
+from refine.inputs.images import load_image
+from refine.inputs.start_model import model_config
 
 from cli_helpers import CRYSTAL
 

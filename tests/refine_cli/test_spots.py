@@ -1,4 +1,4 @@
-"""refine.spots (spot finding, model centroids, offsets) and refine.selection (pixel masks)."""
+"""refine.inputs.spots (spot finding, model centroids, offsets) and refine.inputs.selection (pixel masks)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
-from refine.selection import resolution_map, resolution_mask, subsample_mask
-from refine.spots import find_spots, model_centroids, read_spot_list, spot_offsets, window_mask
+from refine.inputs.selection import resolution_map, resolution_mask, subsample_mask
+from refine.inputs.spots import find_spots, model_centroids, read_spot_list, spot_offsets, window_mask
 
 MODEL = ("-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1 "
          "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45")
@@ -199,7 +199,7 @@ def _floor_image(height, seed=5, background=10.0):
 
 
 def test_centroid_floor_is_small_for_strong_spots_and_grows_for_weak_ones():
-    from refine.spot_floor import centroid_floor
+    from refine.quality.spot_floor import centroid_floor
 
     floors = {}
     for height in (3000.0, 60.0):
@@ -214,7 +214,7 @@ def test_centroid_floor_is_small_for_strong_spots_and_grows_for_weak_ones():
 
 
 def test_centroid_floor_is_seeded_and_per_spot():
-    from refine.spot_floor import centroid_floor
+    from refine.quality.spot_floor import centroid_floor
 
     strong, centres = _floor_image(3000.0)
     weak, _ = _floor_image(60.0)
@@ -232,7 +232,7 @@ def test_centroid_floor_is_seeded_and_per_spot():
 
 
 def test_centroid_floor_leaves_out_spots_without_a_model_spot_and_masked_ones():
-    from refine.spot_floor import centroid_floor
+    from refine.quality.spot_floor import centroid_floor
 
     model, centres = _floor_image(3000.0)
     reference = centres.copy()
@@ -247,7 +247,7 @@ def test_centroid_floor_leaves_out_spots_without_a_model_spot_and_masked_ones():
 
 
 def test_spot_floor_reuses_the_rendered_model():
-    from refine.spot_floor import spot_floor
+    from refine.quality.spot_floor import spot_floor
 
     sim = Simulator(config_from_args(MODEL.split()), compile=False)
     values = {k: float(v) for k, v in sim.setup.params.items()}

@@ -1,0 +1,189 @@
+"""``nbtorch-refine --images ... --joint``: the images refined together (:func:`refine.many.joint.refine_joint`).
+
+::
+
+    nbtorch-refine --images 'data/run7_*.cbf' --model "..." --joint --shared cell --out-dir out/joint
+    nbtorch-refine --images 'data/sweep_00*.cbf' --model "..." --rotation-series --out-dir out/sweep
+    torchrun --nproc-per-node 2 -m refine.cli.parser --images @stills.txt --model "..." --joint --out-dir out/joint
+
+Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
+``--dmin``/``--dmax``, ``--spots`` or ``--refl``, ``--roi``, ...; :mod:`refine.cli.single`), each process only its block of
+the images (:func:`refine.many.joint.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
+``scale,background,orientation``) name the groups.  ``--rotation-series`` is ``--joint`` for a sweep of
+rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` from its own header (as for a
+single run): ``--shared`` defaults to ``cell,orientation`` and ``--per-image`` to ``scale,background``, and a
+still is refused.  ``--optimizer``, ``--max-steps`` (the loop's steps, default 300), ``--background``,
+``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages and reports do not.
+Each process holds only the fitted pixels of its images (:mod:`refine.many.pixel_table`; the whole images are read,
+their pixels chosen and dropped one at a time); beyond ``--pixel-memory`` megabytes of them (default a quarter
+of the machine's memory per local process) an image's pixels go to ``OUT_DIR/pixels/`` and are read back at
+each evaluation, and are removed when the run ends.
+Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.many.joint`) and the checkpoint
+``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``) every ``--checkpoint-every`` steps; ``--resume`` continues
+from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`refine.many.checkpoint`).
+``--structure-factors`` (with ``--space-group`` or a space-group ``--symmetry``; ``--f-start``, ``--f-min-photons``,
+``--f-restraint`` as for a single run) refines one amplitude table shared by all images
+(:mod:`refine.many.amplitudes`); process 0 also writes it as a nanoBragg ``-hkl`` file, ``--hkl-out`` (default
+``OUT_DIR/joint.hkl``).
+The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
+from nbtorch.io.hkl import write_hkl
+from refine.many.batch import expand_image_list, per_image_args
+from refine.cli.single import amplitude_options, prepare
+from refine.many.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
+from refine.many.amplitudes import check_options
+from refine.inputs.start_model import crystal_system
+from refine.many.pixel_table import FittedPixels, StoredPixels
+from refine.solver.plan import observed_pixels
+
+__all__ = ["ROTATION_PER_IMAGE", "ROTATION_SHARED", "run_joint", "split_names"]
+
+#: ``--rotation-series``: one crystal turning through the sweep (its cell and orientation at phi 0 shared; each
+#: image's phi start and width its own, from its header) and each image's own scale and background
+ROTATION_SHARED = ("cell", "orientation")
+ROTATION_PER_IMAGE = ("scale", "background")
+
+
+def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    """``"cell,distance"`` -> ``("cell", "distance")`` (``default`` for None)."""
+    if text is None:
+        return default
+    names = tuple(t.strip() for t in str(text).split(",") if t.strip())
+    if not names:
+        raise InputError(f"{flag}: expected comma-separated names or groups, got {text!r}")
+    return names
+
+
+def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
+    """(simulator, the chosen pixels (:class:`~refine.many.pixel_table.FittedPixels`), start, symmetry) of one image,
+    prepared as a single run prepares it (:func:`refine.cli.single.prepare`: inputs, model, spots or ``--refl``,
+    pixels, compile decision, starting scale and background); the whole image is not kept."""
+    a = per_image_args(args, image, out_dir)
+    a.quiet, a.resume = args.quiet, False  # the joint run's checkpoint is resumed, not a single run's
+    # the structure factors are the joint run's (one shared table), not each image's
+    a.structure_factors, a.space_group, a.f_restraint, a.hkl_out = False, None, None, None
+    say(f"  {image}:")
+    p = prepare(a, say)
+    if getattr(args, "rotation_series", False) and not p.inputs.cfg.osc_deg:
+        raise InputError(f"--rotation-series: {image} is a still (no oscillation in its header or --model); give "
+                         "each image's rotation (-phi, -osc in a {{stem}} model) or refine stills with --joint")
+    obs, valid = observed_pixels(p.model, p.inputs.observed, p.choice.mask)
+    return p.model, FittedPixels.from_image(obs, valid, source=image), p.start, p.inputs.symmetry
+
+
+def pixel_budget_bytes(args: argparse.Namespace) -> float:
+    """``--pixel-memory`` in bytes; default a quarter of the machine's memory per local process (torchrun's
+    ``LOCAL_WORLD_SIZE``), unlimited where the memory size is unknown."""
+    if args.pixel_memory is not None:
+        return float(args.pixel_memory) * 1e6
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+    return total / 4 / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
+def _keep_or_store(pixels: FittedPixels, index: int, held: list[int], budget: float, folder: Path):
+    """``pixels`` while the process's held pixels stay within ``budget`` (``held[0]``: bytes so far), else
+    stored in ``folder`` (:meth:`FittedPixels.store`) and read back at each evaluation."""
+    if held[0] + pixels.nbytes <= budget:
+        held[0] += pixels.nbytes
+        return pixels
+    folder.mkdir(parents=True, exist_ok=True)
+    return pixels.store(folder / f"image_{index:06d}.npz")
+
+
+def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
+    """``--rotation-series``: no two images (of this process) with the same phi start and width, as when a
+    ``-phi``/``-osc`` in ``--model`` overrides every image's header."""
+    seen: dict[tuple[float, float], int] = {}
+    for i in shard:
+        cfg = sims[i].config
+        key = (round(float(cfg.phi_deg or 0.0), 9), round(float(cfg.osc_deg or 0.0), 9))
+        if key in seen:
+            raise InputError(f"--rotation-series: {images[seen[key]]} and {images[i]} have the same rotation "
+                             f"(-phi {key[0]:g} -osc {key[1]:g}); a -phi/-osc in --model is every image's: leave the "
+                             "rotation to the headers or give it per image (--model @{stem}.model)")
+        seen[key] = i
+
+
+def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
+    """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
+    not an input (nor is the ``hkl`` output), and present with ``--resume``; process 0 makes ``OUT_DIR``."""
+    path = Path(args.checkpoint) if args.checkpoint else out_dir / "joint.ckpt.h5"
+    outputs = [("--checkpoint", str(path))] + ([("--hkl-out", str(hkl))] if hkl is not None else [])
+
+    def check() -> None:
+        check_not_inputs([("--images", image) for image in images], outputs)
+        if args.resume and not path.is_file():
+            raise InputError(f"--resume: checkpoint {path} not found (run once without --resume, or give --checkpoint)")
+        check_directory_can_be_made(out_dir, "--out-dir")
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    _Comm().on_rank0(check)
+    return path
+
+
+def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    """Load this process's images, refine all jointly, write ``joint.json``/``joint.h5``; the exit status."""
+    t0 = time.monotonic()
+    images = expand_image_list(args.images)
+    out_dir = Path(args.out_dir or "out/joint")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
+    series = bool(getattr(args, "rotation_series", False))
+    shared = split_names(args.shared, ROTATION_SHARED if series else ("cell",), "--shared")
+    per_image = split_names(args.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
+                            "--per-image")
+    n = len(images)
+    amplitudes = amplitude_options(args)
+    if amplitudes is not None:  # before any image is loaded
+        check_options(amplitudes, shared, per_image)
+    hkl = None if amplitudes is None else Path(args.hkl_out) if args.hkl_out else out_dir / "joint.hkl"
+    checkpoint = _checkpoint_path(args, images, out_dir, hkl)
+    shard = image_shard(n)
+    say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
+        f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
+    sims, pixels, starts = [None] * n, [None] * n, [None] * n
+    symmetry = crystal_system(args.symmetry) or "triclinic"
+    budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
+    try:
+        for i in shard:
+            sims[i], px, starts[i], _ = _load(args, images[i], out_dir, say)
+            pixels[i] = _keep_or_store(px, i, held, budget, folder)
+        stored = [i for i in shard if isinstance(pixels[i], StoredPixels)]
+        say(f"  fitted pixels held in memory: {held[0] / 1e6:.1f} MB" + (
+            f"; the pixels of {len(stored)} images read from {folder}/ at each evaluation (--pixel-memory {budget / 1e6:g} MB)"
+            if stored else ""))
+        if series:
+            _check_distinct_rotations(images, sims, shard)
+        conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
+        result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
+                              symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
+                              convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds,
+                              checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
+                              resume=checkpoint if args.resume else None, structure_factors=amplitudes)
+    finally:  # this process's stored pixels (a resumed run chooses and stores its pixels again)
+        for px in pixels:
+            if isinstance(px, StoredPixels):
+                px.path.unlink(missing_ok=True)
+    if _Comm().rank == 0:  # the process group refine_joint used
+        json_path = save_joint_json(result, out_dir / "joint.json")
+        h5_path = save_joint_h5(result, out_dir / "joint.h5")
+        if hkl is not None:
+            write_hkl(hkl, result.hkl_table())
+        say(result.summary())
+        say(f"{time.monotonic() - t0:.1f} s; results: {json_path} and {h5_path}" + (f" and {hkl}" if hkl else ""))
+    return 0 if result.status.ok else 1

@@ -1,0 +1,462 @@
+"""What ``nbtorch-refine`` does with parsed arguments, as named steps (:func:`run`).
+
+1. :func:`check_arguments`: every check that needs no data (names, numbers, outputs, the device);
+2. :func:`load_inputs`: the observed image (or synthetic problem) and the starting model's configuration;
+3. the simulator and the pixel choice (:mod:`refine.inputs.pixels`, the public API the docs use too), the
+   starting scale and background;
+4. :func:`refine.refine` (plan, stages, finalise), then the spot offsets and extra esds;
+5. :func:`write_and_report`: result files, the HTML report, the printed summary.
+
+Parsing (:mod:`refine.cli.parser`) and this module are apart so that a reader of the run does not wade through
+the option table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nbtorch import Simulator, config_from_args, eager, runtime
+from nbtorch.cli_support import Printer, check_outputs
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import check_not_inputs
+from refine.output.callbacks import TensorBoardCallback
+from refine.cli.parser import (
+    PROG, _DEFAULT_DATASET, _check_loss, _command_inputs, bounds_values, build_stages,
+    prior_values, start_values,
+)
+from refine.inputs.images import load_image
+from refine.quality.degeneracy import extended_uncertainties
+from refine.inputs.dials import check_dials_options, model_tokens, refl_spots, write_expt_out
+from refine.quality.identifiability import drift_warning
+from refine.inputs.start_model import crystal_system, model_config, tie_start_cell
+from refine.fitting.parameters import ParameterSpace
+from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
+from refine.inputs.problems import make_problem
+from refine.output.report import ESD_NOTE, results_table, write_outputs
+from refine.solver.runner import refine
+from refine.inputs.selection import check_roi
+from refine.quality.spot_floor import spot_floor
+from refine.inputs.spots import read_spot_list, spot_offsets
+from refine.fitting.structure_factors import AmplitudeOptions, check_space_group
+
+__all__ = ["run", "check_arguments", "load_inputs", "prepare", "plan_arguments", "Prepared", "write_and_report"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The arguments converted and checked (step 1)."""
+
+    symmetry: str | None
+    stages: Any
+    start: dict
+    bounds: dict
+    priors: dict
+    outputs: dict
+    make_dirs: list
+    json_path: str
+    ckpt_path: str
+    dtype: torch.dtype
+    amplitudes: AmplitudeOptions | None = None
+
+
+@dataclass
+class Inputs:
+    """The observed image and the starting model (step 2)."""
+
+    observed: np.ndarray
+    mask: np.ndarray
+    cfg: Any
+    start: dict
+    symmetry: str | None
+    free_default: Any
+    fixed: tuple
+    truth: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class _EagerForEsds:
+    """Switch a compiled simulator to eager when the last stage ends: the esds differentiate twice
+    (``create_graph=True``), which a compiled backward does not support."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.n_stages = 0
+
+    def on_run_start(self, info) -> None:
+        self.n_stages = len(info.stages)
+
+    def on_stage_start(self, stage, index) -> None:
+        pass
+
+    def on_step(self, state) -> None:
+        pass
+
+    def on_stage_end(self, stage, index, status, message) -> None:
+        if index + 1 >= self.n_stages or not status.ok:
+            self.sim.set_compile(*runtime.compile_policy("esds"))
+
+    def on_run_end(self, result) -> None:
+        pass
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, value in (("--time-budget", args.time_budget), ("--checkpoint-every", args.checkpoint_every),
+                        ("--tb-every", args.tb_every), ("--saturation", args.saturation)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise InputError(f"{flag}: must be a positive number, got {value:g}")
+    if args.seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {args.seed}")
+    for flag, names in (("--refine", args.refine), ("--fix", args.fix), ("--esd-extra", args.esd_extra)):
+        if names is not None and not names:
+            raise InputError(f"{flag}: no names given")
+    both = sorted(set(args.refine or ()) & set(args.fix or ()))
+    if both:
+        raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
+    check_pixel_options(args.subsample, args.spot_window, bool(args.spots or args.refl))
+    if args.spot_columns and (not args.spots or args.spots == "find"):
+        raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
+
+
+def check_arguments(args: argparse.Namespace) -> Checked:
+    """Every check that needs no data; nothing is read or written."""
+    if bool(args.image) == bool(args.problem):
+        raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
+    check_dials_options(args)
+    if args.image and not (args.model or args.expt):
+        raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "
+                         '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
+    symmetry = crystal_system(args.symmetry)
+    stages = build_stages(args)
+    _check_loss(args.loss)
+    start, bounds, priors = start_values(args.start), bounds_values(args.bounds), prior_values(args.prior)
+    _check_numbers(args)
+    runtime.check_device(args.device, "--device")
+    if Path(args.out).is_dir() or not Path(args.out).name or Path(args.out).name in (".", ".."):
+        raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
+    json_path = args.json or str(Path(args.out).with_suffix(".json"))
+    ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
+    outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
+    if args.report:
+        from refine.output.figures import require_matplotlib  # matplotlib is an extra: only when a report is asked for
+
+        require_matplotlib("--report")
+        outputs["--report"] = args.report
+    if args.expt_out:
+        outputs["--expt-out"] = args.expt_out
+    amplitudes = amplitude_options(args)
+    if amplitudes is not None:
+        outputs["--hkl-out"] = args.hkl_out or str(Path(args.out).with_suffix(".hkl"))
+    make_dirs = check_outputs({**outputs, "--logdir": args.logdir}, folders=("--logdir",), make_missing=True)
+    check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
+    if args.resume and not Path(ckpt_path).is_file():
+        raise InputError(f"--resume: checkpoint {ckpt_path} not found "
+                         "(run once without --resume, or give --checkpoint)")
+    return Checked(symmetry=symmetry, stages=stages, start=start, bounds=bounds, priors=priors, outputs=outputs,
+                   make_dirs=make_dirs, json_path=json_path, ckpt_path=ckpt_path,
+                   dtype=torch.float64 if args.dtype == "float64" else torch.float32, amplitudes=amplitudes)
+
+
+def amplitude_options(args: argparse.Namespace) -> AmplitudeOptions | None:
+    """``--structure-factors`` and its options (None without it); the space group from ``--space-group`` or a
+    space-group ``--symmetry``."""
+    named = [f for f, v in (("--space-group", args.space_group), ("--f-restraint", args.f_restraint),
+                            ("--hkl-out", args.hkl_out)) if v is not None]
+    if not args.structure_factors:
+        if named:
+            raise InputError(f"{named[0]}: only with --structure-factors")
+        return None
+    group = args.space_group
+    if group is None and args.symmetry and crystal_system(args.symmetry) != args.symmetry.strip().lower():
+        group = args.symmetry
+    if group is None:
+        raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
+                         "equivalent reflections share one amplitude")
+    check_space_group(group)
+    return AmplitudeOptions(group, start=args.f_start, min_photons=args.f_min_photons,
+                            restraint_sigma=args.f_restraint)
+
+
+def _load_problem(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+    problem = make_problem(args.problem, size=args.size, option_prefix="--")
+    say(f"{PROG}: problem {problem.name}: {problem.description}")
+    cfg = config_from_args(list(problem.args))
+    observed = problem.observed
+    if args.roi:
+        cfg = cfg.replace(roi=tuple(check_roi(args.roi, observed.shape)))
+    truth = dict(problem.truth)
+    return Inputs(observed=observed, mask=np.ones(observed.shape, dtype=bool), cfg=cfg,
+                  start={**problem.start, **checked.start}, symmetry=checked.symmetry or problem.symmetry,
+                  free_default=problem.free, fixed=tuple(args.fix) if args.fix is not None else problem.fixed,
+                  truth=truth, extra={"input": {"problem": problem.name, "size": problem.size,
+                                                "model": list(problem.args)}, "truth": truth})
+
+
+def _load_image(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+    obs = load_image(args.image, frame=args.frame, shape=args.shape, dtype=args.raw_dtype, dataset=args.dataset,
+                     mask=args.mask, saturation=args.saturation, nonfinite="mask" if args.mask_nan else "error")
+    if args.dataset != _DEFAULT_DATASET and obs.format != "hdf5":
+        raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
+    say(f"{PROG}: {obs.describe()}")
+    roi = check_roi(args.roi, obs.shape) if args.roi else None
+    cfg, tokens, notes = model_config(model_tokens(args), obs, roi, parallax=args.parallax)
+    for note in notes:
+        say(f"  {note}")
+    # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
+    # correlation: --esd-extra distance); a --refine list or [[stages]] tables say themselves what is refined
+    default_fix = args.fix is None and args.refine is None and not getattr(args, "stage_tables", None)
+    if default_fix:
+        say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
+    fixed = ("distance",) if default_fix else tuple(n for n in (args.fix or ()) if n != "none")
+    return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,
+                  free_default=None, fixed=fixed,
+                  extra={"input": {"image": obs.path, "format": obs.format, "frame": args.frame,
+                                   "geometry": obs.geometry, "masked": obs.masked, "model": tokens}})
+
+
+def load_inputs(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+    """The observed image (measured or a synthetic problem) and the starting model's configuration."""
+    inputs = _load_problem(args, checked, say) if args.problem else _load_image(args, checked, say)
+    inputs.extra["command"] = " ".join([PROG, *getattr(args, "argv", [])])
+    check_not_inputs([(f"--model {flag}", path) for flag, path in inputs.cfg.model_files()], checked.outputs.items())
+    if args.dtype != inputs.cfg.dtype:
+        inputs.cfg = inputs.cfg.replace(dtype=args.dtype)
+    return inputs
+
+
+def tile_evaluations(device: str | torch.device) -> int:
+    """Lattice-factor evaluations per kernel tile of a refinement's simulator on ``device``.
+
+    On a CPU each tile costs ~1 ms of eager glue around its kernels, and tiles too large leave the caches and
+    pad more: the tutorial's loss and gradient (2 threads, alternating, 2026-11-26) 55.1 ms median with tiles
+    of 2^19 evaluations (5 tiles) against 58.9-64.5 ms with 2^18 (10), 61.0-63.1 ms with 2^20 (3, 28 %
+    padding) and 69.7-75.3 ms with 2^17 (19); on a GPU the kernels are short and the time goes to launching
+    them and to the glue, so one large tile (the tutorial: one tile instead of 19) saves most of it."""
+    return 1 << 22 if torch.device(device).type == "cuda" else 1 << 19
+
+
+def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Simulator:
+    """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
+    the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
+    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False,
+                    max_evals_per_tile=tile_evaluations(args.device),
+                    kernel_dtype=getattr(args, "kernel_dtype", None))
+    shape = inputs.observed.shape
+    if tuple(sim.shape) != tuple(shape):
+        raise InputError(f"{args.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
+                         f"the model's detector is {sim.shape[1]} x {sim.shape[0]}; fix -detpixels_f/-detpixels_s "
+                         "in --model")
+    if inputs.symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
+        inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
+    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=args.background,
+                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (args.refine or []) + list(inputs.fixed)))
+    for label, names in (("--refine", args.refine), ("--fix", inputs.fixed), ("--esd-extra", args.esd_extra),
+                         ("--prior", list(checked.priors))):
+        if names:
+            try:
+                space.expand(names)
+            except InputError as exc:
+                raise InputError(f"{label}: {exc}") from None
+    return sim
+
+
+def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray, keep_model: bool = False):
+    with eager():  # a few renders of small windows: not worth a compiled graph
+        return spot_offsets(sim, values, spots, keep_model=keep_model)
+
+
+def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after, floor) -> dict:
+    """The ``spots`` of ``result.json``: the offsets before and after, and the noise floor of the final ones."""
+    both = before.matched & after.matched
+    return {"source": args.spots or args.refl, "n": int(len(spots)),
+            "matched_start": int(before.matched.sum()), "matched_final": int(after.matched.sum()),
+            "rms_px_start": before.rms(), "rms_px_final": after.rms(),
+            "rms_px_start_common": before.rms(both), "rms_px_final_common": after.rms(both),
+            "n_common": int(both.sum()), "mean_px_final": after.mean(), **floor.to_dict(),
+            "observed": spots, "predicted_start": before.predicted, "predicted_final": after.predicted}
+
+
+def _floor_line(s: dict) -> str:
+    """The printed line of the spot report's noise floor (:mod:`refine.quality.spot_floor`)."""
+    head = f"spots: final rms {s['rms_px_final']:.3g} px over all {s['matched_final']} matched; "
+    if not s["floor_spots"]:
+        return head + ("no noise floor: the spot finder finds none of the refined model's spots (too weak over "
+                       "its background)")
+    return head + (f"noise floor {s['rms_px_floor']:.3g} px ({s['floor_realisations']} Poisson draws of the "
+                   f"refined model, {s['floor_spots']} spots); finder vs model centroid {s['rms_px_procedure']:.3g} px")
+
+
+def _with_drift_warning(result, spots: dict):
+    """``result`` with :func:`refine.quality.identifiability.drift_warning`'s line added when the spots drifted."""
+    warning = drift_warning(spots["rms_px_start_common"], spots["rms_px_final_common"], spots["n_common"],
+                            result.loss_initial, result.loss_final)
+    if warning is None:
+        return result
+    log.warning("%s", warning)
+    return dataclasses.replace(result, warnings=tuple(result.warnings) + (warning,))
+
+
+def _extra_esds(sim: Simulator, result, args: argparse.Namespace) -> dict:
+    # first derivatives only (refine.quality.uncertainty.pixel_jacobian runs the simulator eagerly itself; its large tiles
+    # go through the compiled forward-mode kernels unless compiling is off)
+    u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
+    return {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation, "condition": u.condition}
+
+
+def _say_extra_esds(say, result, e: dict) -> None:
+    names = e["names"]
+    corr = np.asarray(e["correlation"])
+    for x in [n for n in names if n not in result.free]:
+        i = names.index(x)
+        pairs = ", ".join(f"{n} {corr[i, names.index(n)]:+.3f}" for n in names if n != x and
+                          (n.startswith("cell_") or n in ("wavelength", "distance")))
+        say(f"{x} (fixed) esd if refined: {e['esds'][x]:.3g}; correlation with {pairs}")
+    freed = [n for n in names if n not in result.free]
+    widened = ", ".join(f"{n} {e['esds'][n]:.2g}" for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
+                                                             "cell_gamma") if n in e["esds"] and n in result.esds)
+    if widened:
+        say(f"esds with {', '.join(freed)} refined as well: {widened}")
+
+
+def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
+    """Write the result files (and the HTML report), then print the summary."""
+    write_outputs(result, args.out, checked.json_path, inputs.extra,
+                  hkl_path=checked.outputs.get("--hkl-out") if result.amplitudes is not None else None)
+    if args.report:
+        from refine.output.html_report import write_report  # matplotlib: only when a report is asked for
+
+        write_report(args.report, args.out, f"{PROG}: {Path(args.image).name if args.image else args.problem}")
+    say(f"status: {result.status.value} ({result.message})")
+    say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
+        f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
+    say(results_table(result, inputs.truth))
+    if result.esd_kinds:
+        say(ESD_NOTE)
+    if result.fit:
+        say(f"fit: final loss {result.fit['excess']:.3g}x the shot-noise expectation of the refined model "
+            f"(about 1 = a fit to the noise level)")
+    for w in result.warnings:
+        say(f"warning: {w}")
+    if "spots" in inputs.extra:
+        s = inputs.extra["spots"]
+        say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "
+            f"{s['n_common']} spots matched before and after ({s['matched_start']} -> {s['matched_final']} of "
+            f"{s['n']} matched)")
+        say(_floor_line(s))
+    if "esd_extra" in inputs.extra:
+        _say_extra_esds(say, result, inputs.extra["esd_extra"])
+    if result.amplitudes is not None:
+        sf = result.structure_factors()
+        say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}; "
+            f"{sf['n_held']} candidates held, fewer than {args.f_min_photons:g} photons); written to "
+            f"{checked.outputs['--hkl-out']}")
+    say(f"wrote {args.out} and {checked.json_path}{' and ' + args.report if args.report else ''} "
+        f"({time.monotonic() - t0:.1f} s in all)")
+    if args.logdir:
+        say(f"TensorBoard logs: {os.path.abspath(args.logdir)}  (view: tensorboard --logdir {args.logdir})")
+
+
+def _callbacks(args: argparse.Namespace, sim: Simulator, say) -> list:
+    callbacks: list = []
+    if args.logdir:
+        callbacks.append(TensorBoardCallback(args.logdir, every=args.tb_every))
+        say(f"  TensorBoard logs: {args.logdir}")
+    if sim.compile_mode == "compiled" and not args.no_esds:
+        callbacks.append(_EagerForEsds(sim))
+    return callbacks
+
+
+@dataclass
+class Prepared:
+    """Steps 1-3 done: the checked arguments, the inputs, the simulator restricted to the fitted pixels (its
+    compile mode set; ``model``: the same unrestricted, for a caller that keeps the pixels itself), the pixel
+    choice and the starting values."""
+
+    checked: Checked
+    inputs: Inputs
+    sim: Simulator
+    choice: Any
+    start: dict
+    model: Simulator
+
+
+def prepare(args: argparse.Namespace, say) -> Prepared:
+    """Check the arguments, load the inputs, build the simulator and choose the pixels (steps 1-3); also what
+    :mod:`refine.tools.bench` measures, so that it times the objective a run fits."""
+    checked = check_arguments(args)
+    inputs = load_inputs(args, checked, say)
+    sim = _simulator(args, checked, inputs)
+    spots = (read_spot_list(args.spots, args.spot_columns, inputs.observed.shape) if args.spots and args.spots != "find"
+             else args.spots)
+    if args.refl:
+        spots = refl_spots(args)
+    choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.dmin, dmax_A=args.dmax, spots=spots,
+                           spot_window_px=args.spot_window, subsample=args.subsample, seed=args.seed,
+                           spots_source=f"--refl {args.refl}" if args.refl else f"--spots {args.spots}")
+    if choice.spots is not None:
+        say(f"  {len(choice.spots)} observed spots in the fitted region")
+    model = sim
+    sim = choice.simulator(sim)
+    sim.set_compile(*runtime.compile_policy("refinement", choice.n_used * sim.evaluations_per_pixel(),
+                                            explicit=args.compile))
+    say(f"  fitting {choice.n_used} of {choice.mask.size} pixels ({100.0 * choice.fraction:.3g}%), "
+        f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
+        f"{args.dtype}{'' if sim.kernel_dtype == sim.dtype else ' (kernel ' + args.kernel_dtype + ')'} on {args.device}")
+    start = inputs.start
+    if args.image and not args.resume and not {"scale", "background"} <= set(start):
+        start = starting_scale_background(sim, inputs.observed, choice.mask, start)
+        say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
+            "(Poisson fit of the starting model)")
+    model.set_compile(sim.compile_mode == "compiled", sim.compile_reason)
+    return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start, model=model)
+
+
+def plan_arguments(args: argparse.Namespace, p: Prepared) -> dict:
+    """The keyword arguments of :func:`refine.refine` (and so of :func:`refine.solver.plan.make_plan`) that describe
+    the problem: everything but callbacks, progress, checkpoints and esds."""
+    return dict(start=p.start, free=p.inputs.free_default if args.refine is None else None, fixed=p.inputs.fixed,
+                symmetry=p.inputs.symmetry, bounds=p.checked.bounds, mask=p.choice.mask, stages=p.checked.stages,
+                strategy=args.optimizer, background=args.background, loss=args.loss, priors=p.checked.priors,
+                n_spots=None if p.choice.spots is None else len(p.choice.spots), too_few_spots=args.too_few_spots,
+                time_budget_s=args.time_budget, structure_factors=p.checked.amplitudes)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
+    say = Printer(args.quiet)
+    t0 = time.monotonic()
+    p = prepare(args, say)
+    checked, inputs, sim, choice, start = p.checked, p.inputs, p.sim, p.choice, p.start
+    before = None if choice.spots is None else _spot_offsets(sim, model_values(sim, start), choice.spots)
+    for directory in checked.make_dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+    result = refine(sim, inputs.observed, **plan_arguments(args, p), callbacks=_callbacks(args, sim, say),
+                    progress=False if args.quiet else None,
+                    checkpoint=checked.ckpt_path, checkpoint_every=args.checkpoint_every,
+                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds)
+    if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
+        sim = result.amplitudes.simulator(sim, result.amplitude_values)
+    if choice.spots is not None:
+        after = _spot_offsets(sim, dict(result.params), choice.spots, keep_model=True)
+        floor = spot_floor(after, result.params, inputs.mask, seed=args.seed)
+        inputs.extra["spots"] = _spots_report(args, choice.spots, before, after, floor)
+        result = _with_drift_warning(result, inputs.extra["spots"])
+    if args.esd_extra:
+        inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
+    if args.expt_out:
+        write_expt_out(args, sim, result.params)
+        say(f"  wrote the refined DIALS experiment {args.expt_out}")
+    write_and_report(args, checked, inputs, result, say, t0)
+    return 0 if result.status.ok else 1

@@ -1,0 +1,399 @@
+"""Refinable parameters: names, groups, crystal-system constraints and the raw <-> physical map.
+
+Names (names, units, groups and steps of the simulator parameters: the table in
+:mod:`nbtorch.parameters`; refine's own rows, ``N`` and the nuisance parameters,
+are :data:`REFINE_TABLE`; :data:`UNITS` and :data:`STEPS` are read from both):
+
+* every canonical simulator parameter (``cell_a`` ... ``default_F``), except that
+  cell values tied by the crystal system are not refined on their own;
+* ``orient_x orient_y orient_z`` (deg): a small crystal rotation about the lab
+  axes applied on top of the starting misset (``R = Rz Ry Rx`` of these angles,
+  left-multiplied onto the misset rotation); reported back as ``misset_x/y/z``;
+* ``N``: one isotropic crystal size; ``N_a N_b N_c`` are multiplied by the common
+  factor ``N / N_start`` (``N_start`` = geometric mean of the starting values).
+  Naming ``N_a``/``N_b``/``N_c`` anywhere refines them separately instead;
+* nuisance parameters of the image model
+  ``model = scale * simulator image + background [+ background_x * (x - xc) + background_y * (y - yc)]``:
+  ``scale`` (dimensionless), ``background`` (photons/pixel; a detector
+  pedestal such as the SMV ADC offset of 40 is just background) and, with
+  ``background="planar"``, ``background_x``/``background_y`` (photons/pixel per pixel along
+  fast x and slow y, measured from the image centre ``xc, yc``).
+
+Groups (expanded with the crystal system, see :data:`SYMMETRIES`):
+
+==============  ===========================================================
+group           names
+==============  ===========================================================
+``cell``        the free cell values of the crystal system
+``orientation`` ``orient_x orient_y orient_z``
+``mosaic``      ``mosaic_spread`` and ``N`` (or ``N_a N_b N_c``)
+``detector``    ``distance beam_x beam_y detector_rotx detector_roty detector_rotz twotheta``
+``beam_centre`` ``beam_x beam_y``
+``wavelength``  ``wavelength``
+``scale``       ``scale``
+``background``  ``background`` (+ ``background_x background_y`` when planar)
+``structure_factors``  one amplitude ``F_h_k_l`` per visible symmetry-unique reflection
+                (:mod:`refine.fitting.structure_factors`; the run's table decides which)
+==============  ===========================================================
+
+Transforms (one raw unit is a typical refinement step, so LBFGS and Adam can
+use one step size for all; raw 0 is the starting value except for the
+softplus and sigmoid transforms): lengths, ``N``, mosaic spread, wavelength,
+fluence, ``default_F`` and ``scale`` are positive, ``Multiplicative(v, step)``
+(``value = v * exp(step * raw)``); angles and the beam centre are
+``Identity(step, v)`` (one raw unit of ``beam_x``/``beam_y`` is one pixel);
+``background`` is ``Positive(max(v, 1))`` (softplus: a negative background would
+let a misplaced model subtract intensity between its spots); the planar
+background slopes are ``Identity``; the Kahn factor is ``Bounded(-1, 1)``; a
+user bound ``(lo, hi)`` gives ``Bounded(lo, hi)``; an amplitude ``F_h_k_l`` is
+``Multiplicative(F_start, step of default_F)`` (positive by construction).  The steps are in :data:`STEPS`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.physics.rotation import rotation_matrix_xyz
+from nbtorch.parameters import (
+    CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, Parameter, names_in_group,
+)
+from nbtorch.setup import check_cell
+from refine.fitting.structure_factors import is_amplitude
+from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
+
+
+__all__ = [
+    "REFINE_TABLE", "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
+    "ParameterSpace", "ParameterMap", "constrained_cell", "misset_after_rotation", "canonical_values",
+    "misset_rotation", "misset_from_rotation", "units_of",
+]
+
+#: refine's own rows of the parameter table (:class:`nbtorch.parameters.Parameter`): the
+#: isotropic crystal size ``N`` and the nuisance parameters of the image model
+REFINE_TABLE: tuple[Parameter, ...] = (
+    Parameter("N", "unit cells", "crystal", "relative", 0.05, "isotropic crystal size (scales N_a N_b N_c)"),
+    Parameter("scale", "1", "nuisance", "relative", 0.5, "model = scale x simulated image + background"),
+    Parameter("background", "photons/pixel", "nuisance", "absolute", None, "constant background (softplus)"),
+    Parameter("background_x", "photons/pixel^2", "nuisance", "absolute", 0.01, "background slope along fast x"),
+    Parameter("background_y", "photons/pixel^2", "nuisance", "absolute", 0.01, "background slope along slow y"),
+)
+NUISANCE = tuple(p.name for p in REFINE_TABLE if p.group == "nuisance")
+#: every value a refinement state holds (canonical, orientation delta, nuisance)
+BASE_NAMES = SIMULATOR_NAMES + NUISANCE
+#: every name that may be refined (``N`` is the isotropic crystal size)
+REFINABLE = BASE_NAMES + ("N",)
+CELL = CELL_NAMES
+
+_ROWS = {p.name: p for p in TABLE + EXTRA_TABLE + REFINE_TABLE}
+#: name -> unit of every refinable name (the simulator's table plus refine's rows)
+UNITS = {n: _ROWS[n].unit for n in REFINABLE}
+
+
+
+def units_of(names: Iterable[str]) -> dict[str, str]:
+    """``name -> unit`` (:data:`UNITS`) for each name that has one, in first-seen order (result files)."""
+    return {n: UNITS[n] for n in names if n in UNITS}
+
+
+#: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
+SYMMETRIES = {
+    "triclinic": CELL,
+    "monoclinic": ("cell_a", "cell_b", "cell_c", "cell_beta"),
+    "orthorhombic": ("cell_a", "cell_b", "cell_c"),
+    "tetragonal": ("cell_a", "cell_c"),
+    "trigonal": ("cell_a", "cell_c"),
+    "hexagonal": ("cell_a", "cell_c"),
+    "rhombohedral": ("cell_a", "cell_alpha"),
+    "cubic": ("cell_a",),
+}
+
+GROUPS = {
+    "cell": None,  # depends on the crystal system
+    "orientation": ORIENTATION_DELTAS,
+    "mosaic": None,  # mosaic_spread + N or N_a N_b N_c
+    "detector": names_in_group("detector"),
+    "beam_centre": ("beam_x", "beam_y"),
+    "wavelength": ("wavelength",),
+    "scale": ("scale",),
+    "background": None,  # background (+ background_x, background_y when planar)
+    "structure_factors": None,  # the amplitudes of the run's table (ParameterSpace.amplitudes)
+}
+
+#: (kind, step): "mul" = Multiplicative(v, step) (relative step), "add" = Identity(step, v), from the table's
+#: step columns; ``polarization`` is always ``Bounded(-1, 1)`` and has none
+STEPS: dict[str, tuple[str, float | None]] = {
+    n: ("mul" if _ROWS[n].step_kind == "relative" else "add", _ROWS[n].step) for n in REFINABLE if n != "polarization"
+}
+
+
+def constrained_cell(symmetry: str, v: Mapping[str, Tensor | float]) -> dict[str, Tensor | float]:
+    """The six cell values implied by the free ones of ``symmetry`` (``v`` holds at least those)."""
+    a, b, c = v["cell_a"], v["cell_b"], v["cell_c"]
+    al, be, ga = v["cell_alpha"], v["cell_beta"], v["cell_gamma"]
+    if symmetry == "triclinic":
+        pass
+    elif symmetry == "monoclinic":
+        al = ga = 90.0
+    elif symmetry == "orthorhombic":
+        al = be = ga = 90.0
+    elif symmetry == "tetragonal":
+        b, al, be, ga = a, 90.0, 90.0, 90.0
+    elif symmetry in ("trigonal", "hexagonal"):
+        b, al, be, ga = a, 90.0, 90.0, 120.0
+    elif symmetry == "rhombohedral":
+        b = c = a
+        be = ga = al
+    elif symmetry == "cubic":
+        b = c = a
+        al = be = ga = 90.0
+    else:
+        raise InputError(f"symmetry: unknown crystal system {symmetry!r}; valid: {', '.join(SYMMETRIES)}")
+    return {"cell_a": a, "cell_b": b, "cell_c": c, "cell_alpha": al, "cell_beta": be, "cell_gamma": ga}
+
+
+def misset_rotation(angles: Tensor) -> Tensor:
+    """``Rz Ry Rx`` (3, 3) of misset angles ``(rx, ry, rz)`` in degrees (the simulator's convention)."""
+    r = torch.as_tensor(angles, dtype=torch.float64) * (math.pi / 180.0)
+    return rotation_matrix_xyz(r[..., 0], r[..., 1], r[..., 2])
+
+
+def misset_from_rotation(R: Tensor, near: Tensor) -> Tensor:
+    """Angles (deg, (3,)) with ``Rz Ry Rx = R``; of the two solutions, the one nearest ``near`` (deg)."""
+    deg = 180.0 / math.pi
+    ry = torch.atan2(-R[2, 0], torch.sqrt(R[0, 0] ** 2 + R[1, 0] ** 2))
+    rx = torch.atan2(R[2, 1], R[2, 2])
+    rz = torch.atan2(R[1, 0], R[0, 0])
+    first = torch.stack([rx, ry, rz]) * deg
+    second = torch.stack([first[0] + 180.0, 180.0 - first[1], first[2] + 180.0])
+    best = None
+    for cand in (first, second):
+        wrapped = cand - 360.0 * torch.round((cand - near) / 360.0)  # nearest 360-degree branch
+        dist = float((wrapped.detach() - near).abs().sum())
+        if best is None or dist < best[0]:
+            best = (dist, wrapped)
+    return best[1]
+
+
+def misset_after_rotation(misset_deg: Tensor, orient_deg: Tensor) -> Tensor:
+    """Misset angles (deg, (3,)) of ``R(orient) @ R(misset)`` (both ``Rz Ry Rx``), nearest the input misset.
+
+    Differentiable in both arguments (away from gimbal lock, ``|misset_y| = 90``).
+    """
+    misset_deg = torch.as_tensor(misset_deg, dtype=torch.float64)
+    orient_deg = torch.as_tensor(orient_deg, dtype=torch.float64)
+    R = misset_rotation(orient_deg) @ misset_rotation(misset_deg)
+    return misset_from_rotation(R, misset_deg.detach())
+
+
+def canonical_values(values: Mapping[str, float]) -> dict[str, float]:
+    """Canonical parameters (plus nuisance) of a state, with the orientation delta folded into the misset."""
+    out = {n: float(values[n]) for n in PARAMETER_NAMES}
+    orient = torch.tensor([float(values.get(n, 0.0)) for n in ORIENTATION_DELTAS], dtype=torch.float64)
+    if bool((orient != 0).any()):
+        misset = torch.tensor([out["misset_x"], out["misset_y"], out["misset_z"]], dtype=torch.float64)
+        m = misset_after_rotation(misset, orient)
+        out["misset_x"], out["misset_y"], out["misset_z"] = (float(x) for x in m)
+    for n in NUISANCE:
+        if n in values:
+            out[n] = float(values[n])
+    return out
+
+
+@dataclass(frozen=True)
+class ParameterSpace:
+    """Run-wide rules for turning names and groups into refinable parameters.
+
+    Arguments:
+        symmetry: crystal system (a key of :data:`SYMMETRIES`).
+        anisotropic_N: refine ``N_a N_b N_c`` separately (group ``mosaic`` then holds them).
+        background: ``"constant"`` or ``"planar"``.
+        bounds: name -> (low, high) in physical units: a ``Bounded`` transform.
+        fixed: names or groups never refined.
+        pixel_mm: pixel size; one raw unit of ``beam_x``/``beam_y`` is one pixel.
+        amplitudes: the refinable amplitudes' names (``F_h_k_l``, :mod:`refine.fitting.structure_factors`): the group
+            ``structure_factors``; none without a table.
+    """
+
+    symmetry: str = "triclinic"
+    anisotropic_N: bool = False
+    background: str = "constant"
+    bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    fixed: tuple[str, ...] = ()
+    pixel_mm: float = 0.1
+    amplitudes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.symmetry not in SYMMETRIES:
+            raise InputError(f"symmetry: unknown crystal system {self.symmetry!r}; valid: {', '.join(SYMMETRIES)}")
+        if self.background not in ("constant", "planar"):
+            raise InputError(f"background: expected 'constant' or 'planar', got {self.background!r}")
+        for name, bound in self.bounds.items():
+            if name not in REFINABLE:
+                raise InputError(f"bounds: unknown parameter {name!r}")
+            lo, hi = (float(x) for x in bound)
+            if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+                raise InputError(f"bounds: {name}: need finite low < high, got {bound!r}")
+        object.__setattr__(self, "_fixed", frozenset(self._expand_raw(self.fixed, check_cell=False)))
+
+    # -- names ------------------------------------------------------------------------
+    def group(self, name: str) -> tuple[str, ...]:
+        """The names of group ``name`` under this space's rules."""
+        if name == "cell":
+            return SYMMETRIES[self.symmetry]
+        if name == "mosaic":
+            return ("mosaic_spread",) + (("N_a", "N_b", "N_c") if self.anisotropic_N else ("N",))
+        if name == "background":
+            return ("background",) + (("background_x", "background_y") if self.background == "planar" else ())
+        if name == "structure_factors":
+            return tuple(self.amplitudes)
+        return GROUPS[name]
+
+    def _expand_raw(self, items: Iterable[str], check_cell: bool = True) -> list[str]:
+        if isinstance(items, str):
+            items = (items,)
+        out: list[str] = []
+        for item in items:
+            if item in GROUPS:
+                names = self.group(item)
+            elif item in REFINABLE or item in self.amplitudes:
+                names = (item,)
+            elif is_amplitude(item):
+                raise InputError(f"{item}: not a refinable amplitude of this run (refine the group structure_factors "
+                                 f"with a space group; only reflections the fitted pixels see are free)")
+            else:
+                raise InputError(f"unknown parameter or group {item!r}; groups: {', '.join(GROUPS)}; "
+                                 f"names: {', '.join(REFINABLE)}")
+            for n in names:
+                if check_cell and n in CELL and n not in SYMMETRIES[self.symmetry]:
+                    raise InputError(f"{n} is not a free cell value for symmetry {self.symmetry!r} "
+                                     f"(free: {', '.join(SYMMETRIES[self.symmetry])})")
+                if n == "N" and self.anisotropic_N:
+                    n_list: tuple[str, ...] = ("N_a", "N_b", "N_c")
+                elif n in ("N_a", "N_b", "N_c") and not self.anisotropic_N:
+                    n_list = ("N",)
+                elif n in ("misset_x", "misset_y", "misset_z"):
+                    n_list = ORIENTATION_DELTAS  # the misset is refined as a small rotation on top
+                else:
+                    n_list = (n,)
+                out.extend(x for x in n_list if x not in out)
+        return out
+
+    def expand(self, items: Iterable[str]) -> tuple[str, ...]:
+        """Refinable names of ``items`` (names or groups), fixed ones removed, in :data:`REFINABLE` order, then
+        the amplitudes in the table's order."""
+        names = set(self._expand_raw(items)) - self._fixed  # type: ignore[attr-defined]
+        return tuple(n for n in REFINABLE + tuple(self.amplitudes) if n in names)
+
+    def check_start(self, values: Mapping[str, float]) -> None:
+        """Raise if the starting cell breaks the crystal system, or a value cannot start a refinement."""
+        check_cell(tuple(float(values[n]) for n in CELL), "start: cell")
+        for n in ("distance", "wavelength", "N_a", "N_b", "N_c", "mosaic_spread"):
+            v = float(values.get(n, 1.0))
+            if not (v > 0 or (n == "mosaic_spread" and v == 0)):
+                raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n == 'mosaic_spread' else '> 0'})")
+        implied = constrained_cell(self.symmetry, values)
+        for n in CELL:
+            if abs(float(implied[n]) - float(values[n])) > 1e-6 * max(1.0, abs(float(values[n]))):
+                raise InputError(f"start: {n}={values[n]:g} breaks the {self.symmetry} constraints "
+                                 f"(expected {float(implied[n]):g}); fix the starting cell or the symmetry")
+
+    # -- transforms -------------------------------------------------------------------
+    def transform(self, name: str, value: float) -> Transform:
+        """The transform of refinable ``name`` starting at ``value`` (raw 0 = ``value``)."""
+        v = float(value)
+        if not math.isfinite(v):
+            raise InputError(f"start: {name} must be finite, got {value!r}")
+        if name in self.bounds:
+            lo, hi = (float(x) for x in self.bounds[name])
+            if not lo < v < hi:
+                raise InputError(f"start: {name}={v:g} is outside its bounds ({lo:g}, {hi:g})")
+            return Bounded(lo, hi)
+        if name == "polarization":
+            if not -1.0 < v < 1.0:
+                raise InputError(f"start: polarization must be inside (-1, 1) to be refined, got {v:g}")
+            return Bounded(-1.0, 1.0)
+        kind, step = STEPS["default_F" if is_amplitude(name) else name]
+        if kind == "mul":
+            if not v > 0:
+                raise InputError(f"start: {name} must be > 0 to be refined, got {v:g}")
+            return Multiplicative(v, step)
+        if name in ("beam_x", "beam_y"):
+            step = self.pixel_mm
+        elif name == "background":
+            # photons (and a pedestal) are never negative; a negative background would let a
+            # badly placed model "subtract" intensity between its spots
+            return Positive(max(abs(v), 1.0))
+        return Identity(step, v)
+
+
+class ParameterMap:
+    """Raw vector (P,) <-> physical values of the free names, and the full state they imply.
+
+    Arguments:
+        space: the run's :class:`ParameterSpace`.
+        values: the state at raw = 0: every name of :data:`BASE_NAMES` (and the space's amplitudes) -> float.
+        names: the free refinable names (from :meth:`ParameterSpace.expand`).
+
+    ``expand(physical(raw))`` gives every base value: free ones as tensors (with
+    gradients), the others as floats, the cell constraints and the isotropic
+    ``N`` applied.
+    """
+
+    def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str]) -> None:
+        missing = [n for n in BASE_NAMES + tuple(space.amplitudes) if n not in values]
+        if missing:
+            raise InputError(f"values: missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        self.space = space
+        self.values = {n: float(values[n]) for n in BASE_NAMES + tuple(space.amplitudes)}
+        self.names = tuple(names)
+        self.n0 = (self.values["N_a"] * self.values["N_b"] * self.values["N_c"]) ** (1.0 / 3.0)
+        self.transforms = [space.transform(n, self.start_value(n)) for n in self.names]
+
+    def start_value(self, name: str) -> float:
+        """Physical value of refinable ``name`` where the stage starts (``raw0``)."""
+        if name == "N":
+            return self.n0
+        if name == "background":
+            return max(self.values[name], 1e-6)  # the positive transform needs a start > 0
+        return self.values[name]
+
+    def raw0(self, dtype: torch.dtype = torch.float64) -> Tensor:
+        """Raw vector (P,) of the starting values (zeros except for bounded parameters)."""
+        return self.raw_from({n: self.start_value(n) for n in self.names}, dtype)
+
+    def raw_from(self, physical: Mapping[str, float], dtype: torch.dtype = torch.float64) -> Tensor:
+        """Raw vector (P,) for physical values of the free names."""
+        return torch.stack([tr.inverse(torch.tensor(float(physical[n]), dtype=dtype))
+                            for n, tr in zip(self.names, self.transforms)]) if self.names else torch.zeros(0, dtype=dtype)
+
+    def physical(self, raw: Tensor) -> dict[str, Tensor]:
+        """Free name -> physical value (0-d tensor, differentiable in ``raw``)."""
+        return {n: tr(raw[i]) for i, (n, tr) in enumerate(zip(self.names, self.transforms))}
+
+    def expand(self, physical: Mapping[str, Tensor | float]) -> dict[str, Tensor | float]:
+        """Every base value given physical values of (some) refinable names."""
+        out: dict[str, Tensor | float] = dict(self.values)
+        for n, v in physical.items():
+            if n == "N":
+                factor = v / self.n0
+                for k in ("N_a", "N_b", "N_c"):
+                    out[k] = self.values[k] * factor
+            else:
+                out[n] = v
+        out.update(constrained_cell(self.space.symmetry, out))
+        return out
+
+    def values_at(self, raw: Tensor) -> dict[str, float]:
+        """Every base value (floats) at ``raw``."""
+        with torch.no_grad():
+            return {n: float(v) for n, v in self.expand(self.physical(raw.detach())).items()}
+
+    def physical_floats(self, raw: Tensor) -> dict[str, float]:
+        with torch.no_grad():
+            return {n: float(v) for n, v in self.physical(raw.detach()).items()}

@@ -1,0 +1,473 @@
+"""Structure factors as refinable parameters: one amplitude per symmetry-unique reflection.
+
+A refinement of the group ``structure_factors`` frees one amplitude ``F_h_k_l`` (electrons, the
+simulator's ``F_cell``) per symmetry-unique reflection that the fitted pixels can see.  Indices are
+the Miller indices of the simulator's cell (nanoBragg's ``h = a . S``); ``h_k_l`` of a name is the
+reflection gemmi puts in the reciprocal asymmetric unit of the space group, and every equivalent
+``(h k l) R`` and Friedel mate ``-(h k l) R`` inside the table follows the same parameter.
+
+The table (:class:`AmplitudeTable`) is the simulator's dense ``F[h - h_min, k - k_min, l - l_min]``
+(:mod:`nbtorch.physics.structure`), built to cover every reflection the fitted pixels touch at the
+start, with a margin: entries start at the ``-hkl`` file's value or ``-default_F``; systematically
+absent reflections of the space group are 0 (their spots are not predicted).  Its amplitudes are the
+*candidates*: every reflection to which the starting model gives at least 1 % of ``min_photons``
+photons of Bragg signal (``scale x`` its share of the simulated image) on the fitted pixels, summed
+over its equivalents (the start may be pixels away from the spots).  When the amplitudes' stage
+starts, at the geometry refined so far, a candidate is *visible*, and refined, when the model with its
+starting amplitude puts at least ``min_photons`` photons on the fitted pixels (:func:`amplitude_photons`);
+the others are held at their starting value, and F(000) (the direct beam) is never refined.  Positive by construction: each amplitude is refined through
+``F = F_start exp(step raw)`` (:class:`refine.fitting.transforms.Multiplicative`).
+
+Starting values (``start``): ``"file"`` (the ``-hkl`` table), ``"one"`` (``-default_F`` for all, or the
+table's rms over the free reflections when ``-default_F`` is 0) or
+``"estimate"``: :func:`estimate_amplitudes`, a few multiplicative (Richardson-Lucy / EM) updates of
+the Poisson likelihood with the geometry fixed, ``I_r <- I_r sum_p c_rp y_p / mu_p / sum_p c_rp``
+(``c_rp``: photons reflection r puts in pixel p, ``y`` observed, ``mu`` model with background),
+run when the stage that frees the amplitudes starts, at the geometry the earlier stages refined.
+
+Restraint (optional, ``sigma`` relative): towards the mean amplitude of the reflection's resolution
+bin (as diffBragg's), ``0.5 sum_r ((F_r - <F>_bin) / (sigma <F>_bin))^2`` with ``<F>_bin`` the current
+mean of the free amplitudes in the bin (bins of equal counts, about 20 reflections each, at most 10),
+so weak or partial reflections cannot run away; it enters the esds through its Gauss-Newton curvature.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.io.hkl import MAX_GRID_ELEMENTS
+from nbtorch.io.reflections import rotation_parts
+
+__all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
+           "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS",
+           "touched_range", "start_grid", "entry_photons", "table_from_photons", "em_sums", "em_update",
+           "check_table_size"]
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^F_(-?\d+)_(-?\d+)_(-?\d+)$")
+#: how the free amplitudes start
+AMPLITUDE_STARTS = ("auto", "file", "one", "estimate")
+#: Bragg photons on the fitted pixels below which a reflection's amplitude is not refined
+DEFAULT_MIN_PHOTONS = 10.0
+#: fraction of min_photons a reflection needs at the start to be a candidate
+_CANDIDATE_FRACTION = 0.01
+#: entries of the table beyond the reflections touched at the start (spots move while the geometry refines;
+#: the tricubic interpolation's stencil reaches 2-3 entries out)
+_MARGIN = 4
+
+
+def amplitude_name(hkl: Sequence[int]) -> str:
+    """``F_h_k_l`` of reflection ``hkl`` (the name of its refinable amplitude)."""
+    h, k, l = (int(x) for x in hkl)  # noqa: E741 - crystallographic name
+    return f"F_{h}_{k}_{l}"
+
+
+def is_amplitude(name: str) -> bool:
+    """Whether ``name`` is an amplitude's name (``F_h_k_l``)."""
+    return bool(_NAME.match(name))
+
+
+def amplitude_hkl(name: str) -> tuple[int, int, int]:
+    """``(h, k, l)`` of an amplitude's name."""
+    m = _NAME.match(name)
+    if m is None:
+        raise InputError(f"{name!r} is not a structure-factor name (F_h_k_l)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def _gemmi_group(space_group: str):
+    try:
+        import gemmi  # optional extra: only a run that refines structure factors needs it
+    except ImportError:
+        raise InputError("refining structure_factors needs gemmi (space groups): pip install 'nbtorch[formats]'") \
+            from None
+    try:
+        return gemmi, gemmi.SpaceGroup(space_group)
+    except (ValueError, RuntimeError):
+        raise InputError(f"structure_factors: unknown space group {space_group!r} (give a full symbol such as "
+                         f"P41212 with --symmetry)") from None
+
+
+def check_space_group(space_group: str) -> str:
+    """The Hermann-Mauguin symbol of ``space_group``; an unknown one (or no gemmi) is one error line."""
+    return _gemmi_group(space_group)[1].hm
+
+
+@dataclass
+class AmplitudeTable:
+    """The structure-factor table of a refinement and its free amplitudes.
+
+    Attributes:
+        space_group: Hermann-Mauguin symbol.
+        hkl_min: (3,) int, the indices of entry ``[0, 0, 0]``.
+        start: (nh, nk, nl) F of every entry when no parameter overrides it (electrons).
+        index: (nh, nk, nl) int64, the free amplitude each entry follows, -1 for none.
+        names: the free amplitudes' names (``F_h_k_l`` of the asymmetric-unit reflection).
+        hkl: (n, 3) their asymmetric-unit indices; ``d_A`` (n,) their resolution (Å, starting cell).
+        photons: (n,) Bragg photons the starting model puts on the fitted pixels (candidates).
+        starts: name -> starting amplitude.
+        start_mode: ``file``, ``one`` or ``estimate`` (then :func:`estimate_amplitudes` replaces ``starts``
+            when the amplitudes' stage starts).
+    """
+
+    space_group: str
+    hkl_min: np.ndarray
+    start: np.ndarray
+    index: np.ndarray
+    names: tuple[str, ...]
+    hkl: np.ndarray
+    d_A: np.ndarray
+    photons: np.ndarray
+    starts: dict = field(default_factory=dict)
+    start_mode: str = "one"
+
+    def __post_init__(self) -> None:
+        flat = self.index.reshape(-1)
+        self._where = np.nonzero(flat >= 0)[0]
+        self._which = flat[self._where]
+        self._cache: dict = {}
+
+    @property
+    def hkl_max(self) -> np.ndarray:
+        return self.hkl_min + np.array(self.start.shape) - 1
+
+    def _tensors(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        key = (dtype, str(device))
+        if key not in self._cache:
+            self._cache[key] = (torch.as_tensor(self.start.reshape(-1), dtype=dtype, device=device),
+                                torch.as_tensor(self._where, device=device), torch.as_tensor(self._which, device=device))
+        return self._cache[key]
+
+    def vector(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
+        """(n,) the free amplitudes in ``values`` (tensors keep their gradients)."""
+        items = [values[n] for n in self.names]
+        if not any(isinstance(v, Tensor) for v in items):
+            return torch.as_tensor([float(v) for v in items], dtype=dtype, device=device)
+        # a refinement's raw values live on the CPU, the model maybe on a GPU: the table goes where the model is
+        return torch.stack([v.to(dtype=dtype, device=device) if isinstance(v, Tensor)
+                            else torch.tensor(float(v), dtype=dtype, device=device)
+                            for v in items])
+
+    def grid(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
+        """The (nh, nk, nl) table with the free amplitudes of ``values`` put in (differentiable in them)."""
+        start, where, which = self._tensors(dtype, device)
+        F = self.vector(values, dtype, device)
+        flat = start.index_put((where,), F[which])
+        return flat.reshape(self.start.shape)
+
+    def simulator(self, sim, values: Mapping[str, float]):
+        """``sim`` (any simulator of the run, e.g. restricted to other pixels) holding this table with the
+        amplitudes of ``values`` (e.g. the refined ones) put in."""
+        with torch.no_grad():
+            grid = self.grid({n: float(values.get(n, self.starts[n])) for n in self.names}, torch.float64, "cpu")
+        return sim.with_structure_factors(grid.numpy(), self.hkl_min)
+
+    def hkl_table(self, values: Mapping[str, float]):
+        """The free amplitudes of ``values`` with every equivalent and Friedel mate, as an
+        :class:`nbtorch.io.hkl.HKLTable` (a nanoBragg ``-hkl`` file knows no symmetry)."""
+        from nbtorch.io.hkl import HKLTable  # noqa: PLC0415 - light module, only for writing
+
+        rot = rotation_parts(*_gemmi_group(self.space_group))
+        rows = [(eq, float(values.get(n, self.starts[n])))
+                for n, key in zip(self.names, self.hkl) for eq in _equivalents(rot, np.asarray(key))]
+        hkl = np.array([r[0] for r in rows], dtype=np.int64).reshape(-1, 3)
+        return HKLTable(h=hkl[:, 0], k=hkl[:, 1], l=hkl[:, 2], F=np.array([r[1] for r in rows]))
+
+
+def _touched_range(sim, overrides: dict, roi) -> tuple[np.ndarray, np.ndarray]:
+    """Inclusive index bounds of the nearest reflections of every evaluation on the simulated pixels."""
+    with torch.no_grad():
+        _, _, diag = sim.render_pixels(roi=roi, diagnostics=True, **overrides)
+    lo = diag["hkl0_min"].detach().cpu().numpy().round().astype(np.int64)
+    hi = diag["hkl0_max"].detach().cpu().numpy().round().astype(np.int64)
+    return lo - _MARGIN, hi + _MARGIN
+
+
+def start_grid(sim, lo: np.ndarray, hi: np.ndarray, default_F: float) -> np.ndarray:
+    """F over [lo, hi]: the simulator's table where it has a listed value, ``default_F`` elsewhere."""
+    grid = np.full(tuple(hi - lo + 1), float(default_F), dtype=np.float64)
+    s = sim.setup
+    if s.F_grid is None:
+        return grid
+    old = np.asarray(s.F_grid, dtype=np.float64).copy()
+    if s.F_present is not None:
+        old[~np.asarray(s.F_present)] = default_F
+    a = np.maximum(lo, s.hkl_min.astype(np.int64))
+    b = np.minimum(hi, s.hkl_max.astype(np.int64))
+    if np.all(b >= a):
+        dst = tuple(slice(int(x - y), int(z - y + 1)) for x, y, z in zip(a, lo, b))
+        src = tuple(slice(int(x - y), int(z - y + 1)) for x, y, z in zip(a, s.hkl_min.astype(np.int64), b))
+        grid[dst] = old[src]
+    return grid
+
+
+def _photons_per_entry(sim, overrides: dict, roi, grid: np.ndarray, lo: np.ndarray, scale: float) -> np.ndarray:
+    """Bragg photons (``scale x`` simulated) each table entry puts on the simulated pixels: ``F / 2 x`` the
+    derivative of the summed image (the image is a sum of ``F^2`` times lattice terms)."""
+    table = sim.with_structure_factors(grid, lo)
+    F = torch.tensor(grid, dtype=sim.dtype, device=sim.device, requires_grad=True)
+    with torch.enable_grad():
+        image, _, _ = table.render_pixels(roi=roi, F_grid=F, **overrides)
+        (g,) = torch.autograd.grad(image.sum(), F)
+    return (scale * 0.5 * F.detach() * g).cpu().numpy()
+
+
+def _equivalents(rot: np.ndarray, hkl: np.ndarray) -> np.ndarray:
+    """(m, 3) the distinct equivalents and Friedel mates of one reflection; ``rot``: the space group's
+    integer rotation parts (:func:`nbtorch.io.reflections.rotation_parts`)."""
+    eq = np.einsum("j,mjk->mk", hkl, rot)
+    return np.unique(np.concatenate([eq, -eq]), axis=0)
+
+
+def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, *, start: str = "auto",
+                    min_photons: float = DEFAULT_MIN_PHOTONS):
+    """The run's :class:`AmplitudeTable` and the simulator that holds it (module docstring).
+
+    Arguments:
+        sim: the simulator (its table, if any, gives the ``file`` start).
+        values: the starting values (canonical names, ``orient_x/y/z``, ``scale``).
+        pixels: (slow, fast) bool, the fitted pixels.
+        space_group: full space-group symbol (``P41212``).
+        start: ``auto`` (``file`` when the model has an ``-hkl`` table, else ``estimate``), ``file``,
+            ``one`` or ``estimate`` (the starting table's values here; the estimate is made when the
+            amplitudes' stage starts, :func:`estimate_amplitudes`).
+        min_photons: Bragg photons a reflection needs on the fitted pixels to be refined.
+
+    Returns:
+        ``(table, simulator)``: the simulator is ``sim`` with the table (:meth:`Simulator.with_structure_factors`).
+    """
+    if start == "auto":
+        start = "file" if sim.setup.F_grid is not None else "estimate"
+    if start not in AMPLITUDE_STARTS:
+        raise InputError(f"structure_factors: start must be one of {', '.join(AMPLITUDE_STARTS)}, got {start!r}")
+    if start == "file" and sim.setup.F_grid is None:
+        raise InputError("structure_factors: start 'file' needs an -hkl table in the model")
+    if not min_photons >= 0:
+        raise InputError(f"structure_factors: min_photons must be >= 0, got {min_photons!r}")
+    _, group = _gemmi_group(space_group)
+    restricted, overrides, lo, hi = touched_range(sim, values, pixels)
+    grid = start_grid(sim, lo, hi, float(values["default_F"]))
+    photons = _photons_per_entry(restricted, overrides, None, grid, lo, float(values.get("scale", 1.0)))
+    table, grid = table_from_photons(group.hm, grid, lo, photons, values, start=start, min_photons=min_photons)
+    return table, sim.with_structure_factors(grid, lo)
+
+
+def touched_range(sim, values: Mapping[str, float], pixels) -> tuple:
+    """``(sim restricted to the fitted pixels, overrides, lo, hi)``: the inclusive index bounds (with the margin)
+    of the reflections the fitted ``pixels`` touch at ``values``; refused when too many for one table."""
+    from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES  # noqa: PLC0415 - keeps this module light
+
+    mask = np.asarray(pixels.cpu() if isinstance(pixels, Tensor) else pixels, dtype=bool)
+    restricted = sim.restricted(mask)
+    overrides = {n: float(values[n]) for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
+    lo, hi = _touched_range(restricted, overrides, None)
+    check_table_size(lo, hi)
+    return restricted, overrides, lo, hi
+
+
+def check_table_size(lo: np.ndarray, hi: np.ndarray) -> None:
+    if np.prod(hi - lo + 1) > MAX_GRID_ELEMENTS:  # the HKL reader's limit on a dense table
+        raise InputError(f"structure_factors: the fitted pixels touch indices {lo.tolist()} to {hi.tolist()}: "
+                         f"too many reflections for one table")
+
+
+def entry_photons(sim, values: Mapping[str, float], pixels, grid: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """(nh, nk, nl) Bragg photons (``scale x`` simulated) each entry of the table ``grid`` (indices from ``lo``)
+    puts on the fitted ``pixels`` of ``sim`` at ``values``."""
+    from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES  # noqa: PLC0415 - keeps this module light
+
+    mask = np.asarray(pixels.cpu() if isinstance(pixels, Tensor) else pixels, dtype=bool)
+    overrides = {n: float(values[n]) for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
+    return _photons_per_entry(sim.restricted(mask), overrides, None, grid, lo, float(values.get("scale", 1.0)))
+
+
+def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photons: np.ndarray,
+                       values: Mapping[str, float], *, start: str,
+                       min_photons: float) -> tuple[AmplitudeTable, np.ndarray]:
+    """``(table, grid)``: the candidates (module docstring) of the entries' Bragg ``photons`` over the starting
+    ``grid`` (indices from ``lo``; ``values``: the cell and ``default_F``), their starting amplitudes put in the
+    grid (a copy) and the systematic absences set to 0."""
+    gemmi, group = _gemmi_group(space_group)
+    ops = group.operations()
+    grid = np.array(grid, dtype=np.float64)
+    hi = lo + np.array(grid.shape) - 1
+    default_F = float(values["default_F"])
+    asu = gemmi.ReciprocalAsu(group)
+    rot = rotation_parts(gemmi, group)  # once: every reflection's equivalents below
+    groups: dict[tuple[int, int, int], float] = {}
+    for e in np.argwhere(photons > 1e-3 * _CANDIDATE_FRACTION * max(min_photons, 1e-9)):  # summed per reflection
+        key = tuple(int(x) for x in asu.to_asu((e + lo).tolist(), ops)[0])
+        groups[key] = groups.get(key, 0.0) + float(photons[tuple(e)])
+    index = np.full(grid.shape, -1, dtype=np.int64)
+    # systematic absences: 0, never refined
+    free = []
+    for key in sorted(groups):
+        if ops.is_systematically_absent(list(key)):
+            for eq in _equivalents(rot, np.array(key)):
+                if np.all(eq >= lo) and np.all(eq <= hi):
+                    grid[tuple(eq - lo)] = 0.0
+        elif groups[key] >= _CANDIDATE_FRACTION * min_photons and key != (0, 0, 0):  # F(000): the direct beam
+            free.append(key)
+    starts = {}
+    cell = gemmi.UnitCell(*(float(values[n]) for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
+                                                          "cell_gamma")))
+    entries = [[eq for eq in _equivalents(rot, np.array(key)) if np.all(eq >= lo) and np.all(eq <= hi)]
+               for key in free]
+    if start == "one" and not default_F > 0:  # one value for all: the table's rms over the free reflections
+        listed = [float(grid[tuple(e[0] - lo)]) for e in entries if e]
+        default_F = math.sqrt(float(np.mean(np.square(listed)))) if listed else 1.0
+    for i, (key, inside) in enumerate(zip(free, entries)):
+        f0 = default_F if start == "one" or not inside else float(grid[tuple(inside[0] - lo)])
+        f0 = f0 if f0 > 0 else max(default_F, 1.0)  # refined as F0 exp(raw): a start > 0
+        for eq in inside:
+            index[tuple(eq - lo)] = i
+            grid[tuple(eq - lo)] = f0
+        starts[amplitude_name(key)] = f0
+    hkl = np.array(free, dtype=np.int64).reshape(-1, 3)
+    table = AmplitudeTable(
+        space_group=group.hm, hkl_min=lo, start=grid, index=index, names=tuple(amplitude_name(k) for k in free),
+        hkl=hkl, d_A=np.array([cell.calculate_d(list(k)) for k in free], dtype=np.float64),
+        photons=np.array([groups[k] for k in free], dtype=np.float64), starts=starts, start_mode=start)
+    log.info("structure factors: %d candidate amplitudes (%d reflections touched) in %s",
+             len(free), len(groups), group.hm)
+    return table, grid
+
+
+def estimate_amplitudes(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float],
+                        iterations: int = 5) -> dict[str, float]:
+    """Amplitudes that explain the observed spots with the geometry of ``values`` fixed (module docstring).
+
+    ``objective``: an :class:`~refine.fitting.objective.ImageObjective` that holds ``table``.  Each iteration is one
+    multiplicative EM update of the intensities ``F^2`` of the Poisson likelihood (background in the model,
+    never made negative); a reflection without signal on the objective's pixels keeps its value.
+    """
+    dtype, dev = objective.dtype, objective.device
+    F = table.vector(values, dtype, dev).detach().clone()
+    for _ in range(int(iterations)):
+        F = em_update(F, *em_sums(objective, table, values, F))
+    return {n: float(v) for n, v in zip(table.names, F)}
+
+
+def em_sums(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float], F: Tensor) -> tuple[Tensor, Tensor]:
+    """``(c, a)`` of one EM update on the objective's pixels at amplitudes ``F``: ``c_r = sum_p w_p d mu_p / d F_r``
+    and ``a_r = sum_p w_p y_p / mu_p d mu_p / d F_r`` (several images: summed over them, :mod:`refine.many.joint`)."""
+    c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
+    a = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w * y / torch.clamp(mu, min=1e-12))
+    return c, a
+
+
+def em_update(F: Tensor, c: Tensor, a: Tensor) -> Tensor:
+    """One multiplicative EM update of the intensities ``F^2``: ``F <- F sqrt(a / c)`` (the ratio clamped to
+    [1e-4, 1e4]; an amplitude without signal, ``c`` ~ 0, keeps its value; none below 1e-6 of the largest)."""
+    ok = c > 1e-12 * float(c.abs().max().clamp(min=1e-300))
+    ratio = torch.where(ok, a / torch.where(ok, c, torch.ones_like(c)), torch.ones_like(c))
+    F = F * torch.sqrt(ratio.clamp(1e-4, 1e4))
+    return torch.clamp(F, min=1e-6 * float(F.max().clamp(min=1e-300)))
+
+
+def amplitude_photons(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float],
+                      names: Sequence[str] | None = None) -> dict[str, float]:
+    """Bragg photons (``scale x`` simulated) each amplitude of ``names`` (default all) puts on the objective's
+    pixels at ``values``: ``F / 2 x d(sum of the model) / dF`` (the model is a sum of ``F^2`` terms)."""
+    dtype, dev = objective.dtype, objective.device
+    F = table.vector(values, dtype, dev).detach()
+    c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
+    photons = 0.5 * F * c
+    wanted = set(table.names if names is None else names)
+    return {n: float(p) for n, p in zip(table.names, photons) if n in wanted}
+
+
+def _weighted_gradient(objective, table: AmplitudeTable, values: Mapping, F: Tensor, factor) -> Tensor:
+    """``sum_p factor(mu, y, w)_p d mu_p / d F`` at amplitudes ``F`` (one forward and one backward: a compiled
+    backward may run only once per graph)."""
+    leaf = F.clone().requires_grad_(True)
+    vals = dict(values)
+    vals.update({n: leaf[i] for i, n in enumerate(table.names)})
+    with torch.enable_grad():
+        model, observed, weights = objective.pixels(vals)
+        f = factor(model.detach(), observed, weights)
+        return torch.autograd.grad(model, leaf, grad_outputs=f)[0]
+
+
+class AmplitudeRestraint:
+    """``0.5 sum_r ((F_r - <F>_bin(r)) / (sigma <F>_bin(r)))^2`` over the free amplitudes (module docstring).
+
+    Arguments:
+        table: the run's :class:`AmplitudeTable` (its ``d_A`` bins the reflections).
+        sigma: the relative width (e.g. 0.5: an amplitude may differ from its bin's mean by 50 % at one sigma).
+        per_bin, max_bins: about ``per_bin`` reflections per resolution bin, at most ``max_bins`` bins.
+    """
+
+    def __init__(self, table: AmplitudeTable, sigma: float, per_bin: int = 20, max_bins: int = 10) -> None:
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise InputError(f"structure-factor restraint: sigma must be > 0, got {sigma!r}")
+        n = len(table.names)
+        self.table, self.sigma = table, float(sigma)
+        self.n_bins = max(1, min(int(max_bins), n // max(int(per_bin), 1)))
+        bins = np.zeros(n, dtype=np.int64)
+        bins[np.argsort(-table.d_A, kind="stable")] = np.arange(n) * self.n_bins // max(n, 1)
+        self.bins = torch.as_tensor(bins)
+        self.counts = torch.bincount(self.bins, minlength=self.n_bins).to(torch.float64)
+
+    def residuals(self, F: Tensor) -> Tensor:
+        """(n,) ``(F - <F>_bin) / (sigma <F>_bin)`` of the amplitude vector ``F``."""
+        bins = self.bins.to(F.device)
+        sums = F.new_zeros(self.n_bins).index_add(0, bins, F)
+        mean = (sums / self.counts.to(F))[bins]
+        return (F - mean) / (self.sigma * mean)
+
+    def __call__(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
+        return 0.5 * (self.residuals(self.table.vector(values, dtype, device)) ** 2).sum()
+
+    def jacobian(self, F: Tensor) -> Tensor:
+        """(n, n) the residuals' Jacobian ``R`` at the amplitudes ``F`` (all of the table's)."""
+        return torch.autograd.functional.jacobian(self.residuals, F.detach())
+
+    def curvature(self, F: Tensor) -> Tensor:
+        """(n, n) the Gauss-Newton curvature ``R^T R`` at amplitudes ``F``."""
+        R = self.jacobian(F)
+        return R.T @ R
+
+
+@dataclass(frozen=True)
+class AmplitudeOptions:
+    """How a refinement treats the structure factors (module docstring).
+
+    Attributes:
+        space_group: full space-group symbol (``P41212``): equivalents and Friedel mates share one amplitude.
+        start: ``auto``, ``file``, ``one`` or ``estimate``.
+        min_photons: Bragg photons a reflection needs on the fitted pixels to be refined.
+        restraint_sigma: relative width of the restraint towards the resolution-bin mean (None: none).
+        iterations: EM updates of the ``estimate`` start.
+    """
+
+    space_group: str
+    start: str = "auto"
+    min_photons: float = DEFAULT_MIN_PHOTONS
+    restraint_sigma: float | None = None
+    iterations: int = 5
+
+    def __post_init__(self) -> None:
+        if self.start not in AMPLITUDE_STARTS:
+            raise InputError(f"structure_factors: start must be one of {', '.join(AMPLITUDE_STARTS)}, "
+                             f"got {self.start!r}")
+        if self.restraint_sigma is not None and not (math.isfinite(self.restraint_sigma) and self.restraint_sigma > 0):
+            raise InputError(f"structure_factors: restraint sigma must be > 0, got {self.restraint_sigma!r}")
+        if not (math.isfinite(self.min_photons) and self.min_photons >= 0):
+            raise InputError(f"structure_factors: min_photons must be >= 0, got {self.min_photons!r}")
+        if int(self.iterations) != self.iterations or self.iterations < 0:
+            raise InputError(f"structure_factors: iterations must be an integer >= 0, got {self.iterations!r}")
+
+    def describe(self) -> dict:
+        return {"space_group": self.space_group, "start": self.start, "min_photons": self.min_photons,
+                "restraint_sigma": self.restraint_sigma or 0.0, "iterations": self.iterations}

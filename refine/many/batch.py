@@ -1,0 +1,286 @@
+"""Independent mode: many images, each refined on its own, one summary (``nbtorch-refine --images ...``).
+
+::
+
+    nbtorch-refine --config still.toml --images 'data/thau_3_2_*.cbf.bz2' --out-dir out/batch
+    nbtorch-refine ... --images @files.txt                 # a file list (one path per line, # comments)
+    torchrun --nproc-per-node 2 -m refine.cli.parser ... --images ...   # images shared out over 2 processes
+
+Every option of a single run applies to each image; ``{stem}`` in ``--model``, ``--spots``, ``--mask``
+(and any file option) is replaced by the image's name without its extensions (``thau_3_2_0003`` for
+``thau_3_2_0003.cbf.bz2``), so per-image inputs such as an orientation matrix or a spot list follow the
+image.  Image ``k`` is written to ``OUT_DIR/<stem>/`` (``result.h5``, ``result.json`` and, when asked for,
+``runs/`` and ``report.html``); a failure writes ``OUT_DIR/<stem>/error.txt`` with its one-line reason.
+
+A bad image (unreadable, wrong size, no spots, a refinement that diverged or failed) is recorded with
+its reason and the job goes on.  At the end ``OUT_DIR/summary.csv`` and ``OUT_DIR/summary.h5`` list,
+one row per image: the image, ``status`` (the refinement's, or ``error``), the reason, the cell and
+orientation, the beam centre, the spot rms before and after and the spots matched, the fit excess,
+steps, the final loss and the wall time.  The exit status is 0 when every image refined, 1 when some
+did not.
+
+An image whose ``result.json`` (or ``error.txt``) is already in its folder is not refined again
+unless ``--redo`` is given, so an interrupted job continues where it stopped when it is run again
+with the same command.  Under ``torchrun`` (``WORLD_SIZE`` > 1) each process takes every
+``WORLD_SIZE``-th image (process ``RANK`` starting at image ``RANK``) after a ``gloo`` process group is
+set up, and process 0 writes the summary once all are done; without torchrun one process does all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import glob
+import io
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import atomic_output_path, atomic_write
+
+__all__ = ["expand_image_list", "image_stem", "per_image_args", "run_batch", "SUMMARY_COLUMNS"]
+
+log = logging.getLogger(__name__)
+
+_COMPRESSION = (".bz2", ".gz", ".xz")
+_CELL = ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")
+_ORIENTATION = ("misset_x", "misset_y", "misset_z")
+#: columns of summary.csv / summary.h5
+SUMMARY_COLUMNS = ("image", "status", "reason", *_CELL, *_ORIENTATION, "beam_x", "beam_y", "distance",
+                   "spots", "spots_matched", "spot_rms_px_start", "spot_rms_px_final", "spot_rms_px_floor",
+                   "fit_excess", "steps", "loss_final", "wall_s", "folder")
+_NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in ("image", "status", "reason", "folder"))
+#: options whose text may hold {stem}
+_PER_IMAGE = ("model", "spots", "mask", "expt", "refl", "config")
+
+
+def image_stem(path: str | Path) -> str:
+    """The image's name without compression and format extensions (``thau_0003.cbf.bz2`` -> ``thau_0003``)."""
+    name = Path(path).name
+    for ext in _COMPRESSION:
+        if name.lower().endswith(ext):
+            name = name[: -len(ext)]
+            break
+    stem = Path(name).stem
+    return stem or name
+
+
+def expand_image_list(items: Sequence[str]) -> list[str]:
+    """Paths from ``--images``: plain paths, glob patterns (``*``, ``?``, ``[``) and ``@FILE`` lists (one path per
+    line, ``#`` comments, relative paths beside the list), in order, each once."""
+    out: list[str] = []
+    for item in items:
+        if item.startswith("@") and len(item) > 1:
+            listing = Path(item[1:])
+            try:
+                lines = listing.read_text().splitlines()
+            except FileNotFoundError:
+                raise InputError(f"--images {item}: list file not found") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InputError(f"--images {item}: cannot read the list: {exc}") from None
+            for line in lines:
+                text = line.split("#", 1)[0].strip()
+                if text:
+                    p = Path(text)
+                    out.append(str(p if p.is_absolute() else listing.parent / p))
+        elif any(ch in item for ch in "*?["):
+            matches = sorted(glob.glob(item))
+            if not matches:
+                raise InputError(f"--images {item}: no file matches the pattern")
+            out.extend(matches)
+        else:
+            out.append(item)
+    seen: set[str] = set()
+    unique = [p for p in out if not (p in seen or seen.add(p))]
+    if not unique:
+        raise InputError("--images: no image given")
+    stems: dict[str, str] = {}
+    for p in unique:
+        s = image_stem(p)
+        if s in stems:
+            raise InputError(f"--images: {stems[s]} and {p} have the same name {s!r}; their results would share a folder")
+        stems[s] = p
+    return unique
+
+
+def per_image_args(args: argparse.Namespace, image: str, out_dir: Path) -> argparse.Namespace:
+    """The single-image options of ``image``: its folder's output paths and ``{stem}`` filled in."""
+    a = copy.copy(args)
+    stem = image_stem(image)
+    folder = out_dir / stem
+    a.image, a.images, a.problem = image, None, None
+    a.out = str(folder / "result.h5")
+    a.json = str(folder / "result.json")
+    a.checkpoint = str(folder / "result.ckpt.h5")
+    a.logdir = str(folder / "runs") if args.logdir else None
+    a.report = str(folder / "report.html") if getattr(args, "report", None) else None
+    a.hkl_out = str(folder / "result.hkl") if getattr(args, "hkl_out", None) else None  # else --out's .hkl
+    for name in _PER_IMAGE:
+        value = getattr(a, name, None)
+        if isinstance(value, str) and "{stem}" in value:
+            setattr(a, name, value.replace("{stem}", stem))
+    a.quiet = True
+    a.resume = bool(args.resume) and Path(a.checkpoint).is_file()
+    return a
+
+
+def _row(image: str, folder: Path) -> dict:
+    """One summary row from the image's folder (result.json or error.txt)."""
+    row: dict = {c: "" for c in SUMMARY_COLUMNS}
+    row.update({c: float("nan") for c in _NUMERIC})
+    row.update(image=image, folder=str(folder))
+    err = folder / "error.txt"
+    res = folder / "result.json"
+    if err.is_file() and not (res.is_file() and res.stat().st_mtime > err.stat().st_mtime):
+        row.update(status="error", reason=err.read_text().strip())
+        return row
+    if not res.is_file():
+        row.update(status="error", reason="no result (the run was interrupted)")
+        return row
+    doc = json.loads(res.read_text())
+    params = doc.get("params", {})
+    row.update(status=doc.get("status", ""), reason="" if doc.get("status") in ("converged", "max_steps")
+               else doc.get("message", ""))
+    for key in (*_CELL, *_ORIENTATION, "beam_x", "beam_y", "distance"):
+        row[key] = _num(params.get(key))
+    spots = doc.get("spots") or {}
+    row.update(spots=_num(spots.get("n")), spots_matched=_num(spots.get("matched_final")),
+               spot_rms_px_start=_num(spots.get("rms_px_start")), spot_rms_px_final=_num(spots.get("rms_px_final")),
+               spot_rms_px_floor=_num(spots.get("rms_px_floor")),
+               fit_excess=_num((doc.get("fit") or {}).get("excess")), steps=_num(doc.get("steps")),
+               loss_final=_num(doc.get("loss_final")), wall_s=_num(doc.get("wall_s")))
+    if doc.get("warnings") and not row["reason"]:
+        row["reason"] = "; ".join(doc["warnings"])[:300]
+    return row
+
+
+def _line(row: dict) -> str:
+    """One printed line per image: status, cell, spot rms and fit (or the reason it failed)."""
+    if row["status"] == "error":
+        return f"  {row['image']}: error: {row['reason']}"
+    parts = [f"  {row['image']}: {row['status']}",
+             "cell " + " ".join(f"{row[k]:.4f}" for k in _CELL[:3])]
+    if np.isfinite(row["spot_rms_px_final"]):
+        parts.append(f"spot rms {row['spot_rms_px_start']:.3g} -> {row['spot_rms_px_final']:.3g} px (noise floor "
+                     f"{row['spot_rms_px_floor']:.3g} px)")
+    if np.isfinite(row["fit_excess"]):
+        parts.append(f"fit {row['fit_excess']:.3g}x shot noise")
+    if row["status"] not in ("converged", "max_steps"):
+        parts.append(row["reason"])
+    return ", ".join(parts)
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and v is not None else float("nan")
+
+
+def write_summary(rows: Sequence[dict], out_dir: Path) -> tuple[Path, Path]:
+    """``summary.csv`` and ``summary.h5`` (one dataset per column) in ``out_dir``, atomically."""
+    import h5py
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(SUMMARY_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: (f"{v:.10g}" if isinstance(v, float) else v) for k, v in r.items()})
+    csv_path, h5_path = out_dir / "summary.csv", out_dir / "summary.h5"
+    with atomic_write(csv_path, "w") as fh:
+        fh.write(buf.getvalue())
+    with atomic_output_path(h5_path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["format"] = "nbtorch-refine-batch-summary"
+            for c in SUMMARY_COLUMNS:
+                if c in _NUMERIC:
+                    h5.create_dataset(c, data=np.array([r[c] for r in rows], dtype=np.float64))
+                else:
+                    h5.create_dataset(c, data=[str(r[c]) for r in rows], dtype=h5py.string_dtype())
+    return csv_path, h5_path
+
+
+def restart_count() -> int:
+    """How often torchrun restarted this worker (``TORCHELASTIC_RESTART_COUNT``; 0 outside torchrun)."""
+    try:
+        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+    except ValueError:
+        return 0
+
+
+def _process_group():
+    """(rank, world, group-or-None): a gloo group under torchrun, else (0, 1, None).
+
+    Under torchrun the group's keys in the rendezvous store are those of this attempt
+    (``TORCHELASTIC_RESTART_COUNT``): the store outlives a restart (``--max-restarts``), and gloo would
+    otherwise read the last attempt's addresses of the other processes and fail to connect.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return 0, 1, None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            store, rank, size = next(dist.rendezvous("env://"))
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"nbtorch/attempt_{restart_count()}", store),
+                                    rank=rank, world_size=size)
+        else:
+            dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), dist
+
+
+def run_batch(args: argparse.Namespace, run_one: Callable[[argparse.Namespace], int],
+              say: Callable[[str], None] = print) -> int:
+    """Refine every image of ``args.images`` with ``run_one`` (``refine.cli.parser.run``); returns the exit status."""
+    images = expand_image_list(args.images)
+    out_dir = Path(args.out_dir or "out/batch")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
+    rank, world, dist = _process_group()
+    mine = images[rank::world]
+    say(f"nbtorch-refine: {len(images)} images, {len(mine)} in this process (rank {rank} of {world}); "
+        f"results in {out_dir}/")
+    from tqdm.auto import tqdm
+
+    t0 = time.monotonic()
+    for image in tqdm(mine, desc="images", unit="image", disable=args.quiet or None, leave=False):
+        a = per_image_args(args, image, out_dir)
+        folder = Path(a.out).parent
+        if not args.redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
+            say(f"  {image}: done before, kept ({folder})")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "error.txt").unlink(missing_ok=True)
+        reason = None
+        try:
+            if not Path(image).is_file():
+                raise InputError(f"{image}: image file not found")
+            run_one(a)
+        except InputError as exc:
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - one bad image must not stop the job; its reason is kept
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log.exception("refinement of %s failed", image)
+        if reason is not None:
+            with atomic_write(folder / "error.txt", "w") as fh:
+                fh.write(reason + "\n")
+        say(_line(_row(image, folder)))
+    if dist is not None:
+        dist.barrier()
+    rows = [_row(image, out_dir / image_stem(image)) for image in images]
+    failed = [r for r in rows if r["status"] not in ("converged", "max_steps")]
+    if rank == 0:
+        csv_path, h5_path = write_summary(rows, out_dir)
+        say(f"{len(rows) - len(failed)} of {len(rows)} images refined, {len(failed)} failed "
+            f"({time.monotonic() - t0:.1f} s); summary: {csv_path} and {h5_path}")
+        for r in failed:
+            say(f"  failed: {r['image']}: {r['status']}: {r['reason']}")
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 1 if failed else 0

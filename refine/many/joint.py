@@ -1,0 +1,1062 @@
+"""Joint mode: many stills of one crystal form refined together (:func:`refine_joint`; from the command line
+``nbtorch-refine --images ... --joint --shared cell``, :mod:`refine.cli.joint`; docs/many-images.md).
+
+One still determines the cell poorly; thousands of stills of one crystal form determine it well when
+their likelihoods are combined.  The parameters split into
+
+* **shared** ones (default the cell; any of ``cell``, ``detector``/``distance``, ``beam_centre``,
+  ``wavelength``, ``mosaic``, ...): one value for every image;
+* **per-image** ones (default ``scale``, ``background``, ``orientation``; ``mosaic``/``N`` too when asked):
+  one value per image.
+
+The raw vector is ``[shared raw, image-0 per-image raw, image-1 per-image raw, ...]``; image ``i`` sees
+``[shared raw, image-i raw]`` through its own :class:`~refine.fitting.parameters.ParameterMap` (every image's map
+starts the shared names at the same value, so one raw value is one physical value in all of them) and its
+own :class:`~refine.fitting.objective.ImageObjective` (the same physics and loss as a single run; a pixelwise
+loss on an unbinned view simulates only the fitted pixels).  The loss is the sum of the images' losses in
+image order, minimised by one :func:`refine.solver.loop.minimise` (LBFGS by default) in the whitened
+coordinates of the joint Fisher matrix at the start (:mod:`refine.solver.precondition`).
+
+**Structure factors** (``structure_factors=AmplitudeOptions(...)``; :mod:`refine.many.amplitudes`): one amplitude
+table shared by every image; its visible amplitudes are appended to the shared names, image 0's scale is held
+(the overall level of ``F^2 x scale`` is degenerate; :class:`~refine.fitting.transforms.Held` keeps its place in the raw
+vector), and the optional restraint is one term of the joint loss, preconditioner and esds.
+
+**Several processes** (``torchrun --nproc-per-node N``; ``torch.distributed`` with gloo): process ``r``
+of ``W`` holds the contiguous shard :func:`image_shard` of the images (only those are simulated and kept
+in memory; the others may be passed as None).  Each evaluation computes, for each of its images, the loss
+and its gradient with respect to ``[shared, own]``; the rows ``(loss, gradient)`` of every image are
+gathered with one ``all_reduce`` (each row is non-zero in one process only, so the sum is exact) and
+every process then adds them up in image order.  The joint loss and gradient are therefore the same bits
+in every process and for any number of processes: 1 and 2 processes take identical steps and give the
+same result (the test checks 1e-8 relative; the same thread count per process is assumed, as torchrun's
+``OMP_NUM_THREADS=1`` gives).  A process whose image raises reports NaN for it, so every process stops
+together (:attr:`~refine.solver.loop.Status.DIVERGED`) instead of waiting for the others; a time budget is
+refused under several processes (the clocks would disagree about when to stop).
+
+**Checkpoints** (``checkpoint=PATH``; :mod:`refine.many.checkpoint`): process 0 writes the whole state every
+``checkpoint_every`` steps, when the loop ends and on Ctrl-C, and every process waits until it is complete;
+``resume=PATH`` continues to the result of an uninterrupted run, and a worker that ``torchrun --max-restarts``
+restarted resumes by itself.  A collective that fails (another process died) raises
+:class:`~refine.solver.loop.LoopAborted`, so the survivors stop at once and torchrun can restart the job.
+
+**Esds** (``esds=True``): the Fisher matrix ``F`` and the clustered score matrix ``B`` of each image for
+its ``[shared, own]`` names (:func:`refine.quality.uncertainty.image_information`, the same estimate as a single
+run) are summed into the joint matrices (shared-shared blocks add up over images; each image's own block
+and its coupling to the shared block are its own; images are independent, so there is no coupling
+between two images' own blocks).  The covariance is ``C = F^-1`` (``fisher``) or ``F^-1 B F^-1``
+(``sandwich``, the default, robust to a model that misses part of the images).  The shared esds are thus
+those of the combined data with every image's nuisance parameters estimated too: for the Fisher kind,
+``1 / esd_shared^2`` is the sum over images of each image's own ``1 / esd^2`` of the shared name with its
+own nuisances profiled out (the Schur complement).  Up to :data:`MAX_DENSE` raw parameters the joint
+matrices are built densely, ``(S + n K)^2`` for ``S`` shared and ``K`` per-image names of ``n`` images; above
+it (16 000 images of 5 names would be 80 000^2 doubles) the esds come from the blocks, in memory and time
+linear in ``n`` (:mod:`refine.many.esds`), and the preconditioner is the Fisher matrix's diagonal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.io.atomic import atomic_output_path, atomic_write
+from nbtorch.parameters import MISSET_NAMES
+from nbtorch.simulator import Simulator
+from refine.many.batch import _process_group, restart_count
+from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
+from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
+                                     read_joint_checkpoint, write_joint_checkpoint)
+from refine.solver.loop import Convergence, LoopAborted, LoopInterrupted, LoopResult, LoopState, Status, minimise
+from refine.fitting.objective import ImageObjective, LossFn, resolve_loss
+from refine.fitting.parameters import (BASE_NAMES, CELL, ORIENTATION_DELTAS, ParameterMap, ParameterSpace, canonical_values,
+                               units_of)
+from refine.many.pixel_table import FittedPixels, StoredPixels
+from refine.solver.plan import observed_pixels, starting_values
+from refine.solver.precondition import LinearPreconditioner, preconditioner_from_fisher
+from refine.output.results import jsonable
+from refine.solver.precondition import _blocked_raw_fisher
+from refine.solver.runner import RefinementInterrupted
+from refine.solver.strategies import AbstractStrategy, get_strategy
+from refine.fitting.structure_factors import AmplitudeOptions, is_amplitude
+from refine.fitting.transforms import Held
+from refine.many.esds import MAX_DENSE, assemble, joint_covariances
+from refine.quality.uncertainty import ESD_KINDS, derived_esds, fisher_information, image_information
+
+__all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
+           "MAX_DENSE", "geometry_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+#: the default stopping rules (those of the default schedule's final stage, more steps)
+DEFAULT_CONVERGENCE = Convergence(max_steps=300, ftol=1e-4, xtol=1e-4)
+
+
+# -- processes ------------------------------------------------------------------------------------------
+class _Comm:
+    """The process group (or none): rank, world size and the exact gather of per-image rows."""
+
+    def __init__(self) -> None:
+        self.dist = None
+        self.rank, self.world = 0, 1
+        initialised = False
+        try:
+            import torch.distributed as dist
+
+            initialised = dist.is_available() and dist.is_initialized()
+        except ImportError:  # pragma: no cover - torch without distributed
+            dist = None
+        if initialised:
+            self.dist = dist
+        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            _, _, self.dist = _process_group()
+        if self.dist is not None:
+            self.rank, self.world = self.dist.get_rank(), self.dist.get_world_size()
+            if self.world == 1:
+                self.dist = None
+
+    def gather(self, rows: Mapping[int, Tensor], n: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """(n, *shape): row ``i`` from the process that holds image ``i`` (exact: the others add zeros)."""
+        out = torch.zeros((n, *shape), dtype=dtype)
+        for i, row in rows.items():
+            out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
+        if self.dist is not None:
+            self._collective(self.dist.all_reduce, out)
+        return out
+
+    def gather_objects(self, local: Mapping[int, Any], n: int) -> list:
+        """``[object of image i for i in range(n)]`` (picklable) from the processes that hold them."""
+        parts = [dict(local)]
+        if self.dist is not None:
+            parts = [None] * self.world
+            self._collective(self.dist.all_gather_object, parts, dict(local))
+        out: list = [None] * n
+        for part in parts:
+            for i, obj in part.items():
+                out[i] = obj
+        return out
+
+    def barrier(self) -> None:
+        """Wait for every process."""
+        if self.dist is not None:
+            self._collective(self.dist.barrier)
+
+    def on_rank0(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run by process 0 only; every process gets its value, or raises its :class:`InputError`."""
+        value, error = None, None
+        if self.rank == 0:
+            try:
+                value = fn()
+            except InputError as exc:
+                error = str(exc)
+        if self.dist is not None:
+            box = [(value, error)]
+            self._collective(self.dist.broadcast_object_list, box, src=0)
+            value, error = box[0]
+        if error is not None:
+            raise InputError(error)
+        return value
+
+    @staticmethod
+    def _collective(op: Callable, *args: Any, **kw: Any) -> None:
+        """A collective operation; its failure (another process died) ends the run: :class:`LoopAborted`."""
+        try:
+            op(*args, **kw)
+        except RuntimeError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise LoopAborted(f"the process group failed (another process probably died): {reason}") from exc
+
+
+def image_shard(n: int, rank: int | None = None, world: int | None = None) -> range:
+    """The images process ``rank`` of ``world`` holds: a contiguous block (default: this process, under
+    torchrun after setting up the gloo group; else every image)."""
+    if rank is None or world is None:
+        comm = _Comm()
+        rank, world = comm.rank, comm.world
+    return range(n * rank // world, n * (rank + 1) // world)
+
+
+# -- the images -----------------------------------------------------------------------------------------
+@dataclass
+class _Image:
+    """One image this process holds: its index, prepared pixels (whose objective it evaluates) and map
+    ``[shared, own]``."""
+
+    index: int
+    prepared: PreparedImage
+    pmap: ParameterMap
+    start: dict
+    digest: Tensor
+
+    @property
+    def objective(self) -> ImageObjective:
+        """The image's objective on its fitted pixels (:attr:`PreparedImage.objective`: read from the file at each
+        use while the pixels are stored)."""
+        return self.prepared.objective
+
+
+def _fitted(index: int, sim: Simulator, observed, mask) -> FittedPixels | StoredPixels:
+    """The image's fitted pixels: ``observed`` itself when it is :class:`~refine.many.pixel_table.FittedPixels` or
+    :class:`~refine.many.pixel_table.StoredPixels` (less any the model's own ``-mask`` excludes), else the usable
+    pixels of the dense image (:func:`refine.solver.plan.observed_pixels`)."""
+    if not isinstance(observed, (FittedPixels, StoredPixels)):
+        obs, valid = observed_pixels(sim, observed, mask)
+        return FittedPixels.from_image(obs, valid, source=f"image {index}")
+    if mask is not None:
+        raise InputError(f"masks[{index}]: give None for fitted pixels (they are the pixels to fit)")
+    if tuple(observed.shape) != tuple(sim.shape):
+        raise InputError(f"observed_images[{index}]: fitted pixels of a {tuple(observed.shape)} detector, the model's "
+                         f"is {tuple(sim.shape)} (slow, fast)")
+    if sim.setup.pixel_mask is None:
+        return observed
+    px = observed.load()
+    keep = torch.as_tensor(np.asarray(sim.setup.pixel_mask, dtype=bool)).reshape(-1)[px.index.cpu()]
+    if bool(keep.all()):
+        return observed
+    log.info("image %d: %d fitted pixels lie under the model's -mask and are left out", index, int((~keep).sum()))
+    keep = keep.to(px.index.device)
+    return FittedPixels(px.shape, px.index[keep], px.observed[keep], px.source)
+
+
+def _prepare(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
+             space: ParameterSpace, loss_fn: LossFn) -> PreparedImage:
+    """One image's pixels and starting values (the shared names at the shared start)."""
+    if not isinstance(sim, Simulator):
+        raise InputError(f"simulators[{index}]: expected a Simulator, got {type(sim).__name__}")
+    pixels = _fitted(index, sim, observed, mask)
+    px = pixels.load().to(sim.dtype, sim.device)
+    values = starting_values(sim, px.observed, torch.ones_like(px.observed, dtype=torch.bool), start)
+    values.update(shared_start)
+    try:
+        space.check_start(values)
+    except InputError as exc:
+        raise InputError(f"image {index}: {exc}") from None
+    return PreparedImage(index, sim, px if isinstance(pixels, FittedPixels) else pixels, values, px.digest(), loss_fn)
+
+
+def _share_tables(prepared: list[PreparedImage]) -> None:
+    """The last image's simulator holds the structure-factor table of an earlier one when they are equal
+    (:meth:`nbtorch.Simulator.sharing_structure_factors`): one copy per process for images of one crystal."""
+    last, tried = prepared[-1], set()
+    for im in prepared[:-1]:
+        if im.sim.F_grid is None or id(im.sim.F_grid) in tried:  # each distinct table once
+            continue
+        tried.add(id(im.sim.F_grid))
+        shared = last.sim.sharing_structure_factors(im.sim)
+        if shared is not last.sim:
+            last.sim = shared
+            return
+
+
+def _image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], hold_scale: bool) -> _Image:
+    """The image's map (its objective is the prepared image's: the shared table's, when the structure factors
+    are refined); with ``hold_scale`` (image 0 next to shared structure factors) its scale keeps its start
+    (:class:`Held`)."""
+    pmap = ParameterMap(space, im.values, names)
+    if hold_scale and "scale" in names:
+        pmap.transforms[names.index("scale")] = Held(im.values["scale"])
+    return _Image(im.index, im, pmap, im.values, im.digest)
+
+
+class _Joint:
+    """The joint loss and gradient over the images of every process (module docstring)."""
+
+    def __init__(self, images: Sequence[_Image], n: int, n_shared: int, n_own: int, comm: _Comm,
+                 dtype: torch.dtype) -> None:
+        self.images, self.n, self.S, self.K, self.comm, self.dtype = images, n, n_shared, n_own, comm, dtype
+        #: ``raw[:S] -> (loss, gradient (S,))`` added once to the sum over images (the amplitude restraint)
+        self.extra: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None
+        #: raw positions that are not refined (image 0's held scale): left out of the esds
+        self.held: list[int] = []
+        #: ``(raw[:S], raw_units) -> (S, S)``: the restraint's curvature on the shared names (physical units, or
+        #: raw ones for the preconditioner)
+        self.curvature: Callable[[Tensor, bool], Tensor] | None = None
+
+    def image_raw(self, raw: Tensor, i: int) -> Tensor:
+        lo = self.S + i * self.K
+        return torch.cat([raw[:self.S], raw[lo:lo + self.K]])
+
+    def rows(self, raw: Tensor) -> Tensor:
+        """(n, 1 + S + K): each image's loss and gradient in ``[shared, own]``; NaN where an image failed."""
+        local = {}
+        for im in self.images:
+            r = self.image_raw(raw.detach(), im.index).clone().requires_grad_(True)
+            try:
+                with torch.enable_grad():
+                    loss, _ = im.objective.evaluate(im.pmap.expand(im.pmap.physical(r)))
+                    (g,) = torch.autograd.grad(loss, r, allow_unused=True)
+                g = torch.zeros_like(r) if g is None else g
+                # the loss on the model's device (a GPU), the gradient beside the raw values (the CPU)
+                local[im.index] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()])
+            except Exception:  # noqa: BLE001 - every process must stop together: NaN tells them
+                log.exception("image %d: evaluating the model failed", im.index)
+                local[im.index] = torch.full((1 + self.S + self.K,), math.nan, dtype=self.dtype)
+        return self.comm.gather(local, self.n, (1 + self.S + self.K,), self.dtype)
+
+    def loss_and_grad(self, raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(joint loss, joint gradient (P,), per-image losses (n,)), summed in image order."""
+        rows = self.rows(raw)
+        loss = rows[:, 0].sum()
+        grad = torch.cat([rows[:, 1:1 + self.S].sum(0), rows[:, 1 + self.S:].reshape(-1)])
+        if self.extra is not None:
+            term, g = self.extra(raw.detach()[:self.S])
+            loss = loss + term.to(loss.dtype)
+            grad[:self.S] += g.to(grad.dtype)
+        return loss, grad, rows[:, 0].clone()
+
+class _JointLoss(torch.autograd.Function):
+    """``raw -> joint loss``: the forward pass computes the loss and the all-reduced gradient, the backward
+    pass hands the stored gradient back (every process gets the same)."""
+
+    @staticmethod
+    def forward(ctx, raw: Tensor, joint: _Joint, out: list) -> Tensor:  # type: ignore[override]
+        loss, grad, losses = joint.loss_and_grad(raw.detach())
+        ctx.save_for_backward(grad)
+        out.append(losses)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return g * grad, None, None
+
+
+# -- the result -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JointResult:
+    """What a joint refinement produced.
+
+    Attributes:
+        status, message: how the loop ended (:class:`~refine.solver.loop.Status`).
+        shared: final value of every shared canonical name (all six cell values when the cell is shared; a
+            shared orientation as its deltas ``orient_x/y/z`` and, when every image has the same orientation,
+            as ``misset_x/y/z``: one crystal turning through a rotation series).
+        shared_esds: their esds (the default ``esd_kind``; tied names such as ``cell_b`` of a cubic cell too).
+        images: per image, every canonical value at the end (the shared ones included; the orientation as
+            ``misset_x/y/z``), plus ``scale`` and ``background``.
+        image_esds: per image, the esds of its per-image names (and ``misset_x/y/z`` when the orientation
+            is refined).
+        initial_shared, initial_images: the same at the start.
+        shared_names, per_image_names: the refined names (raw order: shared, then each image's own).
+        esd_kind: ``"sandwich"`` (None without esds); ``esds_by_kind``: kind -> ``{"shared": {...},
+            "images": [{...}, ...]}`` for ``sandwich``, ``fisher``.
+        shared_correlation: (S, S) correlation of the shared names; ``fisher_condition``: condition number of
+            the unit-diagonal joint Fisher matrix.
+        loss_initial, loss_final: joint loss (sum over images); ``image_losses``: each image's final loss.
+        steps, evaluations, wall_s: the loop; ``world_size``: processes that shared the images.
+        history: one dict per point of the loop (step, loss, grad_norm, step_norm, evaluations).
+        warnings: one line each.
+        resumed_from_step: the step of the checkpoint this run continued from (None: it started afresh).
+        structure_factors: with shared structure factors (:mod:`refine.many.amplitudes`): the space group,
+            start, counts, each candidate's summed photons and one row ``[h, k, l, d_A, F, esd, refined]`` per
+            candidate (esd of the default kind; the Fisher ones are in ``esds_by_kind[...]["shared"]``); empty
+            without.  ``amplitude_table``, ``amplitude_values``: the table and every candidate's final value
+            (:meth:`hkl_table`).
+    """
+
+    status: Status
+    message: str
+    shared: dict
+    shared_esds: dict
+    images: tuple
+    image_esds: tuple
+    initial_shared: dict
+    initial_images: tuple
+    shared_names: tuple
+    per_image_names: tuple
+    symmetry: str
+    loss_name: str
+    loss_initial: float
+    loss_final: float
+    image_losses: tuple
+    steps: int
+    evaluations: int
+    wall_s: float
+    world_size: int
+    units: dict
+    esd_kind: str | None = None
+    esds_by_kind: dict = field(default_factory=dict)
+    shared_correlation: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    fisher_condition: float = math.nan
+    history: tuple = ()
+    warnings: tuple = ()
+    resumed_from_step: int | None = None
+    structure_factors: dict = field(default_factory=dict)
+    amplitude_table: Any = field(default=None, repr=False, compare=False)
+    amplitude_values: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_images(self) -> int:
+        return len(self.images)
+
+    def hkl_table(self):
+        """The shared amplitudes with every equivalent and Friedel mate (:class:`nbtorch.io.hkl.HKLTable`, for
+        :func:`nbtorch.io.hkl.write_hkl`); None without structure factors."""
+        if self.amplitude_table is None:
+            return None
+        return self.amplitude_table.hkl_table(self.amplitude_values)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``joint.json`` document (plain Python types)."""
+        return {
+            "format": "nbtorch-refine-joint", "status": self.status.value, "message": self.message,
+            "n_images": self.n_images, "shared_names": list(self.shared_names),
+            "per_image_names": list(self.per_image_names), "symmetry": self.symmetry, "loss": self.loss_name,
+            "shared": self.shared, "shared_esds": self.shared_esds, "initial_shared": self.initial_shared,
+            "images": [{"params": p, "esds": e, "initial_params": q, "loss_final": l}
+                       for p, e, q, l in zip(self.images, self.image_esds, self.initial_images, self.image_losses)],
+            "loss_initial": self.loss_initial, "loss_final": self.loss_final, "steps": self.steps,
+            "evaluations": self.evaluations, "wall_s": self.wall_s, "world_size": self.world_size,
+            "units": self.units, "esd_kind": self.esd_kind, "esds_by_kind": self.esds_by_kind,
+            "shared_correlation": {"names": [n for n in self.shared_names if not is_amplitude(n)],
+                                   "matrix": np.asarray(self.shared_correlation).tolist()},
+            "fisher_condition": self.fisher_condition, "history": list(self.history),
+            "warnings": list(self.warnings), "resumed_from_step": self.resumed_from_step,
+            **({"structure_factors": self.structure_factors} if self.structure_factors else {}),
+        }
+
+    def summary(self) -> str:
+        """The shared values with esds, one line each, and the run's outcome."""
+        lines = [f"joint refinement of {self.n_images} images: {self.status.value} after {self.steps} steps "
+                 f"(loss {self.loss_initial:.6g} -> {self.loss_final:.6g}, {self.wall_s:.1f} s, "
+                 f"{self.world_size} process{'es' if self.world_size > 1 else ''}"
+                 + (f", resumed from step {self.resumed_from_step})" if self.resumed_from_step is not None else ")")]
+        for n, v in self.shared.items():
+            e = self.shared_esds.get(n)
+            lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
+                         + f" {self.units.get(n, '')}")
+        if self.structure_factors:
+            sf = self.structure_factors
+            lines.append(f"  structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: "
+                         f"{sf['start']}; {sf['n_held']} candidates held, fewer than {sf['min_photons']:g} photons "
+                         f"on all images); on the scale of image 0")
+        return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
+
+
+def save_joint_json(result: JointResult, path: str | Path) -> Path:
+    """Write ``joint.json`` atomically (non-finite numbers become ``null``)."""
+    path = Path(path)
+    with atomic_write(path, "w") as fh:
+        fh.write(json.dumps(jsonable(result.to_json_dict()), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def save_joint_h5(result: JointResult, path: str | Path) -> Path:
+    """Write ``joint.h5`` atomically: attributes (status, message, losses, steps, ...); groups ``shared``,
+    ``shared_esds``, ``initial_shared`` (one scalar per name, attribute ``units``); ``images/<name>`` and
+    ``image_esds/<name>`` (one value per image, NaN where absent); ``shared_correlation`` (attribute
+    ``names``); ``image_losses``; and ``result_json`` (the JSON document)."""
+    import h5py
+
+    path = Path(path)
+    doc = json.dumps(jsonable(result.to_json_dict()), allow_nan=False)
+    with atomic_output_path(path) as tmp:
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["format"] = "nbtorch-refine-joint"
+            for k in ("loss_initial", "loss_final", "steps", "evaluations", "wall_s", "world_size",
+                      "fisher_condition", "n_images"):
+                h5.attrs[k] = getattr(result, k)
+            for k in ("message", "symmetry", "loss_name"):
+                h5.attrs[k] = getattr(result, k)
+            h5.attrs["status"] = result.status.value
+            h5.attrs["esd_kind"] = result.esd_kind or ""
+            for group, values in (("shared", result.shared), ("shared_esds", result.shared_esds),
+                                  ("initial_shared", result.initial_shared)):
+                g = h5.create_group(group)
+                for name, v in values.items():
+                    g.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
+            for group, rows in (("images", result.images), ("image_esds", result.image_esds),
+                                ("initial_images", result.initial_images)):
+                g = h5.create_group(group)
+                for name in dict.fromkeys(k for r in rows for k in r):
+                    d = g.create_dataset(name, data=np.array([r.get(name, math.nan) for r in rows], dtype=np.float64))
+                    d.attrs["units"] = result.units.get(name, "")
+            d = h5.create_dataset("shared_correlation", data=np.asarray(result.shared_correlation, dtype=np.float64))
+            d.attrs["names"] = np.array([n.encode() for n in result.shared_names if not is_amplitude(n)])
+            h5.create_dataset("image_losses", data=np.asarray(result.image_losses, dtype=np.float64))
+            if result.structure_factors:
+                _save_amplitudes_h5(h5, result.structure_factors)
+            h5.create_dataset("result_json", data=doc)
+    return path
+
+
+def _save_amplitudes_h5(h5, sf: dict) -> None:
+    """Group ``structure_factors``: attributes space_group, start, n_free, n_held, min_photons; datasets ``hkl``
+    (A, 3), ``d_A``, ``F``, ``esd`` (NaN where held), ``refined`` (bool), ``photons`` (summed over the images)."""
+    g = h5.create_group("structure_factors")
+    for k in ("space_group", "start", "n_free", "n_held", "min_photons"):
+        g.attrs[k] = sf[k]
+    rows = sf["reflections"]
+    g.create_dataset("hkl", data=np.array([r[:3] for r in rows], dtype=np.int64).reshape(-1, 3))
+    g.create_dataset("d_A", data=np.array([r[3] for r in rows], dtype=np.float64))
+    g.create_dataset("F", data=np.array([r[4] for r in rows], dtype=np.float64))
+    g.create_dataset("esd", data=np.array([math.nan if r[5] is None else r[5] for r in rows], dtype=np.float64))
+    g.create_dataset("refined", data=np.array([bool(r[6]) for r in rows], dtype=bool))
+    g.create_dataset("photons", data=np.asarray(sf["photons"], dtype=np.float64))
+
+
+def load_joint_h5(path: str | Path) -> dict[str, Any]:
+    """Read a ``joint.h5`` into plain dicts and arrays (the JSON document under ``"json"``)."""
+    import h5py
+
+    out: dict[str, Any] = {}
+    with h5py.File(path, "r") as h5:
+        out.update({k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()})
+        for group in ("shared", "shared_esds", "initial_shared"):
+            out[group] = {k: float(h5[group][k][()]) for k in h5[group]}
+        for group in ("images", "image_esds", "initial_images"):
+            out[group] = {k: h5[group][k][()] for k in h5[group]}
+        out["shared_correlation"] = h5["shared_correlation"][()]
+        out["image_losses"] = h5["image_losses"][()]
+        if "structure_factors" in h5:
+            g = h5["structure_factors"]
+            out["structure_factors"] = {**{k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()},
+                                        **{k: g[k][()] for k in g}}
+        raw = h5["result_json"][()]
+        out["json"] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    return out
+
+
+# -- the run --------------------------------------------------------------------------------------------
+def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str],
+           amplitudes: bool) -> tuple[tuple, tuple]:
+    """The shared and per-image names (the amplitudes, known later, are not among them yet)."""
+    shared = (shared,) if isinstance(shared, str) else tuple(shared)
+    per_image = (per_image,) if isinstance(per_image, str) else tuple(per_image)
+    if not amplitudes and "structure_factors" in shared + per_image:
+        raise InputError("structure_factors: refining the amplitudes needs a space group (refine_joint("
+                         "structure_factors=AmplitudeOptions('P41212')); nbtorch-refine --joint --structure-factors "
+                         "--space-group P41212)")
+    shared_names = space.expand(tuple(x for x in shared if x != "structure_factors"))
+    per_names = space.expand(per_image)
+    both = sorted(set(shared_names) & set(per_names))
+    if both:
+        raise InputError(f"shared and per_image both name {', '.join(both)}")
+    if not shared_names and not amplitudes:
+        raise InputError("shared: nothing to share (a joint refinement needs at least one shared name)")
+    return shared_names, per_names
+
+
+def _shared_start(simulators, observed_images, masks, start, comm: _Comm, n: int, local: range) -> dict:
+    """Every base value of image 0 (from this process's first image when it is image 0, else gathered) with
+    ``start`` over it: the shared names start there in every image."""
+    rows = {}
+    if local and local[0] == 0:
+        sim = simulators[0]
+        if isinstance(sim, Simulator):
+            px = _fitted(0, sim, observed_images[0], None if masks is None else masks[0]).load()
+            v = starting_values(sim, px.observed, torch.ones_like(px.observed, dtype=torch.bool), start)
+            rows[0] = torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64)
+    got = comm.gather(rows, 1, (len(BASE_NAMES),), torch.float64)[0]
+    return {k: float(x) for k, x in zip(BASE_NAMES, got)}
+
+
+def _all_values(joint: _Joint, local: Mapping[int, Mapping[str, float]]) -> list[dict]:
+    """Every image's base values (``local``: those of this process's images, by index), in every process."""
+    rows = {i: torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64) for i, v in local.items()}
+    return [{k: float(x) for k, x in zip(BASE_NAMES, row)}
+            for row in joint.comm.gather(rows, joint.n, (len(BASE_NAMES),), torch.float64)]
+
+
+def _shared_canonical(shared_names: Sequence[str]) -> list[str]:
+    """The canonical names a shared name determines (all six cell values for any cell name; N_a/b/c for N)."""
+    out: list[str] = []
+    for n in shared_names:
+        if is_amplitude(n):  # the result's structure_factors
+            continue
+        if n in CELL:
+            out.extend(c for c in CELL if c not in out)
+        elif n == "N":
+            out.extend(("N_a", "N_b", "N_c"))
+        else:
+            out.append(n)
+    return out
+
+
+def _fisher_raw(im: _Image, raw_i: Tensor) -> Tensor:
+    """The image's Fisher matrix in raw units of ``[shared, own]`` (the preconditioner's)."""
+    obj, pmap = im.objective, im.pmap
+    if any(is_amplitude(n) for n in pmap.names):  # hundreds of amplitudes: the esds' blocked Jacobian
+        return _blocked_raw_fisher(obj, pmap, raw_i)
+
+    def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
+        values = pmap.expand(pmap.physical(raw))
+        return obj.pixel_model(values) if obj.sparse else obj.model(values)  # sparse: the fitted pixels only
+
+    def weights_fn(mu: Tensor, block: tuple[int, int]) -> Tensor:
+        w = obj.pixel_weights if obj.sparse else obj.weights
+        return torch.where(w > 0, w / torch.clamp(mu, min=1e-12), torch.zeros_like(mu))
+
+    return fisher_information(model_fn, raw_i, [(0, 0)], weights_fn)
+
+
+def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPreconditioner:
+    """Whitening by the joint Fisher matrix at the start (``full``), or its diagonal."""
+    if kind is None:
+        return LinearPreconditioner.identity(raw0)
+    q = joint.S + joint.K
+    local = {im.index: _fisher_raw(im, joint.image_raw(raw0, im.index)) for im in joint.images}
+    blocks = joint.comm.gather(local, joint.n, (q, q), raw0.dtype)
+    if kind == "full" and raw0.numel() > MAX_DENSE:
+        log.warning("joint: %d raw parameters > %d: diagonal preconditioning", raw0.numel(), MAX_DENSE)
+        kind = "diagonal"
+    extra = joint.curvature(raw0[:joint.S], True) if joint.curvature is not None else None
+    if kind == "diagonal":
+        diag = torch.cat([torch.diagonal(blocks[:, :joint.S, :joint.S], dim1=1, dim2=2).sum(0),
+                          torch.diagonal(blocks[:, joint.S:, joint.S:], dim1=1, dim2=2).reshape(-1)])
+        if extra is not None:
+            diag[:joint.S] += torch.diagonal(extra).to(diag.dtype)
+        diag[joint.held] = 1.0  # a held position: one raw unit, never moved (its gradient is 0)
+        return preconditioner_from_fisher("diagonal", torch.diag(diag), raw0)
+    F = assemble(blocks, joint.S)
+    if extra is not None:
+        F[:joint.S, :joint.S] += extra.to(F.dtype)
+    for k in joint.held:
+        F[k, :], F[:, k] = 0.0, 0.0
+        F[k, k] = 1.0
+    return preconditioner_from_fisher(kind, F, raw0)
+
+
+def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
+          starts: Sequence[dict]) -> tuple[dict, float, np.ndarray]:
+    """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices."""
+    S, K, n = joint.S, joint.K, joint.n
+    q = S + K
+    th, Fs, Bs = {}, {}, {}
+    for im in joint.images:
+        theta, F, B = image_information(im.objective, im.pmap, joint.image_raw(raw, im.index))
+        th[im.index], Fs[im.index], Bs[im.index] = theta, F, B
+    thetas = joint.comm.gather(th, n, (q,), torch.float64)
+    F_blocks = joint.comm.gather(Fs, n, (q, q), torch.float64)
+    M_blocks = joint.comm.gather(Bs, n, (q, q), torch.float64)
+    R = joint.curvature(raw[:S], False).to(torch.float64) if joint.curvature is not None else None
+    fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held)
+    out: dict[str, dict] = {}
+    shared_map = ParameterMap(space, starts[0], shared_names)
+    S0 = sum(1 for nm in shared_names if not is_amplitude(nm))
+    corr = np.zeros((S0, S0))
+    for kind, cov in (("sandwich", sandwich), ("fisher", fisher)):
+        esd = torch.sqrt(torch.clamp(torch.diagonal(cov.shared), min=0.0))
+        shared = {nm: float(e) for nm, e in zip(shared_names, esd)}
+        shared |= derived_esds(shared_map, thetas[0, :S], cov.shared)
+        images = []
+        for i in range(n):
+            own_esd = torch.sqrt(torch.clamp(torch.diagonal(cov.own[i]), min=0.0))
+            own = {nm: float(e) for nm, e in zip(per_names, own_esd)}
+            if K:
+                own |= derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], cov.own[i])
+            images.append(own)
+        for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
+            images[(k - S) // K].pop(per_names[(k - S) % K], None)
+        out[kind] = {"shared": shared, "images": images}
+        if kind == ESD_KINDS[0]:
+            d = esd[:S0]
+            denom = d[:, None] * d[None, :]
+            c = torch.where(denom > 0, cov.shared[:S0, :S0] / torch.where(denom > 0, denom, torch.ones_like(denom)),
+                            torch.zeros_like(denom))
+            c.fill_diagonal_(1.0)
+            corr = c.numpy().copy()
+    return out, cond, corr
+
+
+def refine_joint(
+    simulators: Sequence[Simulator | None],
+    observed_images: Sequence[Any],
+    masks: Sequence[Any] | None = None,
+    *,
+    shared: Sequence[str] = ("cell",),
+    per_image: Sequence[str] = ("scale", "background", "orientation"),
+    symmetry: str = "triclinic",
+    start: Mapping[str, float] | None = None,
+    image_starts: Sequence[Mapping[str, float] | None] | None = None,
+    strategy: str | AbstractStrategy | None = None,
+    convergence: Convergence | None = None,
+    precondition: str | None = "full",
+    background: str = "constant",
+    loss: str | LossFn = "poisson",
+    esds: bool = True,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 10,
+    resume: str | Path | None = None,
+    on_checkpoint: Callable[[int, Path], None] | None = None,
+    structure_factors: AmplitudeOptions | None = None,
+    geometry_first: bool = True,
+) -> JointResult:
+    """Refine shared parameters (default the cell) and per-image ones of many stills together.
+
+    Arguments:
+        simulators: one :class:`nbtorch.Simulator` per image (its parameters are the image's starting model);
+            under torchrun only those of this process's :func:`image_shard` are used (the others may be None).
+        observed_images: (slow, fast) photons per image (same rule); ``masks``: None or one bool mask (or None)
+            per image, True = use the pixel.
+        shared: groups/names with one value for all images (:data:`refine.fitting.parameters.GROUPS`, names).
+        per_image: groups/names with one value per image; every other name stays at its start.
+        symmetry: crystal system of the cell.
+        start: starting values of the shared names (base names; default: image 0's simulator).
+        image_starts: per image, starting values overriding its simulator's (e.g. a known beam centre).
+        strategy: ``"lbfgs"`` (default) or ``"adam"`` or a strategy object; ``convergence``: its stopping
+            rules (default :data:`DEFAULT_CONVERGENCE`).
+        precondition: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``
+            or None.
+        background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`.
+        esds: estimate esds at the end (module docstring).
+        checkpoint: HDF5 file of the whole state (:mod:`refine.many.checkpoint`), written by process 0 every
+            ``checkpoint_every`` steps, when the loop ends and on Ctrl-C; its folder must exist.  Under a
+            torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0) an existing checkpoint of this problem is
+            resumed without ``resume``.
+        resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ).
+        on_checkpoint: ``(step, path)`` called in every process after each checkpoint is complete.
+        structure_factors: refine one amplitude per symmetry-unique reflection, shared by all images
+            (:class:`~refine.fitting.structure_factors.AmplitudeOptions`; :mod:`refine.many.amplitudes`): one table for
+            every image, the visible amplitudes appended to the shared names, image 0's scale held.
+        geometry_first: with ``structure_factors``, first refine the same names without the amplitudes (no
+            esds; its checkpoint beside ``checkpoint``, :func:`geometry_checkpoint`), then the amplitudes and
+            every name from that result, as a single run refines them in its last stage: which amplitudes the
+            pixels see and their EM start are judged at the refined geometry.  ``False``: one loop from the start.
+
+    Returns:
+        :class:`JointResult` (the same in every process).
+
+    Raises:
+        InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the
+            symmetry, an image without usable pixels, a time budget under several processes, a ``resume``
+            checkpoint that is missing, damaged or of another problem or settings, structure factors without
+            a space group (or per image, or with a shared scale).
+        RefinementInterrupted: Ctrl-C, after writing the checkpoint.
+        LoopAborted: another process died (torchrun then restarts the job when asked to).
+    """
+    t0 = time.monotonic()
+    n = len(simulators)
+    if n < 1 or len(observed_images) != n:
+        raise InputError(f"observed_images: expected one image per simulator ({n}), got {len(observed_images)}")
+    if masks is not None and len(masks) != n:
+        raise InputError(f"masks: expected one per image ({n}), got {len(masks)}")
+    if image_starts is not None and len(image_starts) != n:
+        raise InputError(f"image_starts: expected one per image ({n}), got {len(image_starts)}")
+    if structure_factors is not None and geometry_first:
+        return _geometry_then_amplitudes(
+            simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
+            dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
+                 precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
+                 on_checkpoint=on_checkpoint))
+    # checks, the per-image objectives, one loop, the result (_joint_esds, _joint_result); ~50 of the
+    # function's lines are its signature and argument docs
+    comm = _Comm()
+    local = image_shard(n, comm.rank, comm.world)
+    conv = convergence or DEFAULT_CONVERGENCE
+    if comm.world > 1 and conv.time_budget_s is not None:
+        raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
+    first = next((simulators[i] for i in local if isinstance(simulators[i], Simulator)), None)
+    if local and first is None:
+        raise InputError(f"simulators: images {local.start}..{local.stop - 1} of this process are missing")
+    space = ParameterSpace(symmetry=symmetry, background=background,
+                           pixel_mm=first.setup.pixel_m * 1000.0 if first is not None else 0.1)
+    if structure_factors is not None:
+        check_options(structure_factors, shared, per_image)
+    shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)
+    loss_fn = resolve_loss(loss)
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
+    first_start = dict((image_starts[0] or {}) if image_starts is not None else {})
+    base = _shared_start(simulators, observed_images, masks, {**first_start, **(start or {})}, comm, n, local)
+    shared_start = {k: base[k] for k in BASE_NAMES if k in _shared_canonical(shared_names) or k in shared_names}
+    if any(k in CELL for k in shared_names):
+        shared_start.update({k: base[k] for k in CELL})
+    prepared: list[PreparedImage] = []
+    for i in local:
+        prepared.append(_prepare(i, simulators[i], observed_images[i], None if masks is None else masks[i],
+                                 image_starts[i] if image_starts is not None else None, shared_start, space, loss_fn))
+        _share_tables(prepared)
+    amps = None if structure_factors is None else shared_amplitudes(comm, prepared, n, structure_factors,
+                                                                     {**base, **shared_start})
+    if amps is not None:
+        space = dataclasses.replace(space, amplitudes=amps.table.names)
+        shared_names = shared_names + amps.free
+    names = shared_names + per_names
+    images = [_image(im, space, names, hold_scale=amps is not None and im.index == 0) for im in prepared]
+    dtype = torch.float64
+    joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
+    starts = _all_values(joint, {im.index: im.start for im in images})
+    map_starts = [{**s, **(amps.start if amps is not None else {})} for s in starts]
+    raw0 = torch.cat([ParameterMap(space, map_starts[0], shared_names).raw0(dtype)] + [
+        ParameterMap(space, map_starts[i], per_names).raw0(dtype) for i in range(n)])
+    if amps is not None:
+        _share_amplitudes(joint, amps, ParameterMap(space, map_starts[0], shared_names), per_names)
+    step_rule = get_strategy(strategy)
+    fingerprint = joint_fingerprint(
+        comm.gather({im.index: im.digest for im in images}, n, (DIGEST_BYTES,), dtype), starts,
+        shared=list(shared_names), per_image=list(per_names), symmetry=symmetry, background=background,
+        loss=loss_name, strategy=step_rule.hparams(), precondition=precondition,
+        **({"structure_factors": amps.fingerprint()} if amps is not None else {}))
+    saver = _Checkpoints(checkpoint, checkpoint_every, comm, fingerprint, on_checkpoint, t0)
+    resumed = _resume_point(comm, checkpoint, resume, fingerprint)
+    saver.pre = (_preconditioner(precondition, joint, raw0) if resumed is None
+                 else LinearPreconditioner(resumed.precond["raw0"], resumed.precond["A"]))
+    saver.elapsed_before_s = resumed.elapsed_s if resumed is not None else 0.0
+    pre = saver.pre
+    res = _run_loop(joint, pre, step_rule, conv, saver, resumed)
+    raw = pre.to_raw(res.state.raw).detach()
+    finals = _all_values(joint, {im.index: im.pmap.values_at(joint.image_raw(raw, im.index)) for im in images})
+    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, map_starts)
+    result = _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
+                           background=background, symmetry=symmetry, loss_name=loss_name, wall_s=saver.elapsed(),
+                           world=comm.world, resumed_from_step=None if resumed is None else resumed.step)
+    if amps is None:
+        return result
+    return _with_amplitudes(result, amps, ParameterMap(space, map_starts[0], shared_names).values_at(raw[:joint.S]))
+
+
+def geometry_checkpoint(checkpoint: str | Path) -> Path:
+    """The checkpoint of the geometry stage of a joint run with structure factors: ``x.ckpt.h5`` ->
+    ``x.ckpt.geometry.h5`` (beside the amplitudes stage's)."""
+    path = Path(checkpoint)
+    return path.with_name(f"{path.stem}.geometry{path.suffix or '.h5'}")
+
+
+def _restart_values(values: Mapping[str, float]) -> dict:
+    """A result's canonical values as a start: base names only, the orientation folded into the misset."""
+    return {k: float(v) for k, v in values.items() if k in BASE_NAMES and k not in ORIENTATION_DELTAS}
+
+
+def _geometry_then_amplitudes(simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds,
+                              structure_factors: AmplitudeOptions, common: dict) -> JointResult:
+    """``refine_joint(geometry_first=True)``: the names without the amplitudes, then everything from there."""
+    check_options(structure_factors, common["shared"], common["per_image"])  # before the geometry stage's work
+    n = len(simulators)
+    resume_geometry = resume_final = None
+    if resume is not None:
+        resume_geometry = geometry_checkpoint(resume) if geometry_checkpoint(resume).exists() else None
+        resume_final = resume if Path(resume).exists() else None
+        if resume_geometry is None and resume_final is None:
+            raise InputError(f"resume: {resume} does not exist (nor its geometry stage's "
+                             f"{geometry_checkpoint(resume)})")
+    geometry = refine_joint(simulators, observed_images, masks, start=start, image_starts=image_starts, esds=False,
+                            checkpoint=None if checkpoint is None else geometry_checkpoint(checkpoint),
+                            resume=resume_geometry, structure_factors=None, **common)
+    if geometry.status in (Status.FAILED, Status.DIVERGED):
+        note = f"the amplitudes were not refined: the geometry stage ended with {geometry.status.value}"
+        return dataclasses.replace(geometry, warnings=geometry.warnings + (note,))
+    log.info("joint: geometry stage %s in %d steps; now the structure factors from its result",
+             geometry.status.value, geometry.steps)
+    shared_start = {**(start or {}), **_restart_values(geometry.shared)}
+    starts = [{**((image_starts[i] or {}) if image_starts is not None else {}), **_restart_values(geometry.images[i])}
+              for i in range(n)]
+    final = refine_joint(simulators, observed_images, masks, start=shared_start, image_starts=starts, esds=esds,
+                         checkpoint=checkpoint, resume=resume_final, structure_factors=structure_factors,
+                         geometry_first=False, **common)
+    history = geometry.history + tuple({**h, "step": h["step"] + geometry.steps,
+                                        "evaluations": h["evaluations"] + geometry.evaluations}
+                                       for h in final.history[1:])
+    return dataclasses.replace(
+        final, message=f"geometry: {geometry.status.value} in {geometry.steps} steps ({geometry.message}); "
+                       f"with the structure factors: {final.message}",
+        initial_shared=geometry.initial_shared, initial_images=geometry.initial_images,
+        loss_initial=geometry.loss_initial, steps=geometry.steps + final.steps,
+        evaluations=geometry.evaluations + final.evaluations, wall_s=geometry.wall_s + final.wall_s, history=history,
+        warnings=geometry.warnings + final.warnings)
+
+
+def _share_amplitudes(joint: _Joint, amps: SharedAmplitudes, shared_map: ParameterMap, per_names) -> None:
+    """The joint loss's restraint term and its curvature (once, not per image); image 0's held scale."""
+    if "scale" in per_names:
+        joint.held = [joint.S + list(per_names).index("scale")]
+        log.info("joint structure factors: image 0's scale held at %g (the amplitudes are on its scale)",
+                 shared_map.values["scale"])
+    if amps.restraint is None:
+        return
+    names = list(shared_map.names)
+    joint.extra = lambda r: amps.restraint_term(shared_map, r)
+
+    def curvature(raw_shared: Tensor, raw_units: bool) -> Tensor:
+        values = shared_map.values_at(raw_shared)
+        return amps.curvature(names, values, shared_map if raw_units else None, raw_shared.detach())
+
+    joint.curvature = curvature
+
+
+def _with_amplitudes(result: JointResult, amps: SharedAmplitudes, values: dict) -> JointResult:
+    """``result`` with the shared amplitudes (rows, table, final values; the restraint's final value)."""
+    kind = result.esd_kind
+    esds = result.esds_by_kind[kind]["shared"] if kind else {}
+    finals = {n: float(values[n]) for n in amps.table.names}
+    doc = amps.rows(finals, esds)
+    if amps.restraint is not None:
+        doc["restraint_final"] = float(amps.restraint(finals, torch.float64, "cpu"))
+    return dataclasses.replace(result, structure_factors=doc, amplitude_table=amps.table, amplitude_values=finals,
+                               shared_esds={k: v for k, v in result.shared_esds.items() if not is_amplitude(k)})
+
+
+# -- checkpoints ----------------------------------------------------------------------------------------
+class _Checkpoints:
+    """The run's checkpoints (:mod:`refine.many.checkpoint`): process 0 writes each; then every process
+    waits for it (a process that dies after a checkpoint leaves it complete) and calls ``on_checkpoint``."""
+
+    def __init__(self, path: str | Path | None, every: int, comm: _Comm, fingerprint: dict,
+                 on_checkpoint: Callable[[int, Path], None] | None, t0: float) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InputError(f"checkpoint_every: expected an integer >= 1, got {every!r}")
+        self.path = None if path is None else Path(path)
+        self.every, self.comm, self.fingerprint, self.on_checkpoint, self.t0 = every, comm, fingerprint, on_checkpoint, t0
+        #: the loop's preconditioner and the wall seconds of the attempts before (set once known)
+        self.pre: LinearPreconditioner | None = None
+        self.elapsed_before_s = 0.0
+        if self.path is not None:
+            comm.on_rank0(self._check_path)
+
+    def _check_path(self) -> None:
+        if self.path.is_dir():
+            raise InputError(f"checkpoint {self.path}: is a directory; give a file name such as joint.ckpt.h5")
+        if not self.path.absolute().parent.is_dir():
+            raise InputError(f"checkpoint {self.path}: folder {self.path.absolute().parent} does not exist")
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run, the attempts before a resume included."""
+        return self.elapsed_before_s + time.monotonic() - self.t0
+
+    def save(self, state: LoopState, status: Status | None = None, message: str = "", wait: bool = True) -> Path | None:
+        """Write ``state`` (and the loop's end, ``status``); ``wait=False``: no waiting, no callback (Ctrl-C)."""
+        if self.path is None:
+            return None
+        if self.comm.rank == 0:
+            losses = state.aux.detach().clone() if isinstance(state.aux, Tensor) else None
+            write_joint_checkpoint(self.path, JointCheckpoint(
+                loop=state.to_dict(), image_losses=losses, precond={"raw0": self.pre.raw0, "A": self.pre.A},
+                status=None if status is None else status.value, message=message, elapsed_s=self.elapsed(),
+                fingerprint=self.fingerprint, world_size=self.comm.world))
+            log.info("joint: checkpoint at step %d written to %s", state.step, self.path)
+        if wait:
+            self.comm.barrier()
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(state.step, self.path)
+        return self.path
+
+
+def _resume_point(comm: _Comm, checkpoint: str | Path | None, resume: str | Path | None,
+                  fingerprint: dict) -> JointCheckpoint | None:
+    """The checkpoint to continue from (read by process 0, the same in every process), or None.
+
+    ``resume``: that file, refused when missing, damaged or of another problem.  Without it, under a torchrun
+    restart: ``checkpoint`` when it exists and is of this problem (else a fresh start, with a warning)."""
+    auto = resume is None and checkpoint is not None and restart_count() > 0
+    if resume is None and not auto:
+        return None
+    path = Path(resume if resume is not None else checkpoint)
+
+    def read() -> JointCheckpoint | None:
+        if auto and not path.is_file():
+            log.info("joint: torchrun restart %d, no checkpoint %s yet: starting afresh", restart_count(), path)
+            return None
+        try:
+            ckpt = read_joint_checkpoint(path)
+        except InputError as exc:
+            if not auto:
+                raise InputError(f"resume: {exc}") from None
+            log.warning("joint: torchrun restart: %s; starting afresh", exc)
+            return None
+        differs = fingerprint_difference(ckpt.fingerprint, fingerprint)
+        if differs:
+            message = f"resume: {path} was written for another joint problem or settings (differs: {differs})"
+            if not auto:
+                raise InputError(message)
+            log.warning("joint: torchrun restart: %s; starting afresh", message)
+            return None
+        log.info("joint: resuming from %s at step %d", path, ckpt.step)
+        return ckpt
+
+    return comm.on_rank0(read)
+
+
+def _run_loop(joint: _Joint, pre: LinearPreconditioner, strategy: AbstractStrategy, conv: Convergence,
+              saver: _Checkpoints, resumed: JointCheckpoint | None) -> LoopResult:
+    """The one loop, from the start or from ``resumed`` (whose loop may have ended: then only its result),
+    with its checkpoints."""
+    if resumed is not None and resumed.finished:
+        log.info("joint: the checkpoint's loop had ended (%s); only the result is computed", resumed.status)
+        return LoopResult(Status(resumed.status), resumed.message, resumed.loop_state())
+    losses_seen: list = []
+
+    def fn(z: Tensor) -> tuple[Tensor, Tensor]:
+        losses_seen.clear()
+        value = _JointLoss.apply(pre.to_raw(z), joint, losses_seen)
+        return value, losses_seen[-1]
+
+    try:
+        res = minimise(fn, pre.z0(), strategy, conv, on_checkpoint=saver.save if saver.path is not None else None,
+                       checkpoint_every=saver.every if saver.path is not None else 0,
+                       resume=None if resumed is None else resumed.loop_state())
+    except LoopInterrupted as exc:
+        raise RefinementInterrupted(saver.save(exc.state, wait=False)) from None
+    saver.save(res.state, res.status, res.message)
+    return res
+
+
+def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts) -> tuple[list[str], dict]:
+    """The joint esds as the result's fields, and the warnings (the estimate failed)."""
+    warnings: list[str] = []
+    esd_fields: dict[str, Any] = {}
+    if esds:
+        try:
+            by_kind, cond, corr = _esds(joint, raw, space, shared_names, per_names, starts)
+            esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)
+        except LoopAborted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
+            log.warning("joint esd estimation failed: %s", exc)
+            warnings.append(f"esd estimation failed: {exc}")
+    return warnings, esd_fields
+
+
+def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_fields: dict, warnings: list[str], *,
+                  shared_names, per_names, background: str, symmetry: str, loss_name: str, wall_s: float,
+                  world: int, resumed_from_step: int | None) -> JointResult:
+    """The :class:`JointResult` of a finished loop: canonical values per image, the shared ones, esds."""
+    n = len(finals)
+    keep = _shared_canonical(shared_names)
+
+    def canon(values: dict) -> dict:
+        out = canonical_values(values)
+        if background != "planar":
+            out.pop("background_x", None)
+            out.pop("background_y", None)
+        return out
+
+    image_params = tuple(canon(v) for v in finals)
+    initial_images = tuple(canon(v) for v in starts)
+
+    def shared_of(values: Sequence[dict], canonical: Sequence[dict]) -> dict:
+        """The shared names' values: canonical ones from image 0; a shared orientation as its deltas
+        ``orient_x/y/z`` and, when every image has the same crystal orientation, its ``misset_x/y/z``."""
+        out = {k: canonical[0][k] if k in canonical[0] else float(values[0].get(k, 0.0)) for k in keep}
+        if any(k in ORIENTATION_DELTAS for k in keep):
+            misset = [[c[m] for m in MISSET_NAMES] for c in canonical]
+            if all(np.allclose(m, misset[0], rtol=0.0, atol=1e-9) for m in misset):
+                out.update(zip(MISSET_NAMES, misset[0]))
+        return out
+    kind = esd_fields.get("esd_kind")
+    by = esd_fields.get("esds_by_kind", {})
+    image_losses = res.state.aux if isinstance(res.state.aux, Tensor) else torch.full((n,), math.nan)
+    history = tuple({k: h[k] for k in ("step", "loss", "grad_norm", "step_norm", "evaluations")}
+                    for h in res.state.history)
+    all_names = list(keep) + list(per_names) + list(image_params[0]) + ["misset_x", "misset_y", "misset_z"]
+    return JointResult(
+        status=res.status, message=res.message,
+        shared=shared_of(finals, image_params), shared_esds=dict(by[kind]["shared"]) if kind else {},
+        images=image_params, image_esds=tuple(by[kind]["images"]) if kind else tuple({} for _ in range(n)),
+        initial_shared=shared_of(starts, initial_images), initial_images=initial_images,
+        shared_names=tuple(shared_names), per_image_names=tuple(per_names), symmetry=symmetry, loss_name=loss_name,
+        loss_initial=float(res.state.history[0]["loss"]) if res.state.history else math.nan,
+        loss_final=float(res.state.loss), image_losses=tuple(float(x) for x in image_losses),
+        steps=res.state.step, evaluations=res.state.evaluations, wall_s=wall_s,
+        world_size=world, units=units_of(dict.fromkeys(all_names)), history=history,
+        warnings=tuple(warnings), **{k: v for k, v in esd_fields.items() if k != "esd_kind"},
+        esd_kind=kind, resumed_from_step=resumed_from_step)

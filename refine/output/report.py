@@ -1,0 +1,111 @@
+"""What ``nbtorch-refine`` prints and writes: the start / refined / esd table and the two result files.
+
+:func:`write_outputs` writes ``result.h5`` (:func:`refine.output.results.save_h5`) and ``result.json``
+(:meth:`~refine.output.results.RefinementResult.to_json_dict`) atomically, both with the command's additions:
+``command``, ``input`` (image, format, header geometry, masked-pixel counts, the model's full flags),
+``truth`` (synthetic problems), ``spots`` (rms spot offsets before and after) and ``esd_extra``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from nbtorch.io.atomic import atomic_output_path, atomic_write
+from nbtorch.io.hkl import write_hkl
+from nbtorch.setup import PARAMETER_NAMES
+from refine.fitting.parameters import NUISANCE
+from refine.output.results import jsonable, save_h5
+
+__all__ = ["results_table", "parameter_rows", "write_outputs", "ESD_NOTE"]
+
+
+def _decimals(esd: float | None) -> int:
+    if esd is None or not math.isfinite(esd) or esd <= 0:
+        return 4
+    return int(min(8, max(2, 1 - math.floor(math.log10(esd)))))
+
+
+def _num(v: float | None, dec: int) -> str:
+    if v is None or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    if abs(v) >= 1e6:
+        return f"{v:.6g}"
+    return f"{v:.{dec}f}"
+
+
+def results_table(result, truth: dict | None = None) -> str:
+    """Start / refined / esd (and truth) of every parameter that was refined or follows a refined one."""
+    head, body = parameter_rows(result, truth)
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+def parameter_rows(result, truth: dict | None = None) -> tuple[list[str], list[list[str]]]:
+    """The table's heading and rows as text (``result``: anything with ``params``, ``initial_params``,
+    ``esds``, ``free`` and ``units``): the printed table and the HTML report share them."""
+    rows = []
+    changed = {n for n in result.params if n in result.initial_params
+               and result.params[n] != result.initial_params[n]}
+    for n in PARAMETER_NAMES + NUISANCE:
+        if n in result.params and (n in result.esds or n in result.free or n in changed):
+            rows.append(n)
+    fisher = (getattr(result, "esd_kinds", None) or {}).get("fisher")
+    head = ["parameter", "unit"] + (["truth"] if truth else []) + ["start", "refined", "esd"]
+    if fisher:
+        head.append("esd if right")  # the Fisher esd: what it would be if the model explained the image
+    body = []
+    for n in rows:
+        e = result.esds.get(n)
+        d = _decimals(e)
+        line = [n, result.units.get(n, "")]
+        if truth:
+            line.append(_num(truth.get(n), d))
+        line += [_num(result.initial_params.get(n), d), _num(result.params.get(n), d), _esd(e)]
+        if fisher:
+            line.append(_esd(fisher.get(n)))
+        body.append(line)
+    return head, body
+
+
+def _esd(e: float | None) -> str:
+    return f"{e:.2g}" if e is not None and math.isfinite(e) else "-"
+
+
+#: printed under the table when it has both esd columns
+ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the image; esd if right: the Fisher "
+            "esd, which assumes the model explains the image (docs/refinement.md, 'Esds')")
+
+
+def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: str | None = None) -> None:
+    """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both; with
+    ``hkl_path`` also the refined amplitudes as a nanoBragg ``-hkl`` file."""
+    doc = result.to_json_dict()
+    doc.update(extra)
+    text = json.dumps(jsonable(doc), indent=2, allow_nan=False)
+    with atomic_output_path(h5_path) as tmp:
+        save_h5(result, tmp)
+        import h5py
+
+        with h5py.File(tmp, "a") as h5:
+            if "truth" in extra:
+                t = h5.create_group("truth")
+                for name, v in extra["truth"].items():
+                    t.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
+            if "spots" in extra:
+                s = h5.create_group("spots")
+                for key in ("observed", "predicted_start", "predicted_final"):
+                    if key in extra["spots"]:
+                        s.create_dataset(key, data=np.asarray(extra["spots"][key], dtype=np.float64))
+            del h5["result_json"]
+            h5.create_dataset("result_json", data=text)
+    with atomic_write(json_path, "w") as fh:
+        fh.write(text + "\n")
+    if hkl_path is not None:
+        write_hkl(hkl_path, result.amplitudes.hkl_table(result.amplitude_values))

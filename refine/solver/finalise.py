@@ -1,0 +1,117 @@
+"""Last step of a refinement: the final model image, the fit quality, the esds and the result.
+
+:func:`finalise` evaluates the whole fitted image once at the final values (the stages may have used a
+region, bins or a fraction of it), compares the loss with its shot-noise expectation
+(:mod:`refine.quality.fit_quality`, Poisson deviance only), estimates the uncertainties of every refined name
+(:mod:`refine.quality.uncertainty`; a failure there is logged, the refinement still stands) and assembles the
+:class:`~refine.output.results.RefinementResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from refine.quality.fit_quality import assess_poisson_fit
+from refine.solver.history import History
+from refine.solver.loop import Status
+from refine.fitting.objective import ImageObjective, View, poisson_deviance
+from refine.fitting.parameters import ParameterMap, canonical_values, units_of
+from refine.solver.plan import RunPlan
+from refine.output.results import RefinementResult, StageSummary
+from refine.quality.uncertainty import ESD_KINDS, estimate_uncertainties
+
+__all__ = ["finalise"]
+
+log = logging.getLogger(__name__)
+
+
+def _full_images(plan: RunPlan, objective: ImageObjective, view: View, values: Mapping[str, float]):
+    """``(loss, model, used, model in the view)`` at ``values``: the model and the fitted-pixel mask on the
+    whole detector (0 / False outside the region of interest)."""
+    with torch.no_grad():
+        loss_t, _ = objective.evaluate(values)
+        model_roi = objective.full_model(values)
+    sim = plan.sim
+    model = torch.zeros(sim.shape, dtype=sim.dtype)
+    x0, x1, y0, y1 = view.roi
+    model[y0:y1 + 1, x0:x1 + 1] = model_roi.detach().cpu()
+    used = torch.zeros(sim.shape, dtype=torch.bool)
+    used[y0:y1 + 1, x0:x1 + 1] = view.mask.cpu()
+    return float(loss_t), model.numpy(), used.numpy(), model_roi
+
+
+def _no_esds() -> dict[str, Any]:
+    """The result's uncertainty fields when there is no estimate."""
+    return {"esds": {}, "esd_kinds": {}, "correlation": np.zeros((0, 0)), "covariance": np.zeros((0, 0)),
+            "fisher_condition": math.nan}
+
+
+def _esds(objective: ImageObjective, pmap: ParameterMap, excess: float | None) -> dict[str, Any]:
+    """The uncertainty estimate as the result's fields (empty ones when it fails: it is a report)."""
+    out = _no_esds()
+    try:
+        u = estimate_uncertainties(objective, pmap, pmap.raw0(objective.sim.dtype), excess=excess)
+    except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
+        log.warning("esd estimation failed: %s", exc)
+        return out
+    out.update(esds=u.as_dict(), esd_kinds={kind: u.as_dict(kind) for kind in ESD_KINDS},
+               correlation=np.asarray(u.correlation), covariance=np.asarray(u.covariance),
+               fisher_condition=float(u.condition))
+    return out
+
+
+def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mapping[str, float],
+             initial_values: Mapping[str, float], loss_initial: float, summaries: Sequence[dict],
+             history: History, status: Status, message: str, wall_s: float, esds: bool = True,
+             held: frozenset = frozenset()) -> RefinementResult:
+    """The result of a run that ended at ``values``.
+
+    Arguments:
+        plan: the run's plan; ``objective`` and ``view``: the whole fitted image (no binning, no fraction).
+        values: base values at the end; ``initial_values``: at the start (``loss_initial`` there).
+        summaries: every finished stage's :meth:`StageSummary.to_dict`; ``history``: the run's rows.
+        status, message: how the run ended; ``wall_s``: its wall time (resumed parts included).
+        esds: estimate uncertainties (False: empty esds and correlation).
+        held: candidate amplitudes the run held (too faint to refine): not among the result's free names.
+    """
+    loss_final, model, used, model_roi = _full_images(plan, objective, view, values)
+    obs_np = plan.observed.detach().cpu().numpy()
+    fit: dict[str, Any] = {}
+    warnings: list[str] = list(plan.warnings)
+    if plan.loss_fn is poisson_deviance:
+        quality = assess_poisson_fit(loss_final, model_roi, objective.weights)
+        if plan.amplitudes is not None and any(n not in held for n in plan.amplitudes.names):
+            quality = dataclasses.replace(quality, amplitudes_refined=True)
+        fit = quality.to_dict()
+        if quality.warning is not None:
+            warnings.append(quality.warning)
+    names = tuple(n for n in plan.names if n not in held)
+    final_map = ParameterMap(plan.space, values, names)
+    uncertainty = _esds(objective, final_map, fit.get("excess")) if esds else _no_esds()
+    for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
+        log.info("%s", w)
+    params, init_params = canonical_values(values), canonical_values(initial_values)
+    if plan.background != "planar":
+        for d in (params, init_params):
+            d.pop("background_x", None)
+            d.pop("background_y", None)
+    stage_summaries = tuple(StageSummary(d["name"], Status(d["status"]), d["message"], d["steps"], d["evaluations"],
+                                         d["loss_start"], d["loss_end"], tuple(d["free"]), d["settings"], d["wall_s"])
+                            for d in summaries)
+    return RefinementResult(
+        status=status, message=message, params=params, initial_params=init_params,
+        refined={n: final_map.start_value(n) for n in names},
+        units=units_of(list(params) + list(names) + list(uncertainty["esds"])), free=names,
+        loss_initial=loss_initial, loss_final=loss_final, steps=sum(s.steps for s in stage_summaries),
+        evaluations=sum(s.evaluations for s in stage_summaries), wall_s=wall_s, stages=stage_summaries,
+        history=history.to_dict(), observed=obs_np, model=model, residuals=np.where(used, obs_np - model, 0.0),
+        mask=used, symmetry=plan.symmetry, hparams=plan.hparams, fit=fit, warnings=tuple(warnings),
+        amplitudes=plan.amplitudes,
+        amplitude_values={} if plan.amplitudes is None else {n: float(values[n]) for n in plan.amplitudes.names},
+        **uncertainty)
