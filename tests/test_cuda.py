@@ -109,7 +109,7 @@ def test_gradients_on_device_equal_the_cpu_ones():
 
 def test_refinement_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
     """``nbtorch-refine --device cuda`` on the main job's problem: the values and esds of the CPU run."""
-    from refine.cli.parser import main
+    from refine.cli.main import main
 
     monkeypatch.setenv("NBTORCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -225,7 +225,7 @@ def test_joint_command_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
     """``nbtorch-refine --images ... --joint --device cuda`` (every image prepared on the device, as a single run
     prepares it): the CPU run's joint.json values and esds."""
     from nbtorch.io.cbf import write_cbf
-    from refine.cli.parser import main
+    from refine.cli.main import main
 
     geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45"
     crystal = "-N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1"

@@ -4,7 +4,7 @@
 
     nbtorch-refine --images 'data/run7_*.cbf' --model "..." --joint --shared cell --out-dir out/joint
     nbtorch-refine --images 'data/sweep_00*.cbf' --model "..." --rotation-series --out-dir out/sweep
-    torchrun --nproc-per-node 2 -m refine.cli.parser --images @stills.txt --model "..." --joint --out-dir out/joint
+    torchrun --nproc-per-node 2 -m refine.cli --images @stills.txt --model "..." --joint --out-dir out/joint
 
 Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
 ``--dmin``/``--dmax``, ``--spots`` or ``--refl``, ``--roi``, ...; :mod:`refine.cli.single`), each process only its block of
@@ -30,7 +30,6 @@ The exit status is 0 when the refinement converged or stopped at its step limit,
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from nbtorch.errors import InputError
+from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.many.batch import expand_image_list, per_image_args
@@ -66,28 +66,29 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
     return names
 
 
-def _load(args: argparse.Namespace, image: str, out_dir: Path, say) -> tuple:
+def _load(args: Options, image: str, out_dir: Path, say) -> tuple:
     """(simulator, the chosen pixels (:class:`~refine.many.pixel_table.FittedPixels`), start, symmetry) of one image,
     prepared as a single run prepares it (:func:`refine.cli.single.prepare`: inputs, model, spots or ``--refl``,
     pixels, compile decision, starting scale and background); the whole image is not kept."""
-    a = per_image_args(args, image, out_dir)
-    a.quiet, a.resume = args.quiet, False  # the joint run's checkpoint is resumed, not a single run's
-    # the structure factors are the joint run's (one shared table), not each image's
-    a.structure_factors, a.space_group, a.f_restraint, a.hkl_out = False, None, None, None
+    # the joint run's checkpoint is resumed, not a single run's; the structure factors are the joint run's (one
+    # shared table), not each image's
+    a = per_image_args(args, image, out_dir).with_fields(
+        quiet=args.output.quiet, resume=False, structure_factors=False, space_group=None, f_restraint=None,
+        hkl_out=None)
     say(f"  {image}:")
     p = prepare(a, say)
-    if getattr(args, "rotation_series", False) and not p.inputs.cfg.osc_deg:
+    if args.many.rotation_series and not p.inputs.cfg.osc_deg:
         raise InputError(f"--rotation-series: {image} is a still (no oscillation in its header or --model); give "
                          "each image's rotation (-phi, -osc in a {{stem}} model) or refine stills with --joint")
     obs, valid = observed_pixels(p.model, p.inputs.observed, p.choice.mask)
     return p.model, FittedPixels.from_image(obs, valid, source=image), p.start, p.inputs.symmetry
 
 
-def pixel_budget_bytes(args: argparse.Namespace) -> float:
+def pixel_budget_bytes(args: Options) -> float:
     """``--pixel-memory`` in bytes; default a quarter of the machine's memory per local process (torchrun's
     ``LOCAL_WORLD_SIZE``), unlimited where the memory size is unknown."""
-    if args.pixel_memory is not None:
-        return float(args.pixel_memory) * 1e6
+    if args.many.pixel_memory is not None:
+        return float(args.many.pixel_memory) * 1e6
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -119,15 +120,15 @@ def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
         seen[key] = i
 
 
-def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
+def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
     """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
     not an input (nor is the ``hkl`` output), and present with ``--resume``; process 0 makes ``OUT_DIR``."""
-    path = Path(args.checkpoint) if args.checkpoint else out_dir / "joint.ckpt.h5"
+    path = Path(args.output.checkpoint) if args.output.checkpoint else out_dir / "joint.ckpt.h5"
     outputs = [("--checkpoint", str(path))] + ([("--hkl-out", str(hkl))] if hkl is not None else [])
 
     def check() -> None:
         check_not_inputs([("--images", image) for image in images], outputs)
-        if args.resume and not path.is_file():
+        if args.output.resume and not path.is_file():
             raise InputError(f"--resume: checkpoint {path} not found (run once without --resume, or give --checkpoint)")
         check_directory_can_be_made(out_dir, "--out-dir")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,28 +137,28 @@ def _checkpoint_path(args: argparse.Namespace, images: list[str], out_dir: Path,
     return path
 
 
-def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
     """Load this process's images, refine all jointly, write ``joint.json``/``joint.h5``; the exit status."""
     t0 = time.monotonic()
-    images = expand_image_list(args.images)
-    out_dir = Path(args.out_dir or "out/joint")
+    images = expand_image_list(args.many.images)
+    out_dir = Path(args.many.out_dir or "out/joint")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
-    series = bool(getattr(args, "rotation_series", False))
-    shared = split_names(args.shared, ROTATION_SHARED if series else ("cell",), "--shared")
-    per_image = split_names(args.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
+    series = args.many.rotation_series
+    shared = split_names(args.many.shared, ROTATION_SHARED if series else ("cell",), "--shared")
+    per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
                             "--per-image")
     n = len(images)
     amplitudes = amplitude_options(args)
     if amplitudes is not None:  # before any image is loaded
         check_options(amplitudes, shared, per_image)
-    hkl = None if amplitudes is None else Path(args.hkl_out) if args.hkl_out else out_dir / "joint.hkl"
+    hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     shard = image_shard(n)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
     sims, pixels, starts = [None] * n, [None] * n, [None] * n
-    symmetry = crystal_system(args.symmetry) or "triclinic"
+    symmetry = crystal_system(args.fit.symmetry) or "triclinic"
     budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
     try:
         for i in shard:
@@ -169,12 +170,12 @@ def run_joint(args: argparse.Namespace, say: Callable[[str], None] = print) -> i
             if stored else ""))
         if series:
             _check_distinct_rotations(images, sims, shard)
-        conv = DEFAULT_CONVERGENCE if args.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.max_steps)
+        conv = DEFAULT_CONVERGENCE if args.optimiser.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.optimiser.max_steps)
         result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
-                              symmetry=symmetry, image_starts=starts, strategy=args.optimizer,
-                              convergence=conv, background=args.background, loss=args.loss, esds=not args.no_esds,
-                              checkpoint=checkpoint, checkpoint_every=args.checkpoint_every,
-                              resume=checkpoint if args.resume else None, structure_factors=amplitudes)
+                              symmetry=symmetry, image_starts=starts, strategy=args.optimiser.optimizer,
+                              convergence=conv, background=args.fit.background, loss=args.optimiser.loss, esds=not args.output.no_esds,
+                              checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,
+                              resume=checkpoint if args.output.resume else None, structure_factors=amplitudes)
     finally:  # this process's stored pixels (a resumed run chooses and stores its pixels again)
         for px in pixels:
             if isinstance(px, StoredPixels):

@@ -1,4 +1,4 @@
-"""The ``nbtorch-refine`` command: refine a nanoBragg model against a measured or synthetic still image.
+"""The ``nbtorch-refine`` option table and the door: argv (and ``--config``) parsed into typed :class:`Options`.
 
 ::
 
@@ -11,50 +11,27 @@
                    [--device cpu|cuda] [--dtype float64|float32] [--kernel-dtype float32] [--quiet]
     nbtorch-refine --problem tetragonal_mosflm --size 64 ...      # a synthetic problem with known truth
 
-Every option is documented in ``docs/refinement.md`` and by ``--help``.  Bad input
-(a missing file, an image whose shape is not the model's detector, an unknown
-parameter name, an all-masked image, NaN pixels, a bad option) prints one line
-``nbtorch-refine: error: ...`` on stderr and exits with status 2 before anything
-is written.  A refinement that ends diverged or failed still writes its files and
-exits with status 1; Ctrl-C writes the checkpoint and exits with status 130.
+Every option is documented in ``docs/refinement.md`` and by ``--help``; its groups there are the groups of
+:class:`refine.cli.options.Options`.  The run itself: :mod:`refine.cli.main`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import shlex
-import sys
-from dataclasses import replace
-from typing import Any, Sequence
+from typing import Sequence
 
-from losses import LOSSES
-from nbtorch import runtime
-from nbtorch.cli_support import Parser, Printer, argument_files
+from nbtorch.cli_support import Parser
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
-from refine.quality.identifiability import TOO_FEW_SPOTS
-from refine.solver.loop import Convergence
-from refine.fitting.objective import check_priors
-from refine.fitting.parameters import BASE_NAMES
-from refine.solver.precondition import PRECONDITIONER_NAMES
-from refine.solver.runner import RefinementInterrupted
-from refine.solver.stages import MEASURED_DETECTOR, Stage, coarse_to_fine, stage_a
-from refine.solver.strategies import LBFGS, Adam
+from refine.cli.options import DEFAULT_DATASET, PROG, Options, options_from_namespace
+from refine.cli.values import csv_names
 from refine.fitting.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
+from refine.quality.identifiability import TOO_FEW_SPOTS
+from refine.solver.precondition import PRECONDITIONER_NAMES
 
-__all__ = ["main", "build_parser", "parse_args", "run"]
-
-PROG = "nbtorch-refine"
-_DEFAULT_DATASET = "/entry/data/data"
-_STAGE_KEYS = ("name", "free", "optimizer", "lr", "history_size", "precondition", "max_steps", "roi_fraction", "bin",
-               "n_factor", "ftol", "xtol")
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in str(text).split(",") if t.strip()]
-
+__all__ = ["build_parser", "parse_args"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``--help`` text).
@@ -87,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
     g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
-    g.add_argument("--dataset", default=_DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
+    g.add_argument("--dataset", default=DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
     g.add_argument("--raw-dtype", default="<f4", help="element type of a raw image (numpy, default %(default)s)")
     g.add_argument("--mask", help="mask file (any image format, same shape; nonzero = use the pixel)")
@@ -105,14 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--size", type=int, default=64, help="detector pixels per side of --problem (default %(default)s)")
     g.add_argument("--config", help="TOML file of options (keys = long option names; command-line flags win)")
     g = p.add_argument_group("what to refine")
-    g.add_argument("--refine", type=_csv, help="one stage refining these canonical names and groups (comma-separated): "
+    g.add_argument("--refine", type=csv_names, help="one stage refining these canonical names and groups (comma-separated): "
                                                "cell orientation mosaic detector beam_centre wavelength scale "
                                                "background, or names such as beam_x, mosaic_spread, N, distance")
     g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
-    g.add_argument("--fix", type=_csv, help="names or groups never refined (default with --image and the default "
+    g.add_argument("--fix", type=csv_names, help="names or groups never refined (default with --image and the default "
                                             "schedule: distance, which one image cannot separate from the cell; "
                                             "--fix none refines everything)")
-    g.add_argument("--start", type=_csv, help="starting values overriding the model: name=value,... "
+    g.add_argument("--start", type=csv_names, help="starting values overriding the model: name=value,... "
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
@@ -128,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--f-restraint", type=float, metavar="SIGMA",
                    help="restrain each amplitude towards its resolution bin's mean, relative width SIGMA (e.g. 0.5)")
     g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
-    g.add_argument("--bounds", type=_csv, help="name=low:high,... refine inside open intervals")
-    g.add_argument("--prior", type=_csv, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
+    g.add_argument("--bounds", type=csv_names, help="name=low:high,... refine inside open intervals")
+    g.add_argument("--prior", type=csv_names, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
                                               "each in its own unit (e.g. distance=150:0.5); they add "
                                               "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds")
     g = p.add_argument_group("optimiser")
@@ -180,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint period in steps (default %(default)s)")
     g.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     g.add_argument("--no-esds", action="store_true", help="skip the uncertainty estimate")
-    g.add_argument("--esd-extra", type=_csv, help="also report esds and correlations of these fixed parameters "
+    g.add_argument("--esd-extra", type=csv_names, help="also report esds and correlations of these fixed parameters "
                                                   "at the refined point (e.g. distance)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no printing (errors only)")
     g = p.add_argument_group("compute")
@@ -197,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dials_options(input_group, output_group)
     return p
-
 
 # ------------------------------------------------------------------------------ config file
 
@@ -234,17 +210,22 @@ def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str
     return tokens, stages
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Parse ``argv`` after the options of ``--config`` (the command line wins)."""
+def parse_args(argv: Sequence[str]) -> Options:
+    """Parse ``argv`` after the options of ``--config`` (the command line wins): the typed :class:`Options`."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
     args.stage_tables = None
-    args.argv = list(argv)
     if args.config:
         tokens, stages = _config_tokens(args.config, parser)
         args = parser.parse_args(tokens + list(argv))
         args.stage_tables = stages
-        args.argv = list(argv)
+    _check_modes(args)
+    return options_from_namespace(args, tuple(argv))
+
+
+def _check_modes(args: argparse.Namespace) -> None:
+    """Options that belong to a mode (independent, joint) given without it; ``--f-column`` folded into
+    ``--model``; ``--rotation-series`` implies ``--joint``."""
     for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
         if value and not args.images:
             raise InputError(f"{flag}: only with --images (independent mode)")
@@ -262,198 +243,3 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if not args.model:
             raise InputError("--f-column: names a column of the -hkl file in --model; give --model")
         args.model = f"{args.model} -hkl_column {shlex.quote(args.f_column)}"
-    return args
-
-
-# ------------------------------------------------------------------------------ building blocks
-
-def _pairs(items: Sequence[str] | None, what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items or ():
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            raise InputError(f"{what}: expected name=value, got {item!r}")
-        out[name.strip()] = value.strip()
-    return out
-
-
-def start_values(items: Sequence[str] | None) -> dict[str, float]:
-    """``--start name=value,...`` as floats, names checked."""
-    out: dict[str, float] = {}
-    for name, text in _pairs(items, "--start").items():
-        if name not in BASE_NAMES:
-            raise InputError(f"--start: unknown parameter {name!r}; valid: {', '.join(BASE_NAMES)}")
-        try:
-            out[name] = float(text)
-        except ValueError:
-            raise InputError(f"--start {name}: not a number: {text!r}") from None
-        if not math.isfinite(out[name]):
-            raise InputError(f"--start {name}: must be finite, got {text!r}")
-    return out
-
-
-def _number_pairs(items: Sequence[str] | None, flag: str, form: str) -> dict[str, tuple[float, float, str]]:
-    """``flag name=x:y,...`` as ``name -> (x, y, text)``; ``form`` (e.g. ``low:high``) names the two numbers."""
-    out = {}
-    for name, text in _pairs(items, flag).items():
-        first, sep, second = text.partition(":")
-        try:
-            out[name] = (float(first), float(second), text)
-        except ValueError:
-            raise InputError(f"{flag} {name}: expected {form}, got {text!r}") from None
-        if not sep:
-            raise InputError(f"{flag} {name}: expected {form}, got {text!r}")
-    return out
-
-
-def prior_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
-    """``--prior name=mean:sigma,...`` (Gaussian priors, each name in its own unit)."""
-    pairs = _number_pairs(items, "--prior", "mean:sigma")
-    return check_priors({name: (mean, sigma) for name, (mean, sigma, _) in pairs.items()}, "--prior")
-
-
-def bounds_values(items: Sequence[str] | None) -> dict[str, tuple[float, float]]:
-    """``--bounds name=low:high,...``."""
-    out = {}
-    for name, (low, high, text) in _number_pairs(items, "--bounds", "low:high").items():
-        if not (math.isfinite(low) and math.isfinite(high) and low < high):
-            raise InputError(f"--bounds {name}: need finite low < high, got {text!r}")
-        out[name] = (low, high)
-    return out
-
-
-def _strategy(name: str, lr: float | None, history_size: int | None = None):
-    if name == "adam":
-        if history_size is not None:
-            raise InputError("--history-size: only for --optimizer lbfgs")
-        return Adam(lr=lr) if lr is not None else Adam()
-    options = {k: v for k, v in (("lr", lr), ("history_size", history_size)) if v is not None}
-    return LBFGS(**options)
-
-
-def build_stages(args: argparse.Namespace):
-    """The stages of the run: ``--refine`` (one stage, ``--coarse`` adds coarse copies), ``[[stages]]`` tables
-    from ``--config``, or ``--stages stage_a``; None = the core's default (stage_a with ``--optimizer``).
-    ``--precondition`` (when given) replaces every stage's own."""
-    stages = _build_stages(args)
-    if stages is None or args.precondition is None:
-        return stages
-    pre = None if args.precondition == "none" else args.precondition
-    return tuple(replace(s, precondition=pre) for s in stages)
-
-
-def _precondition(value: Any, index: int) -> str | None:
-    if value is None:
-        return None
-    if value not in PRECONDITIONER_NAMES:
-        names = PRECONDITIONER_NAMES
-        raise InputError(f"--config [[stages]] #{index + 1}: precondition must be {', '.join(names[:-1])} or "
-                         f"{names[-1]}, got {value!r}")
-    return None if value == "none" else str(value)
-
-
-def _build_stages(args: argparse.Namespace):
-    if args.history_size is not None and args.history_size < 1:
-        raise InputError(f"--history-size: must be >= 1, got {args.history_size}")
-    strategy = _strategy(args.optimizer, args.lr, args.history_size)
-    if args.refine and args.stages:
-        raise InputError("--refine and --stages both given: --refine makes one stage, --stages names a schedule; "
-                         "drop one")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise InputError(f"--max-steps: must be >= 1, got {args.max_steps}")
-    if args.bin < 1:
-        raise InputError(f"--bin: must be >= 1, got {args.bin}")
-    if args.refine:
-        stage = Stage("refine", tuple(args.refine), strategy,
-                      Convergence(max_steps=args.max_steps or 200), bin=args.bin)
-        return coarse_to_fine(stage) if args.coarse else (stage,)
-    if args.stage_tables:
-        stages = []
-        for i, table in enumerate(args.stage_tables):
-            unknown = set(table) - set(_STAGE_KEYS)
-            if unknown:
-                raise InputError(f"--config [[stages]] #{i + 1}: unknown key(s) {', '.join(sorted(unknown))}; "
-                                 f"valid: {', '.join(_STAGE_KEYS)}")
-            if "free" not in table:
-                raise InputError(f"--config [[stages]] #{i + 1}: 'free' (names and groups) is required")
-            free = _csv(table["free"]) if isinstance(table["free"], str) else [str(v) for v in table["free"]]
-            conv = Convergence(max_steps=int(table.get("max_steps", args.max_steps or 100)),
-                               ftol=float(table.get("ftol", 1e-6 if i == len(args.stage_tables) - 1 else 1e-3)),
-                               xtol=float(table.get("xtol", 1e-4 if i == len(args.stage_tables) - 1 else 1e-3)))
-            stages.append(Stage(str(table.get("name", f"stage{i + 1}")), tuple(free),
-                                _strategy(str(table.get("optimizer", args.optimizer)), table.get("lr", args.lr),
-                                          table.get("history_size", args.history_size)),
-                                conv, float(table.get("roi_fraction", 1.0)), int(table.get("bin", 1)),
-                                float(table.get("n_factor", 1.0)), _precondition(table.get("precondition"), i)))
-        return tuple(stages)
-    if args.stages not in (None, "stage_a"):
-        raise InputError(f"--stages: unknown schedule {args.stages!r}; valid: stage_a (or give --refine, "
-                         "or [[stages]] tables in --config)")
-    if args.image:  # a measured image: the detector stage refines the tilt too (and the distance, unless fixed)
-        return stage_a(strategy, max_steps=args.max_steps, detector=MEASURED_DETECTOR)
-    if (args.stages is None and args.max_steps is None and args.optimizer == "lbfgs" and args.lr is None
-            and args.history_size is None and args.precondition is None):
-        return None
-    return stage_a(strategy, max_steps=args.max_steps)
-
-
-def _check_loss(name: str) -> None:
-    if name not in LOSSES:
-        raise InputError(f"--loss: unknown loss {name!r}; valid: {', '.join(LOSSES)}")
-
-
-def _command_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """``(option, path)`` of the files the command itself reads (``@FILE`` tokens of ``--model`` too)."""
-    inputs = [("--image", args.image), ("--mask", args.mask), ("--config", args.config),
-              ("--spots", args.spots if args.spots != "find" else None), ("--expt", args.expt),
-              ("--refl", args.refl)]
-    if isinstance(args.model, str):
-        inputs += argument_files(args.model.split(), "--model")
-    return inputs
-
-
-# ------------------------------------------------------------------------------ the run
-
-
-def run(args: argparse.Namespace) -> int:
-    """Load, refine, write (:func:`refine.cli.single.run`, the steps of the run).  Returns the exit status."""
-    from refine.cli.single import run as run_command  # refine.cli.single imports this module's helpers
-
-    return run_command(args)
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    """Joint, independent or single mode."""
-    if args.images and args.joint:
-        from refine.cli.joint import run_joint  # imports refine.cli.single, which imports this module
-
-        return run_joint(args, Printer(args.quiet))
-    if args.images:
-        from refine.many.batch import run_batch
-
-        return run_batch(args, run, Printer(args.quiet))
-    return run(args)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``nbtorch-refine``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    runtime.tune_allocator()
-    try:
-        args = parse_args(argv)
-        # --no-compile: nothing compiled, the esds' forward-mode kernels (refine.quality.uncertainty) included
-        with runtime.eager() if args.compile is False else contextlib.nullcontext():
-            return _dispatch(args)
-    except InputError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        where = ""
-        if isinstance(exc, RefinementInterrupted) and exc.checkpoint is not None:
-            where = f"; continue with the same command and --resume (checkpoint {exc.checkpoint})"
-        print(f"{PROG}: interrupted{where}", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

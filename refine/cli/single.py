@@ -13,7 +13,6 @@ the option table.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import math
@@ -31,10 +30,8 @@ from nbtorch.cli_support import Printer, check_outputs
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import check_not_inputs
 from refine.output.callbacks import TensorBoardCallback
-from refine.cli.parser import (
-    PROG, _DEFAULT_DATASET, _check_loss, _command_inputs, bounds_values, build_stages,
-    prior_values, start_values,
-)
+from refine.cli.options import DEFAULT_DATASET, PROG, Options
+from refine.cli.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
 from refine.inputs.images import load_image
 from refine.quality.degeneracy import extended_uncertainties
 from refine.inputs.dials import check_dials_options, model_tokens, refl_spots, write_expt_out
@@ -112,127 +109,127 @@ class _EagerForEsds:
         pass
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    for flag, value in (("--time-budget", args.time_budget), ("--checkpoint-every", args.checkpoint_every),
-                        ("--tb-every", args.tb_every), ("--saturation", args.saturation)):
+def _check_numbers(args: Options) -> None:
+    for flag, value in (("--time-budget", args.optimiser.time_budget), ("--checkpoint-every", args.output.checkpoint_every),
+                        ("--tb-every", args.output.tb_every), ("--saturation", args.image.saturation)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise InputError(f"{flag}: must be a positive number, got {value:g}")
-    if args.seed < 0:
-        raise InputError(f"--seed: must be >= 0, got {args.seed}")
-    for flag, names in (("--refine", args.refine), ("--fix", args.fix), ("--esd-extra", args.esd_extra)):
+    if args.pixels.seed < 0:
+        raise InputError(f"--seed: must be >= 0, got {args.pixels.seed}")
+    for flag, names in (("--refine", args.fit.refine), ("--fix", args.fit.fix), ("--esd-extra", args.output.esd_extra)):
         if names is not None and not names:
             raise InputError(f"{flag}: no names given")
-    both = sorted(set(args.refine or ()) & set(args.fix or ()))
+    both = sorted(set(args.fit.refine or ()) & set(args.fit.fix or ()))
     if both:
         raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
-    check_pixel_options(args.subsample, args.spot_window, bool(args.spots or args.refl))
-    if args.spot_columns and (not args.spots or args.spots == "find"):
+    check_pixel_options(args.pixels.subsample, args.pixels.spot_window, bool(args.pixels.spots or args.dials.refl))
+    if args.pixels.spot_columns and (not args.pixels.spots or args.pixels.spots == "find"):
         raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
 
 
-def check_arguments(args: argparse.Namespace) -> Checked:
+def check_arguments(args: Options) -> Checked:
     """Every check that needs no data; nothing is read or written."""
-    if bool(args.image) == bool(args.problem):
+    if bool(args.image.image) == bool(args.model.problem):
         raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
     check_dials_options(args)
-    if args.image and not (args.model or args.expt):
+    if args.image.image and not (args.model.model or args.dials.expt):
         raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "
                          '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
-    symmetry = crystal_system(args.symmetry)
+    symmetry = crystal_system(args.fit.symmetry)
     stages = build_stages(args)
-    _check_loss(args.loss)
-    start, bounds, priors = start_values(args.start), bounds_values(args.bounds), prior_values(args.prior)
+    check_loss(args.optimiser.loss)
+    start, bounds, priors = start_values(args.fit.start), bounds_values(args.fit.bounds), prior_values(args.fit.prior)
     _check_numbers(args)
-    runtime.check_device(args.device, "--device")
-    if Path(args.out).is_dir() or not Path(args.out).name or Path(args.out).name in (".", ".."):
-        raise InputError(f"--out {args.out}: is a directory; give a file name such as result.h5")
-    json_path = args.json or str(Path(args.out).with_suffix(".json"))
-    ckpt_path = args.checkpoint or str(Path(args.out).with_suffix("")) + ".ckpt.h5"
-    outputs = {"--out": args.out, "--json": json_path, "--checkpoint": ckpt_path}
-    if args.report:
+    runtime.check_device(args.compute.device, "--device")
+    if Path(args.output.out).is_dir() or not Path(args.output.out).name or Path(args.output.out).name in (".", ".."):
+        raise InputError(f"--out {args.output.out}: is a directory; give a file name such as result.h5")
+    json_path = args.output.json or str(Path(args.output.out).with_suffix(".json"))
+    ckpt_path = args.output.checkpoint or str(Path(args.output.out).with_suffix("")) + ".ckpt.h5"
+    outputs = {"--out": args.output.out, "--json": json_path, "--checkpoint": ckpt_path}
+    if args.output.report:
         from refine.output.figures import require_matplotlib  # matplotlib is an extra: only when a report is asked for
 
         require_matplotlib("--report")
-        outputs["--report"] = args.report
-    if args.expt_out:
-        outputs["--expt-out"] = args.expt_out
+        outputs["--report"] = args.output.report
+    if args.dials.expt_out:
+        outputs["--expt-out"] = args.dials.expt_out
     amplitudes = amplitude_options(args)
     if amplitudes is not None:
-        outputs["--hkl-out"] = args.hkl_out or str(Path(args.out).with_suffix(".hkl"))
-    make_dirs = check_outputs({**outputs, "--logdir": args.logdir}, folders=("--logdir",), make_missing=True)
-    check_not_inputs(_command_inputs(args), outputs.items())  # before anything is read
-    if args.resume and not Path(ckpt_path).is_file():
+        outputs["--hkl-out"] = args.output.hkl_out or str(Path(args.output.out).with_suffix(".hkl"))
+    make_dirs = check_outputs({**outputs, "--logdir": args.output.logdir}, folders=("--logdir",), make_missing=True)
+    check_not_inputs(command_inputs(args), outputs.items())  # before anything is read
+    if args.output.resume and not Path(ckpt_path).is_file():
         raise InputError(f"--resume: checkpoint {ckpt_path} not found "
                          "(run once without --resume, or give --checkpoint)")
     return Checked(symmetry=symmetry, stages=stages, start=start, bounds=bounds, priors=priors, outputs=outputs,
                    make_dirs=make_dirs, json_path=json_path, ckpt_path=ckpt_path,
-                   dtype=torch.float64 if args.dtype == "float64" else torch.float32, amplitudes=amplitudes)
+                   dtype=torch.float64 if args.compute.dtype == "float64" else torch.float32, amplitudes=amplitudes)
 
 
-def amplitude_options(args: argparse.Namespace) -> AmplitudeOptions | None:
+def amplitude_options(args: Options) -> AmplitudeOptions | None:
     """``--structure-factors`` and its options (None without it); the space group from ``--space-group`` or a
     space-group ``--symmetry``."""
-    named = [f for f, v in (("--space-group", args.space_group), ("--f-restraint", args.f_restraint),
-                            ("--hkl-out", args.hkl_out)) if v is not None]
-    if not args.structure_factors:
+    named = [f for f, v in (("--space-group", args.amplitudes.space_group), ("--f-restraint", args.amplitudes.f_restraint),
+                            ("--hkl-out", args.output.hkl_out)) if v is not None]
+    if not args.amplitudes.structure_factors:
         if named:
             raise InputError(f"{named[0]}: only with --structure-factors")
         return None
-    group = args.space_group
-    if group is None and args.symmetry and crystal_system(args.symmetry) != args.symmetry.strip().lower():
-        group = args.symmetry
+    group = args.amplitudes.space_group
+    if group is None and args.fit.symmetry and crystal_system(args.fit.symmetry) != args.fit.symmetry.strip().lower():
+        group = args.fit.symmetry
     if group is None:
         raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
                          "equivalent reflections share one amplitude")
     check_space_group(group)
-    return AmplitudeOptions(group, start=args.f_start, min_photons=args.f_min_photons,
-                            restraint_sigma=args.f_restraint)
+    return AmplitudeOptions(group, start=args.amplitudes.f_start, min_photons=args.amplitudes.f_min_photons,
+                            restraint_sigma=args.amplitudes.f_restraint)
 
 
-def _load_problem(args: argparse.Namespace, checked: Checked, say) -> Inputs:
-    problem = make_problem(args.problem, size=args.size, option_prefix="--")
+def _load_problem(args: Options, checked: Checked, say) -> Inputs:
+    problem = make_problem(args.model.problem, size=args.model.size, option_prefix="--")
     say(f"{PROG}: problem {problem.name}: {problem.description}")
     cfg = config_from_args(list(problem.args))
     observed = problem.observed
-    if args.roi:
-        cfg = cfg.replace(roi=tuple(check_roi(args.roi, observed.shape)))
+    if args.pixels.roi:
+        cfg = cfg.replace(roi=tuple(check_roi(args.pixels.roi, observed.shape)))
     truth = dict(problem.truth)
     return Inputs(observed=observed, mask=np.ones(observed.shape, dtype=bool), cfg=cfg,
                   start={**problem.start, **checked.start}, symmetry=checked.symmetry or problem.symmetry,
-                  free_default=problem.free, fixed=tuple(args.fix) if args.fix is not None else problem.fixed,
+                  free_default=problem.free, fixed=tuple(args.fit.fix) if args.fit.fix is not None else problem.fixed,
                   truth=truth, extra={"input": {"problem": problem.name, "size": problem.size,
                                                 "model": list(problem.args)}, "truth": truth})
 
 
-def _load_image(args: argparse.Namespace, checked: Checked, say) -> Inputs:
-    obs = load_image(args.image, frame=args.frame, shape=args.shape, dtype=args.raw_dtype, dataset=args.dataset,
-                     mask=args.mask, saturation=args.saturation, nonfinite="mask" if args.mask_nan else "error")
-    if args.dataset != _DEFAULT_DATASET and obs.format != "hdf5":
-        raise InputError(f"--dataset {args.dataset}: {args.image} is a {obs.format} file, not HDF5")
+def _load_image(args: Options, checked: Checked, say) -> Inputs:
+    obs = load_image(args.image.image, frame=args.image.frame, shape=args.image.shape, dtype=args.image.raw_dtype, dataset=args.image.dataset,
+                     mask=args.image.mask, saturation=args.image.saturation, nonfinite="mask" if args.image.mask_nan else "error")
+    if args.image.dataset != DEFAULT_DATASET and obs.format != "hdf5":
+        raise InputError(f"--dataset {args.image.dataset}: {args.image.image} is a {obs.format} file, not HDF5")
     say(f"{PROG}: {obs.describe()}")
-    roi = check_roi(args.roi, obs.shape) if args.roi else None
-    cfg, tokens, notes = model_config(model_tokens(args), obs, roi, parallax=args.parallax)
+    roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
+    cfg, tokens, notes = model_config(model_tokens(args), obs, roi, parallax=args.image.parallax)
     for note in notes:
         say(f"  {note}")
     # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
     # correlation: --esd-extra distance); a --refine list or [[stages]] tables say themselves what is refined
-    default_fix = args.fix is None and args.refine is None and not getattr(args, "stage_tables", None)
+    default_fix = args.fit.fix is None and args.fit.refine is None and not args.fit.stage_tables
     if default_fix:
         say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
-    fixed = ("distance",) if default_fix else tuple(n for n in (args.fix or ()) if n != "none")
+    fixed = ("distance",) if default_fix else tuple(n for n in (args.fit.fix or ()) if n != "none")
     return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,
                   free_default=None, fixed=fixed,
-                  extra={"input": {"image": obs.path, "format": obs.format, "frame": args.frame,
+                  extra={"input": {"image": obs.path, "format": obs.format, "frame": args.image.frame,
                                    "geometry": obs.geometry, "masked": obs.masked, "model": tokens}})
 
 
-def load_inputs(args: argparse.Namespace, checked: Checked, say) -> Inputs:
+def load_inputs(args: Options, checked: Checked, say) -> Inputs:
     """The observed image (measured or a synthetic problem) and the starting model's configuration."""
-    inputs = _load_problem(args, checked, say) if args.problem else _load_image(args, checked, say)
-    inputs.extra["command"] = " ".join([PROG, *getattr(args, "argv", [])])
+    inputs = _load_problem(args, checked, say) if args.model.problem else _load_image(args, checked, say)
+    inputs.extra["command"] = " ".join([PROG, *args.argv])
     check_not_inputs([(f"--model {flag}", path) for flag, path in inputs.cfg.model_files()], checked.outputs.items())
-    if args.dtype != inputs.cfg.dtype:
-        inputs.cfg = inputs.cfg.replace(dtype=args.dtype)
+    if args.compute.dtype != inputs.cfg.dtype:
+        inputs.cfg = inputs.cfg.replace(dtype=args.compute.dtype)
     return inputs
 
 
@@ -247,22 +244,22 @@ def tile_evaluations(device: str | torch.device) -> int:
     return 1 << 22 if torch.device(device).type == "cuda" else 1 << 19
 
 
-def _simulator(args: argparse.Namespace, checked: Checked, inputs: Inputs) -> Simulator:
+def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
     """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
     the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
-    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.device, compile=False,
-                    max_evals_per_tile=tile_evaluations(args.device),
-                    kernel_dtype=getattr(args, "kernel_dtype", None))
+    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.compute.device, compile=False,
+                    max_evals_per_tile=tile_evaluations(args.compute.device),
+                    kernel_dtype=args.compute.kernel_dtype)
     shape = inputs.observed.shape
     if tuple(sim.shape) != tuple(shape):
-        raise InputError(f"{args.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
+        raise InputError(f"{args.image.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
                          f"the model's detector is {sim.shape[1]} x {sim.shape[0]}; fix -detpixels_f/-detpixels_s "
                          "in --model")
     if inputs.symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
         inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
-    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=args.background,
-                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (args.refine or []) + list(inputs.fixed)))
-    for label, names in (("--refine", args.refine), ("--fix", inputs.fixed), ("--esd-extra", args.esd_extra),
+    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=args.fit.background,
+                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)))
+    for label, names in (("--refine", args.fit.refine), ("--fix", inputs.fixed), ("--esd-extra", args.output.esd_extra),
                          ("--prior", list(checked.priors))):
         if names:
             try:
@@ -277,10 +274,10 @@ def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray, keep_model: b
         return spot_offsets(sim, values, spots, keep_model=keep_model)
 
 
-def _spots_report(args: argparse.Namespace, spots: np.ndarray, before, after, floor) -> dict:
+def _spots_report(args: Options, spots: np.ndarray, before, after, floor) -> dict:
     """The ``spots`` of ``result.json``: the offsets before and after, and the noise floor of the final ones."""
     both = before.matched & after.matched
-    return {"source": args.spots or args.refl, "n": int(len(spots)),
+    return {"source": args.pixels.spots or args.dials.refl, "n": int(len(spots)),
             "matched_start": int(before.matched.sum()), "matched_final": int(after.matched.sum()),
             "rms_px_start": before.rms(), "rms_px_final": after.rms(),
             "rms_px_start_common": before.rms(both), "rms_px_final_common": after.rms(both),
@@ -308,10 +305,10 @@ def _with_drift_warning(result, spots: dict):
     return dataclasses.replace(result, warnings=tuple(result.warnings) + (warning,))
 
 
-def _extra_esds(sim: Simulator, result, args: argparse.Namespace) -> dict:
+def _extra_esds(sim: Simulator, result, args: Options) -> dict:
     # first derivatives only (refine.quality.uncertainty.pixel_jacobian runs the simulator eagerly itself; its large tiles
     # go through the compiled forward-mode kernels unless compiling is off)
-    u = extended_uncertainties(sim, result.observed, result.mask, result, args.esd_extra, args.background)
+    u = extended_uncertainties(sim, result.observed, result.mask, result, args.output.esd_extra, args.fit.background)
     return {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation, "condition": u.condition}
 
 
@@ -330,14 +327,14 @@ def _say_extra_esds(say, result, e: dict) -> None:
         say(f"esds with {', '.join(freed)} refined as well: {widened}")
 
 
-def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
+def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
     """Write the result files (and the HTML report), then print the summary."""
-    write_outputs(result, args.out, checked.json_path, inputs.extra,
+    write_outputs(result, args.output.out, checked.json_path, inputs.extra,
                   hkl_path=checked.outputs.get("--hkl-out") if result.amplitudes is not None else None)
-    if args.report:
+    if args.output.report:
         from refine.output.html_report import write_report  # matplotlib: only when a report is asked for
 
-        write_report(args.report, args.out, f"{PROG}: {Path(args.image).name if args.image else args.problem}")
+        write_report(args.output.report, args.output.out, f"{PROG}: {Path(args.image.image).name if args.image.image else args.model.problem}")
     say(f"status: {result.status.value} ({result.message})")
     say(f"loss: {result.loss_initial:.6g} -> {result.loss_final:.6g} in {result.steps} steps "
         f"({result.evaluations} evaluations), {result.wall_s:.1f} s")
@@ -360,20 +357,20 @@ def write_and_report(args: argparse.Namespace, checked: Checked, inputs: Inputs,
     if result.amplitudes is not None:
         sf = result.structure_factors()
         say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}; "
-            f"{sf['n_held']} candidates held, fewer than {args.f_min_photons:g} photons); written to "
+            f"{sf['n_held']} candidates held, fewer than {args.amplitudes.f_min_photons:g} photons); written to "
             f"{checked.outputs['--hkl-out']}")
-    say(f"wrote {args.out} and {checked.json_path}{' and ' + args.report if args.report else ''} "
+    say(f"wrote {args.output.out} and {checked.json_path}{' and ' + args.output.report if args.output.report else ''} "
         f"({time.monotonic() - t0:.1f} s in all)")
-    if args.logdir:
-        say(f"TensorBoard logs: {os.path.abspath(args.logdir)}  (view: tensorboard --logdir {args.logdir})")
+    if args.output.logdir:
+        say(f"TensorBoard logs: {os.path.abspath(args.output.logdir)}  (view: tensorboard --logdir {args.output.logdir})")
 
 
-def _callbacks(args: argparse.Namespace, sim: Simulator, say) -> list:
+def _callbacks(args: Options, sim: Simulator, say) -> list:
     callbacks: list = []
-    if args.logdir:
-        callbacks.append(TensorBoardCallback(args.logdir, every=args.tb_every))
-        say(f"  TensorBoard logs: {args.logdir}")
-    if sim.compile_mode == "compiled" and not args.no_esds:
+    if args.output.logdir:
+        callbacks.append(TensorBoardCallback(args.output.logdir, every=args.output.tb_every))
+        say(f"  TensorBoard logs: {args.output.logdir}")
+    if sim.compile_mode == "compiled" and not args.output.no_esds:
         callbacks.append(_EagerForEsds(sim))
     return callbacks
 
@@ -392,30 +389,30 @@ class Prepared:
     model: Simulator
 
 
-def prepare(args: argparse.Namespace, say) -> Prepared:
+def prepare(args: Options, say) -> Prepared:
     """Check the arguments, load the inputs, build the simulator and choose the pixels (steps 1-3); also what
     :mod:`refine.tools.bench` measures, so that it times the objective a run fits."""
     checked = check_arguments(args)
     inputs = load_inputs(args, checked, say)
     sim = _simulator(args, checked, inputs)
-    spots = (read_spot_list(args.spots, args.spot_columns, inputs.observed.shape) if args.spots and args.spots != "find"
-             else args.spots)
-    if args.refl:
+    spots = (read_spot_list(args.pixels.spots, args.pixels.spot_columns, inputs.observed.shape) if args.pixels.spots and args.pixels.spots != "find"
+             else args.pixels.spots)
+    if args.dials.refl:
         spots = refl_spots(args)
-    choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.dmin, dmax_A=args.dmax, spots=spots,
-                           spot_window_px=args.spot_window, subsample=args.subsample, seed=args.seed,
-                           spots_source=f"--refl {args.refl}" if args.refl else f"--spots {args.spots}")
+    choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
+                           spot_window_px=args.pixels.spot_window, subsample=args.pixels.subsample, seed=args.pixels.seed,
+                           spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}")
     if choice.spots is not None:
         say(f"  {len(choice.spots)} observed spots in the fitted region")
     model = sim
     sim = choice.simulator(sim)
     sim.set_compile(*runtime.compile_policy("refinement", choice.n_used * sim.evaluations_per_pixel(),
-                                            explicit=args.compile))
+                                            explicit=args.compute.compile))
     say(f"  fitting {choice.n_used} of {choice.mask.size} pixels ({100.0 * choice.fraction:.3g}%), "
         f"{sim.evaluations_per_pixel()} evaluations per pixel, {sim.compile_mode} kernel, "
-        f"{args.dtype}{'' if sim.kernel_dtype == sim.dtype else ' (kernel ' + args.kernel_dtype + ')'} on {args.device}")
+        f"{args.compute.dtype}{'' if sim.kernel_dtype == sim.dtype else ' (kernel ' + args.compute.kernel_dtype + ')'} on {args.compute.device}")
     start = inputs.start
-    if args.image and not args.resume and not {"scale", "background"} <= set(start):
+    if args.image.image and not args.output.resume and not {"scale", "background"} <= set(start):
         start = starting_scale_background(sim, inputs.observed, choice.mask, start)
         say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
             "(Poisson fit of the starting model)")
@@ -423,19 +420,19 @@ def prepare(args: argparse.Namespace, say) -> Prepared:
     return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start, model=model)
 
 
-def plan_arguments(args: argparse.Namespace, p: Prepared) -> dict:
+def plan_arguments(args: Options, p: Prepared) -> dict:
     """The keyword arguments of :func:`refine.refine` (and so of :func:`refine.solver.plan.make_plan`) that describe
     the problem: everything but callbacks, progress, checkpoints and esds."""
-    return dict(start=p.start, free=p.inputs.free_default if args.refine is None else None, fixed=p.inputs.fixed,
+    return dict(start=p.start, free=p.inputs.free_default if args.fit.refine is None else None, fixed=p.inputs.fixed,
                 symmetry=p.inputs.symmetry, bounds=p.checked.bounds, mask=p.choice.mask, stages=p.checked.stages,
-                strategy=args.optimizer, background=args.background, loss=args.loss, priors=p.checked.priors,
-                n_spots=None if p.choice.spots is None else len(p.choice.spots), too_few_spots=args.too_few_spots,
-                time_budget_s=args.time_budget, structure_factors=p.checked.amplitudes)
+                strategy=args.optimiser.optimizer, background=args.fit.background, loss=args.optimiser.loss, priors=p.checked.priors,
+                n_spots=None if p.choice.spots is None else len(p.choice.spots), too_few_spots=args.pixels.too_few_spots,
+                time_budget_s=args.optimiser.time_budget, structure_factors=p.checked.amplitudes)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Options) -> int:
     """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
-    say = Printer(args.quiet)
+    say = Printer(args.output.quiet)
     t0 = time.monotonic()
     p = prepare(args, say)
     checked, inputs, sim, choice, start = p.checked, p.inputs, p.sim, p.choice, p.start
@@ -443,20 +440,20 @@ def run(args: argparse.Namespace) -> int:
     for directory in checked.make_dirs:
         directory.mkdir(parents=True, exist_ok=True)
     result = refine(sim, inputs.observed, **plan_arguments(args, p), callbacks=_callbacks(args, sim, say),
-                    progress=False if args.quiet else None,
-                    checkpoint=checked.ckpt_path, checkpoint_every=args.checkpoint_every,
-                    resume=checked.ckpt_path if args.resume else None, esds=not args.no_esds)
+                    progress=False if args.output.quiet else None,
+                    checkpoint=checked.ckpt_path, checkpoint_every=args.output.checkpoint_every,
+                    resume=checked.ckpt_path if args.output.resume else None, esds=not args.output.no_esds)
     if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
         sim = result.amplitudes.simulator(sim, result.amplitude_values)
     if choice.spots is not None:
         after = _spot_offsets(sim, dict(result.params), choice.spots, keep_model=True)
-        floor = spot_floor(after, result.params, inputs.mask, seed=args.seed)
+        floor = spot_floor(after, result.params, inputs.mask, seed=args.pixels.seed)
         inputs.extra["spots"] = _spots_report(args, choice.spots, before, after, floor)
         result = _with_drift_warning(result, inputs.extra["spots"])
-    if args.esd_extra:
+    if args.output.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
-    if args.expt_out:
+    if args.dials.expt_out:
         write_expt_out(args, sim, result.params)
-        say(f"  wrote the refined DIALS experiment {args.expt_out}")
+        say(f"  wrote the refined DIALS experiment {args.dials.expt_out}")
     write_and_report(args, checked, inputs, result, say, t0)
     return 0 if result.status.ok else 1

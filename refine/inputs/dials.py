@@ -14,11 +14,15 @@ spot list, and the refined model written back as a DIALS experiment.
 
 from __future__ import annotations
 
-import argparse
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nbtorch.errors import InputError
+
+if TYPE_CHECKING:  # the command's options; this module only reads them
+    from refine.cli.options import Options
 
 __all__ = ["add_options", "check_dials_options", "model_tokens", "refl_spots", "write_expt_out"]
 
@@ -38,56 +42,56 @@ def add_options(input_group, output_group) -> None:
                                                  "experiment (space group from --symmetry when it names one)")
 
 
-def check_dials_options(args: argparse.Namespace) -> None:
+def check_dials_options(args: Options) -> None:
     """Checks that need no file."""
-    if args.expt_out and not args.expt and not args.image:
+    if args.dials.expt_out and not args.dials.expt and not args.image.image:
         raise InputError("--expt-out: writes the refined model of a measured image; give --image (or --expt)")
-    if args.refl and args.spots:
+    if args.dials.refl and args.pixels.spots:
         raise InputError("--refl and --spots both give the observed spots; drop one")
-    for flag, value in (("--expt-index", args.expt_index), ("--expt-image", args.expt_image)):
+    for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image)):
         if value < 0:
             raise InputError(f"{flag}: must be >= 0, got {value}")
 
 
-def _experiment(args: argparse.Namespace):
+def _experiment(args: Options):
     from nbtorch.io.dials import read_expt
 
     try:
-        return read_expt(args.expt, args.expt_index)
+        return read_expt(args.dials.expt, args.dials.expt_index)
     except InputError as exc:
         raise InputError(f"--expt {exc}") from None
 
 
-def model_tokens(args: argparse.Namespace) -> str | list[str] | None:
+def model_tokens(args: Options) -> str | list[str] | None:
     """The starting model for :func:`refine.inputs.start_model.model_config`: ``--model`` alone, or the ``--expt`` flags
     followed by the ``--model`` tokens."""
-    if not args.expt:
-        return args.model
+    if not args.dials.expt:
+        return args.model.model
     from nbtorch.dials_geometry import experiment_flags
     from refine.inputs.start_model import expand_model_args
 
     try:
-        flags = experiment_flags(_experiment(args), args.expt_image)
+        flags = experiment_flags(_experiment(args), args.dials.expt_image)
     except InputError as exc:
         raise InputError(exc if str(exc).startswith("--expt") else f"--expt {exc}") from None
-    return flags + (expand_model_args(args.model) if args.model else [])
+    return flags + (expand_model_args(args.model.model) if args.model.model else [])
 
 
-def refl_spots(args: argparse.Namespace) -> np.ndarray:
+def refl_spots(args: Options) -> np.ndarray:
     """``(n, 2)`` observed spot centroids (x fast, y slow, pixels) of ``--refl``."""
     from nbtorch.io.dials import read_refl
 
     try:
-        cols = read_refl(args.refl, ("xyzobs.px.value",), experiment_id=args.expt_index)
+        cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index)
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
     xyz = cols["xyzobs.px.value"]
-    if args.expt and _experiment(args).scan is not None:  # frames z in [image, image + 1)
-        xyz = xyz[(xyz[:, 2] >= args.expt_image) & (xyz[:, 2] < args.expt_image + 1)]
+    if args.dials.expt and _experiment(args).scan is not None:  # frames z in [image, image + 1)
+        xyz = xyz[(xyz[:, 2] >= args.dials.expt_image) & (xyz[:, 2] < args.dials.expt_image + 1)]
     xyz = xyz[np.all(np.isfinite(xyz), axis=1) & np.any(xyz[:, :2] != 0, axis=1)]
     if not len(xyz):
-        raise InputError(f"--refl {args.refl}: no observed spots of experiment {args.expt_index}"
-                         + (f" on image {args.expt_image}" if args.expt else ""))
+        raise InputError(f"--refl {args.dials.refl}: no observed spots of experiment {args.dials.expt_index}"
+                         + (f" on image {args.dials.expt_image}" if args.dials.expt else ""))
     return np.ascontiguousarray(xyz[:, :2])
 
 
@@ -101,14 +105,14 @@ def _hall_symbol(symmetry: str | None) -> str:
     return group.hall if group is not None else " P 1"
 
 
-def write_expt_out(args: argparse.Namespace, sim, params) -> None:
+def write_expt_out(args: Options, sim, params) -> None:
     """Write ``--expt-out``: the ``--expt`` document (or, without one, a new still experiment of ``--image``)
     with ``sim``'s geometry at the refined ``params``."""
     from nbtorch.dials_geometry import refined_document, still_experiment
     from nbtorch.io.dials import write_expt
 
-    if args.expt:
-        doc = refined_document(_experiment(args), sim, dict(params), args.expt_image)
+    if args.dials.expt:
+        doc = refined_document(_experiment(args), sim, dict(params), args.dials.expt_image)
     else:
-        doc = refined_document(still_experiment(sim, args.image, _hall_symbol(args.symmetry)), sim, dict(params))
-    write_expt(args.expt_out, doc)
+        doc = refined_document(still_experiment(sim, args.image.image, _hall_symbol(args.fit.symmetry)), sim, dict(params))
+    write_expt(args.dials.expt_out, doc)

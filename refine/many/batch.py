@@ -4,7 +4,7 @@
 
     nbtorch-refine --config still.toml --images 'data/thau_3_2_*.cbf.bz2' --out-dir out/batch
     nbtorch-refine ... --images @files.txt                 # a file list (one path per line, # comments)
-    torchrun --nproc-per-node 2 -m refine.cli.parser ... --images ...   # images shared out over 2 processes
+    torchrun --nproc-per-node 2 -m refine.cli ... --images ...   # images shared out over 2 processes
 
 Every option of a single run applies to each image; ``{stem}`` in ``--model``, ``--spots``, ``--mask``
 (and any file option) is replaced by the image's name without its extensions (``thau_3_2_0003`` for
@@ -28,8 +28,6 @@ set up, and process 0 writes the summary once all are done; without torchrun one
 
 from __future__ import annotations
 
-import argparse
-import copy
 import csv
 import glob
 import io
@@ -38,11 +36,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from nbtorch.errors import InputError
+
+if TYPE_CHECKING:  # the command's options; this module only reads them
+    from refine.cli.options import Options
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 
 __all__ = ["expand_image_list", "image_stem", "per_image_args", "run_batch", "SUMMARY_COLUMNS"]
@@ -110,25 +111,19 @@ def expand_image_list(items: Sequence[str]) -> list[str]:
     return unique
 
 
-def per_image_args(args: argparse.Namespace, image: str, out_dir: Path) -> argparse.Namespace:
+def per_image_args(args: Options, image: str, out_dir: Path) -> Options:
     """The single-image options of ``image``: its folder's output paths and ``{stem}`` filled in."""
-    a = copy.copy(args)
     stem = image_stem(image)
     folder = out_dir / stem
-    a.image, a.images, a.problem = image, None, None
-    a.out = str(folder / "result.h5")
-    a.json = str(folder / "result.json")
-    a.checkpoint = str(folder / "result.ckpt.h5")
-    a.logdir = str(folder / "runs") if args.logdir else None
-    a.report = str(folder / "report.html") if getattr(args, "report", None) else None
-    a.hkl_out = str(folder / "result.hkl") if getattr(args, "hkl_out", None) else None  # else --out's .hkl
-    for name in _PER_IMAGE:
-        value = getattr(a, name, None)
-        if isinstance(value, str) and "{stem}" in value:
-            setattr(a, name, value.replace("{stem}", stem))
-    a.quiet = True
-    a.resume = bool(args.resume) and Path(a.checkpoint).is_file()
-    return a
+    checkpoint = str(folder / "result.ckpt.h5")
+    named = {name: args.get(name).replace("{stem}", stem) for name in _PER_IMAGE
+             if isinstance(args.get(name), str) and "{stem}" in args.get(name)}
+    return args.with_fields(
+        image=image, images=None, problem=None, out=str(folder / "result.h5"), json=str(folder / "result.json"),
+        checkpoint=checkpoint, logdir=str(folder / "runs") if args.output.logdir else None,
+        report=str(folder / "report.html") if args.output.report else None,
+        hkl_out=str(folder / "result.hkl") if args.output.hkl_out else None,  # else --out's .hkl
+        quiet=True, resume=bool(args.output.resume) and Path(checkpoint).is_file(), **named)
 
 
 def _row(image: str, folder: Path) -> dict:
@@ -234,11 +229,11 @@ def _process_group():
     return dist.get_rank(), dist.get_world_size(), dist
 
 
-def run_batch(args: argparse.Namespace, run_one: Callable[[argparse.Namespace], int],
+def run_batch(args: Options, run_one: Callable[[Options], int],
               say: Callable[[str], None] = print) -> int:
-    """Refine every image of ``args.images`` with ``run_one`` (``refine.cli.parser.run``); returns the exit status."""
-    images = expand_image_list(args.images)
-    out_dir = Path(args.out_dir or "out/batch")
+    """Refine every image of ``args.many.images`` with ``run_one`` (``refine.cli.single.run``); returns the exit status."""
+    images = expand_image_list(args.many.images)
+    out_dir = Path(args.many.out_dir or "out/batch")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     rank, world, dist = _process_group()
@@ -248,10 +243,10 @@ def run_batch(args: argparse.Namespace, run_one: Callable[[argparse.Namespace], 
     from tqdm.auto import tqdm
 
     t0 = time.monotonic()
-    for image in tqdm(mine, desc="images", unit="image", disable=args.quiet or None, leave=False):
+    for image in tqdm(mine, desc="images", unit="image", disable=args.output.quiet or None, leave=False):
         a = per_image_args(args, image, out_dir)
-        folder = Path(a.out).parent
-        if not args.redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
+        folder = Path(a.output.out).parent
+        if not args.many.redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
             say(f"  {image}: done before, kept ({folder})")
             continue
         folder.mkdir(parents=True, exist_ok=True)

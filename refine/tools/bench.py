@@ -165,7 +165,7 @@ def main_job_seconds(extra: Sequence[str] = (), timeout_s: float = 1800.0, threa
     env = dict(os.environ) if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory() as tmp:
         # not --quiet: the "(... s in all)" line is printed output
-        cmd = [sys.executable, "-m", "refine.cli.parser", *MAIN_JOB_ARGS, *extra, "--out", str(Path(tmp) / "result.h5")]
+        cmd = [sys.executable, "-m", "refine.cli", *MAIN_JOB_ARGS, *extra, "--out", str(Path(tmp) / "result.h5")]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         wall = time.perf_counter() - t0

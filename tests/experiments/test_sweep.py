@@ -61,12 +61,12 @@ def test_sweep_two_workers_then_resume(tmp_path):
     from refine.cli.parser import parse_args
 
     args = parse_args(["--config", str(out / "best.toml")])
-    assert args.optimizer == "adam" and args.max_steps == 4 and args.problem == "cubic_mosflm"
+    assert args.optimiser.optimizer == "adam" and args.optimiser.max_steps == 4 and args.model.problem == "cubic_mosflm"
     best_trial = _study(out).best_trial
-    assert args.precondition == best_trial.params["precondition"]
-    from refine.cli.parser import build_stages
+    assert args.optimiser.precondition == best_trial.params["precondition"]
+    from refine.cli.values import build_stages
 
-    pre = None if args.precondition == "none" else args.precondition
+    pre = None if args.optimiser.precondition == "none" else args.optimiser.precondition
     assert [s.precondition for s in build_stages(args)] == [pre]
     # the objective: parameter error relative to the start (1 = no progress)
     assert all(0.0 <= t.value < 10.0 for t in trials if t.state.name == "COMPLETE")

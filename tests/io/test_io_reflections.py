@@ -198,7 +198,7 @@ def test_simulator_computes_from_a_model_to_the_detector_corner(tmp_path):
 
 def test_hkl_flags_errors(tmp_path):
     from nbtorch import config_from_args
-    from nbtorch.setup import resolve
+    from nbtorch.resolve import resolve
 
     with pytest.raises(InputError, match=r"-hkl_column FP: only with an MTZ or mmCIF -hkl file"):
         resolve(config_from_args(SMALL + ["-hkl_column", "FP"]))
@@ -212,6 +212,6 @@ def test_refine_f_column_option():
     from refine.cli.parser import parse_args
 
     args = parse_args(["--image", "x.cbf", "--model=-hkl ref.mtz -cell 1 2 3 90 90 90", "--f-column", "F-obs"])
-    assert args.model.endswith("-hkl_column F-obs")
+    assert args.model.model.endswith("-hkl_column F-obs")
     with pytest.raises(InputError, match="--f-column: .* give --model"):
         parse_args(["--problem", "cubic_mosflm", "--f-column", "FP"])

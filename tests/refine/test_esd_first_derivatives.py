@@ -143,7 +143,7 @@ def test_reverse_jacobian_equals_the_forward_one(problem_cache, analytic):
 def test_a_small_run_with_esds_never_imports_dynamo(tmp_path):
     """The esds of a small problem (reverse mode) do not import ``torch._dynamo``, which torch's eager forward
     mode does (~1 s of the README's main job), nor does anything else of a small eager run."""
-    code = ("import sys\nfrom refine.cli.parser import main\n"
+    code = ("import sys\nfrom refine.cli.main import main\n"
             "code = main(['--problem', 'tetragonal_mosflm', '--size', '32', '--refine', 'scale,background,cell,"
             "orientation', '--max-steps', '5', '--no-compile', '--quiet', '--out', sys.argv[1], '--json', "
             "sys.argv[2]])\nprint('exit', code, 'dynamo', 'torch._dynamo' in sys.modules)\n")

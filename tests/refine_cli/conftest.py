@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from refine.cli.parser import main
+from refine.cli.main import main
 
 
 @pytest.fixture(autouse=True)

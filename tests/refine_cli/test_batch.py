@@ -120,7 +120,7 @@ def test_torchrun_shards_images_over_two_processes(tmp_path):
                                                         os.environ.get("PYTHONPATH", "")]),
            "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(29500 + os.getpid() % 1000), "-m", "refine.cli.parser", "--images", *map(str, good),
+           "--master-port", str(29500 + os.getpid() % 1000), "-m", "refine.cli", "--images", *map(str, good),
            "--model", MODEL, *OPTIONS, "--out-dir", str(tmp_path / "dist")]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,7 +8,7 @@ import pytest
 
 from cli_helpers import CRYSTAL, simulate
 from nbtorch.io import write_cbf
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 
 TINY = ("--problem", "tetragonal_mosflm", "--size", "32")
 REQUIRED = ("params", "esds", "initial_params", "loss_initial", "loss_final", "steps", "status", "wall_s")
@@ -159,7 +159,8 @@ def test_spots_report(refine_cli, tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
-    from refine.cli.parser import build_stages, parse_args
+    from refine.cli.parser import parse_args
+    from refine.cli.values import build_stages
 
     stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--max-steps", "10", "--optimizer", optimizer]))
     assert [s.name for s in stages][-1] == "final"
@@ -167,7 +168,8 @@ def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
 
 
 def test_history_size_and_precondition_reach_every_stage():
-    from refine.cli.parser import build_stages, parse_args
+    from refine.cli.parser import parse_args
+    from refine.cli.values import build_stages
 
     stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--history-size", "7",
                                       "--precondition", "diagonal"]))
@@ -178,7 +180,8 @@ def test_history_size_and_precondition_reach_every_stage():
 
 
 def test_stage_table_precondition(tmp_path):
-    from refine.cli.parser import build_stages, parse_args
+    from refine.cli.parser import parse_args
+    from refine.cli.values import build_stages
 
     (tmp_path / "s.toml").write_text('problem = "cubic_mosflm"\n[[stages]]\nfree = ["cell"]\nprecondition = "full"\n'
                                      'history_size = 5\n[[stages]]\nfree = ["cell", "scale"]\n')
@@ -193,7 +196,8 @@ def test_stage_table_precondition(tmp_path):
 ])
 def test_bad_optimizer_options(argv, message):
     from nbtorch.errors import InputError
-    from refine.cli.parser import build_stages, parse_args
+    from refine.cli.parser import parse_args
+    from refine.cli.values import build_stages
 
     with pytest.raises(InputError, match=message):
         build_stages(parse_args(["--problem", "cubic_mosflm", *argv]))
@@ -225,13 +229,14 @@ def test_config_value_starting_with_a_dash(tmp_path):
 
     (tmp_path / "run.toml").write_text('image = "x.cbf"\nmodel = "-mosflm"\nstart = { cell_a = -1 }\n')
     args = parse_args(["--config", str(tmp_path / "run.toml")])
-    assert args.model == "-mosflm" and args.start == ["cell_a=-1"]
+    assert args.model.model == "-mosflm" and args.fit.start == ("cell_a=-1",)
 
 
 def test_measured_image_default_plan_refines_the_tilt_and_fixes_the_distance(refine_cli, tmp_path):
     """With --image and no --refine/--stages: stage_a whose detector stage frees the tilt; the distance is fixed
     unless --fix says otherwise (--fix none: nothing fixed)."""
-    from refine.cli.parser import build_stages, parse_args
+    from refine.cli.parser import parse_args
+    from refine.cli.values import build_stages
 
     stages = build_stages(parse_args(["--image", "obs.cbf", "--model", CRYSTAL]))
     detector = next(s for s in stages if s.name == "detector")

@@ -26,7 +26,7 @@ _SECTIONS = ("Parameters", "Loss and parameters per step", "Observed, model and 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """One short synthetic refinement with a spot list, its result.h5 and report.html."""
-    from refine.cli.parser import main
+    from refine.cli.main import main
 
     tmp = tmp_path_factory.mktemp("report")
     cwd = os.getcwd()
@@ -80,7 +80,7 @@ def test_report_without_spots_or_esds(tmp_path):
 
 
 def load_report_data_for_test(tmp_path: Path) -> dict:
-    from refine.cli.parser import main
+    from refine.cli.main import main
 
     cwd = os.getcwd()
     os.chdir(tmp_path)

@@ -301,13 +301,13 @@ def test_header_values_the_model_does_not_take_are_said(tmp_path):
 
 
 def test_no_parallax_option():
-    assert parse_args(["--image", "x.cbf", "--model=-mosflm"]).parallax is True
-    assert parse_args(["--image", "x.cbf", "--model=-mosflm", "--no-parallax"]).parallax is False
+    assert parse_args(["--image", "x.cbf", "--model=-mosflm"]).image.parallax is True
+    assert parse_args(["--image", "x.cbf", "--model=-mosflm", "--no-parallax"]).image.parallax is False
 
 
 def test_no_parallax_in_a_config_file(tmp_path):
     (tmp_path / "run.toml").write_text('image = "x.cbf"\nmodel = "-mosflm -N 5"\nno_parallax = true\n')
-    assert parse_args(["--config", str(tmp_path / "run.toml")]).parallax is False
+    assert parse_args(["--config", str(tmp_path / "run.toml")]).image.parallax is False
 
 
 @pytest.mark.skipif(not REAL.is_file(), reason="../shared/real/thaumatin_i24_still missing")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from refine.cli.parser import main
+from refine.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "real" / "thaumatin_i24_still"
