@@ -35,9 +35,22 @@ from refine.fitting.structure_factors import DEFAULT_MIN_PHOTONS
 __all__ = [
     "Options", "ImageOptions", "ModelOptions", "DialsOptions", "ManyOptions", "FitOptions", "AmplitudeFlags",
     "OptimiserOptions", "PixelOptions", "OutputOptions", "ComputeOptions", "options_from_namespace",
-    "DEFAULT_DATASET", "PROG",
+    "DEFAULT_DATASET", "PROG", "GROUP_TITLES",
 ]
 
+#: the ``--help`` heading of each group of :class:`Options`
+GROUP_TITLES = {
+    "image": "measured image",
+    "model": "starting model",
+    "dials": "DIALS files (instead of or with --model and --spots)",
+    "many": "many images (--images: each on its own, or together with --joint / --rotation-series)",
+    "fit": "what to refine",
+    "amplitudes": "structure factors (--structure-factors)",
+    "optimiser": "optimiser",
+    "pixels": "fitted pixels and observed spots",
+    "output": "output",
+    "compute": "compute",
+}
 #: the command's name, in its messages
 PROG = "nbtorch-refine"
 #: the HDF5 dataset read when ``--dataset`` is not given

@@ -25,8 +25,9 @@ from typing import Sequence
 from nbtorch.cli_support import Parser
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
-from refine.cli.options import DEFAULT_DATASET, PROG, Options, options_from_namespace
+from refine.cli.options import DEFAULT_DATASET, GROUP_TITLES, PROG, Options, options_from_namespace
 from refine.cli.values import csv_names
+from refine.inputs.dials import add_options as add_dials_options
 from refine.fitting.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
 from refine.quality.identifiability import TOO_FEW_SPOTS
 from refine.solver.precondition import PRECONDITIONER_NAMES
@@ -38,12 +39,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     Long because it is the option table, one ``add_argument`` per option in ``--help`` order; splitting
     it would only scatter the table."""
-    p = Parser(prog=PROG, description="Refine a nanoBragg model against a measured still image.",
+    p = Parser(prog=PROG, description="Refine a nanoBragg model against measured images: one still, many stills (independent or "
+                           "joint) or a rotation sweep.",
                epilog="Tutorial and every option: docs/refinement.md")
-    g = input_group = p.add_argument_group("input")
+    g = p.add_argument_group(GROUP_TITLES["image"])
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus or Eiger master (.h5, .nxs), TIFF or Pilatus TIFF (.tif), "
                                    "MarCCD/Rayonix (.mccd), mar345 (.mar2300) or raw (.bin, with --shape)")
+    g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
+    g.add_argument("--dataset", default=DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
+    g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
+    g.add_argument("--raw-dtype", default="<f4", help="element type of a raw image (numpy, default %(default)s)")
+    g.add_argument("--mask", help="mask file (any image format, same shape; nonzero = use the pixel)")
+    g.add_argument("--saturation", type=float, help="mask pixels >= this (default: the header's count cutoff)")
+    g.add_argument("--mask-nan", action="store_true", help="mask NaN/Inf pixels instead of refusing the image")
+    g.add_argument("--no-parallax", dest="parallax", action="store_false",
+                   help="leave the sensor's thickness and absorption (parallax) out of the model; by default a "
+                        "header's sensor thickness enters it with silicon's attenuation length (docs/refinement.md)")
+    g = p.add_argument_group(GROUP_TITLES["model"])
+    g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
+                                   "the image header fills in wavelength, distance, beam centre, pixel size and "
+                                   "detector size that the flags leave out")
+    g.add_argument("--f-column", help="amplitude column of an MTZ or mmCIF -hkl file in --model (e.g. FP, F-obs, "
+                                      "F_meas_au; adds -hkl_column to the model's flags)")
+    g.add_argument("--problem", help="refine a synthetic problem of the bank instead of --image (refine.PROBLEMS)")
+    g.add_argument("--size", type=int, default=64, help="detector pixels per side of --problem (default %(default)s)")
+    g.add_argument("--config", help="TOML file of options (keys = long option names; command-line flags win)")
+    g = p.add_argument_group(GROUP_TITLES["dials"])
+    add_dials_options(g)
+    g = p.add_argument_group(GROUP_TITLES["many"])
     g.add_argument("--images", nargs="+", metavar="IMAGE", help="independent mode: refine each of these images on its "
                    "own (paths, quoted glob patterns, @LIST files); {stem} in --model/--spots/--mask is the image's "
                    "name; results in --out-dir/<stem>/ and a summary (docs/refinement.md, 'Many images')")
@@ -63,25 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pixel-memory", type=float, metavar="MB", help="joint mode: megabytes of fitted pixels each "
                    "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
-    g.add_argument("--frame", type=int, help="frame index of a 3-D HDF5 dataset")
-    g.add_argument("--dataset", default=DEFAULT_DATASET, help="HDF5 dataset of the image (default %(default)s)")
-    g.add_argument("--shape", type=int, nargs=2, metavar=("SLOW", "FAST"), help="shape of a raw image")
-    g.add_argument("--raw-dtype", default="<f4", help="element type of a raw image (numpy, default %(default)s)")
-    g.add_argument("--mask", help="mask file (any image format, same shape; nonzero = use the pixel)")
-    g.add_argument("--saturation", type=float, help="mask pixels >= this (default: the header's count cutoff)")
-    g.add_argument("--mask-nan", action="store_true", help="mask NaN/Inf pixels instead of refusing the image")
-    g.add_argument("--no-parallax", dest="parallax", action="store_false",
-                   help="leave the sensor's thickness and absorption (parallax) out of the model; by default a "
-                        "header's sensor thickness enters it with silicon's attenuation length (docs/refinement.md)")
-    g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
-                                   "the image header fills in wavelength, distance, beam centre, pixel size and "
-                                   "detector size that the flags leave out")
-    g.add_argument("--f-column", help="amplitude column of an MTZ or mmCIF -hkl file in --model (e.g. FP, F-obs, "
-                                      "F_meas_au; adds -hkl_column to the model's flags)")
-    g.add_argument("--problem", help="refine a synthetic problem of the bank instead of --image (refine.PROBLEMS)")
-    g.add_argument("--size", type=int, default=64, help="detector pixels per side of --problem (default %(default)s)")
-    g.add_argument("--config", help="TOML file of options (keys = long option names; command-line flags win)")
-    g = p.add_argument_group("what to refine")
+    g = p.add_argument_group(GROUP_TITLES["fit"])
     g.add_argument("--refine", type=csv_names, help="one stage refining these canonical names and groups (comma-separated): "
                                                "cell orientation mosaic detector beam_centre wavelength scale "
                                                "background, or names such as beam_x, mosaic_spread, N, distance")
@@ -93,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
+    g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
+    g.add_argument("--bounds", type=csv_names, help="name=low:high,... refine inside open intervals")
+    g.add_argument("--prior", type=csv_names, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
+                                              "each in its own unit (e.g. distance=150:0.5); they add "
+                                              "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds")
+    g = p.add_argument_group(GROUP_TITLES["amplitudes"])
     g.add_argument("--structure-factors", action="store_true",
                    help="then refine one amplitude F_h_k_l per symmetry-unique reflection the fitted pixels see, with "
                         "the geometry (a last stage; needs a space group: --space-group or --symmetry P41212)")
@@ -104,12 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Bragg photons a reflection needs on the fitted pixels to be refined (default %(default)s)")
     g.add_argument("--f-restraint", type=float, metavar="SIGMA",
                    help="restrain each amplitude towards its resolution bin's mean, relative width SIGMA (e.g. 0.5)")
-    g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
-    g.add_argument("--bounds", type=csv_names, help="name=low:high,... refine inside open intervals")
-    g.add_argument("--prior", type=csv_names, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
-                                              "each in its own unit (e.g. distance=150:0.5); they add "
-                                              "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds")
-    g = p.add_argument_group("optimiser")
+    g = p.add_argument_group(GROUP_TITLES["optimiser"])
     g.add_argument("--optimizer", default="lbfgs", choices=("lbfgs", "adam"), help="step rule (default %(default)s)")
     g.add_argument("--lr", type=float, help="step length (LBFGS, default 1) or learning rate (Adam, default 0.1)")
     g.add_argument("--history-size", type=int, help="LBFGS: (s, y) pairs kept (default 20)")
@@ -122,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bin", type=int, default=1, help="bin model and observed KxK in the --refine stage (default 1)")
     g.add_argument("--coarse", action="store_true", help="precede the --refine stage by binned, low-resolution copies")
     g.add_argument("--time-budget", type=float, help="wall-clock budget of the refinement (s)")
-    g = p.add_argument_group("pixels (speed)")
+    g = p.add_argument_group(GROUP_TITLES["pixels"])
     g.add_argument("--roi", type=int, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
                    help="fit only this rectangle (inclusive fast x and slow y pixel bounds)")
     g.add_argument("--dmin", type=float, help="high-resolution limit (Å): mask pixels with d < dmin")
@@ -143,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(plus --subsample of the others)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of --subsample and of the spot noise floor's Poisson draws (default %(default)s)")
-    g = output_group = p.add_argument_group("output")
+    g = p.add_argument_group(GROUP_TITLES["output"])
     g.add_argument("--out", default="result.h5", help="result HDF5 file (default %(default)s)")
     g.add_argument("--json", help="result JSON file (default: --out with .json)")
     g.add_argument("--hkl-out", help="with --structure-factors: the refined amplitudes as a nanoBragg -hkl file, "
@@ -160,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--esd-extra", type=csv_names, help="also report esds and correlations of these fixed parameters "
                                                   "at the refined point (e.g. distance)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no printing (errors only)")
-    g = p.add_argument_group("compute")
+    g = p.add_argument_group(GROUP_TITLES["compute"])
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="default %(default)s")
     g.add_argument("--kernel-dtype", choices=("float64", "float32"),
@@ -170,10 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", dest="compile", action="store_const", const=True,
                    help="torch.compile the simulator kernel (default: only for big jobs)")
     g.add_argument("--no-compile", dest="compile", action="store_const", const=False, help="never compile")
-    from refine.inputs.dials import add_options as add_dials_options
-
-    add_dials_options(input_group, output_group)
     return p
+
 
 # ------------------------------------------------------------------------------ config file
 

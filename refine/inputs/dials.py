@@ -27,17 +27,17 @@ if TYPE_CHECKING:  # the command's options; this module only reads them
 __all__ = ["add_options", "check_dials_options", "model_tokens", "refl_spots", "write_expt_out"]
 
 
-def add_options(input_group, output_group) -> None:
-    """The DIALS options of :func:`refine.cli.parser.build_parser`."""
-    input_group.add_argument("--expt", help="DIALS experiment (.expt) as the starting model (geometry, beam, crystal); "
+def add_options(group) -> None:
+    """The DIALS options of :func:`refine.cli.parser.build_parser`, added to its argparse ``group``."""
+    group.add_argument("--expt", help="DIALS experiment (.expt) as the starting model (geometry, beam, crystal); "
                                             "--model flags are applied after it")
-    input_group.add_argument("--expt-index", type=int, default=0,
+    group.add_argument("--expt-index", type=int, default=0,
                              help="which experiment of --expt (and id of --refl) (default %(default)s)")
-    input_group.add_argument("--expt-image", type=int, default=0,
+    group.add_argument("--expt-image", type=int, default=0,
                              help="rotation scans: image of the scan that --image is, 0 = the first (default %(default)s)")
-    input_group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
+    group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
                                             "spot list (as --spots)")
-    output_group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
+    group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
                                                  "document with the refined values, or without --expt a new still "
                                                  "experiment (space group from --symmetry when it names one)")
 
