@@ -8,7 +8,7 @@
 
 Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
 ``--dmin``/``--dmax``, ``--spots`` or ``--refl``, ``--roi``, ...; :mod:`refine.cli.single`), each process only its block of
-the images (:func:`refine.many.joint.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
+the images (:func:`refine.many.distributed.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
 ``scale,background,orientation``) name the groups.  ``--rotation-series`` is ``--joint`` for a sweep of
 rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` from its own header (as for a
 single run): ``--shared`` defaults to ``cell,orientation`` and ``--per-image`` to ``scale,background``, and a
@@ -42,7 +42,9 @@ from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.many.batch import expand_image_list, per_image_args
 from refine.cli.single import amplitude_options, prepare
-from refine.many.joint import DEFAULT_CONVERGENCE, _Comm, image_shard, refine_joint, save_joint_h5, save_joint_json
+from refine.many.distributed import Comm, image_shard
+from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
+from refine.output.results import save_h5, save_json
 from refine.many.amplitudes import check_options
 from refine.inputs.start_model import crystal_system
 from refine.many.pixel_table import FittedPixels, StoredPixels
@@ -133,7 +135,7 @@ def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path 
         check_directory_can_be_made(out_dir, "--out-dir")
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    _Comm().on_rank0(check)
+    Comm().on_rank0(check)
     return path
 
 
@@ -180,9 +182,9 @@ def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
         for px in pixels:
             if isinstance(px, StoredPixels):
                 px.path.unlink(missing_ok=True)
-    if _Comm().rank == 0:  # the process group refine_joint used
-        json_path = save_joint_json(result, out_dir / "joint.json")
-        h5_path = save_joint_h5(result, out_dir / "joint.h5")
+    if Comm().rank == 0:  # the process group refine_joint used
+        json_path = save_json(result, out_dir / "joint.json")
+        h5_path = save_h5(result, out_dir / "joint.h5")
         if hkl is not None:
             write_hkl(hkl, result.hkl_table())
         say(result.summary())

@@ -59,11 +59,11 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
-from nbtorch.physics.rotation import rotation_matrix_xyz
+from nbtorch.rotation import rotation_matrix_xyz
 from nbtorch.parameters import (
     CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, Parameter, names_in_group,
 )
-from nbtorch.setup import check_cell
+from nbtorch.resolve import check_cell
 from refine.fitting.structure_factors import is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
 

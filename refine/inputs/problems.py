@@ -51,8 +51,8 @@ from nbtorch.errors import InputError
 from nbtorch.io.hkl import write_fdump
 from nbtorch.beam_centre import beam_centre_flags
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
-from nbtorch.physics.rotation import rotation_matrix_axis_angle
-from nbtorch.runtime import cache_dir
+from nbtorch.rotation import rotation_matrix_axis_angle
+from nbtorch.cache import cache_dir
 from nbtorch.simulator import Simulator
 from refine.fitting.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 

@@ -44,6 +44,9 @@ from nbtorch.errors import InputError
 from refine.fitting.objective import ImageObjective, LossFn, make_view
 from refine.fitting.parameters import ParameterMap
 from refine.many.pixel_table import FittedPixels, StoredPixels
+from refine.output.results import amplitude_rows
+from refine.quality.uncertainty import restraint_curvature
+from refine.solver.precondition import physical_per_raw
 from refine.fitting.structure_factors import (AmplitudeOptions, AmplitudeRestraint, AmplitudeTable, amplitude_photons,
                                       check_space_group, check_table_size, em_sums, em_update, entry_photons,
                                       start_grid, table_from_photons, touched_range)
@@ -135,31 +138,14 @@ class SharedAmplitudes:
                   raw_shared: Tensor | None = None) -> Tensor:
         """(S, S) the restraint's Gauss-Newton curvature on the shared names at ``values`` (physical units;
         with ``raw_units`` and ``raw_shared``: in the raw units of that map, for the preconditioner)."""
-        S = len(shared_names)
-        out = torch.zeros(S, S, dtype=torch.float64)
-        if self.restraint is None or not self.free:
-            return out
-        names = self.table.names
-        pos = [(shared_names.index(n), names.index(n)) for n in self.free]
-        R = self.restraint.jacobian(self.table.vector(values, torch.float64, "cpu"))[:, [j for _, j in pos]]
-        if raw_units is not None:
-            d = torch.func.jacfwd(lambda r: torch.stack(list(raw_units.physical(r).values())))(raw_shared).diagonal()
-            R = R * d[[i for i, _ in pos]][None, :]
-        rows = torch.tensor([i for i, _ in pos])
-        out[rows[:, None], rows[None, :]] = R.T @ R
-        return out
+        scale = physical_per_raw(raw_units, raw_shared) if raw_units is not None else None
+        return restraint_curvature(self.restraint, shared_names, values, scale)
 
     def rows(self, values: dict, esds: dict) -> dict:
         """The result's ``structure_factors``: space group, start, counts and one row ``[h, k, l, d_A, F, esd,
         refined]`` per candidate (as a single run's :meth:`refine.output.results.RefinementResult.structure_factors`)."""
-        t = self.table
-        free = set(self.free)
-        rows = [[int(h), int(k), int(l), float(d), float(values[n]), esds.get(n) if n in free else None, n in free]
-                for n, (h, k, l), d in zip(t.names, t.hkl, t.d_A)]  # noqa: E741
-        return {"space_group": t.space_group, "start": t.start_mode, "n_free": len(self.free),
-                "n_held": len(self.held), "min_photons": self.options.min_photons,
-                "restraint_sigma": self.options.restraint_sigma, "photons": [float(p) for p in self.photons],
-                "columns": ["h", "k", "l", "d_A", "F", "esd", "refined"], "reflections": rows}
+        return {**amplitude_rows(self.table, values, esds, self.free), "min_photons": self.options.min_photons,
+                "restraint_sigma": self.options.restraint_sigma, "photons": [float(p) for p in self.photons]}
 
 
 def check_options(options: AmplitudeOptions, shared: Sequence[str], per_image: Sequence[str]) -> None:

@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 
-__all__ = ["expand_image_list", "image_stem", "per_image_args", "run_batch", "SUMMARY_COLUMNS"]
+__all__ = ["expand_image_list", "image_stem", "per_image_args", "run_batch", "process_group", "restart_count",
+           "SUMMARY_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def restart_count() -> int:
         return 0
 
 
-def _process_group():
+def process_group():
     """(rank, world, group-or-None): a gloo group under torchrun, else (0, 1, None).
 
     Under torchrun the group's keys in the rendezvous store are those of this attempt
@@ -236,7 +237,7 @@ def run_batch(args: Options, run_one: Callable[[Options], int],
     out_dir = Path(args.many.out_dir or "out/batch")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
-    rank, world, dist = _process_group()
+    rank, world, dist = process_group()
     mine = images[rank::world]
     say(f"nbtorch-refine: {len(images)} images, {len(mine)} in this process (rank {rank} of {world}); "
         f"results in {out_dir}/")

@@ -52,17 +52,23 @@ own nuisances profiled out (the Schur complement).  Up to :data:`MAX_DENSE` raw 
 matrices are built densely, ``(S + n K)^2`` for ``S`` shared and ``K`` per-image names of ``n`` images; above
 it (16 000 images of 5 names would be 80 000^2 doubles) the esds come from the blocks, in memory and time
 linear in ``n`` (:mod:`refine.many.esds`), and the preconditioner is the Fisher matrix's diagonal.
+
+**What a single run shares with it.**  Each image's objective, its Fisher block in raw units
+(:func:`refine.solver.precondition.raw_fisher_information`) and its esd matrices are a single run's; the esds
+and correlations come from the covariances as in one (:func:`refine.quality.uncertainty.named_esds`,
+:func:`~refine.quality.uncertainty.correlation_matrix`), the elapsed time and Ctrl-C as in
+:mod:`refine.solver.runner` (:class:`~refine.solver.runner.RunClock`,
+:func:`~refine.solver.runner.checkpoint_on_interrupt`), and the result (:class:`~refine.output.results.JointResult`)
+is written in the single run's schema extended with a list of images (:mod:`refine.output.results`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -71,120 +77,36 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
-from nbtorch.io.atomic import atomic_output_path, atomic_write
 from nbtorch.parameters import MISSET_NAMES
 from nbtorch.simulator import Simulator
-from refine.many.batch import _process_group, restart_count
-from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
-from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
-                                     read_joint_checkpoint, write_joint_checkpoint)
-from refine.solver.loop import Convergence, LoopAborted, LoopInterrupted, LoopResult, LoopState, Status, minimise
 from refine.fitting.objective import ImageObjective, LossFn, resolve_loss
-from refine.fitting.parameters import (BASE_NAMES, CELL, ORIENTATION_DELTAS, ParameterMap, ParameterSpace, canonical_values,
-                               units_of)
-from refine.many.pixel_table import FittedPixels, StoredPixels
-from refine.solver.plan import observed_pixels, starting_values
-from refine.solver.precondition import LinearPreconditioner, preconditioner_from_fisher
-from refine.output.results import jsonable
-from refine.solver.precondition import _blocked_raw_fisher
-from refine.solver.runner import RefinementInterrupted
-from refine.solver.strategies import AbstractStrategy, get_strategy
+from refine.fitting.parameters import (BASE_NAMES, CELL, ORIENTATION_DELTAS, ParameterMap, ParameterSpace, units_of)
 from refine.fitting.structure_factors import AmplitudeOptions, is_amplitude
 from refine.fitting.transforms import Held
+from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
+from refine.many.batch import restart_count
+from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
+                                    read_joint_checkpoint, write_joint_checkpoint)
+from refine.many.distributed import Comm, image_shard
 from refine.many.esds import MAX_DENSE, assemble, joint_covariances
-from refine.quality.uncertainty import ESD_KINDS, derived_esds, fisher_information, image_information
+from refine.many.pixel_table import FittedPixels, StoredPixels
+from refine.output.results import JointResult, load_joint_h5, reported_values, save_joint_h5, save_joint_json
+from refine.quality.uncertainty import correlation_matrix, image_information, named_esds
+from refine.solver.loop import Convergence, LoopAborted, LoopResult, LoopState, Status, minimise
+from refine.solver.plan import observed_pixels, starting_values
+from refine.solver.precondition import LinearPreconditioner, preconditioner_from_fisher, raw_fisher_information
+from refine.solver.runner import RunClock, checkpoint_on_interrupt
+from refine.solver.strategies import AbstractStrategy, get_strategy
 
-__all__ = ["JointResult", "refine_joint", "image_shard", "save_joint_json", "save_joint_h5", "load_joint_h5",
-           "MAX_DENSE", "geometry_checkpoint"]
+# JointResult and its writers live with the single result (one schema); Comm and image_shard in
+# refine.many.distributed: named here too, where joint runs have always found them
+__all__ = ["JointResult", "refine_joint", "image_shard", "Comm", "save_joint_json", "save_joint_h5", "load_joint_h5",
+           "MAX_DENSE", "geometry_checkpoint", "DEFAULT_CONVERGENCE"]
 
 log = logging.getLogger(__name__)
 
 #: the default stopping rules (those of the default schedule's final stage, more steps)
 DEFAULT_CONVERGENCE = Convergence(max_steps=300, ftol=1e-4, xtol=1e-4)
-
-
-# -- processes ------------------------------------------------------------------------------------------
-class _Comm:
-    """The process group (or none): rank, world size and the exact gather of per-image rows."""
-
-    def __init__(self) -> None:
-        self.dist = None
-        self.rank, self.world = 0, 1
-        initialised = False
-        try:
-            import torch.distributed as dist
-
-            initialised = dist.is_available() and dist.is_initialized()
-        except ImportError:  # pragma: no cover - torch without distributed
-            dist = None
-        if initialised:
-            self.dist = dist
-        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-            _, _, self.dist = _process_group()
-        if self.dist is not None:
-            self.rank, self.world = self.dist.get_rank(), self.dist.get_world_size()
-            if self.world == 1:
-                self.dist = None
-
-    def gather(self, rows: Mapping[int, Tensor], n: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        """(n, *shape): row ``i`` from the process that holds image ``i`` (exact: the others add zeros)."""
-        out = torch.zeros((n, *shape), dtype=dtype)
-        for i, row in rows.items():
-            out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
-        if self.dist is not None:
-            self._collective(self.dist.all_reduce, out)
-        return out
-
-    def gather_objects(self, local: Mapping[int, Any], n: int) -> list:
-        """``[object of image i for i in range(n)]`` (picklable) from the processes that hold them."""
-        parts = [dict(local)]
-        if self.dist is not None:
-            parts = [None] * self.world
-            self._collective(self.dist.all_gather_object, parts, dict(local))
-        out: list = [None] * n
-        for part in parts:
-            for i, obj in part.items():
-                out[i] = obj
-        return out
-
-    def barrier(self) -> None:
-        """Wait for every process."""
-        if self.dist is not None:
-            self._collective(self.dist.barrier)
-
-    def on_rank0(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` run by process 0 only; every process gets its value, or raises its :class:`InputError`."""
-        value, error = None, None
-        if self.rank == 0:
-            try:
-                value = fn()
-            except InputError as exc:
-                error = str(exc)
-        if self.dist is not None:
-            box = [(value, error)]
-            self._collective(self.dist.broadcast_object_list, box, src=0)
-            value, error = box[0]
-        if error is not None:
-            raise InputError(error)
-        return value
-
-    @staticmethod
-    def _collective(op: Callable, *args: Any, **kw: Any) -> None:
-        """A collective operation; its failure (another process died) ends the run: :class:`LoopAborted`."""
-        try:
-            op(*args, **kw)
-        except RuntimeError as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise LoopAborted(f"the process group failed (another process probably died): {reason}") from exc
-
-
-def image_shard(n: int, rank: int | None = None, world: int | None = None) -> range:
-    """The images process ``rank`` of ``world`` holds: a contiguous block (default: this process, under
-    torchrun after setting up the gloo group; else every image)."""
-    if rank is None or world is None:
-        comm = _Comm()
-        rank, world = comm.rank, comm.world
-    return range(n * rank // world, n * (rank + 1) // world)
 
 
 # -- the images -----------------------------------------------------------------------------------------
@@ -272,7 +194,7 @@ def _image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], hol
 class _Joint:
     """The joint loss and gradient over the images of every process (module docstring)."""
 
-    def __init__(self, images: Sequence[_Image], n: int, n_shared: int, n_own: int, comm: _Comm,
+    def __init__(self, images: Sequence[_Image], n: int, n_shared: int, n_own: int, comm: Comm,
                  dtype: torch.dtype) -> None:
         self.images, self.n, self.S, self.K, self.comm, self.dtype = images, n, n_shared, n_own, comm, dtype
         #: ``raw[:S] -> (loss, gradient (S,))`` added once to the sum over images (the amplitude restraint)
@@ -332,201 +254,6 @@ class _JointLoss(torch.autograd.Function):
         return g * grad, None, None
 
 
-# -- the result -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JointResult:
-    """What a joint refinement produced.
-
-    Attributes:
-        status, message: how the loop ended (:class:`~refine.solver.loop.Status`).
-        shared: final value of every shared canonical name (all six cell values when the cell is shared; a
-            shared orientation as its deltas ``orient_x/y/z`` and, when every image has the same orientation,
-            as ``misset_x/y/z``: one crystal turning through a rotation series).
-        shared_esds: their esds (the default ``esd_kind``; tied names such as ``cell_b`` of a cubic cell too).
-        images: per image, every canonical value at the end (the shared ones included; the orientation as
-            ``misset_x/y/z``), plus ``scale`` and ``background``.
-        image_esds: per image, the esds of its per-image names (and ``misset_x/y/z`` when the orientation
-            is refined).
-        initial_shared, initial_images: the same at the start.
-        shared_names, per_image_names: the refined names (raw order: shared, then each image's own).
-        esd_kind: ``"sandwich"`` (None without esds); ``esds_by_kind``: kind -> ``{"shared": {...},
-            "images": [{...}, ...]}`` for ``sandwich``, ``fisher``.
-        shared_correlation: (S, S) correlation of the shared names; ``fisher_condition``: condition number of
-            the unit-diagonal joint Fisher matrix.
-        loss_initial, loss_final: joint loss (sum over images); ``image_losses``: each image's final loss.
-        steps, evaluations, wall_s: the loop; ``world_size``: processes that shared the images.
-        history: one dict per point of the loop (step, loss, grad_norm, step_norm, evaluations).
-        warnings: one line each.
-        resumed_from_step: the step of the checkpoint this run continued from (None: it started afresh).
-        structure_factors: with shared structure factors (:mod:`refine.many.amplitudes`): the space group,
-            start, counts, each candidate's summed photons and one row ``[h, k, l, d_A, F, esd, refined]`` per
-            candidate (esd of the default kind; the Fisher ones are in ``esds_by_kind[...]["shared"]``); empty
-            without.  ``amplitude_table``, ``amplitude_values``: the table and every candidate's final value
-            (:meth:`hkl_table`).
-    """
-
-    status: Status
-    message: str
-    shared: dict
-    shared_esds: dict
-    images: tuple
-    image_esds: tuple
-    initial_shared: dict
-    initial_images: tuple
-    shared_names: tuple
-    per_image_names: tuple
-    symmetry: str
-    loss_name: str
-    loss_initial: float
-    loss_final: float
-    image_losses: tuple
-    steps: int
-    evaluations: int
-    wall_s: float
-    world_size: int
-    units: dict
-    esd_kind: str | None = None
-    esds_by_kind: dict = field(default_factory=dict)
-    shared_correlation: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
-    fisher_condition: float = math.nan
-    history: tuple = ()
-    warnings: tuple = ()
-    resumed_from_step: int | None = None
-    structure_factors: dict = field(default_factory=dict)
-    amplitude_table: Any = field(default=None, repr=False, compare=False)
-    amplitude_values: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def n_images(self) -> int:
-        return len(self.images)
-
-    def hkl_table(self):
-        """The shared amplitudes with every equivalent and Friedel mate (:class:`nbtorch.io.hkl.HKLTable`, for
-        :func:`nbtorch.io.hkl.write_hkl`); None without structure factors."""
-        if self.amplitude_table is None:
-            return None
-        return self.amplitude_table.hkl_table(self.amplitude_values)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The ``joint.json`` document (plain Python types)."""
-        return {
-            "format": "nbtorch-refine-joint", "status": self.status.value, "message": self.message,
-            "n_images": self.n_images, "shared_names": list(self.shared_names),
-            "per_image_names": list(self.per_image_names), "symmetry": self.symmetry, "loss": self.loss_name,
-            "shared": self.shared, "shared_esds": self.shared_esds, "initial_shared": self.initial_shared,
-            "images": [{"params": p, "esds": e, "initial_params": q, "loss_final": l}
-                       for p, e, q, l in zip(self.images, self.image_esds, self.initial_images, self.image_losses)],
-            "loss_initial": self.loss_initial, "loss_final": self.loss_final, "steps": self.steps,
-            "evaluations": self.evaluations, "wall_s": self.wall_s, "world_size": self.world_size,
-            "units": self.units, "esd_kind": self.esd_kind, "esds_by_kind": self.esds_by_kind,
-            "shared_correlation": {"names": [n for n in self.shared_names if not is_amplitude(n)],
-                                   "matrix": np.asarray(self.shared_correlation).tolist()},
-            "fisher_condition": self.fisher_condition, "history": list(self.history),
-            "warnings": list(self.warnings), "resumed_from_step": self.resumed_from_step,
-            **({"structure_factors": self.structure_factors} if self.structure_factors else {}),
-        }
-
-    def summary(self) -> str:
-        """The shared values with esds, one line each, and the run's outcome."""
-        lines = [f"joint refinement of {self.n_images} images: {self.status.value} after {self.steps} steps "
-                 f"(loss {self.loss_initial:.6g} -> {self.loss_final:.6g}, {self.wall_s:.1f} s, "
-                 f"{self.world_size} process{'es' if self.world_size > 1 else ''}"
-                 + (f", resumed from step {self.resumed_from_step})" if self.resumed_from_step is not None else ")")]
-        for n, v in self.shared.items():
-            e = self.shared_esds.get(n)
-            lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
-                         + f" {self.units.get(n, '')}")
-        if self.structure_factors:
-            sf = self.structure_factors
-            lines.append(f"  structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: "
-                         f"{sf['start']}; {sf['n_held']} candidates held, fewer than {sf['min_photons']:g} photons "
-                         f"on all images); on the scale of image 0")
-        return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
-
-
-def save_joint_json(result: JointResult, path: str | Path) -> Path:
-    """Write ``joint.json`` atomically (non-finite numbers become ``null``)."""
-    path = Path(path)
-    with atomic_write(path, "w") as fh:
-        fh.write(json.dumps(jsonable(result.to_json_dict()), indent=2, allow_nan=False) + "\n")
-    return path
-
-
-def save_joint_h5(result: JointResult, path: str | Path) -> Path:
-    """Write ``joint.h5`` atomically: attributes (status, message, losses, steps, ...); groups ``shared``,
-    ``shared_esds``, ``initial_shared`` (one scalar per name, attribute ``units``); ``images/<name>`` and
-    ``image_esds/<name>`` (one value per image, NaN where absent); ``shared_correlation`` (attribute
-    ``names``); ``image_losses``; and ``result_json`` (the JSON document)."""
-    import h5py
-
-    path = Path(path)
-    doc = json.dumps(jsonable(result.to_json_dict()), allow_nan=False)
-    with atomic_output_path(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
-            h5.attrs["format"] = "nbtorch-refine-joint"
-            for k in ("loss_initial", "loss_final", "steps", "evaluations", "wall_s", "world_size",
-                      "fisher_condition", "n_images"):
-                h5.attrs[k] = getattr(result, k)
-            for k in ("message", "symmetry", "loss_name"):
-                h5.attrs[k] = getattr(result, k)
-            h5.attrs["status"] = result.status.value
-            h5.attrs["esd_kind"] = result.esd_kind or ""
-            for group, values in (("shared", result.shared), ("shared_esds", result.shared_esds),
-                                  ("initial_shared", result.initial_shared)):
-                g = h5.create_group(group)
-                for name, v in values.items():
-                    g.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
-            for group, rows in (("images", result.images), ("image_esds", result.image_esds),
-                                ("initial_images", result.initial_images)):
-                g = h5.create_group(group)
-                for name in dict.fromkeys(k for r in rows for k in r):
-                    d = g.create_dataset(name, data=np.array([r.get(name, math.nan) for r in rows], dtype=np.float64))
-                    d.attrs["units"] = result.units.get(name, "")
-            d = h5.create_dataset("shared_correlation", data=np.asarray(result.shared_correlation, dtype=np.float64))
-            d.attrs["names"] = np.array([n.encode() for n in result.shared_names if not is_amplitude(n)])
-            h5.create_dataset("image_losses", data=np.asarray(result.image_losses, dtype=np.float64))
-            if result.structure_factors:
-                _save_amplitudes_h5(h5, result.structure_factors)
-            h5.create_dataset("result_json", data=doc)
-    return path
-
-
-def _save_amplitudes_h5(h5, sf: dict) -> None:
-    """Group ``structure_factors``: attributes space_group, start, n_free, n_held, min_photons; datasets ``hkl``
-    (A, 3), ``d_A``, ``F``, ``esd`` (NaN where held), ``refined`` (bool), ``photons`` (summed over the images)."""
-    g = h5.create_group("structure_factors")
-    for k in ("space_group", "start", "n_free", "n_held", "min_photons"):
-        g.attrs[k] = sf[k]
-    rows = sf["reflections"]
-    g.create_dataset("hkl", data=np.array([r[:3] for r in rows], dtype=np.int64).reshape(-1, 3))
-    g.create_dataset("d_A", data=np.array([r[3] for r in rows], dtype=np.float64))
-    g.create_dataset("F", data=np.array([r[4] for r in rows], dtype=np.float64))
-    g.create_dataset("esd", data=np.array([math.nan if r[5] is None else r[5] for r in rows], dtype=np.float64))
-    g.create_dataset("refined", data=np.array([bool(r[6]) for r in rows], dtype=bool))
-    g.create_dataset("photons", data=np.asarray(sf["photons"], dtype=np.float64))
-
-
-def load_joint_h5(path: str | Path) -> dict[str, Any]:
-    """Read a ``joint.h5`` into plain dicts and arrays (the JSON document under ``"json"``)."""
-    import h5py
-
-    out: dict[str, Any] = {}
-    with h5py.File(path, "r") as h5:
-        out.update({k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()})
-        for group in ("shared", "shared_esds", "initial_shared"):
-            out[group] = {k: float(h5[group][k][()]) for k in h5[group]}
-        for group in ("images", "image_esds", "initial_images"):
-            out[group] = {k: h5[group][k][()] for k in h5[group]}
-        out["shared_correlation"] = h5["shared_correlation"][()]
-        out["image_losses"] = h5["image_losses"][()]
-        if "structure_factors" in h5:
-            g = h5["structure_factors"]
-            out["structure_factors"] = {**{k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()},
-                                        **{k: g[k][()] for k in g}}
-        raw = h5["result_json"][()]
-        out["json"] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-    return out
-
 
 # -- the run --------------------------------------------------------------------------------------------
 def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str],
@@ -548,7 +275,7 @@ def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str
     return shared_names, per_names
 
 
-def _shared_start(simulators, observed_images, masks, start, comm: _Comm, n: int, local: range) -> dict:
+def _shared_start(simulators, observed_images, masks, start, comm: Comm, n: int, local: range) -> dict:
     """Every base value of image 0 (from this process's first image when it is image 0, else gathered) with
     ``start`` over it: the shared names start there in every image."""
     rows = {}
@@ -584,29 +311,14 @@ def _shared_canonical(shared_names: Sequence[str]) -> list[str]:
     return out
 
 
-def _fisher_raw(im: _Image, raw_i: Tensor) -> Tensor:
-    """The image's Fisher matrix in raw units of ``[shared, own]`` (the preconditioner's)."""
-    obj, pmap = im.objective, im.pmap
-    if any(is_amplitude(n) for n in pmap.names):  # hundreds of amplitudes: the esds' blocked Jacobian
-        return _blocked_raw_fisher(obj, pmap, raw_i)
-
-    def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
-        values = pmap.expand(pmap.physical(raw))
-        return obj.pixel_model(values) if obj.sparse else obj.model(values)  # sparse: the fitted pixels only
-
-    def weights_fn(mu: Tensor, block: tuple[int, int]) -> Tensor:
-        w = obj.pixel_weights if obj.sparse else obj.weights
-        return torch.where(w > 0, w / torch.clamp(mu, min=1e-12), torch.zeros_like(mu))
-
-    return fisher_information(model_fn, raw_i, [(0, 0)], weights_fn)
-
-
 def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPreconditioner:
-    """Whitening by the joint Fisher matrix at the start (``full``), or its diagonal."""
+    """Whitening by the joint Fisher matrix at the start (``full``), or its diagonal: each image's block in raw
+    units of ``[shared, own]`` (a single run's, on its fitted pixels) gathered and assembled."""
     if kind is None:
         return LinearPreconditioner.identity(raw0)
     q = joint.S + joint.K
-    local = {im.index: _fisher_raw(im, joint.image_raw(raw0, im.index)) for im in joint.images}
+    local = {im.index: raw_fisher_information(im.objective, im.pmap, joint.image_raw(raw0, im.index), fitted_only=True)
+             for im in joint.images}
     blocks = joint.comm.gather(local, joint.n, (q, q), raw0.dtype)
     if kind == "full" and raw0.numel() > MAX_DENSE:
         log.warning("joint: %d raw parameters > %d: diagonal preconditioning", raw0.numel(), MAX_DENSE)
@@ -628,6 +340,7 @@ def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPrec
     return preconditioner_from_fisher(kind, F, raw0)
 
 
+
 def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
           starts: Sequence[dict]) -> tuple[dict, float, np.ndarray]:
     """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices."""
@@ -642,32 +355,16 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
     M_blocks = joint.comm.gather(Bs, n, (q, q), torch.float64)
     R = joint.curvature(raw[:S], False).to(torch.float64) if joint.curvature is not None else None
     fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held)
-    out: dict[str, dict] = {}
     shared_map = ParameterMap(space, starts[0], shared_names)
-    S0 = sum(1 for nm in shared_names if not is_amplitude(nm))
-    corr = np.zeros((S0, S0))
+    own_maps = [ParameterMap(space, starts[i], per_names) for i in range(n)] if K else []
+    out: dict[str, dict] = {}
     for kind, cov in (("sandwich", sandwich), ("fisher", fisher)):
-        esd = torch.sqrt(torch.clamp(torch.diagonal(cov.shared), min=0.0))
-        shared = {nm: float(e) for nm, e in zip(shared_names, esd)}
-        shared |= derived_esds(shared_map, thetas[0, :S], cov.shared)
-        images = []
-        for i in range(n):
-            own_esd = torch.sqrt(torch.clamp(torch.diagonal(cov.own[i]), min=0.0))
-            own = {nm: float(e) for nm, e in zip(per_names, own_esd)}
-            if K:
-                own |= derived_esds(ParameterMap(space, starts[i], per_names), thetas[i, S:], cov.own[i])
-            images.append(own)
+        images = [named_esds(own_maps[i], thetas[i, S:], cov.own[i]) if K else {} for i in range(n)]
         for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
             images[(k - S) // K].pop(per_names[(k - S) % K], None)
-        out[kind] = {"shared": shared, "images": images}
-        if kind == ESD_KINDS[0]:
-            d = esd[:S0]
-            denom = d[:, None] * d[None, :]
-            c = torch.where(denom > 0, cov.shared[:S0, :S0] / torch.where(denom > 0, denom, torch.ones_like(denom)),
-                            torch.zeros_like(denom))
-            c.fill_diagonal_(1.0)
-            corr = c.numpy().copy()
-    return out, cond, corr
+        out[kind] = {"shared": named_esds(shared_map, thetas[0, :S], cov.shared), "images": images}
+    S0 = sum(1 for nm in shared_names if not is_amplitude(nm))  # the amplitudes follow the other shared names
+    return out, cond, correlation_matrix(sandwich.shared[:S0, :S0]).numpy().copy()
 
 
 def refine_joint(
@@ -693,7 +390,8 @@ def refine_joint(
     structure_factors: AmplitudeOptions | None = None,
     geometry_first: bool = True,
 ) -> JointResult:
-    """Refine shared parameters (default the cell) and per-image ones of many stills together.
+    """Refine shared parameters (default the cell) and per-image ones of many stills together: a
+    :class:`JointResult` (the same in every process).
 
     Arguments:
         simulators: one :class:`nbtorch.Simulator` per image (its parameters are the image's starting model);
@@ -702,19 +400,16 @@ def refine_joint(
             per image, True = use the pixel.
         shared: groups/names with one value for all images (:data:`refine.fitting.parameters.GROUPS`, names).
         per_image: groups/names with one value per image; every other name stays at its start.
-        symmetry: crystal system of the cell.
-        start: starting values of the shared names (base names; default: image 0's simulator).
+        symmetry: crystal system of the cell; ``start``: the shared names' start (default: image 0's simulator's).
         image_starts: per image, starting values overriding its simulator's (e.g. a known beam centre).
         strategy: ``"lbfgs"`` (default) or ``"adam"`` or a strategy object; ``convergence``: its stopping
             rules (default :data:`DEFAULT_CONVERGENCE`).
-        precondition: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``
-            or None.
-        background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`.
-        esds: estimate esds at the end (module docstring).
-        checkpoint: HDF5 file of the whole state (:mod:`refine.many.checkpoint`), written by process 0 every
-            ``checkpoint_every`` steps, when the loop ends and on Ctrl-C; its folder must exist.  Under a
-            torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0) an existing checkpoint of this problem is
-            resumed without ``resume``.
+        precondition: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``, None.
+        background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`; ``esds``: estimate
+            esds at the end (module docstring).
+        checkpoint: HDF5 file of the whole state (:mod:`refine.many.checkpoint`; its folder must exist), written by
+            process 0 every ``checkpoint_every`` steps, when the loop ends and on Ctrl-C; under a torchrun restart
+            (``TORCHELASTIC_RESTART_COUNT`` > 0) an existing checkpoint of this problem is resumed without ``resume``.
         resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ).
         on_checkpoint: ``(step, path)`` called in every process after each checkpoint is complete.
         structure_factors: refine one amplitude per symmetry-unique reflection, shared by all images
@@ -725,18 +420,37 @@ def refine_joint(
             every name from that result, as a single run refines them in its last stage: which amplitudes the
             pixels see and their EM start are judged at the refined geometry.  ``False``: one loop from the start.
 
-    Returns:
-        :class:`JointResult` (the same in every process).
-
     Raises:
-        InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the
-            symmetry, an image without usable pixels, a time budget under several processes, a ``resume``
-            checkpoint that is missing, damaged or of another problem or settings, structure factors without
-            a space group (or per image, or with a shared scale).
+        InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the symmetry,
+            an image without usable pixels, a time budget under several processes, a bad ``resume`` (missing, damaged,
+            of another problem or settings), structure factors without a space group, per image or with a shared scale.
         RefinementInterrupted: Ctrl-C, after writing the checkpoint.
         LoopAborted: another process died (torchrun then restarts the job when asked to).
     """
     t0 = time.monotonic()
+    _check_lengths(simulators, observed_images, masks, image_starts)
+    if structure_factors is not None and geometry_first:
+        return _geometry_then_amplitudes(
+            simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
+            dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
+                 precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
+                 on_checkpoint=on_checkpoint))
+    comm = Comm()
+    conv = convergence or DEFAULT_CONVERGENCE
+    if comm.world > 1 and conv.time_budget_s is not None:
+        raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
+    problem = _joint_problem(comm, simulators, observed_images, masks, start, image_starts, shared=shared,
+                             per_image=per_image, symmetry=symmetry, background=background, loss=loss,
+                             structure_factors=structure_factors)
+    step_rule = get_strategy(strategy)
+    saver, resumed = _start_or_resume(problem, step_rule, precondition, checkpoint, checkpoint_every, resume,
+                                      on_checkpoint, t0)
+    res = _run_loop(problem.joint, saver.pre, step_rule, conv, saver, resumed)
+    return _finish(problem, res, saver, resumed, esds)
+
+
+def _check_lengths(simulators, observed_images, masks, image_starts) -> None:
+    """One observed image (and mask, start when given) per simulator."""
     n = len(simulators)
     if n < 1 or len(observed_images) != n:
         raise InputError(f"observed_images: expected one image per simulator ({n}), got {len(observed_images)}")
@@ -744,19 +458,31 @@ def refine_joint(
         raise InputError(f"masks: expected one per image ({n}), got {len(masks)}")
     if image_starts is not None and len(image_starts) != n:
         raise InputError(f"image_starts: expected one per image ({n}), got {len(image_starts)}")
-    if structure_factors is not None and geometry_first:
-        return _geometry_then_amplitudes(
-            simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
-            dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
-                 precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
-                 on_checkpoint=on_checkpoint))
-    # checks, the per-image objectives, one loop, the result (_joint_esds, _joint_result); ~50 of the
-    # function's lines are its signature and argument docs
-    comm = _Comm()
+
+
+@dataclass
+class _Problem:
+    """A joint run ready for its loop: the names, this process's images in their :class:`_Joint`, every image's
+    starting base values (``starts``; ``map_starts`` with the amplitudes' starts: what the maps start at), the
+    raw start ``[shared, own, own, ...]`` and the shared amplitudes (or None)."""
+
+    comm: Comm
+    space: ParameterSpace
+    shared_names: tuple
+    per_names: tuple
+    loss_name: str
+    joint: _Joint
+    starts: list
+    map_starts: list
+    raw0: Tensor
+    amps: SharedAmplitudes | None
+
+
+def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_starts, *, shared, per_image,
+                   symmetry: str, background: str, loss, structure_factors: AmplitudeOptions | None) -> _Problem:
+    """The names, this process's prepared images (with the shared amplitude table) and the raw start."""
+    n = len(simulators)
     local = image_shard(n, comm.rank, comm.world)
-    conv = convergence or DEFAULT_CONVERGENCE
-    if comm.world > 1 and conv.time_budget_s is not None:
-        raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
     first = next((simulators[i] for i in local if isinstance(simulators[i], Simulator)), None)
     if local and first is None:
         raise InputError(f"simulators: images {local.start}..{local.stop - 1} of this process are missing")
@@ -766,12 +492,8 @@ def refine_joint(
         check_options(structure_factors, shared, per_image)
     shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)
     loss_fn = resolve_loss(loss)
-    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
-    first_start = dict((image_starts[0] or {}) if image_starts is not None else {})
-    base = _shared_start(simulators, observed_images, masks, {**first_start, **(start or {})}, comm, n, local)
-    shared_start = {k: base[k] for k in BASE_NAMES if k in _shared_canonical(shared_names) or k in shared_names}
-    if any(k in CELL for k in shared_names):
-        shared_start.update({k: base[k] for k in CELL})
+    base, shared_start = _shared_starts(simulators, observed_images, masks, start, image_starts, shared_names, comm,
+                                        local)
     prepared: list[PreparedImage] = []
     for i in local:
         prepared.append(_prepare(i, simulators[i], observed_images[i], None if masks is None else masks[i],
@@ -782,38 +504,66 @@ def refine_joint(
     if amps is not None:
         space = dataclasses.replace(space, amplitudes=amps.table.names)
         shared_names = shared_names + amps.free
-    names = shared_names + per_names
-    images = [_image(im, space, names, hold_scale=amps is not None and im.index == 0) for im in prepared]
-    dtype = torch.float64
-    joint = _Joint(images, n, len(shared_names), len(per_names), comm, dtype)
+    images = [_image(im, space, shared_names + per_names, hold_scale=amps is not None and im.index == 0)
+              for im in prepared]
+    joint = _Joint(images, n, len(shared_names), len(per_names), comm, torch.float64)
     starts = _all_values(joint, {im.index: im.start for im in images})
     map_starts = [{**s, **(amps.start if amps is not None else {})} for s in starts]
-    raw0 = torch.cat([ParameterMap(space, map_starts[0], shared_names).raw0(dtype)] + [
-        ParameterMap(space, map_starts[i], per_names).raw0(dtype) for i in range(n)])
+    raw0 = torch.cat([ParameterMap(space, map_starts[0], shared_names).raw0(torch.float64)] + [
+        ParameterMap(space, map_starts[i], per_names).raw0(torch.float64) for i in range(n)])
     if amps is not None:
         _share_amplitudes(joint, amps, ParameterMap(space, map_starts[0], shared_names), per_names)
-    step_rule = get_strategy(strategy)
+    loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
+    return _Problem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, raw0, amps)
+
+
+def _shared_starts(simulators, observed_images, masks, start, image_starts, shared_names, comm: Comm,
+                   local: range) -> tuple[dict, dict]:
+    """``(image 0's base values with start over them, the shared names' start)``: every image starts its shared
+    names there (all six cell values when any is shared)."""
+    first_start = dict((image_starts[0] or {}) if image_starts is not None else {})
+    base = _shared_start(simulators, observed_images, masks, {**first_start, **(start or {})}, comm,
+                         len(simulators), local)
+    shared_start = {k: base[k] for k in BASE_NAMES if k in _shared_canonical(shared_names) or k in shared_names}
+    if any(k in CELL for k in shared_names):
+        shared_start.update({k: base[k] for k in CELL})
+    return base, shared_start
+
+
+def _start_or_resume(problem: _Problem, step_rule: AbstractStrategy, precondition: str | None, checkpoint,
+                     checkpoint_every: int, resume, on_checkpoint, t0: float
+                     ) -> tuple["_Checkpoints", JointCheckpoint | None]:
+    """The run's checkpoints and the checkpoint it continues from (or None); the preconditioner: the resumed
+    one, else the joint Fisher matrix's at the start."""
+    p = problem
     fingerprint = joint_fingerprint(
-        comm.gather({im.index: im.digest for im in images}, n, (DIGEST_BYTES,), dtype), starts,
-        shared=list(shared_names), per_image=list(per_names), symmetry=symmetry, background=background,
-        loss=loss_name, strategy=step_rule.hparams(), precondition=precondition,
-        **({"structure_factors": amps.fingerprint()} if amps is not None else {}))
-    saver = _Checkpoints(checkpoint, checkpoint_every, comm, fingerprint, on_checkpoint, t0)
-    resumed = _resume_point(comm, checkpoint, resume, fingerprint)
-    saver.pre = (_preconditioner(precondition, joint, raw0) if resumed is None
+        p.comm.gather({im.index: im.digest for im in p.joint.images}, p.joint.n, (DIGEST_BYTES,), torch.float64),
+        p.starts, shared=list(p.shared_names), per_image=list(p.per_names), symmetry=p.space.symmetry,
+        background=p.space.background, loss=p.loss_name, strategy=step_rule.hparams(), precondition=precondition,
+        **({"structure_factors": p.amps.fingerprint()} if p.amps is not None else {}))
+    saver = _Checkpoints(checkpoint, checkpoint_every, p.comm, fingerprint, on_checkpoint, t0)
+    resumed = _resume_point(p.comm, checkpoint, resume, fingerprint)
+    saver.pre = (_preconditioner(precondition, p.joint, p.raw0) if resumed is None
                  else LinearPreconditioner(resumed.precond["raw0"], resumed.precond["A"]))
-    saver.elapsed_before_s = resumed.elapsed_s if resumed is not None else 0.0
-    pre = saver.pre
-    res = _run_loop(joint, pre, step_rule, conv, saver, resumed)
-    raw = pre.to_raw(res.state.raw).detach()
-    finals = _all_values(joint, {im.index: im.pmap.values_at(joint.image_raw(raw, im.index)) for im in images})
-    warnings, esd_fields = _joint_esds(esds, joint, raw, space, shared_names, per_names, map_starts)
-    result = _joint_result(res, finals, starts, esd_fields, warnings, shared_names=shared_names, per_names=per_names,
-                           background=background, symmetry=symmetry, loss_name=loss_name, wall_s=saver.elapsed(),
-                           world=comm.world, resumed_from_step=None if resumed is None else resumed.step)
-    if amps is None:
+    saver.clock.before_s = resumed.elapsed_s if resumed is not None else 0.0
+    return saver, resumed
+
+
+def _finish(problem: _Problem, res: LoopResult, saver: "_Checkpoints", resumed: JointCheckpoint | None,
+            esds: bool) -> JointResult:
+    """The :class:`JointResult` of the ended loop: every image's final values, the esds, the amplitudes."""
+    p, joint = problem, problem.joint
+    raw = saver.pre.to_raw(res.state.raw).detach()
+    finals = _all_values(joint, {im.index: im.pmap.values_at(joint.image_raw(raw, im.index)) for im in joint.images})
+    warnings, esd_fields = _joint_esds(esds, joint, raw, p.space, p.shared_names, p.per_names, p.map_starts)
+    result = _joint_result(res, finals, p.starts, esd_fields, warnings, shared_names=p.shared_names,
+                           per_names=p.per_names, background=p.space.background, symmetry=p.space.symmetry,
+                           loss_name=p.loss_name, wall_s=saver.clock.elapsed(), world=p.comm.world,
+                           resumed_from_step=None if resumed is None else resumed.step)
+    if p.amps is None:
         return result
-    return _with_amplitudes(result, amps, ParameterMap(space, map_starts[0], shared_names).values_at(raw[:joint.S]))
+    shared_map = ParameterMap(p.space, p.map_starts[0], p.shared_names)
+    return _with_amplitudes(result, p.amps, shared_map.values_at(raw[:joint.S]))
 
 
 def geometry_checkpoint(checkpoint: str | Path) -> Path:
@@ -893,7 +643,8 @@ def _with_amplitudes(result: JointResult, amps: SharedAmplitudes, values: dict) 
     if amps.restraint is not None:
         doc["restraint_final"] = float(amps.restraint(finals, torch.float64, "cpu"))
     return dataclasses.replace(result, structure_factors=doc, amplitude_table=amps.table, amplitude_values=finals,
-                               shared_esds={k: v for k, v in result.shared_esds.items() if not is_amplitude(k)})
+                               shared_esds={k: v for k, v in result.shared_esds.items() if not is_amplitude(k)},
+                               refined={**result.refined, **{k: finals[k] for k in amps.free}})
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------
@@ -901,15 +652,16 @@ class _Checkpoints:
     """The run's checkpoints (:mod:`refine.many.checkpoint`): process 0 writes each; then every process
     waits for it (a process that dies after a checkpoint leaves it complete) and calls ``on_checkpoint``."""
 
-    def __init__(self, path: str | Path | None, every: int, comm: _Comm, fingerprint: dict,
+    def __init__(self, path: str | Path | None, every: int, comm: Comm, fingerprint: dict,
                  on_checkpoint: Callable[[int, Path], None] | None, t0: float) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise InputError(f"checkpoint_every: expected an integer >= 1, got {every!r}")
         self.path = None if path is None else Path(path)
-        self.every, self.comm, self.fingerprint, self.on_checkpoint, self.t0 = every, comm, fingerprint, on_checkpoint, t0
-        #: the loop's preconditioner and the wall seconds of the attempts before (set once known)
+        self.every, self.comm, self.fingerprint, self.on_checkpoint = every, comm, fingerprint, on_checkpoint
+        #: the run's wall time since ``t0`` (the attempts before a resume added once known)
+        self.clock = RunClock(started=t0)
+        #: the loop's preconditioner (set once known)
         self.pre: LinearPreconditioner | None = None
-        self.elapsed_before_s = 0.0
         if self.path is not None:
             comm.on_rank0(self._check_path)
 
@@ -919,10 +671,6 @@ class _Checkpoints:
         if not self.path.absolute().parent.is_dir():
             raise InputError(f"checkpoint {self.path}: folder {self.path.absolute().parent} does not exist")
 
-    def elapsed(self) -> float:
-        """Wall seconds of the run, the attempts before a resume included."""
-        return self.elapsed_before_s + time.monotonic() - self.t0
-
     def save(self, state: LoopState, status: Status | None = None, message: str = "", wait: bool = True) -> Path | None:
         """Write ``state`` (and the loop's end, ``status``); ``wait=False``: no waiting, no callback (Ctrl-C)."""
         if self.path is None:
@@ -931,7 +679,7 @@ class _Checkpoints:
             losses = state.aux.detach().clone() if isinstance(state.aux, Tensor) else None
             write_joint_checkpoint(self.path, JointCheckpoint(
                 loop=state.to_dict(), image_losses=losses, precond={"raw0": self.pre.raw0, "A": self.pre.A},
-                status=None if status is None else status.value, message=message, elapsed_s=self.elapsed(),
+                status=None if status is None else status.value, message=message, elapsed_s=self.clock.elapsed(),
                 fingerprint=self.fingerprint, world_size=self.comm.world))
             log.info("joint: checkpoint at step %d written to %s", state.step, self.path)
         if wait:
@@ -941,7 +689,7 @@ class _Checkpoints:
         return self.path
 
 
-def _resume_point(comm: _Comm, checkpoint: str | Path | None, resume: str | Path | None,
+def _resume_point(comm: Comm, checkpoint: str | Path | None, resume: str | Path | None,
                   fingerprint: dict) -> JointCheckpoint | None:
     """The checkpoint to continue from (read by process 0, the same in every process), or None.
 
@@ -990,12 +738,10 @@ def _run_loop(joint: _Joint, pre: LinearPreconditioner, strategy: AbstractStrate
         value = _JointLoss.apply(pre.to_raw(z), joint, losses_seen)
         return value, losses_seen[-1]
 
-    try:
+    with checkpoint_on_interrupt(lambda state: saver.save(state, wait=False)):
         res = minimise(fn, pre.z0(), strategy, conv, on_checkpoint=saver.save if saver.path is not None else None,
                        checkpoint_every=saver.every if saver.path is not None else 0,
                        resume=None if resumed is None else resumed.loop_state())
-    except LoopInterrupted as exc:
-        raise RefinementInterrupted(saver.save(exc.state, wait=False)) from None
     saver.save(res.state, res.status, res.message)
     return res
 
@@ -1023,15 +769,8 @@ def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_f
     n = len(finals)
     keep = _shared_canonical(shared_names)
 
-    def canon(values: dict) -> dict:
-        out = canonical_values(values)
-        if background != "planar":
-            out.pop("background_x", None)
-            out.pop("background_y", None)
-        return out
-
-    image_params = tuple(canon(v) for v in finals)
-    initial_images = tuple(canon(v) for v in starts)
+    image_params = tuple(reported_values(v, background) for v in finals)
+    initial_images = tuple(reported_values(v, background) for v in starts)
 
     def shared_of(values: Sequence[dict], canonical: Sequence[dict]) -> dict:
         """The shared names' values: canonical ones from image 0; a shared orientation as its deltas
@@ -1059,4 +798,5 @@ def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_f
         steps=res.state.step, evaluations=res.state.evaluations, wall_s=wall_s,
         world_size=world, units=units_of(dict.fromkeys(all_names)), history=history,
         warnings=tuple(warnings), **{k: v for k, v in esd_fields.items() if k != "esd_kind"},
-        esd_kind=kind, resumed_from_step=resumed_from_step)
+        esd_kind=kind, resumed_from_step=resumed_from_step,
+        refined={k: float(finals[0][k]) for k in shared_names if not is_amplitude(k)})

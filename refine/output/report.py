@@ -3,7 +3,9 @@
 :func:`write_outputs` writes ``result.h5`` (:func:`refine.output.results.save_h5`) and ``result.json``
 (:meth:`~refine.output.results.RefinementResult.to_json_dict`) atomically, both with the command's additions:
 ``command``, ``input`` (image, format, header geometry, masked-pixel counts, the model's full flags),
-``truth`` (synthetic problems), ``spots`` (rms spot offsets before and after) and ``esd_extra``.
+``truth`` (synthetic problems), ``spots`` (rms spot offsets before and after) and ``esd_extra``.  The table and
+the files take a joint result (:class:`~refine.output.results.JointResult`: its shared values) as well: the
+result files have one schema (:mod:`refine.output.results`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 from nbtorch.io.hkl import write_hkl
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from refine.fitting.parameters import NUISANCE
 from refine.output.results import jsonable, save_h5
 
@@ -84,8 +86,9 @@ ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the
 
 
 def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: str | None = None) -> None:
-    """``result.h5`` and ``result.json`` (atomic), with ``extra`` (input, truth, spots, ...) added to both; with
-    ``hkl_path`` also the refined amplitudes as a nanoBragg ``-hkl`` file."""
+    """``result.h5`` and ``result.json`` (atomic; or ``joint.h5`` and ``joint.json`` of a joint result), with
+    ``extra`` (input, truth, spots, ...) added to both; with ``hkl_path`` also the refined amplitudes as a
+    nanoBragg ``-hkl`` file."""
     doc = result.to_json_dict()
     doc.update(extra)
     text = json.dumps(jsonable(doc), indent=2, allow_nan=False)
@@ -108,4 +111,4 @@ def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: s
     with atomic_write(json_path, "w") as fh:
         fh.write(text + "\n")
     if hkl_path is not None:
-        write_hkl(hkl_path, result.amplitudes.hkl_table(result.amplitude_values))
+        write_hkl(hkl_path, result.hkl_table())

@@ -1,47 +1,98 @@
-"""The result of a refinement, and its two files: ``result.json`` and ``result.h5``.
+"""The results of a refinement, of one image (:class:`RefinementResult`) or of many refined together
+(:class:`JointResult`), and their files: ``result.json``/``result.h5``, ``joint.json``/``joint.h5``.
 
-``result.json`` (:func:`save_json`) holds::
+Both results are written in **one schema** (:func:`save_json`, :func:`save_h5`, read back by :func:`load_h5`);
+a joint result is the single one extended with a list of per-image entries.  The JSON document holds::
 
-    params          final value of every canonical parameter (fixed ones too; N_a/N_b/N_c always;
-                    the orientation as misset_x/y/z), plus scale and background
+    format          "nbtorch-refine-result" (one image) or "nbtorch-refine-joint" (many)
+    params          final value of every canonical parameter (fixed ones too; N_a/N_b/N_c always; the
+                    orientation as misset_x/y/z), plus scale and background; joint: the shared ones
     initial_params  the same at the start
-    esds            estimated standard uncertainty of every free parameter (and the canonical
-                    values tied to them: cell_b for tetragonal, N_a/N_b/N_c, misset_x/y/z): the
-                    sandwich (robust) esds, which hold when the model misses part of the image
+    refined         refined name -> final value (orient_x/y/z: the small rotation refined)
+    free            the refined names (joint: the shared ones, per_image_names the others)
+    esds            estimated standard uncertainty of every refined name (and the canonical values tied to
+                    them: cell_b for tetragonal, N_a/N_b/N_c, misset_x/y/z): the sandwich (robust) esds, which
+                    hold when the model misses part of the image
     esd_kind        "sandwich" (null without esds)
-    esds_by_kind    {sandwich, scaled, fisher}: name -> esd (refine.quality.uncertainty explains each)
+    esds_by_kind    kind -> name -> esd (single: sandwich, scaled, fisher; joint: sandwich, fisher;
+                    refine.quality.uncertainty explains each)
     units           unit of every name above (refine.fitting.parameters.UNITS: the table in nbtorch.parameters)
-    loss_initial, loss_final, steps, evaluations, status, message, wall_s
-    free, symmetry, correlation {names, matrix}, stages [{name, status, steps, loss_start, loss_end, ...}]
+    correlation     {names, matrix} (joint: of the shared names, amplitudes left out); fisher_condition
+    loss_initial, loss_final, steps, evaluations, status, message, wall_s, symmetry, warnings
+    structure_factors   with refined amplitudes: space group, start, counts and one row
+                    [h, k, l, d_A, F, esd, refined] per candidate reflection (:func:`amplitude_rows`)
 
-``result.h5`` (:func:`save_h5`) holds all of it: attributes ``status``,
-``message``, ``loss_initial``, ``loss_final``, ``steps``, ``wall_s``,
-``symmetry``; groups ``params``, ``initial_params``, ``esds`` (one scalar
-dataset per name, attribute ``units``); ``correlation`` and ``covariance``
-(P x P, attribute ``names``); ``history/`` (one row per point: ``step``,
-``stage`` (index), ``stage_step``, ``loss``, ``grad_norm`` and
-``history/params/<name>`` for every base value, NaN-free); ``images/observed``,
-``images/model``, ``images/residuals`` (observed - model), ``images/mask``;
-and ``result_json`` (the JSON document).  Both files are written atomically
-(:mod:`nbtorch.io.atomic`).  :func:`load_h5` reads it back into plain dicts.
+one image adds ``stages`` [{name, status, steps, loss_start, loss_end, ...}], ``hparams`` and ``fit``; a joint
+run adds ``n_images``, ``shared_names``, ``per_image_names``, ``loss`` (its name), ``world_size``, ``history``
+(one row per point of its loop), ``resumed_from_step`` and ``images``, one entry per image: ``params``,
+``initial_params``, ``esds``, ``esds_by_kind`` (as above, the image's own names) and ``loss_final``; ``shared``,
+``shared_esds``, ``initial_shared`` and ``shared_correlation`` repeat ``params``, ``esds``, ``initial_params`` and
+``correlation`` under the names joint files had before they took this schema.
+
+The HDF5 file holds the same: attributes ``format``, ``status``, ``message``, ``symmetry``, ``esd_kind``,
+``loss_initial``, ``loss_final``, ``steps``, ``evaluations``, ``wall_s``, ``fisher_condition``; groups
+``params``, ``initial_params``, ``esds``, ``refined`` (one scalar dataset per name, attribute ``units``);
+``correlation`` (P x P, attribute ``names``); ``history/`` (one column per field of the history); group
+``structure_factors`` (attributes space_group, start, n_free, n_held (and min_photons); datasets ``hkl``,
+``d_A``, ``F``, ``esd`` (NaN where held), ``refined``, and ``photons`` of a joint run); and ``result_json`` (the
+JSON document).  One image adds ``covariance``, ``history/stage``, ``history/stage_step``,
+``history/params/<name>`` (every base value, NaN-free) and ``images/observed``, ``images/model``,
+``images/residuals`` (observed - model), ``images/mask``.  A joint run adds attributes ``n_images``,
+``world_size``, ``loss_name``; ``images/<name>``, ``image_esds/<name>``, ``initial_images/<name>`` (one value
+per image, NaN where absent), ``image_losses``, and ``shared``, ``shared_esds``, ``initial_shared``,
+``shared_correlation`` (links to ``params``, ``esds``, ``initial_params``, ``correlation``).  Both files are
+written atomically (:mod:`nbtorch.io.atomic`).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from refine.fitting.parameters import canonical_values
+from refine.fitting.structure_factors import is_amplitude
 from refine.quality.fit_quality import background_image, signal_support
 from refine.solver.loop import Status
-from refine.fitting.structure_factors import is_amplitude
 
-__all__ = ["RefinementResult", "StageSummary", "save_json", "save_h5", "load_h5"]
+__all__ = ["RefinementResult", "JointResult", "StageSummary", "save_json", "save_h5", "load_h5", "amplitude_rows",
+           "reported_values", "jsonable", "save_joint_json", "save_joint_h5", "load_joint_h5", "FORMAT",
+           "JOINT_FORMAT"]
+
+#: the ``format`` of a single run's files and of a joint run's
+FORMAT = "nbtorch-refine-result"
+JOINT_FORMAT = "nbtorch-refine-joint"
+
+
+def reported_values(values: Mapping[str, float], background: str) -> dict:
+    """The canonical values a result reports (:func:`refine.fitting.parameters.canonical_values`), without the
+    planar background's slopes unless the ``background`` is planar."""
+    out = canonical_values(values)
+    if background != "planar":
+        out.pop("background_x", None)
+        out.pop("background_y", None)
+    return out
+
+
+def amplitude_rows(table, values: Mapping[str, float], esds: Mapping[str, float], free) -> dict:
+    """The ``structure_factors`` of a result: the space group, how the amplitudes started, and one row
+    ``[h, k, l, d_A, F, esd, refined]`` per candidate symmetry-unique reflection of ``table``
+    (:class:`~refine.fitting.structure_factors.AmplitudeTable`); ``refined`` False: held (too faint on the
+    fitted pixels), its F the value the model used (``values``, else the table's start), its esd None."""
+    free = set(free)
+    rows = [[int(h), int(k), int(l), float(d), float(values.get(n, table.starts[n])),
+             esds.get(n) if n in free else None, n in free]
+            for n, (h, k, l), d in zip(table.names, table.hkl, table.d_A)]  # noqa: E741
+    n_free = sum(1 for n in table.names if n in free)
+    return {"space_group": table.space_group, "start": table.start_mode, "n_free": n_free,
+            "n_held": len(table.names) - n_free, "columns": ["h", "k", "l", "d_A", "F", "esd", "refined"],
+            "reflections": rows}
 
 
 @dataclass(frozen=True)
@@ -143,47 +194,26 @@ class RefinementResult:
         if support.warning is not None:
             object.__setattr__(self, "warnings", tuple(self.warnings) + (support.warning,))
 
+    @property
+    def esd_kind(self) -> str | None:
+        """The kind ``esds`` holds: ``"sandwich"`` (None without esds)."""
+        return "sandwich" if self.esd_kinds else None
+
     def to_json_dict(self) -> dict[str, Any]:
-        """The ``result.json`` document (plain Python types)."""
-        return {
-            "params": self.params,
-            "esds": self.esds,
-            "initial_params": self.initial_params,
-            "loss_initial": self.loss_initial,
-            "loss_final": self.loss_final,
-            "steps": self.steps,
-            "status": self.status.value,
-            "message": self.message,
-            "wall_s": self.wall_s,
-            "evaluations": self.evaluations,
-            "units": self.units,
-            "free": list(self.free),
-            "refined": self.refined,
-            "symmetry": self.symmetry,
-            "correlation": {"names": list(self.free), "matrix": np.asarray(self.correlation).tolist()},
-            "fisher_condition": self.fisher_condition,
-            "stages": [s.to_dict() for s in self.stages],
-            "hparams": self.hparams,
-            "fit": self.fit,
-            "warnings": list(self.warnings),
-            "esd_kind": "sandwich" if self.esd_kinds else None,
-            "esds_by_kind": self.esd_kinds,
-            **({"structure_factors": self.structure_factors()} if self.amplitudes is not None else {}),
-        }
+        """The ``result.json`` document (plain Python types; the schema of the module docstring)."""
+        doc = _common_document(self, FORMAT, self.free, self.structure_factors() if self.amplitudes is not None
+                               else None)
+        doc.update(stages=[s.to_dict() for s in self.stages], hparams=self.hparams, fit=self.fit)
+        return doc
 
     def structure_factors(self) -> dict:
-        """The amplitudes (``structure_factors`` of result.json): the space group, how they started, and one row
-        ``[h, k, l, d_A, F, esd, refined]`` per candidate symmetry-unique reflection (``refined`` False: held,
-        too faint on the fitted pixels; its F is the value the model used, its esd None)."""
-        t = self.amplitudes
-        free = set(self.free)
-        rows = [[int(h), int(k), int(l), float(d), float(self.amplitude_values.get(n, t.starts[n])),
-                 self.esds.get(n) if n in free else None, n in free]
-                for n, (h, k, l), d in zip(t.names, t.hkl, t.d_A)]  # noqa: E741
-        n_free = sum(1 for n in t.names if n in free)
-        return {"space_group": t.space_group, "start": t.start_mode, "n_free": n_free,
-                "n_held": len(t.names) - n_free, "columns": ["h", "k", "l", "d_A", "F", "esd", "refined"],
-                "reflections": rows}
+        """The amplitudes (``structure_factors`` of result.json, :func:`amplitude_rows`)."""
+        return amplitude_rows(self.amplitudes, self.amplitude_values, self.esds, self.free)
+
+    def hkl_table(self):
+        """The refined amplitudes with every equivalent and Friedel mate (:class:`nbtorch.io.hkl.HKLTable`, for
+        :func:`nbtorch.io.hkl.write_hkl`); None without structure factors."""
+        return None if self.amplitudes is None else self.amplitudes.hkl_table(self.amplitude_values)
 
     def summary(self) -> str:
         """A short human-readable table of the refined values with esds."""
@@ -201,6 +231,194 @@ class RefinementResult:
             lines.append(f"  {name:<14} {v:>14.6f} +- {e:<10.3g} {self.units.get(name, '')}")
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+    def _write_h5(self, h5) -> None:
+        """What the file of one image adds to the common part (module docstring)."""
+        d = h5.create_dataset("covariance", data=np.asarray(self.covariance, dtype=np.float64))
+        d.attrs["names"] = np.array([n.encode() for n in self.free])
+        hist = _write_history(h5, {col: self.history[col] for col in ("step", "stage", "stage_step", "loss",
+                                                                       "grad_norm")})
+        hp = hist.create_group("params")
+        for name, col in self.history["params"].items():
+            hp.create_dataset(name, data=np.asarray(col, dtype=np.float64))
+        hist.attrs["stage_names"] = np.array([s.name.encode() for s in self.stages])
+        img = h5.create_group("images")
+        for key in ("observed", "model", "residuals"):
+            img.create_dataset(key, data=np.asarray(getattr(self, key), dtype=np.float64), compression="gzip")
+        img.create_dataset("mask", data=np.asarray(self.mask, dtype=np.uint8), compression="gzip")
+
+
+@dataclass(frozen=True)
+class JointResult:
+    """What a joint refinement (:func:`refine.many.joint.refine_joint`) produced.
+
+    Attributes:
+        status, message: how the loop ended (:class:`~refine.solver.loop.Status`).
+        shared: final value of every shared canonical name (all six cell values when the cell is shared; a
+            shared orientation as its deltas ``orient_x/y/z`` and, when every image has the same orientation,
+            as ``misset_x/y/z``: one crystal turning through a rotation series).
+        shared_esds: their esds (the default ``esd_kind``; tied names such as ``cell_b`` of a cubic cell too).
+        images: per image, every canonical value at the end (the shared ones included; the orientation as
+            ``misset_x/y/z``), plus ``scale`` and ``background``.
+        image_esds: per image, the esds of its per-image names (and ``misset_x/y/z`` when the orientation
+            is refined).
+        initial_shared, initial_images: the same at the start.
+        shared_names, per_image_names: the refined names (raw order: shared, then each image's own).
+        esd_kind: ``"sandwich"`` (None without esds); ``esds_by_kind``: kind -> ``{"shared": {...},
+            "images": [{...}, ...]}`` for ``sandwich``, ``fisher``.
+        shared_correlation: (S, S) correlation of the shared names; ``fisher_condition``: condition number of
+            the unit-diagonal joint Fisher matrix.
+        loss_initial, loss_final: joint loss (sum over images); ``image_losses``: each image's final loss.
+        steps, evaluations, wall_s: the loop; ``world_size``: processes that shared the images.
+        history: one dict per point of the loop (step, loss, grad_norm, step_norm, evaluations).
+        warnings: one line each.
+        resumed_from_step: the step of the checkpoint this run continued from (None: it started afresh).
+        structure_factors: with shared structure factors (:mod:`refine.many.amplitudes`): the space group,
+            start, counts, each candidate's summed photons and one row ``[h, k, l, d_A, F, esd, refined]`` per
+            candidate (esd of the default kind; the Fisher ones are in ``esds_by_kind[...]["shared"]``); empty
+            without.  ``amplitude_table``, ``amplitude_values``: the table and every candidate's final value
+            (:meth:`hkl_table`).
+        refined: shared name -> final value (the amplitudes refined too).
+
+    ``params``, ``initial_params``, ``esds``, ``esd_kinds``, ``free`` and ``correlation`` name the shared part as
+    :class:`RefinementResult` names its parameters (the common schema of the result files).
+    """
+
+    status: Status
+    message: str
+    shared: dict
+    shared_esds: dict
+    images: tuple
+    image_esds: tuple
+    initial_shared: dict
+    initial_images: tuple
+    shared_names: tuple
+    per_image_names: tuple
+    symmetry: str
+    loss_name: str
+    loss_initial: float
+    loss_final: float
+    image_losses: tuple
+    steps: int
+    evaluations: int
+    wall_s: float
+    world_size: int
+    units: dict
+    esd_kind: str | None = None
+    esds_by_kind: dict = field(default_factory=dict)
+    shared_correlation: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    fisher_condition: float = math.nan
+    history: tuple = ()
+    warnings: tuple = ()
+    resumed_from_step: int | None = None
+    structure_factors: dict = field(default_factory=dict)
+    amplitude_table: Any = field(default=None, repr=False, compare=False)
+    amplitude_values: dict = field(default_factory=dict, repr=False)
+    refined: dict = field(default_factory=dict)
+
+    @property
+    def n_images(self) -> int:
+        return len(self.images)
+
+    # the shared part under the names of the common schema
+    params = property(lambda self: self.shared, doc="The shared values (:attr:`shared`).")
+    initial_params = property(lambda self: self.initial_shared, doc="The shared values at the start.")
+    esds = property(lambda self: self.shared_esds, doc="The shared esds (:attr:`shared_esds`).")
+    correlation = property(lambda self: self.shared_correlation, doc="The shared names' correlation.")
+    free = property(lambda self: tuple(self.shared_names), doc="The shared names (refined in every image).")
+
+    @property
+    def esd_kinds(self) -> dict:
+        """Kind -> shared name -> esd."""
+        return {kind: by["shared"] for kind, by in self.esds_by_kind.items()}
+
+    def hkl_table(self):
+        """The shared amplitudes with every equivalent and Friedel mate (:class:`nbtorch.io.hkl.HKLTable`, for
+        :func:`nbtorch.io.hkl.write_hkl`); None without structure factors."""
+        if self.amplitude_table is None:
+            return None
+        return self.amplitude_table.hkl_table(self.amplitude_values)
+
+    def _correlation_names(self) -> list[str]:
+        return [n for n in self.shared_names if not is_amplitude(n)]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``joint.json`` document (plain Python types; the schema of the module docstring)."""
+        doc = _common_document(self, JOINT_FORMAT, self._correlation_names(), self.structure_factors or None)
+        by = self.esds_by_kind
+        images = [{"params": p, "initial_params": q, "esds": e,
+                   "esds_by_kind": {kind: by[kind]["images"][i] for kind in by}, "loss_final": l}
+                  for i, (p, q, e, l) in enumerate(zip(self.images, self.initial_images, self.image_esds,
+                                                       self.image_losses))]
+        doc.update(n_images=self.n_images, shared_names=list(self.shared_names),
+                   per_image_names=list(self.per_image_names), loss=self.loss_name, world_size=self.world_size,
+                   history=list(self.history), resumed_from_step=self.resumed_from_step, images=images,
+                   shared=self.shared, shared_esds=self.shared_esds, initial_shared=self.initial_shared,
+                   shared_correlation=doc["correlation"])
+        return doc
+
+    def summary(self) -> str:
+        """The shared values with esds, one line each, and the run's outcome."""
+        lines = [f"joint refinement of {self.n_images} images: {self.status.value} after {self.steps} steps "
+                 f"(loss {self.loss_initial:.6g} -> {self.loss_final:.6g}, {self.wall_s:.1f} s, "
+                 f"{self.world_size} process{'es' if self.world_size > 1 else ''}"
+                 + (f", resumed from step {self.resumed_from_step})" if self.resumed_from_step is not None else ")")]
+        for n, v in self.shared.items():
+            e = self.shared_esds.get(n)
+            lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
+                         + f" {self.units.get(n, '')}")
+        if self.structure_factors:
+            sf = self.structure_factors
+            lines.append(f"  structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: "
+                         f"{sf['start']}; {sf['n_held']} candidates held, fewer than {sf['min_photons']:g} photons "
+                         f"on all images); on the scale of image 0")
+        return "\n".join(lines + [f"  warning: {w}" for w in self.warnings])
+
+    def _write_h5(self, h5) -> None:
+        """What the file of a joint run adds to the common part (module docstring)."""
+        for k in ("world_size", "n_images"):
+            h5.attrs[k] = getattr(self, k)
+        h5.attrs["loss_name"] = self.loss_name
+        for alias, target in (("shared", "params"), ("shared_esds", "esds"), ("initial_shared", "initial_params"),
+                              ("shared_correlation", "correlation")):
+            h5[alias] = h5[target]  # a link: the same data under the joint files' former names
+        for group, rows in (("images", self.images), ("image_esds", self.image_esds),
+                            ("initial_images", self.initial_images)):
+            g = h5.create_group(group)
+            for name in dict.fromkeys(k for r in rows for k in r):
+                d = g.create_dataset(name, data=np.array([r.get(name, math.nan) for r in rows], dtype=np.float64))
+                d.attrs["units"] = self.units.get(name, "")
+        h5.create_dataset("image_losses", data=np.asarray(self.image_losses, dtype=np.float64))
+        columns = ("step", "loss", "grad_norm", "step_norm", "evaluations")
+        _write_history(h5, {c: [math.nan if h.get(c) is None else h[c] for h in self.history] for c in columns})
+
+
+# -- the files ------------------------------------------------------------------------------------------
+def _common_document(result, fmt: str, correlation_names, structure_factors: dict | None) -> dict[str, Any]:
+    """The part of the JSON document every result has (module docstring)."""
+    return {
+        "format": fmt,
+        "params": result.params,
+        "esds": result.esds,
+        "initial_params": result.initial_params,
+        "loss_initial": result.loss_initial,
+        "loss_final": result.loss_final,
+        "steps": result.steps,
+        "status": result.status.value,
+        "message": result.message,
+        "wall_s": result.wall_s,
+        "evaluations": result.evaluations,
+        "units": result.units,
+        "free": list(result.free),
+        "refined": result.refined,
+        "symmetry": result.symmetry,
+        "correlation": {"names": list(correlation_names), "matrix": np.asarray(result.correlation).tolist()},
+        "fisher_condition": result.fisher_condition,
+        "warnings": list(result.warnings),
+        "esd_kind": result.esd_kind,
+        "esds_by_kind": result.esd_kinds,
+        **({"structure_factors": structure_factors} if structure_factors is not None else {}),
+    }
 
 
 def jsonable(obj: Any) -> Any:
@@ -223,8 +441,8 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def save_json(result: RefinementResult, path: str | Path) -> Path:
-    """Write ``result.json`` atomically (non-finite numbers become ``null``)."""
+def save_json(result: RefinementResult | JointResult, path: str | Path) -> Path:
+    """Write ``result.json`` (or ``joint.json``) atomically (non-finite numbers become ``null``)."""
     path = Path(path)
     text = json.dumps(jsonable(result.to_json_dict()), indent=2, sort_keys=False, allow_nan=False)
     with atomic_write(path, "w") as fh:
@@ -232,12 +450,13 @@ def save_json(result: RefinementResult, path: str | Path) -> Path:
     return path
 
 
-def save_h5(result: RefinementResult, path: str | Path) -> Path:
-    """Write ``result.h5`` atomically (layout in the module docstring)."""
+def save_h5(result: RefinementResult | JointResult, path: str | Path) -> Path:
+    """Write ``result.h5`` (or ``joint.h5``) atomically (layout in the module docstring)."""
     import h5py
 
     path = Path(path)
-    doc = json.dumps(jsonable(result.to_json_dict()), allow_nan=False)
+    doc = result.to_json_dict()
+    text = json.dumps(jsonable(doc), allow_nan=False)
     with atomic_output_path(path) as tmp:
         with h5py.File(tmp, "w") as h5:
             for k in ("loss_initial", "loss_final", "steps", "evaluations", "wall_s", "fisher_condition"):
@@ -245,48 +464,77 @@ def save_h5(result: RefinementResult, path: str | Path) -> Path:
             h5.attrs["status"] = result.status.value
             h5.attrs["message"] = result.message
             h5.attrs["symmetry"] = result.symmetry
-            h5.attrs["format"] = "nbtorch-refine-result"
-            for group, values in (("params", result.params), ("initial_params", result.initial_params),
-                                  ("esds", result.esds), ("refined", result.refined)):
+            h5.attrs["format"] = doc["format"]
+            h5.attrs["esd_kind"] = result.esd_kind or ""
+            for group in ("params", "initial_params", "esds", "refined"):
                 g = h5.create_group(group)
-                for name, v in values.items():
-                    d = g.create_dataset(name, data=float(v))
-                    d.attrs["units"] = result.units.get(name, "")
-            names = np.array([n.encode() for n in result.free])
-            for key in ("correlation", "covariance"):
-                d = h5.create_dataset(key, data=np.asarray(getattr(result, key), dtype=np.float64))
-                d.attrs["names"] = names
-            hist = h5.create_group("history")
-            for col in ("step", "stage", "stage_step", "loss", "grad_norm"):
-                hist.create_dataset(col, data=np.asarray(result.history[col]))
-            hp = hist.create_group("params")
-            for name, col in result.history["params"].items():
-                hp.create_dataset(name, data=np.asarray(col, dtype=np.float64))
-            hist.attrs["stage_names"] = np.array([s.name.encode() for s in result.stages])
-            img = h5.create_group("images")
-            for key in ("observed", "model", "residuals"):
-                img.create_dataset(key, data=np.asarray(getattr(result, key), dtype=np.float64), compression="gzip")
-            img.create_dataset("mask", data=np.asarray(result.mask, dtype=np.uint8), compression="gzip")
-            h5.create_dataset("result_json", data=doc)
+                for name, v in getattr(result, group).items():
+                    g.create_dataset(name, data=float(v)).attrs["units"] = result.units.get(name, "")
+            d = h5.create_dataset("correlation", data=np.asarray(result.correlation, dtype=np.float64))
+            d.attrs["names"] = np.array([n.encode() for n in doc["correlation"]["names"]])
+            if "structure_factors" in doc:
+                _write_amplitudes(h5, doc["structure_factors"])
+            result._write_h5(h5)
+            h5.create_dataset("result_json", data=text)
     return path
 
 
+def _write_history(h5, columns: Mapping[str, Any]):
+    """Group ``history``: one dataset per column."""
+    hist = h5.create_group("history")
+    for col, values in columns.items():
+        hist.create_dataset(col, data=np.asarray(values))
+    return hist
+
+
+def _write_amplitudes(h5, sf: dict) -> None:
+    """Group ``structure_factors``: attributes space_group, start, n_free, n_held (min_photons); datasets ``hkl``
+    (A, 3), ``d_A``, ``F``, ``esd`` (NaN where held), ``refined`` (bool) (``photons``: summed over the images)."""
+    g = h5.create_group("structure_factors")
+    for k in ("space_group", "start", "n_free", "n_held", "min_photons"):
+        if k in sf:
+            g.attrs[k] = sf[k]
+    rows = sf["reflections"]
+    g.create_dataset("hkl", data=np.array([r[:3] for r in rows], dtype=np.int64).reshape(-1, 3))
+    g.create_dataset("d_A", data=np.array([r[3] for r in rows], dtype=np.float64))
+    g.create_dataset("F", data=np.array([r[4] for r in rows], dtype=np.float64))
+    g.create_dataset("esd", data=np.array([math.nan if r[5] is None else r[5] for r in rows], dtype=np.float64))
+    g.create_dataset("refined", data=np.array([bool(r[6]) for r in rows], dtype=bool))
+    if "photons" in sf:
+        g.create_dataset("photons", data=np.asarray(sf["photons"], dtype=np.float64))
+
+
 def load_h5(path: str | Path) -> dict[str, Any]:
-    """Read a ``result.h5`` into plain dicts and numpy arrays (the JSON document under ``"json"``)."""
+    """Read a result file (``result.h5`` or ``joint.h5``) into plain dicts and numpy arrays: the attributes; each
+    group as name -> value (a scalar as a float; nested groups alike; ``structure_factors`` with its
+    attributes); each other dataset as an array; the correlation's names under ``"names"`` and the JSON document
+    under ``"json"``."""
     import h5py
+
+    def attrs(obj) -> dict:
+        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in obj.attrs.items()}
+
+    def group(g) -> dict:
+        out = attrs(g) if g.name == "/structure_factors" else {}
+        for k, item in g.items():
+            if isinstance(item, h5py.Group):
+                out[k] = group(item)
+            else:
+                out[k] = float(item[()]) if item.shape == () and item.dtype.kind == "f" else item[()]
+        return out
 
     out: dict[str, Any] = {}
     with h5py.File(path, "r") as h5:
-        out.update({k: (v.decode() if isinstance(v, bytes) else v) for k, v in h5.attrs.items()})
-        for group in ("params", "initial_params", "esds", "refined"):
-            out[group] = {k: float(h5[group][k][()]) for k in h5[group]}
-        out["correlation"] = h5["correlation"][()]
-        out["covariance"] = h5["covariance"][()]
+        out.update(attrs(h5))
+        for k, item in h5.items():
+            if k == "result_json":
+                raw = item[()]
+                out["json"] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+            else:
+                out[k] = group(item) if isinstance(item, h5py.Group) else item[()]
         out["names"] = [n.decode() for n in h5["correlation"].attrs["names"]]
-        hist = h5["history"]
-        out["history"] = {k: hist[k][()] for k in hist if k != "params"}
-        out["history"]["params"] = {k: hist["params"][k][()] for k in hist["params"]}
-        out["images"] = {k: h5["images"][k][()] for k in h5["images"]}
-        raw = h5["result_json"][()]
-        out["json"] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
     return out
+
+
+#: the names joint runs write and read their files by (the same functions)
+save_joint_json, save_joint_h5, load_joint_h5 = save_json, save_h5, load_h5

@@ -50,17 +50,17 @@ import numpy as np
 import torch
 
 import nbtorch
-from nbtorch import jacobian_kernels, runtime
 from torch import Tensor
 
-from nbtorch.physics.kernel import JACOBIAN_TILE_EVALUATIONS, analytic_jvp
+from nbtorch.jacobian_kernels import JACOBIAN_TILE_EVALUATIONS, forward_mode
 from refine.fitting.objective import ImageObjective, View
 from refine.fitting.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 from refine.fitting.structure_factors import is_amplitude
 
 __all__ = ["Uncertainties", "pixel_jacobian", "reverse_pixel_jacobian", "fisher_information", "information_matrices",
            "cluster_scores", "estimate_uncertainties", "image_information", "ESD_KINDS", "derived_esds",
-           "invert_information", "add_restraint"]
+           "invert_information", "add_restraint", "restraint_curvature", "standard_errors", "correlation_matrix",
+           "named_esds"]
 
 
 @dataclass(frozen=True)
@@ -107,13 +107,12 @@ def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple
 
     First derivatives only, by forward-mode autograd: one pass of the model with the P tangents
     batched (:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
-    (:func:`nbtorch.physics.kernel.analytic_jvp`).  Run eagerly (a compiled graph would drop the tangents),
+    (:func:`nbtorch.jacobian_kernels.forward_mode`).  Run eagerly (a compiled graph would drop the tangents),
     except that, unless compiling is off (inside ``nbtorch.eager()`` or by the environment variable), each
     large tile goes through the compiled forward-mode kernels of :mod:`nbtorch.physics.jacobian`.
     """
     th = theta.detach()
-    compiled, _ = runtime.compile_policy("jacobian")  # before eager(), which would say no
-    with nbtorch.eager(), analytic_jvp(jacobian_kernels.run if compiled else None), torch.no_grad():
+    with forward_mode(), torch.no_grad():
         if th.numel() == 0:
             mu = model_fn(th)
             return mu, mu.new_zeros(mu.numel(), 0)
@@ -327,34 +326,62 @@ def estimate_uncertainties(objective: ImageObjective, pmap: ParameterMap, raw: T
     C_fisher, cond = invert_information(F)
     covariances = {"fisher": C_fisher, "scaled": C_fisher * max(1.0, float(excess) if excess is not None else 1.0),
                    "sandwich": C_fisher @ B @ C_fisher}
-    kinds = {}
-    for name, C in covariances.items():
-        esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
-        kinds[name] = {n: float(e) for n, e in zip(names, esds)} | derived_esds(pmap, theta, C)
+    kinds = {name: named_esds(pmap, theta, C) for name, C in covariances.items()}
     C = covariances[kind]
-    esds = torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
-    denom = esds[:, None] * esds[None, :]
-    corr = torch.where(denom > 0, C / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(C))
-    corr.fill_diagonal_(1.0)
+    esds = standard_errors(C)
+    corr = correlation_matrix(C)
     derived = derived_esds(pmap, theta, C)
     return Uncertainties(tuple(names), theta.numpy().copy(), esds.numpy().copy(), C.numpy().copy(),
                          corr.numpy().copy(), F.numpy().copy(), cond, derived, kinds, kind)
 
 
-def add_restraint(F: Tensor, objective: ImageObjective, pmap: ParameterMap, theta: Tensor) -> None:
-    """``F += `` the amplitude restraint's Gauss-Newton curvature (:class:`refine.fitting.structure_factors.AmplitudeRestraint`)
-    on the rows of ``pmap``'s free amplitudes at ``theta`` (the held ones at their values in ``pmap``)."""
-    restraint = objective.restraint
+def standard_errors(C: Tensor) -> Tensor:
+    """(P,) the esds of a covariance matrix: the square roots of its diagonal (negative rounding clamped to 0)."""
+    return torch.sqrt(torch.clamp(torch.diagonal(C), min=0.0))
+
+
+def correlation_matrix(C: Tensor) -> Tensor:
+    """(P, P) the correlation matrix of a covariance matrix: ones on the diagonal, 0 where an esd is 0."""
+    esds = standard_errors(C)
+    denom = esds[:, None] * esds[None, :]
+    corr = torch.where(denom > 0, C / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(C))
+    corr.fill_diagonal_(1.0)
+    return corr
+
+
+def named_esds(pmap: ParameterMap, theta: Tensor, C: Tensor) -> dict[str, float]:
+    """Name -> esd of ``pmap``'s free names from their covariance ``C`` at ``theta``, and of the canonical names
+    tied to them (:func:`derived_esds`)."""
+    return {n: float(e) for n, e in zip(pmap.names, standard_errors(C))} | derived_esds(pmap, theta, C)
+
+
+def restraint_curvature(restraint, names: Sequence[str], values: dict, raw_scale: Tensor | None = None) -> Tensor:
+    """(P, P) the Gauss-Newton curvature ``R^T R`` of an amplitude restraint
+    (:class:`refine.fitting.structure_factors.AmplitudeRestraint`, or None: zeros) on the rows of the amplitudes
+    among ``names`` at ``values`` (every table entry's value; the held ones at theirs), in physical units, or in
+    raw units with ``raw_scale`` ((P,) d physical / d raw of each name)."""
+    out = torch.zeros(len(names), len(names), dtype=torch.float64)
     if restraint is None:
-        return
+        return out
     table = restraint.table
-    free = [(i, table.names.index(n)) for i, n in enumerate(pmap.names) if is_amplitude(n)]
+    free = [(i, table.names.index(n)) for i, n in enumerate(names) if is_amplitude(n)]
     if not free:
+        return out
+    R = restraint.jacobian(table.vector(values, torch.float64, "cpu"))[:, [j for _, j in free]]
+    if raw_scale is not None:
+        R = R * raw_scale[[i for i, _ in free]][None, :]
+    rows = torch.tensor([i for i, _ in free])
+    out[rows[:, None], rows[None, :]] = R.T @ R
+    return out
+
+
+def add_restraint(F: Tensor, objective: ImageObjective, pmap: ParameterMap, theta: Tensor) -> None:
+    """``F += `` the objective's amplitude restraint's curvature (:func:`restraint_curvature`) on the rows of
+    ``pmap``'s free amplitudes at ``theta`` (the held ones at their values in ``pmap``)."""
+    if objective.restraint is None or not any(is_amplitude(n) for n in pmap.names):
         return
     values = pmap.expand({n: float(t) for n, t in zip(pmap.names, theta)})
-    R = restraint.jacobian(table.vector(values, torch.float64, "cpu"))[:, [j for _, j in free]]
-    rows = torch.tensor([i for i, _ in free])
-    F[rows[:, None], rows[None, :]] += (R.T @ R).to(F.dtype)
+    F += restraint_curvature(objective.restraint, pmap.names, values).to(F.dtype)
 
 
 def image_information(objective: ImageObjective, pmap: ParameterMap, raw: Tensor, rows_per_block: int | None = None,

@@ -21,9 +21,9 @@ from refine.quality.fit_quality import assess_poisson_fit
 from refine.solver.history import History
 from refine.solver.loop import Status
 from refine.fitting.objective import ImageObjective, View, poisson_deviance
-from refine.fitting.parameters import ParameterMap, canonical_values, units_of
+from refine.fitting.parameters import ParameterMap, units_of
 from refine.solver.plan import RunPlan
-from refine.output.results import RefinementResult, StageSummary
+from refine.output.results import RefinementResult, StageSummary, reported_values
 from refine.quality.uncertainty import ESD_KINDS, estimate_uncertainties
 
 __all__ = ["finalise"]
@@ -96,11 +96,7 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
     uncertainty = _esds(objective, final_map, fit.get("excess")) if esds else _no_esds()
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
         log.info("%s", w)
-    params, init_params = canonical_values(values), canonical_values(initial_values)
-    if plan.background != "planar":
-        for d in (params, init_params):
-            d.pop("background_x", None)
-            d.pop("background_y", None)
+    params, init_params = reported_values(values, plan.background), reported_values(initial_values, plan.background)
     stage_summaries = tuple(StageSummary(d["name"], Status(d["status"]), d["message"], d["steps"], d["evaluations"],
                                          d["loss_start"], d["loss_end"], tuple(d["free"]), d["settings"], d["wall_s"])
                             for d in summaries)

@@ -31,8 +31,8 @@ from refine.fitting.parameters import ParameterMap
 from refine.fitting.structure_factors import is_amplitude
 from refine.quality.uncertainty import add_restraint, fisher_information, image_information
 
-__all__ = ["LinearPreconditioner", "make_preconditioner", "preconditioner_from_fisher", "PRECONDITIONERS",
-           "PRECONDITIONER_NAMES"]
+__all__ = ["LinearPreconditioner", "make_preconditioner", "preconditioner_from_fisher", "raw_fisher_information",
+           "physical_per_raw", "PRECONDITIONERS", "PRECONDITIONER_NAMES"]
 
 PRECONDITIONERS = (None, "diagonal", "full")
 #: the same as spelled on the command line and in TOML files (``"none"`` is None)
@@ -69,27 +69,46 @@ def make_preconditioner(kind: str | None, objective: ImageObjective, pmap: Param
     raw0 = raw0.detach().clone()
     if kind is None or raw0.numel() == 0:
         return LinearPreconditioner.identity(raw0)
+    return preconditioner_from_fisher(kind, raw_fisher_information(objective, pmap, raw0), raw0)
+
+
+def raw_fisher_information(objective: ImageObjective, pmap: ParameterMap, raw0: Tensor,
+                           fitted_only: bool = False) -> Tensor:
+    """(P, P) the Fisher matrix of ``objective``'s pixels in the raw units of ``pmap``'s names at ``raw0``: what
+    :func:`make_preconditioner` whitens, and each image's block of a joint run's (:mod:`refine.many.joint`).
+
+    ``fitted_only``: a sparse objective's fitted pixels only (:meth:`ImageObjective.pixel_model`; an objective
+    made from fitted pixels has no other), else the view's whole model with weight 0 off the fitted pixels.  With
+    amplitudes among the names: the esds' blocked Jacobian on the fitted pixels (bounded memory for hundreds of
+    them) with the amplitude restraint's curvature."""
     if any(is_amplitude(n) for n in pmap.names):
-        return preconditioner_from_fisher(kind, _blocked_raw_fisher(objective, pmap, raw0), raw0)
+        return _blocked_raw_fisher(objective, pmap, raw0)
+    sparse = fitted_only and objective.sparse
 
     def model_fn(raw: Tensor, block: tuple[int, int]) -> Tensor:
-        return objective.model(pmap.expand(pmap.physical(raw)))
+        values = pmap.expand(pmap.physical(raw))
+        return objective.pixel_model(values) if sparse else objective.model(values)
 
     def weights_fn(mu: Tensor, block: tuple[int, int]) -> Tensor:
-        w = objective.weights
+        w = objective.pixel_weights if sparse else objective.weights
         return torch.where(w > 0, w / torch.clamp(mu, min=1e-12), torch.zeros_like(mu))
 
-    F = fisher_information(model_fn, raw0, [(0, 0)], weights_fn)
-    return preconditioner_from_fisher(kind, F, raw0)
+    return fisher_information(model_fn, raw0, [(0, 0)], weights_fn)
+
+
+def physical_per_raw(pmap: ParameterMap, raw: Tensor) -> Tensor:
+    """(P,) ``d physical / d raw`` of each of ``pmap``'s names at ``raw`` (every transform acts on its own
+    coordinate): a matrix in physical units ``F`` is ``D F D`` in raw ones, ``D`` the diagonal of these."""
+    return torch.func.jacfwd(lambda r: torch.stack(list(pmap.physical(r).values())))(raw).diagonal()
 
 
 def _blocked_raw_fisher(objective: ImageObjective, pmap: ParameterMap, raw0: Tensor) -> Tensor:
     """The Fisher matrix in raw units from the esds' blocked Jacobian (:func:`refine.quality.uncertainty.image_information`:
     fitted pixels only, bounded memory for the hundreds of amplitudes), with the amplitude restraint's curvature:
-    ``D F D``, ``D = diag(d physical / d raw)`` (every transform acts on its own coordinate)."""
+    ``D F D``, ``D = diag(d physical / d raw)`` (:func:`physical_per_raw`)."""
     theta, F, _ = image_information(objective, pmap, raw0)
     add_restraint(F, objective, pmap, theta)
-    d = torch.func.jacfwd(lambda r: torch.stack(list(pmap.physical(r).values())))(raw0).diagonal()
+    d = physical_per_raw(pmap, raw0)
     return d[:, None] * F.to(raw0.dtype) * d[None, :]
 
 

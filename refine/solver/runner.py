@@ -13,12 +13,13 @@ A run is four named steps, each in its own place:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -41,8 +42,8 @@ from refine.solver.stages import Stage
 from refine.solver.strategies import AbstractStrategy
 from refine.fitting.structure_factors import AmplitudeOptions, amplitude_photons, estimate_amplitudes
 
-__all__ = ["refine", "RefinementInterrupted", "RunState", "start_run", "resume_run", "run_stage", "stage_objective",
-           "whole_image_objective"]
+__all__ = ["refine", "RefinementInterrupted", "RunClock", "checkpoint_on_interrupt", "RunState", "start_run",
+           "resume_run", "run_stage", "run_stages", "stage_objective", "whole_image_objective"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,36 @@ class RefinementInterrupted(KeyboardInterrupt):
         self.checkpoint = checkpoint
 
 
+@contextlib.contextmanager
+def checkpoint_on_interrupt(save: Callable[[LoopState], Path | None],
+                            save_at_start: Callable[[], Path | None] | None = None) -> Iterator[None]:
+    """Around a loop (:func:`refine.solver.loop.minimise`): Ctrl-C inside it (:class:`LoopInterrupted`, carrying the
+    state at the end of the last full step) writes ``save(state)`` and raises :class:`RefinementInterrupted`
+    naming the file; Ctrl-C before the loop's first step (a plain ``KeyboardInterrupt``) does the same with
+    ``save_at_start()``, or goes on as it is without one."""
+    try:
+        yield
+    except LoopInterrupted as exc:
+        raise RefinementInterrupted(save(exc.state)) from None
+    except KeyboardInterrupt:
+        if save_at_start is None:
+            raise
+        raise RefinementInterrupted(save_at_start()) from None
+
+
+@dataclass
+class RunClock:
+    """The wall time of a run over its attempts: ``before_s`` seconds of the attempts before a resume (from its
+    checkpoint), and this attempt's since ``started`` (:func:`time.monotonic`)."""
+
+    before_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run, the attempts before a resume included."""
+        return self.before_s + time.monotonic() - self.started
+
+
 @dataclass
 class RunState:
     """What changes while a run goes on: the current values, the history, the finished stages' summaries
@@ -67,10 +98,9 @@ class RunState:
     history: History
     summaries: list = field(default_factory=list)
     first_stage: int = 0
-    elapsed_before_s: float = 0.0
+    clock: RunClock = field(default_factory=RunClock)
     loop_resume: LoopState | None = None
     pre_resume: LinearPreconditioner | None = None
-    started: float = field(default_factory=time.monotonic)
     held: frozenset = frozenset()  # candidate amplitudes too faint to refine (refine.fitting.structure_factors)
     #: the last stage's ``(names, strategy memory)`` when it was not preconditioned (else None): a next stage over
     #: the same names, not preconditioned either (the same raw units), starts from that memory (LBFGS: its
@@ -79,7 +109,7 @@ class RunState:
 
     def elapsed(self) -> float:
         """Wall seconds of the run, the parts before a resume included."""
-        return self.elapsed_before_s + time.monotonic() - self.started
+        return self.clock.elapsed()
 
     def last_status(self) -> tuple[Status, str]:
         if not self.summaries:
@@ -104,7 +134,7 @@ def resume_run(plan: RunPlan, path: str | Path) -> RunState:
     return RunState(
         values=dict(ckpt.stage_values), initial_values=dict(ckpt.initial_values), loss_initial=float(ckpt.loss_initial),
         history=History(ckpt.history), summaries=list(ckpt.summaries), first_stage=ckpt.stage_index,
-        elapsed_before_s=float(ckpt.elapsed_s), loop_resume=LoopState.from_dict(ckpt.loop) if in_loop else None,
+        clock=RunClock(float(ckpt.elapsed_s)), loop_resume=LoopState.from_dict(ckpt.loop) if in_loop else None,
         pre_resume=(LinearPreconditioner(ckpt.precond["raw0"], ckpt.precond["A"])
                     if in_loop and ckpt.precond is not None else None),
         memory=None if in_loop or ckpt.memory is None else tuple(ckpt.memory))
@@ -223,15 +253,13 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     carried = state.memory
     same_units = carried is not None and carried[0] == tuple(names) and stage.precondition is None
     memory = carried[1] if same_units else None
-    try:
+    # Ctrl-C during the start evaluation: a resume restarts this stage
+    with checkpoint_on_interrupt(save, lambda: save_checkpoint(checkpoint, plan, state, index, stage_values, None,
+                                                               names)):
         res = minimise(fn, pre.z0(), stage.strategy, conv, on_step=_step_recorder(state, callbacks, stage, index,
                                                                                    pmap, objective, pre),
                        on_checkpoint=save, checkpoint_every=checkpoint_every if checkpoint is not None else 0,
                        resume=resume, memory=memory)
-    except LoopInterrupted as exc:
-        raise RefinementInterrupted(save(exc.state)) from None
-    except KeyboardInterrupt:  # during the start evaluation: a resume restarts this stage
-        raise RefinementInterrupted(save_checkpoint(checkpoint, plan, state, index, stage_values, None, names)) from None
     state.loop_resume = None
     state.memory = ((tuple(names), stage.strategy.memory_of(res.state.optimizer)) if stage.precondition is None
                     else None)
@@ -273,80 +301,81 @@ def refine(
     too_few_spots: str = "fix",
     structure_factors: AmplitudeOptions | None = None,
 ) -> RefinementResult:
-    """Refine simulator parameters against an observed image.
+    """Refine simulator parameters against an observed image: a :class:`~refine.output.results.RefinementResult`.
 
     Arguments:
-        problem_or_simulator: a :class:`~refine.inputs.problems.Problem` (its simulator, observed
-            image, start, symmetry, free and fixed groups are the defaults of the arguments
-            below) or an :class:`nbtorch.Simulator` whose parameters are the starting model.
-        observed: (slow, fast) observed image in photons (a pedestal is fine: it is fitted as
-            background); required with a simulator.  NaN/Inf and negative pixels are ignored.
-        start: starting values overriding the simulator's, by base name (canonical names,
-            ``orient_x/y/z``, ``scale``, ``background``, ``background_x/y``).  ``background``
-            defaults to the median of the observed image, ``scale`` to 1.
-        free: groups/names the run may refine (each stage refines its own list intersected
-            with this); None = whatever the stages name.
-        fixed: groups/names never refined (e.g. ``("distance",)`` with a known distance).
-        symmetry: crystal system (``triclinic`` default, ``monoclinic`` (unique b),
-            ``orthorhombic``, ``tetragonal``, ``trigonal``/``hexagonal``, ``rhombohedral``, ``cubic``).
+        problem_or_simulator: a :class:`~refine.inputs.problems.Problem` (its simulator, observed image, start,
+            symmetry, free and fixed groups are the defaults of the arguments below) or an
+            :class:`nbtorch.Simulator` whose parameters are the starting model.
+        observed: (slow, fast) observed image in photons (a pedestal is fine: it is fitted as background);
+            required with a simulator.  NaN/Inf and negative pixels are ignored.
+        start: starting values overriding the simulator's, by base name (canonical names, ``orient_x/y/z``,
+            ``scale``, ``background``, ``background_x/y``); ``background`` defaults to the median of the
+            observed image, ``scale`` to 1.
+        free: groups/names the run may refine (each stage refines its own list intersected with this); None =
+            whatever the stages name.  ``fixed``: groups/names never refined (e.g. a known ``distance``).
+        symmetry: crystal system (``triclinic`` default, ``monoclinic`` (unique b), ``orthorhombic``,
+            ``tetragonal``, ``trigonal``/``hexagonal``, ``rhombohedral``, ``cubic``).
         bounds: name -> (low, high): refine inside the open interval (a sigmoid transform).
-        mask: (slow, fast) bool, True = use the pixel.
-        stages: the schedule (default :func:`~refine.solver.stages.stage_a` with ``strategy``).
-        strategy: ``"lbfgs"`` (default), ``"adam"`` or a strategy object for the default stages.
-        background: ``"constant"`` or ``"planar"``.
-        loss: ``"poisson"`` (half Poisson deviance, default), another :func:`losses.get_loss`
-            name (summed), or ``(model, observed, weights) -> scalar``.
-        callbacks: objects implementing :class:`~refine.output.callbacks.Callback`.
-        progress: show a tqdm bar (None = only when stderr is a terminal; False = quiet).
-        time_budget_s: wall-clock budget of the whole run (seconds).
-        checkpoint: HDF5 path written every ``checkpoint_every`` steps, at each stage end
-            and on Ctrl-C.
-        resume: a checkpoint to continue from (same problem and plan).
-        esds: estimate uncertainties at the end (Fisher information; :mod:`refine.quality.uncertainty`).
-        compile_loss: wrap the loss in ``torch.compile(fullgraph=True)``.
-        priors: name -> (mean, sigma): Gaussian priors (restraints) on any base name, in its own units
-            (:data:`refine.fitting.parameters.UNITS`); each adds ``0.5 ((value - mean) / sigma)^2`` to the loss
-            and ``1 / sigma^2`` to the Fisher information of the esds.
-        n_spots: observed spots in the fitted region (None: not known, no check); with fewer than
-            :data:`refine.quality.fit_quality.MIN_SPOTS_PER_PARAMETER` per refined parameter ``too_few_spots``
-            decides: ``"fix"`` (default) fixes the least determined names, ``"warn"``, ``"fail"``
-            (:mod:`refine.quality.identifiability`).
-        structure_factors: refine one amplitude per visible symmetry-unique reflection in a last stage
-            (:class:`~refine.fitting.structure_factors.AmplitudeOptions`: space group, start, restraint); the
-            result's ``refined``/``esds`` hold them as ``F_h_k_l``.
-
-    Returns:
-        :class:`~refine.output.results.RefinementResult`.
+        mask: (slow, fast) bool, True = use the pixel; ``background``: ``"constant"`` or ``"planar"``.
+        stages: the schedule (default :func:`~refine.solver.stages.stage_a` with ``strategy``: ``"lbfgs"``
+            (default), ``"adam"`` or a strategy object).
+        loss: ``"poisson"`` (half Poisson deviance, default), another :func:`losses.get_loss` name (summed), or
+            ``(model, observed, weights) -> scalar``.
+        callbacks: :class:`~refine.output.callbacks.Callback` objects; ``progress``: a tqdm bar (None: only when
+            stderr is a terminal; False: quiet).  ``time_budget_s``: wall-clock budget of the whole run (s).
+        checkpoint: HDF5 path written every ``checkpoint_every`` steps, at each stage end and on Ctrl-C;
+            ``resume``: a checkpoint to continue from (same problem and plan).
+        esds: estimate esds at the end (:mod:`refine.quality.uncertainty`); ``compile_loss``: ``torch.compile``
+            the loss (``fullgraph=True``).
+        priors: name -> (mean, sigma): Gaussian priors on base names (in their units): ``0.5 ((value - mean) /
+            sigma)^2`` added to the loss, ``1 / sigma^2`` to the esds' Fisher information.
+        n_spots: observed spots in the fitted region (None: no check); below
+            :data:`refine.quality.fit_quality.MIN_SPOTS_PER_PARAMETER` per refined name ``too_few_spots`` decides:
+            ``"fix"`` (default: the least determined names), ``"warn"``, ``"fail"`` (:mod:`refine.quality.identifiability`).
+        structure_factors: :class:`~refine.fitting.structure_factors.AmplitudeOptions`: refine one amplitude per
+            visible symmetry-unique reflection in a last stage (``F_h_k_l`` in the result's ``refined``, ``esds``).
 
     Raises:
-        InputError: bad arguments (unknown names, a start breaking the symmetry, shape
-            mismatch, a checkpoint from another problem).
+        InputError: bad arguments (unknown names, a start breaking the symmetry, shape mismatch, a checkpoint
+            from another problem).
         RefinementInterrupted: Ctrl-C (a ``KeyboardInterrupt``), after writing the checkpoint.
     """
-    # the four steps of the module docstring; the function's length is its argument documentation
     plan = make_plan(problem_or_simulator, observed, start=start, free=free, fixed=fixed, symmetry=symmetry,
                      bounds=bounds, mask=mask, stages=stages, strategy=strategy, background=background, loss=loss,
                      priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss, n_spots=n_spots,
                      too_few_spots=too_few_spots, structure_factors=structure_factors)
+    cb = _callback_list(callbacks, progress)
+    full_view, full_objective = whole_image_objective(plan)
+    state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
+    status, message = run_stages(plan, state, cb, checkpoint, checkpoint_every)
+    result = finalise(plan, full_objective, full_view, state.values, state.initial_values, state.loss_initial,
+                      state.summaries, state.history, status, message, state.elapsed(), esds=esds, held=state.held)
+    cb.on_run_end(result)
+    return result
+
+
+def _callback_list(callbacks: Sequence[Any], progress: bool | None) -> CallbackList:
+    """The run's callbacks, and a progress bar unless ``progress`` is False (None: on a terminal only)."""
     cb = CallbackList(list(callbacks))
     if progress is not False:
         cb.callbacks.append(ProgressCallback(quiet=None if progress is None else not progress))
-    full_view, full_objective = whole_image_objective(plan)
-    state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
+    return cb
 
-    cb.on_run_start(RunInfo(stages=tuple(s.describe() for s, _ in plan.stages), names=plan.names,
-                            hparams=plan.hparams, max_steps=sum(s.convergence.max_steps for s, _ in plan.stages),
-                            first_step=len(state.history)))
+
+def run_stages(plan: RunPlan, state: RunState, callbacks: CallbackList, checkpoint: str | Path | None = None,
+               checkpoint_every: int = 10) -> tuple[Status, str]:
+    """Run the plan's stages from ``state.first_stage`` (:func:`run_stage`), checkpointing at each boundary, until
+    the last or one that ends the run (diverged, failed, out of time, no step); how the run ended."""
+    callbacks.on_run_start(RunInfo(
+        stages=tuple(s.describe() for s, _ in plan.stages), names=plan.names, hparams=plan.hparams,
+        max_steps=sum(s.convergence.max_steps for s, _ in plan.stages), first_step=len(state.history)))
     status, message = state.last_status()
     for index in range(state.first_stage, len(plan.stages)):
-        res = run_stage(plan, state, index, cb, checkpoint, checkpoint_every)
+        res = run_stage(plan, state, index, callbacks, checkpoint, checkpoint_every)
         status, message = res.status, f"stage {plan.stages[index][0].name}: {res.message}"
         if res.status in (Status.DIVERGED, Status.FAILED, Status.TIME_BUDGET, Status.NO_STEP):
             break
         if index + 1 < len(plan.stages):
             save_checkpoint(checkpoint, plan, state, index + 1, state.values, None, plan.stages[index + 1][1])
-
-    result = finalise(plan, full_objective, full_view, state.values, state.initial_values, state.loss_initial,
-                      state.summaries, state.history, status, message, state.elapsed(), esds=esds, held=state.held)
-    cb.on_run_end(result)
-    return result
+    return status, message

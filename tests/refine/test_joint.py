@@ -130,15 +130,25 @@ def test_joint_esds_from_blocks_equal_the_dense_ones(stills, joint, monkeypatch)
     np.testing.assert_allclose(blocked.shared_correlation, joint.shared_correlation, rtol=1e-8, atol=1e-12)
 
 
-def test_joint_result_files(joint, tmp_path):
+def test_joint_result_files(joint, singles, tmp_path):
     doc = json.loads(save_joint_json(joint, tmp_path / "joint.json").read_text())
     assert doc["format"] == "nbtorch-refine-joint" and doc["n_images"] == N
     assert doc["shared"] == pytest.approx(joint.shared) and doc["shared_names"] == list(CELL)
     assert len(doc["images"]) == N and doc["images"][1]["params"]["misset_x"] == joint.images[1]["misset_x"]
+    # one schema: a single result's document (its keys, for the shared names) extended with a list of images
+    single = json.loads(json.dumps(jsonable(singles[0].to_json_dict())))
+    assert set(single) - {"stages", "hparams", "fit"} <= set(doc) and single["format"] == "nbtorch-refine-result"
+    assert doc["params"] == doc["shared"] and doc["esds"] == doc["shared_esds"] and doc["free"] == list(CELL)
+    assert doc["correlation"] == doc["shared_correlation"] and doc["correlation"]["names"] == list(CELL)
+    assert doc["esds_by_kind"]["fisher"] == pytest.approx(joint.esds_by_kind["fisher"]["shared"])
+    assert doc["images"][1]["esds_by_kind"]["fisher"] == pytest.approx(joint.esds_by_kind["fisher"]["images"][1])
+    assert doc["refined"] == pytest.approx({k: joint.shared[k] for k in CELL})
     h5 = load_joint_h5(save_joint_h5(joint, tmp_path / "joint.h5"))
     assert h5["status"] == joint.status.value and h5["shared"] == pytest.approx(joint.shared)
+    assert h5["params"] == h5["shared"] and h5["names"] == list(CELL) and h5["format"] == "nbtorch-refine-joint"
     np.testing.assert_array_equal(h5["images"]["misset_z"], [p["misset_z"] for p in joint.images])
     np.testing.assert_array_equal(h5["image_esds"]["scale"], [e["scale"] for e in joint.image_esds])
+    np.testing.assert_array_equal(h5["history"]["loss"], [row["loss"] for row in joint.history])
     assert h5["json"]["loss_final"] == joint.loss_final
     assert "cell_a" in joint.summary() and "4 images" in joint.summary()
 

@@ -1,0 +1,106 @@
+"""The processes of a joint refinement (:mod:`refine.many.joint`): :class:`Comm` and :func:`image_shard`.
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1) every process joins one gloo group (:func:`refine.many.batch.process_group`);
+process ``r`` of ``W`` holds the contiguous block :func:`image_shard` of the images.  :class:`Comm` gathers rows
+of per-image values exactly (each row is non-zero in the one process that holds its image, so the all_reduce sum
+is that row, bit for bit), runs a check on process 0 only and hands its answer (or its one-line
+:class:`~nbtorch.errors.InputError`) to every process.  A collective that fails because another process died
+raises :class:`~refine.solver.loop.LoopAborted`.  Without torchrun there is one process and nothing is sent.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from refine.many.batch import process_group
+from refine.solver.loop import LoopAborted
+
+__all__ = ["Comm", "image_shard"]
+
+
+class Comm:
+    """The process group (or none): rank, world size and the exact gather of per-image rows."""
+
+    def __init__(self) -> None:
+        self.dist = None
+        self.rank, self.world = 0, 1
+        initialised = False
+        try:
+            import torch.distributed as dist
+
+            initialised = dist.is_available() and dist.is_initialized()
+        except ImportError:  # pragma: no cover - torch without distributed
+            dist = None
+        if initialised:
+            self.dist = dist
+        elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            _, _, self.dist = process_group()
+        if self.dist is not None:
+            self.rank, self.world = self.dist.get_rank(), self.dist.get_world_size()
+            if self.world == 1:
+                self.dist = None
+
+    def gather(self, rows: Mapping[int, Tensor], n: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """(n, *shape): row ``i`` from the process that holds image ``i`` (exact: the others add zeros)."""
+        out = torch.zeros((n, *shape), dtype=dtype)
+        for i, row in rows.items():
+            out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
+        if self.dist is not None:
+            self._collective(self.dist.all_reduce, out)
+        return out
+
+    def gather_objects(self, local: Mapping[int, Any], n: int) -> list:
+        """``[object of image i for i in range(n)]`` (picklable) from the processes that hold them."""
+        parts = [dict(local)]
+        if self.dist is not None:
+            parts = [None] * self.world
+            self._collective(self.dist.all_gather_object, parts, dict(local))
+        out: list = [None] * n
+        for part in parts:
+            for i, obj in part.items():
+                out[i] = obj
+        return out
+
+    def barrier(self) -> None:
+        """Wait for every process."""
+        if self.dist is not None:
+            self._collective(self.dist.barrier)
+
+    def on_rank0(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run by process 0 only; every process gets its value, or raises its :class:`InputError`."""
+        value, error = None, None
+        if self.rank == 0:
+            try:
+                value = fn()
+            except InputError as exc:
+                error = str(exc)
+        if self.dist is not None:
+            box = [(value, error)]
+            self._collective(self.dist.broadcast_object_list, box, src=0)
+            value, error = box[0]
+        if error is not None:
+            raise InputError(error)
+        return value
+
+    @staticmethod
+    def _collective(op: Callable, *args: Any, **kw: Any) -> None:
+        """A collective operation; its failure (another process died) ends the run: :class:`LoopAborted`."""
+        try:
+            op(*args, **kw)
+        except RuntimeError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise LoopAborted(f"the process group failed (another process probably died): {reason}") from exc
+
+
+def image_shard(n: int, rank: int | None = None, world: int | None = None) -> range:
+    """The images process ``rank`` of ``world`` holds: a contiguous block (default: this process, under
+    torchrun after setting up the gloo group; else every image)."""
+    if rank is None or world is None:
+        comm = Comm()
+        rank, world = comm.rank, comm.world
+    return range(n * rank // world, n * (rank + 1) // world)
