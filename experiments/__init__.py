@@ -3,7 +3,7 @@
 * ``parity_report``: every golden C case through the simulator, with errors and timings;
 * ``stage_a_mapping``: the Stage-A debug phases (forward sanity, raw <-> physical mapping and
   gradients, eager and compiled Adam runs, their trajectories compared);
-* ``sweep``: optuna hyper-parameter sweeps of the refinement (``workload`` and ``imagefile``
+* ``sweep``: optuna hyper-parameter sweeps of the refinement (``workload`` and ``png``
   are their helpers: the refinement input and a minimal PNG writer);
 * their argument checks and one-line errors (exit status 2) come from :mod:`nbtorch.cli_support`.
 

@@ -13,7 +13,6 @@ each image (no pass/fail then).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -23,6 +22,9 @@ import numpy as np
 import torch
 
 from nbtorch import InputError, Simulator, config_from_args
+from nbtorch.cli_support import Parser, run_main
+
+PROG = "parity_report"
 
 DEFAULT_GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
 
@@ -50,16 +52,15 @@ def run_case(folder: Path, dtype: torch.dtype, c_parity: bool) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _main(argv: list[str]) -> int:
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("cases", nargs="*")
     ap.add_argument("--golden", type=Path, default=DEFAULT_GOLDEN)
     ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     ap.add_argument("--spec", action="store_true", help="run spec mode (report only)")
     ns = ap.parse_args(argv)
     if not ns.golden.is_dir():
-        print(f"parity_report: no golden folder at {ns.golden}", file=sys.stderr)
-        return 2
+        raise InputError(f"--golden {ns.golden}: no golden folder there")
     names = ns.cases or sorted(p.name for p in ns.golden.iterdir() if (p / "args.txt").is_file())
     dtype = torch.float64 if ns.dtype == "float64" else torch.float32
     failures = 0
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(names) - failures} passed, {failures} failed")
     return 0 if failures == 0 else 1
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; bad input: one line ``parity_report: error: ...`` on stderr, status 2
+    (:func:`nbtorch.cli_support.run_main`)."""
+    return run_main(PROG, _main, argv)
 
 if __name__ == "__main__":
     sys.exit(main())

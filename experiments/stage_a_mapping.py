@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 import nbtorch
-from experiments.imagefile import write_png_pair
+from experiments.png import write_png_pair
 from experiments.workload import Workload, load_workload
 from nbtorch import runtime
 from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS
 from refine import Adam, TensorBoardCallback, refine, stage_a
 from refine.fitting.objective import ImageObjective, make_view, poisson_deviance

@@ -20,7 +20,7 @@ import torch
 
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
-from nbtorch.setup import resolve
+from nbtorch.resolve import resolve
 from refine import make_problem
 from refine.inputs.images import load_image
 from refine.inputs.problems import misorientation_deg

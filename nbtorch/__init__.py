@@ -12,7 +12,7 @@ from nbtorch.args import config_from_args
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
 from nbtorch.runtime import eager
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 
 __all__ = ["config_from_args", "SimulationConfig", "InputError", "PARAMETER_NAMES", "Simulator", "eager"]

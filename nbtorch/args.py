@@ -12,7 +12,7 @@ convention wins; every detector-vector flag switches to CUSTOM; the last
 pivot-setting flag wins (BEAM: ``-distance -Xbeam -Ybeam -mosflm -adxv -denzo
 -dials -pivot beam``; SAMPLE: ``-close_distance -twotheta -twotheta_axis
 -Xclose -Yclose -ORGX -ORGY -xds -pivot sample``), and the convention may force
-a pivot afterwards (:mod:`nbtorch.setup`).
+a pivot afterwards (:mod:`nbtorch.resolve`).
 
 The headers of ``-mask FILE`` and then ``-img FILE`` (SMV) are applied before
 any other flag, as the C reads them first, so explicit flags override them
@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
+from nbtorch.io.smv import header_value, read_smv
 
 
 def _num(flag: str, token: str, kind: type = float) -> float:
@@ -339,19 +340,15 @@ def _check_text_value(flag: str, token: str) -> None:
     knows means the value was left out (``-floatfile -nonoise``).
     """
     what = "a file name" if flag in _FILE_FLAGS else "a value"
-    if token in _FLAGS or token in _SPECIAL_FLAGS:
+    if token in _FLAGS or token in _SPECIAL_PARSERS:
         raise InputError(f"{flag}: expected {what}, got the flag {token} (give {flag} its value)")
     if not token.strip():
         raise InputError(f"{flag}: expected {what}, got an empty {'name' if flag in _FILE_FLAGS else 'value'} {token!r}")
 
 
-#: flags parsed by hand in :func:`config_from_args` (not in the table)
-_SPECIAL_FLAGS = ("-cell", "-misset", "-pivot", "-curved_det", "-detector_abs")
-
-
 def flag_names() -> list[str]:
     """Every flag :func:`config_from_args` accepts (sorted)."""
-    return sorted(set(_FLAGS) | set(_SPECIAL_FLAGS))
+    return sorted(set(_FLAGS) | set(_SPECIAL_PARSERS))
 
 
 def apply_smv_header(cfg: SimulationConfig, path: str, flag: str) -> set[str]:
@@ -363,8 +360,6 @@ def apply_smv_header(cfg: SimulationConfig, path: str, flag: str) -> set[str]:
     the C's flip); ORGX/ORGY (pixels); PHI, OSC_RANGE, TWOTHETA (deg).  No pivot is
     set.  Returns the names of the config fields it set.
     """
-    from nbtorch.io.smv import header_value, read_smv
-
     try:
         image, header = read_smv(path)
     except InputError as exc:
@@ -414,6 +409,109 @@ def _conflicts(cfg: SimulationConfig, seen: set[str]) -> None:
         raise InputError(f"-nopgm and {given} both given: -nopgm writes no PGM image; drop one")
 
 
+Op = Callable[[SimulationConfig], None]
+
+
+def _cell(tok: str, argv: list[str], i: int) -> tuple[Op, int]:
+    """``-cell a [b c alpha beta gamma]``: 1 to 6 numbers, the rest from a cubic cell of edge ``a``."""
+    vals = []
+    while i < len(argv) and _is_value(argv[i]) and len(vals) < 6:
+        vals.append(_num(tok, argv[i]))
+        i += 1
+    if not vals:
+        raise InputError("-cell: expected 1 to 6 numbers (a b c alpha beta gamma)")
+    a = vals[0]
+    full = [a, a, a, 90.0, 90.0, 90.0]
+    full[: len(vals)] = vals
+    return (lambda c, full=tuple(full): setattr(c, "cell", full)), i
+
+
+def _misset(tok: str, argv: list[str], i: int) -> tuple[Op, int]:
+    """``-misset rx ry rz`` (degrees) or ``-misset random``."""
+    if i < len(argv) and argv[i].lower().startswith("rand"):
+        return (lambda c: setattr(c, "misset_random", True)), i + 1
+    vals = argv[i : i + 3]
+    if len(vals) < 3 or not all(_is_value(v) for v in vals):
+        raise InputError("-misset: expected three angles in degrees or 'random'")
+    angles = tuple(_num(tok, v) for v in vals)
+
+    def op(c, angles=angles):
+        c.misset_deg = angles
+        c.misset_random = False
+
+    return op, i + 3
+
+
+def _pivot(tok: str, argv: list[str], i: int) -> tuple[Op, int]:
+    if i >= len(argv) or argv[i] not in ("beam", "sample"):
+        raise InputError("-pivot: expected 'beam' or 'sample'")
+    return (lambda c, v=argv[i]: setattr(c, "pivot", v)), i + 1
+
+
+def _curved_det(tok: str, argv: list[str], i: int) -> tuple[Op, int]:
+    if i < len(argv) and _is_value(argv[i]):
+        i += 1  # the C needs a (meaningless) argument here
+    return (lambda c: setattr(c, "curved_det", True)), i
+
+
+def _detector_abs(tok: str, argv: list[str], i: int) -> tuple[Op, int]:
+    if i >= len(argv):
+        raise InputError("-detector_abs: expected an attenuation depth in um or 'inf'")
+    token = argv[i]
+    value = math.inf if token.lower().startswith("inf") else _num(tok, token)
+    return (lambda c, v=value: setattr(c, "detector_abs_um", v)), i + 1
+
+
+#: the flags parsed by hand, whose values the table (:data:`_FLAGS`) cannot describe:
+#: flag -> parser(flag, argv, index of its first value) -> (op, index after its values)
+_SPECIAL_PARSERS = {"-cell": _cell, "-misset": _misset, "-pivot": _pivot, "-curved_det": _curved_det,
+                    "-detector_abs": _detector_abs}
+
+
+def _table_flag(tok: str, argv: list[str], i: int) -> tuple[Op, int]:
+    """A flag of the table :data:`_FLAGS`: its fixed number of values, checked and converted."""
+    spec = _FLAGS.get(tok)
+    if spec is None:
+        raise InputError(f"unknown flag {tok}")
+    nvals, fn, kind = spec  # type: ignore[misc]
+    raw = argv[i : i + nvals]
+    if len(raw) < nvals or not all(kind is str or _is_value(v) for v in raw):
+        what = "a value" if nvals == 1 else f"{nvals} values"
+        raise InputError(f"{tok}: expected {what}")
+    if kind is str:
+        _check_text_value(tok, raw[0])
+        vals = raw
+    else:
+        vals = [_num(tok, v, kind) for v in raw]
+    return (lambda c, fn=fn, vals=vals: fn(c, vals)), i + nvals
+
+
+def _parse_ops(argv: list[str]) -> list[tuple[str, Op]]:
+    """``(flag, op)`` for every flag of ``argv`` in command-line order (nothing applied yet)."""
+    ops: list[tuple[str, Op]] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("-") or _is_value(tok):
+            raise InputError(f"unexpected argument {tok!r} (not a flag, and no flag takes it)")
+        op, i = _SPECIAL_PARSERS.get(tok, _table_flag)(tok, argv, i + 1)
+        ops.append((tok, op))
+    return ops
+
+
+def _apply_headers(cfg: SimulationConfig, ops: list[tuple[str, Op]]) -> set[str]:
+    """The headers of ``-mask`` then ``-img`` (the C's order); returns the config fields they set."""
+    from_header: set[str] = set()
+    for flag, field in (("-mask", "mask_file"), ("-img", "img_file")):
+        for tok, op in ops:
+            if tok == flag:
+                op(cfg)
+        path = getattr(cfg, field)
+        if path is not None:
+            from_header |= apply_smv_header(cfg, path, flag)
+    return from_header
+
+
 def config_from_args(argv: Sequence[str]) -> SimulationConfig:
     """Parse nanoBragg-style arguments (without the program name).
 
@@ -429,88 +527,11 @@ def config_from_args(argv: Sequence[str]) -> SimulationConfig:
     argv = list(argv)
     cfg = SimulationConfig()
     cfg.c_parity = "-c_parity" in argv  # some parsing quirks depend on it
-    ops: list[tuple[str, Callable[[SimulationConfig], None]]] = []
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if not tok.startswith("-") or _is_value(tok):
-            raise InputError(f"unexpected argument {tok!r} (not a flag, and no flag takes it)")
-        i += 1
-        if tok == "-cell":
-            vals = []
-            while i < len(argv) and _is_value(argv[i]) and len(vals) < 6:
-                vals.append(_num(tok, argv[i]))
-                i += 1
-            if not vals:
-                raise InputError("-cell: expected 1 to 6 numbers (a b c alpha beta gamma)")
-            a = vals[0]
-            full = [a, a, a, 90.0, 90.0, 90.0]
-            full[: len(vals)] = vals
-            ops.append((tok, lambda c, full=tuple(full): setattr(c, "cell", full)))
-            continue
-        if tok == "-misset":
-            if i < len(argv) and argv[i].lower().startswith("rand"):
-                ops.append((tok, lambda c: setattr(c, "misset_random", True)))
-                i += 1
-                continue
-            vals = argv[i : i + 3]
-            if len(vals) < 3 or not all(_is_value(v) for v in vals):
-                raise InputError("-misset: expected three angles in degrees or 'random'")
-            angles = tuple(_num(tok, v) for v in vals)
-
-            def _misset(c, angles=angles):
-                c.misset_deg = angles
-                c.misset_random = False
-
-            ops.append((tok, _misset))
-            i += 3
-            continue
-        if tok == "-pivot":
-            if i >= len(argv) or argv[i] not in ("beam", "sample"):
-                raise InputError("-pivot: expected 'beam' or 'sample'")
-            ops.append((tok, lambda c, v=argv[i]: setattr(c, "pivot", v)))
-            i += 1
-            continue
-        if tok == "-curved_det":
-            ops.append((tok, lambda c: setattr(c, "curved_det", True)))
-            if i < len(argv) and _is_value(argv[i]):
-                i += 1  # the C needs a (meaningless) argument here
-            continue
-        if tok == "-detector_abs":
-            if i >= len(argv):
-                raise InputError("-detector_abs: expected an attenuation depth in um or 'inf'")
-            token = argv[i]
-            i += 1
-            value = math.inf if token.lower().startswith("inf") else _num(tok, token)
-            ops.append((tok, lambda c, v=value: setattr(c, "detector_abs_um", v)))
-            continue
-        spec = _FLAGS.get(tok)
-        if spec is None:
-            raise InputError(f"unknown flag {tok}")
-        nvals, fn, kind = spec  # type: ignore[misc]
-        raw = argv[i : i + nvals]
-        if len(raw) < nvals or not all(kind is str or _is_value(v) for v in raw):
-            what = "a value" if nvals == 1 else f"{nvals} values"
-            raise InputError(f"{tok}: expected {what}")
-        if kind is str:
-            _check_text_value(tok, raw[0])
-            vals = raw
-        else:
-            vals = [_num(tok, v, kind) for v in raw]
-        ops.append((tok, lambda c, fn=fn, vals=vals: fn(c, vals)))
-        i += nvals
-
+    ops = _parse_ops(argv)
     seen = {tok for tok, _ in ops}
     _conflicts(cfg, seen)
     # headers first, mask then img (the C's order), then the flags in command-line order
-    from_header: set[str] = set()
-    for flag, field in (("-mask", "mask_file"), ("-img", "img_file")):
-        for tok, op in ops:
-            if tok == flag:
-                op(cfg)
-        path = getattr(cfg, field)
-        if path is not None:
-            from_header |= apply_smv_header(cfg, path, flag)
+    from_header = _apply_headers(cfg, ops)
     for tok, op in ops:
         op(cfg)
         for name in _SETS.get(tok, ()):

@@ -29,12 +29,28 @@ from the rotated detector.  ``ORGX = Fclose/p + 1/2``: ORGX counts pixel centres
 The functions are plain arithmetic: lengths may be Python floats or tensors
 (the simulator differentiates through :func:`detector_offsets_m`).  Documented in
 ``docs/conventions.md`` ("Beam centre").
+
+Also here: :func:`close_point_m` (the near point's default, the detector centre), :func:`header_beam_offsets`
+(an image header's MOSFLM or DENZO beam centre as the spot from the corner, MOSFLM's half pixel) and
+:func:`swung_beam_spot_m`, the one rule that needs the detector's geometry: where a BEAM-pivot convention
+puts the beam spot of a detector that a header describes by its near point before a two-theta swing.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import torch
+
+from nbtorch.config import SimulationConfig
+from nbtorch.detector_axes import detector_axes
+from nbtorch.errors import InputError
+from nbtorch.physics.detector import detector_geometry
+
 __all__ = ["CONVENTIONS", "XBEAM_CONVENTIONS", "ORG_CONVENTIONS", "detector_offsets_m", "beam_centre_from_offsets_m",
-           "default_beam_centre_m", "close_from_org_m", "org_from_close_px", "beam_centre_flags"]
+           "default_beam_centre_m", "close_point_m", "close_from_org_m", "org_from_close_px", "header_beam_offsets",
+           "beam_centre_flags", "swung_beam_spot_m"]
 
 CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")
 #: conventions whose user beam centre is ``-Xbeam -Ybeam`` (mm)
@@ -103,6 +119,26 @@ def default_beam_centre_m(convention: str, pixel_m: float, detsize_f_m: float, d
     return beam_centre_from_offsets_m(convention, fclose_m, sclose_m, pixel_m, detsize_s_m)
 
 
+def close_point_m(org_x_px: float | None, org_y_px: float | None, pixel_m: float, detsize_f_m: float,
+                  detsize_s_m: float) -> tuple[float, float]:
+    """``(Fclose, Sclose)`` (m) of the near point: from ``-ORGX/-ORGY`` (pixels) where given, else the centre of
+    a ``detsize_f_m`` x ``detsize_s_m`` detector (nanoBragg's default, each axis on its own)."""
+    fclose_m = close_from_org_m(org_x_px, pixel_m) if org_x_px is not None else detsize_f_m / 2.0
+    sclose_m = close_from_org_m(org_y_px, pixel_m) if org_y_px is not None else detsize_s_m / 2.0
+    return fclose_m, sclose_m
+
+
+def header_beam_offsets(convention: str, centre_x, centre_y, pixel) -> tuple:
+    """A beam centre as an image header states it in ``convention``'s terms (MOSFLM ``MOSFLM_CENTER_X/Y``,
+    DENZO ``DENZO_X/Y_BEAM``; ADSC's ``BEAM_CENTER_X/Y`` read as DENZO, as DIALS reads them) -> the direct-beam
+    spot ``(Fbeam, Sbeam)`` along fast and slow from the corner of pixel (0, 0): MOSFLM adds half a pixel.
+    Any length unit (the result is in the same one as the arguments)."""
+    if convention not in ("mosflm", "denzo"):
+        raise ValueError(f"header_beam_offsets: MOSFLM or DENZO terms only, got {convention!r}")
+    fbeam, sbeam, _, _ = detector_offsets_m(convention, centre_x, centre_y, pixel, None)
+    return fbeam, sbeam
+
+
 def close_from_org_m(org_px: float, pixel_m: float) -> float:
     """``-ORGX`` or ``-ORGY`` (pixels, pixel centres counted from 1) -> ``Fclose_m`` or ``Sclose_m``."""
     return (org_px - 0.5) * pixel_m
@@ -123,3 +159,33 @@ def beam_centre_flags(convention: str, beam_x_mm: float, beam_y_mm: float, pixel
     if convention in ORG_CONVENTIONS:
         return ["-ORGX", repr(float(beam_x_mm / pixel_mm)), "-ORGY", repr(float(beam_y_mm / pixel_mm))]
     return ["-Xbeam", repr(float(beam_x_mm)), "-Ybeam", repr(float(beam_y_mm))]
+
+
+def swung_beam_spot_m(cfg: SimulationConfig, twotheta_deg: float, fclose_m: float, sclose_m: float,
+                      distance_m: float) -> tuple[float, float, float]:
+    """The direct-beam spot (Fbeam, Sbeam, m) and the along-beam distance (m) of a detector whose near point
+    is (fclose, sclose) at ``distance`` before it swings by ``twotheta`` about the sample: what a BEAM-pivot
+    convention needs to place the same detector (nbtorch.physics.detector.detector_geometry, SAMPLE pivot).
+    ``cfg`` gives the convention's axes and the detector rotations.
+
+    Raises:
+        InputError: the direct beam does not meet the swung detector (a header's two-theta that a beam-pivot
+            convention cannot place).
+    """
+    beam, f, s, o, axis, _, _ = detector_axes(cfg)
+
+    def t(v) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(v, dtype=np.float64))
+
+    rot = [t(math.radians(a)) for a in (cfg.detector_rotx_deg, cfg.detector_roty_deg, cfg.detector_rotz_deg)]
+    zero = t(0.0)
+    g = detector_geometry(t(f), t(s), t(o), t(beam), t(axis), "sample", t(distance_m), zero, zero, t(fclose_m),
+                          t(sclose_m), *rot, t(math.radians(twotheta_deg)))
+    cos_in = float(g.odet @ g.beam)
+    along = float(g.pix0 @ g.odet) / cos_in if abs(cos_in) > 1e-6 else math.inf
+    if not (math.isfinite(along) and along > 0):
+        raise InputError(f"two-theta {twotheta_deg:g} deg from the header: the direct beam does not meet the swung "
+                         "detector, so the beam-pivot convention cannot place it; use a sample-pivot convention "
+                         "(--model -xds or -dials) or give -twotheta yourself")
+    hit = along * g.beam - g.pix0
+    return float(hit @ g.fdet), float(hit @ g.sdet), along

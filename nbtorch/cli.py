@@ -26,8 +26,9 @@ from nbtorch import __version__
 from nbtorch import beam_centre as bc
 from nbtorch import runtime
 from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
-from nbtorch.cli_support import Printer, argument_files, check_outputs, expand_argument_files
+from nbtorch.cli_support import Printer, argument_files, check_outputs, expand_argument_files, run_main
 from nbtorch.crng import poisson_noise_image
+from nbtorch.dials_geometry import dials_origin_mm
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import write_files_together
 from nbtorch.io.hdf5 import h5_writer
@@ -111,8 +112,7 @@ def header_values(sim) -> dict:
         close, dist = float(g.close_distance), float(g.distance)
     p = s.pixel_m
     if s.convention in bc.ORG_CONVENTIONS:  # the C's header: the -Xbeam/-Xclose flag, else the ORGX point
-        fc0 = bc.close_from_org_m(cfg.ORGX, p) if cfg.ORGX is not None else s.fpixels * p / 2
-        sc0 = bc.close_from_org_m(cfg.ORGY, p) if cfg.ORGY is not None else s.spixels * p / 2
+        fc0, sc0 = bc.close_point_m(cfg.ORGX, cfg.ORGY, p, s.fpixels * p, s.spixels * p)
         xb = cfg.Xbeam_mm / 1000 if cfg.Xbeam_mm is not None else (cfg.Xclose_mm / 1000 if cfg.Xclose_mm is not None else fc0)
         yb = cfg.Ybeam_mm / 1000 if cfg.Ybeam_mm is not None else (cfg.Yclose_mm / 1000 if cfg.Yclose_mm is not None else sc0)
     else:
@@ -128,7 +128,7 @@ def header_values(sim) -> dict:
         adxv_x=adxv[0] * 1000, adxv_y=adxv[1] * 1000,
         mosflm_x=mosflm[0] * 1000, mosflm_y=mosflm[1] * 1000,
         denzo_x=denzo[0] * 1000, denzo_y=denzo[1] * 1000,
-        dials_origin=(1000 * pix0[2], 1000 * pix0[1], -1000 * pix0[0]),
+        dials_origin=dials_origin_mm(pix0),
         xds_orgx=bc.org_from_close_px(fclose, p), xds_orgy=bc.org_from_close_px(sclose, p),
         close_distance_mm=close * 1000,
         phi_deg=cfg.phi_deg, osc_start_deg=cfg.phi_deg, osc_range_deg=osc,
@@ -194,9 +194,23 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     outputs = output_files(cfg)
     inputs = [named for named in cfg.model_files() if named not in outputs]  # -dump may be both
     check_outputs(outputs, inputs + argument_files(typed))
-    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     runtime.check_device(cfg.device, "-device")
     t0 = time.perf_counter()
+    sim = start_simulation(cfg, context, say)
+    image, diag, roi_mask = render_image(sim, cfg)
+    context["stage"] = "writing the outputs"
+    st = report_image(sim, cfg, image, diag, say)
+    # every output is built in memory first and written together at the end, so that a
+    # failure (a header, the file system) leaves no output file at all
+    files = image_files(sim, cfg, image, st, roi_mask, say) + extra_files(sim, cfg, image, argv, say)
+    write_files_together(files)
+    say(f"done in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def start_simulation(cfg, context: dict, say) -> Simulator:
+    """The simulator of ``cfg``, compiled or not (:func:`choose_compile`), and the C's opening lines about it."""
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     context["stage"] = "setting up the simulation"
     sim = Simulator(cfg, dtype=dtype, device=cfg.device, compile=cfg.compile if cfg.compile is not None else False)
     context["sim"] = sim
@@ -212,21 +226,30 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     say(distances_summary(sim))
     for note in s.notes:
         say(f"note: {note}")
-    mask = s.pixel_mask
-    if mask is not None:
+    if s.pixel_mask is not None:
         say(f"  skipping zero-flagged pixels in {cfg.mask_file}")
-    progress = use_progress(cfg)
+    return sim
+
+
+def render_image(sim, cfg) -> tuple[np.ndarray, dict, np.ndarray]:
+    """``(image, diagnostics, roi_mask)``: the whole (slow, fast) photon image (float64, 0 outside the ROI and on
+    ``-mask``'s zero pixels), the render's diagnostics and the ROI as a bool image."""
+    s = sim.setup
     with torch.no_grad():
-        image_t, diag = sim.render(progress=progress, diagnostics=True)
+        image_t, diag = sim.render(progress=use_progress(cfg), diagnostics=True)
         full = image_t.new_zeros(sim.shape)
         x0, x1, y0, y1 = s.roi
         full[y0:y1 + 1, x0:x1 + 1] = image_t
     image = full.double().cpu().numpy()
-    if mask is not None:
-        image[~mask] = 0.0  # the C skips these pixels (the simulator may already have)
-    roi_mask = roi_mask_from_bounds(image.shape, x0, x1, y0, y1)
-    context["stage"] = "writing the outputs"
+    if s.pixel_mask is not None:
+        image[~s.pixel_mask] = 0.0  # the C skips these pixels (the simulator may already have)
+    return image, diag, roi_mask_from_bounds(image.shape, x0, x1, y0, y1)
 
+
+def report_image(sim, cfg, image: np.ndarray, diag: dict, say) -> dict[str, float]:
+    """The C's pixel printout (``-printout``), solid angle and lookup lines; returns :func:`image_statistics`."""
+    s = sim.setup
+    mask = s.pixel_mask
     if cfg.printout:
         pixels = [tuple(cfg.printout_pixel)] if cfg.printout_pixel is not None else roi_pixels(s.roi, mask)
         for report in pixel_reports(sim, pixels, image):
@@ -235,11 +258,13 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     omega = solid_angle_sum(sim, mask)
     say(f"solid angle subtended by detector = {omega:g} steradian ( {100 * omega / 4 / math.pi:g}% sphere)")
     say(f"fraction of structure-factor lookups outside the HKL table: {float(diag['fraction_default_F']):.3g}")
-    st = image_statistics(image, s.roi, mask, s.c_parity, s.pixel_m, s.oversample)
+    return image_statistics(image, s.roi, mask, s.c_parity, s.pixel_m, s.oversample)
 
-    # every output is built in memory first and written together at the end, so that a
-    # failure (a header, the file system) leaves no output file at all
-    files: list = []  # (path, bytes or writer): built first, then written together or not at all
+
+def image_files(sim, cfg, image: np.ndarray, st: dict, roi_mask: np.ndarray, say) -> list:
+    """``(path, bytes)`` of the float, int, PGM and noise images (built, not written), with the C's lines."""
+    s = sim.setup
+    files: list = []
     floatfile = cfg.floatfile or "floatimage.bin"
     say(f"writing {floatfile} as {image.size} 4-byte floats")
     files.append((floatfile, raw_float_bytes(floatfile, image.astype(np.float32))))
@@ -265,6 +290,13 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
         say(f"{photons:.0f} photons on noise image ({overloads} overloads)")
         say(f"writing {noisefile} as 2-byte integers (seed {seed})")
         files.append((noisefile, smv_bytes(noisefile, noise, header)))
+    return files
+
+
+def extra_files(sim, cfg, image: np.ndarray, argv: Sequence[str], say) -> list:
+    """``(path, writer or bytes)`` of ``-h5file`` and ``-dump`` (built, not written), with the C's lines."""
+    s = sim.setup
+    files: list = []
     if cfg.h5file:
         attrs, geometry = h5_metadata(sim, argv)
         say(f"writing {cfg.h5file} (NXmx HDF5)")
@@ -272,9 +304,7 @@ def run(argv: Sequence[str], context: dict | None = None) -> int:
     if cfg.dump_file and cfg.hkl_file and s.F_grid is not None:
         say(f"writing dump file for next time: {cfg.dump_file}")
         files.append((cfg.dump_file, fdump_bytes(cfg.dump_file, s.F_grid, tuple(int(v) for v in s.hkl_min))))
-    write_files_together(files)
-    say(f"done in {time.perf_counter() - t0:.2f} s")
-    return 0
+    return files
 
 
 def output_files(cfg) -> list[tuple[str, str]]:
@@ -331,19 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     context: dict = {}
     runtime.tune_allocator()
-    try:
-        return run(argv, context)
-    except InputError as exc:
-        print(f"nbtorch: error: {exc}", file=sys.stderr)
-        return 2
-    except (MemoryError, RuntimeError) as exc:
-        if not is_out_of_memory(exc):
-            raise
-        print(f"nbtorch: error: {out_of_memory_message(exc, context)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("nbtorch: interrupted", file=sys.stderr)
-        return 130
+    return run_main("nbtorch", lambda args: run(args, context), argv,
+                    explain=lambda exc: out_of_memory_message(exc, context) if is_out_of_memory(exc) else None,
+                    interrupted=lambda exc: "")
 
 
 if __name__ == "__main__":

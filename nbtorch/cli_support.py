@@ -3,7 +3,8 @@
 * :class:`Printer`: ``print()`` that survives a closed stdout (``nbtorch ... | head``), with a quiet switch;
 * :class:`Parser`: argparse whose errors are a one-line :class:`~nbtorch.errors.InputError` (no usage
   block; the commands print it as ``PROG: error: ...`` and exit with status 2), abbreviations off;
-* :func:`run_main`: call a command's body, printing an :class:`InputError` as that one line;
+* :func:`run_main`: call a command's body, printing an :class:`InputError` (or an explained failure such as
+  running out of memory) as that one line with status 2, and Ctrl-C as ``PROG: interrupted`` (130);
 * :func:`expand_argument_files`: ``@FILE`` tokens replaced by the tokens of FILE (whitespace or newline
   separated, ``#`` comments, shell quotes);
 * :func:`check_outputs`, :func:`check_output_dir`, :func:`make_output_dir`: refuse, before anything
@@ -62,14 +63,34 @@ class Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
-    """``body(argv)`` (``sys.argv[1:]`` when None) with :class:`InputError` printed as ``PROG: error: ...``
-    on stderr (status 2)."""
+def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None = None, *,
+             explain: Callable[[Exception], str | None] | None = None,
+             interrupted: Callable[[KeyboardInterrupt], str] | None = None) -> int:
+    """Run a command's ``body(argv)`` (``sys.argv[1:]`` when ``argv`` is None) and return its exit status: the one
+    place where the commands turn bad input into one line on stderr and status 2.
+
+    * an :class:`InputError` prints ``PROG: error: MESSAGE`` (status 2);
+    * another exception for which ``explain(exc)`` gives a line (e.g. out of memory) prints ``PROG: error: LINE``
+      (status 2); where ``explain`` is None or gives None, the exception propagates;
+    * with ``interrupted``: Ctrl-C prints ``PROG: interrupted`` followed by ``interrupted(exc)`` (e.g. where a
+      checkpoint was written; ``""`` for nothing), status 130; without, ``KeyboardInterrupt`` propagates.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return body(argv)
     except InputError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        if interrupted is None:
+            raise
+        print(f"{prog}: interrupted{interrupted(exc)}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        line = explain(exc) if explain is not None else None
+        if line is None:
+            raise
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 2
 
 

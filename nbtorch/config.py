@@ -1,7 +1,7 @@
 """SimulationConfig: every nanoBragg setting, in the units of its command-line flag.
 
 A field left at ``None`` means "not given": the C program's automatic rule
-applies (see :mod:`nbtorch.setup`, which resolves the config into tensors).
+applies (see :mod:`nbtorch.resolve`, which resolves the config into tensors).
 Units are in the field names (``_mm``, ``_A``, ``_deg``, ``_mrad``, ``_um``).
 """
 

@@ -71,15 +71,18 @@ class DiagnosticsHooks:
 
 
 def logging_hook(logger: logging.Logger | None = None, level: int = logging.INFO) -> Hook:
-    """A subscriber that logs the diagnostics as one line."""
+    """A subscriber that logs the diagnostics as one line at ``level`` on ``logger`` (default the
+    ``nbtorch.diagnostics`` logger): ``diagnostics: image_max=154.652 hkl0_min=[-3, 0, 2] ...``, every value
+    ``%.6g``, in the order given.  Nothing is read from the tensors when the level is disabled."""
     logger = logger or logging.getLogger("nbtorch.diagnostics")
 
     def hook(diag: dict[str, Tensor]) -> None:
         if logger.isEnabledFor(level):
             parts = []
             for k, v in diag.items():
-                v = v.detach().cpu()
-                parts.append(f"{k}={v.item():.6g}" if v.numel() == 1 else f"{k}={v.tolist()}")
+                values = [x + 0.0 for x in v.detach().cpu().double().reshape(-1).tolist()]  # + 0.0: no "-0"
+                text = f"{values[0]:.6g}" if v.dim() == 0 else "[" + ", ".join(f"{x:.6g}" for x in values) + "]"
+                parts.append(f"{k}={text}")
             logger.log(level, "diagnostics: %s", " ".join(parts))
 
     return hook

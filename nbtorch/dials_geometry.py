@@ -45,13 +45,14 @@ import numpy as np
 import torch
 
 from nbtorch.errors import InputError
-from nbtorch.io.dials import DialsExperiment, updated_document
+from nbtorch.io.dials import DialsExperiment, scan_oscillation, updated_document
 from nbtorch.parameters import SIMULATOR_NAMES
 from nbtorch.physics.crystal import orientation_from_reciprocal
 from nbtorch.physics.rotation import rotation_matrix_axis_angle
 
-__all__ = ["NB_FROM_DIALS", "nb_from_dials", "dials_from_nb", "experiment_flags", "nominal_phi_deg",
-           "misset_from_rotation_deg", "refined_document", "still_experiment", "bragg_positions_px"]
+__all__ = ["NB_FROM_DIALS", "nb_from_dials", "dials_from_nb", "dials_origin_mm", "experiment_flags", "nominal_phi_deg",
+           "misset_from_rotation_deg", "refined_document", "still_experiment", "bragg_positions_px",
+           "goniometer_rotations"]
 
 #: v_nb = NB_FROM_DIALS @ v_dials (a proper rotation; its transpose goes back)
 NB_FROM_DIALS = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -65,6 +66,19 @@ def nb_from_dials(v) -> np.ndarray:
 def dials_from_nb(v) -> np.ndarray:
     """nanoBragg-frame vector(s) (..., 3) -> DIALS lab frame."""
     return np.asarray(v, dtype=np.float64) @ NB_FROM_DIALS
+
+
+def dials_origin_mm(pix0_m) -> tuple[float, float, float]:
+    """The panel origin ``pix0`` (m, nanoBragg frame) in the DIALS lab frame in mm, as the C's SMV header writes
+    ``DIALS_ORIGIN``: :func:`dials_from_nb` of ``1000 pix0``, each DIALS component taken as the one signed
+    nanoBragg component :data:`NB_FROM_DIALS` maps to it (no sum over zero terms), so that a zero keeps the
+    sign the C prints (``-0``)."""
+    v = [float(x) for x in pix0_m]
+    out = []
+    for j in range(3):
+        i = int(np.flatnonzero(NB_FROM_DIALS[:, j])[0])
+        out.append(float(NB_FROM_DIALS[i, j]) * (1000 * v[i]))
+    return out[0], out[1], out[2]
 
 
 def _unit(v) -> np.ndarray:
@@ -88,21 +102,50 @@ def misset_from_rotation_deg(u: np.ndarray) -> tuple[float, float, float]:
     return tuple(math.degrees(a) for a in (x, y, z))  # type: ignore[return-value]
 
 
+def _axis_angle_matrix(axis, angle_deg: float) -> np.ndarray:
+    """Rotation by ``angle_deg`` (right-handed) about ``axis`` (normalised here), as dxtbx's ``axis_and_angle_as_matrix``."""
+    k = _unit(axis)
+    a = math.radians(angle_deg)
+    kx = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
+    return np.eye(3) + math.sin(a) * kx + (1.0 - math.cos(a)) * (kx @ kx)
+
+
+def goniometer_rotations(gonio: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(fixed rotation F, setting rotation S, rotation axis at the datum e)`` of a DIALS goniometer (DIALS frame):
+    the crystal's real-space vectors at scan angle ``phi`` are ``S R(e, phi) F A`` (A as the .expt writes them).
+
+    A single-axis goniometer gives its ``fixed_rotation``/``setting_rotation``/``rotation_axis``.  A multi-axis one
+    (``axes`` from the crystal outwards, ``angles``, ``scan_axis``) reduces exactly to one spindle, as dxtbx's
+    ``MultiAxisGoniometer``: the axes below the scan axis make ``F = R_{k-1} ... R_0``, those above it
+    ``S = R_{n-1} ... R_{k+1}`` (each ``R_i`` its axis at its angle), ``e`` = the scan axis; the scan axis's own
+    angle in ``angles`` is the scan's, not used."""
+    if "axes" not in gonio:
+        fixed = np.asarray(gonio.get("fixed_rotation", np.eye(3).ravel()), dtype=np.float64).reshape(3, 3)
+        setting = np.asarray(gonio.get("setting_rotation", np.eye(3).ravel()), dtype=np.float64).reshape(3, 3)
+        return fixed, setting, _unit(gonio["rotation_axis"])
+    axes, angles, k = gonio["axes"], [float(a) for a in gonio["angles"]], int(gonio["scan_axis"])
+    fixed, setting = np.eye(3), np.eye(3)
+    for i in range(k):
+        fixed = _axis_angle_matrix(axes[i], angles[i]) @ fixed
+    for i in range(k + 1, len(axes)):
+        setting = _axis_angle_matrix(axes[i], angles[i]) @ setting
+    return fixed, setting, _unit(axes[k])
+
+
 def _goniometer_setting(exp: DialsExperiment) -> tuple[np.ndarray, np.ndarray | None]:
     """``(setting · fixed rotation, spindle axis)`` in the DIALS frame (identity and None without a goniometer)."""
     g = exp.goniometer
     if g is None:
         return np.eye(3), None
-    fixed = np.asarray(g.get("fixed_rotation", np.eye(3).ravel()), dtype=np.float64).reshape(3, 3)
-    setting = np.asarray(g.get("setting_rotation", np.eye(3).ravel()), dtype=np.float64).reshape(3, 3)
-    return setting @ fixed, setting @ _unit(g["rotation_axis"])
+    fixed, setting, axis = goniometer_rotations(g)
+    return setting @ fixed, setting @ axis
 
 
 def nominal_phi_deg(exp: DialsExperiment, image_index: int = 0) -> float:
     """The scan angle (deg) at the start of image ``image_index`` (0 = first image of the scan); 0 for a still."""
     if exp.scan is None:
         return 0.0
-    start, width = (float(v) for v in exp.scan["oscillation"])
+    start, width = scan_oscillation(exp.scan, exp.path)
     first, last = (int(v) for v in exp.scan["image_range"])
     if not 0 <= image_index <= last - first:
         raise InputError(f"{exp.path}: no image {image_index} in the scan (images 0..{last - first})")
@@ -158,7 +201,7 @@ def experiment_flags(exp: DialsExperiment, image_index: int = 0) -> list[str]:
     if spindle is not None:
         flags += _vec_flags("-spindle_axis", nb_from_dials(spindle))
     if exp.scan is not None:
-        flags += ["-phi", _fmt(nominal_phi_deg(exp, image_index)), "-osc", _fmt(float(exp.scan["oscillation"][1]))]
+        flags += ["-phi", _fmt(nominal_phi_deg(exp, image_index)), "-osc", _fmt(scan_oscillation(exp.scan, path)[1])]
     return flags
 
 

@@ -12,25 +12,33 @@ arguments' kind, the static options, the Inductor options, the thread count and 
 ``nbtorch.physics`` module (an edited kernel never loads).  ``NBTORCH_PRECOMPILE=0``: compiled in each
 process, nothing saved or loaded.  A failing compile logs one warning and :func:`run` returns None from then
 on (the physics runs the same functions eagerly).
+
+:func:`forward_mode` is the door for callers outside nbtorch (:func:`refine.quality.uncertainty.pixel_jacobian`):
+inside it the simulator runs eagerly with the analytic forward-mode derivative, and its large tiles go through
+these kernels where :func:`nbtorch.runtime.compile_policy` (purpose ``jacobian``) allows compiling; tiles of
+fewer than :data:`JACOBIAN_TILE_EVALUATIONS` evaluations stay eager.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from nbtorch import runtime
+from nbtorch.cache import configure_inductor_cache
 from nbtorch.physics import jacobian as physics_jacobian
+from nbtorch.physics.kernel import JACOBIAN_TILE_EVALUATIONS, analytic_jvp
 from nbtorch.precompile import describe, precompile_dir
 
-__all__ = ["run"]
+__all__ = ["run", "forward_mode", "JACOBIAN_TILE_EVALUATIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,7 @@ def _compile(kind: str, static, args: list[Tensor]) -> Callable:
     import torch._inductor.config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    runtime.configure_inductor_cache()
+    configure_inductor_cache()
     save = runtime.precompile_enabled()
     digest = _digest(kind, static, args)
     path = precompile_dir() / f"jacobian-{kind}-{digest}.bin"
@@ -111,3 +119,14 @@ def run(kind: str, static, args: list[Tensor]) -> Tensor | None:
             out = kernel(*args)
             return out[0] if isinstance(out, (list, tuple)) else out
     return None
+
+
+@contextlib.contextmanager
+def forward_mode() -> Iterator[None]:
+    """Forward-mode derivatives through the simulator (``torch.func.jacfwd``): eager (:func:`nbtorch.eager`), the
+    hot loop through its analytic ``jvp`` (:func:`nbtorch.physics.kernel.analytic_jvp`), and large tiles through
+    the compiled kernels of :func:`run` unless :func:`nbtorch.runtime.compile_policy` (purpose ``jacobian``,
+    asked before entering ``eager()``, which would say no) says eager."""
+    compiled, _ = runtime.compile_policy("jacobian")
+    with runtime.eager(), analytic_jvp(run if compiled else None):
+        yield

@@ -2,7 +2,7 @@
 
 Every place that names a simulator parameter reads this table: the
 :class:`~nbtorch.simulator.Simulator` (the overrides it accepts), the set-up
-(:func:`nbtorch.setup.resolve` fills ``Setup.params`` in this order), and, in
+(:func:`nbtorch.resolve.resolve` fills ``Setup.params`` in this order), and, in
 ``refine``, the units of result files (:data:`refine.fitting.parameters.UNITS`), the
 refinement steps (:data:`refine.fitting.parameters.STEPS`), the ``detector`` group and
 the TensorBoard tags (:mod:`refine.output.callbacks`).  ``nbtorch`` never imports

@@ -42,6 +42,8 @@ from typing import Any, Callable
 
 import torch
 
+from nbtorch.cache import cache_dir
+
 log = logging.getLogger(__name__)
 
 _RESTARTS = 5  # traces of one precompile at most (Dynamo's restarts of its analysis)
@@ -76,8 +78,6 @@ def sources_current(variant: Any) -> bool:
 
 def precompile_dir() -> Path:
     """Where precompiled kernels live: ``$NBTORCH_CACHE_DIR/precompiled/torch-<version>``."""
-    from nbtorch.runtime import cache_dir  # here: nbtorch.runtime imports this module
-
     return cache_dir() / "precompiled" / f"torch-{torch.__version__}"
 
 

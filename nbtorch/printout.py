@@ -27,6 +27,7 @@ What each printed quantity is (C loop order: layer, sub-pixel, source, phi, mosa
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -121,83 +122,143 @@ def pixel_reports(sim, pixels: Iterable[tuple[int, int]], image: np.ndarray, chu
 
     ``image`` is the rendered (slow, fast) image the ``pixel`` values come from.
     """
-    s, cfg = sim.setup, sim.config
+    s = sim.setup
     pixels = list(pixels)
     if not pixels:
         return []
-    t = _tensor_fn(sim)
     per_pixel = max(1, s.evaluations_per_pixel)
     chunk = chunk or max(1, getattr(sim, "max_evals_per_tile", 1 << 20) // per_pixel)
     out: list[dict] = []
     with torch.no_grad():
-        p = sim.parameters_dict()
-        geom = sim.geometry(p)
-        real_A, recip = sim.crystal(p)  # (Φ, M, 3, 3), (3, 3)
-        F_grid = None if s.F_grid is None else t(s.F_grid)
-        hkl_min = None if s.hkl_min is None else t(s.hkl_min)
-        hkl_max = None if s.hkl_max is None else t(s.hkl_max)
-        n_cells = torch.stack([p["N_a"], p["N_b"], p["N_c"]])
-        incident = t(s.incident)
-        lam = p["wavelength"] * t(s.wavelength_factor)
-        I_bg = float(R_E_SQR * p["fluence"] * s.water_F2N) if s.water_F2N > 0 else 0.0
-        last_vectors = real_A[-1, -1].double().cpu().numpy()  # rows a, b, c (A)
+        model = _printout_model(sim)
         for start in range(0, len(pixels), chunk):
             part = pixels[start:start + chunk]
-            fa = torch.tensor([f for f, _ in part], device=sim.device)
-            sl = torch.tensor([q for _, q in part], device=sim.device)
-            pos = _positions(sim, geom, fa, sl)  # (P, T, S, 3)
-            R = torch.linalg.vector_norm(pos, dim=-1)
-            diffracted = pos / R[..., None]
-            scatter = (diffracted[..., None, :] - incident) / lam[:, None]  # (P, T, S, Q, 3)
-            stol = 0.5 * torch.linalg.vector_norm(scatter, dim=-1)  # (P, T, S, Q)
-            if s.dmin_A > 0:
-                valid = ~((stol > 0) & (s.dmin_A * stol > 0.5))
-            else:
-                valid = torch.ones_like(stol, dtype=torch.bool)
-            hkl = torch.einsum("ptsqc,fmrc->ptsqfmr", scatter, real_A)  # (P, T, S, Q, Φ, M, 3)
-            hkl0 = nearest_index(hkl)
-            f_latt = lattice_factor(hkl, hkl0, n_cells, s.shape, recip, s.fudge)
-            f_cell = structure_factor(hkl, hkl0, F_grid, hkl_min, hkl_max, p["default_F"], s.interpolate)
-            term = torch.where(valid[..., None, None], (f_cell * f_latt) ** 2, torch.zeros_like(f_latt))
-            I = I_bg + term.flatten(1).sum(1)  # (P,)
-            if cfg.nopolar:
-                polar0 = torch.ones(len(part), dtype=sim.dtype, device=sim.device)
-            else:
-                polar = kahn_polarization(incident, diffracted[:, 0, 0, None, :], t(s.polar_axis), p["polarization"])
-                v0 = valid[:, 0, 0]  # (P, Q)
-                q0 = torch.argmax(v0.to(torch.int8), dim=1)
-                polar0 = torch.where(v0.any(1), polar.gather(1, q0[:, None])[:, 0], torch.zeros_like(q0, dtype=sim.dtype))
-            omega0 = _omega(sim, geom, pos[:, 0, 0])
-            if s.has_thickness:
-                parallax = (diffracted[:, -1, 0] * geom.odet).sum(-1)
-                k = s.thicksteps - 1
-                dz = s.layer_thickness_m * s.mu_per_m / parallax
-                capture = torch.exp(-k * dz) - torch.exp(-(k + 1.0) * dz)
-            else:
-                capture = torch.ones(len(part), dtype=sim.dtype, device=sim.device)
-            lam0 = float(p["wavelength"])
-            for j, (f, q) in enumerate(part):
-                last_pos = pos[j, -1, -1].double().cpu().numpy()
-                # the C's atan2(|(y, z)|, x) is this angle for its beam along +x
-                cos2t = float(np.dot(last_pos, s.beam) / np.linalg.norm(last_pos))
-                twotheta = math.acos(max(-1.0, min(1.0, cos2t)))
-                out.append({
-                    "fpixel": f, "spixel": q,
-                    "stol": float(stol[j, -1, -1, -1]),
-                    "stol_nominal": math.sin(twotheta / 2.0) / lam0,
-                    "position_m": last_pos,
-                    "hkl": hkl[j, -1, -1, -1, -1, -1].double().cpu().numpy(),
-                    "hkl0": hkl0[j, -1, -1, -1, -1, -1].double().cpu().numpy().astype(int),
-                    "F_cell": float(f_cell[j, -1, -1, -1, -1, -1]),
-                    "F_latt": float(f_latt[j, -1, -1, -1, -1, -1]),
-                    "I": float(I[j]),
-                    "I_per_step": float(I[j]) / s.steps,
-                    "polar": float(polar0[j]),
-                    "omega": float(omega0[j]),
-                    "capfrac": float(capture[j]),
-                    "pixel": float(image[q, f]),
-                    "real_vectors_A": last_vectors,
-                })
+            out += _chunk_reports(sim, model, part, _chunk_terms(sim, model, part), image)
+    return out
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every pixel's printout shares (tensors on the simulator's device)."""
+
+    p: dict
+    geom: object
+    real_A: torch.Tensor
+    recip: torch.Tensor
+    F_grid: torch.Tensor | None
+    hkl_min: torch.Tensor | None
+    hkl_max: torch.Tensor | None
+    n_cells: torch.Tensor
+    incident: torch.Tensor
+    lam: torch.Tensor
+    I_bg: float
+    last_vectors: np.ndarray
+
+
+@dataclass(frozen=True)
+class _ChunkTerms:
+    """The printout's tensors for a chunk of pixels (P first)."""
+
+    pos: torch.Tensor
+    stol: torch.Tensor
+    hkl: torch.Tensor
+    hkl0: torch.Tensor
+    f_cell: torch.Tensor
+    f_latt: torch.Tensor
+    I: torch.Tensor  # noqa: E741
+    polar0: torch.Tensor
+    omega0: torch.Tensor
+    capture: torch.Tensor
+
+
+def _printout_model(sim) -> _Shared:
+    """What every pixel's printout shares: parameters, geometry, crystal, structure factors, sources."""
+    s = sim.setup
+    t = _tensor_fn(sim)
+    p = sim.parameters_dict()
+    geom = sim.geometry(p)
+    real_A, recip = sim.crystal(p)  # (Φ, M, 3, 3), (3, 3)
+    return _Shared(
+        p=p, geom=geom, real_A=real_A, recip=recip,
+        F_grid=None if s.F_grid is None else t(s.F_grid),
+        hkl_min=None if s.hkl_min is None else t(s.hkl_min),
+        hkl_max=None if s.hkl_max is None else t(s.hkl_max),
+        n_cells=torch.stack([p["N_a"], p["N_b"], p["N_c"]]),
+        incident=t(s.incident),
+        lam=p["wavelength"] * t(s.wavelength_factor),
+        I_bg=float(R_E_SQR * p["fluence"] * s.water_F2N) if s.water_F2N > 0 else 0.0,
+        last_vectors=real_A[-1, -1].double().cpu().numpy(),  # rows a, b, c (A)
+    )
+
+
+def _chunk_terms(sim, m: _Shared, part: list[tuple[int, int]]) -> _ChunkTerms:
+    """The printout's tensors for the pixels ``part``: positions, stol, hkl, F, I, polar, omega, capture."""
+    s, cfg = sim.setup, sim.config
+    t = _tensor_fn(sim)
+    fa = torch.tensor([f for f, _ in part], device=sim.device)
+    sl = torch.tensor([q for _, q in part], device=sim.device)
+    pos = _positions(sim, m.geom, fa, sl)  # (P, T, S, 3)
+    R = torch.linalg.vector_norm(pos, dim=-1)
+    diffracted = pos / R[..., None]
+    scatter = (diffracted[..., None, :] - m.incident) / m.lam[:, None]  # (P, T, S, Q, 3)
+    stol = 0.5 * torch.linalg.vector_norm(scatter, dim=-1)  # (P, T, S, Q)
+    if s.dmin_A > 0:
+        valid = ~((stol > 0) & (s.dmin_A * stol > 0.5))
+    else:
+        valid = torch.ones_like(stol, dtype=torch.bool)
+    hkl = torch.einsum("ptsqc,fmrc->ptsqfmr", scatter, m.real_A)  # (P, T, S, Q, Φ, M, 3)
+    hkl0 = nearest_index(hkl)
+    f_latt = lattice_factor(hkl, hkl0, m.n_cells, s.shape, m.recip, s.fudge)
+    f_cell = structure_factor(hkl, hkl0, m.F_grid, m.hkl_min, m.hkl_max, m.p["default_F"], s.interpolate)
+    term = torch.where(valid[..., None, None], (f_cell * f_latt) ** 2, torch.zeros_like(f_latt))
+    I = m.I_bg + term.flatten(1).sum(1)  # (P,)
+    if cfg.nopolar:
+        polar0 = torch.ones(len(part), dtype=sim.dtype, device=sim.device)
+    else:
+        polar = kahn_polarization(m.incident, diffracted[:, 0, 0, None, :], t(s.polar_axis), m.p["polarization"])
+        v0 = valid[:, 0, 0]  # (P, Q)
+        q0 = torch.argmax(v0.to(torch.int8), dim=1)
+        polar0 = torch.where(v0.any(1), polar.gather(1, q0[:, None])[:, 0], torch.zeros_like(q0, dtype=sim.dtype))
+    omega0 = _omega(sim, m.geom, pos[:, 0, 0])
+    if s.has_thickness:
+        parallax = (diffracted[:, -1, 0] * m.geom.odet).sum(-1)
+        k = s.thicksteps - 1
+        dz = s.layer_thickness_m * s.mu_per_m / parallax
+        capture = torch.exp(-k * dz) - torch.exp(-(k + 1.0) * dz)
+    else:
+        capture = torch.ones(len(part), dtype=sim.dtype, device=sim.device)
+    return _ChunkTerms(pos=pos, stol=stol, hkl=hkl, hkl0=hkl0, f_cell=f_cell, f_latt=f_latt, I=I, polar0=polar0,
+                           omega0=omega0, capture=capture)
+
+
+def _chunk_reports(sim, m: _Shared, part: list[tuple[int, int]], q: _ChunkTerms,
+                   image: np.ndarray) -> list[dict]:
+    """One report dict per pixel of ``part`` from its chunk's tensors ``q``."""
+    s = sim.setup
+    lam0 = float(m.p["wavelength"])
+    out = []
+    for j, (f, sp) in enumerate(part):
+        last_pos = q.pos[j, -1, -1].double().cpu().numpy()
+        # the C's atan2(|(y, z)|, x) is this angle for its beam along +x
+        cos2t = float(np.dot(last_pos, s.beam) / np.linalg.norm(last_pos))
+        twotheta = math.acos(max(-1.0, min(1.0, cos2t)))
+        out.append({
+            "fpixel": f, "spixel": sp,
+            "stol": float(q.stol[j, -1, -1, -1]),
+            "stol_nominal": math.sin(twotheta / 2.0) / lam0,
+            "position_m": last_pos,
+            "hkl": q.hkl[j, -1, -1, -1, -1, -1].double().cpu().numpy(),
+            "hkl0": q.hkl0[j, -1, -1, -1, -1, -1].double().cpu().numpy().astype(int),
+            "F_cell": float(q.f_cell[j, -1, -1, -1, -1, -1]),
+            "F_latt": float(q.f_latt[j, -1, -1, -1, -1, -1]),
+            "I": float(q.I[j]),
+            "I_per_step": float(q.I[j]) / s.steps,
+            "polar": float(q.polar0[j]),
+            "omega": float(q.omega0[j]),
+            "capfrac": float(q.capture[j]),
+            "pixel": float(image[sp, f]),
+            "real_vectors_A": m.last_vectors,
+        })
     return out
 
 

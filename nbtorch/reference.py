@@ -13,6 +13,7 @@ Use it on a handful of pixels: it costs microseconds per evaluation.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -60,109 +61,165 @@ def reference_pixel(sim, fast: int, slow: int, **overrides) -> float:
     flat detector, in spec and C-parity modes.  ``-oversample_*`` quirks and the
     curved detector are not covered.
     """
-    s = sim.setup
     opt = sim.options
     if opt.curved or opt.running_sum_quirk or opt.interpolate:
         raise NotImplementedError("the reference loop covers the flat detector without -oversample_* quirks or interpolation")
-    with torch.no_grad():
-        p = sim.parameters_dict(**overrides)
-        g = sim.geometry(p)
-        real_A, recip = sim.crystal(p)
-    tolist = lambda t: t.double().cpu().tolist()  # noqa: E731
-    pix0, f, sv, o = tolist(g.pix0), tolist(g.fdet), tolist(g.sdet), tolist(g.odet)
-    close = float(g.close_distance)
-    real = tolist(real_A)  # [phi][mos][row][col]
-    rec = tolist(recip)
-    incident = [[float(x) for x in row] for row in s.incident.tolist()]
-    lam = [float(p["wavelength"]) * w for w in s.wavelength_factor.tolist()]
-    N = [float(p["N_a"]), float(p["N_b"]), float(p["N_c"])]
-    default_F = float(p["default_F"])
-    kahn = float(p["polarization"])
-    fluence = float(p["fluence"])
-    polar_axis = s.polar_axis.tolist()
-    grid = None if sim.F_grid is None else sim.F_grid.double().cpu().numpy()
-    lo = None if s.hkl_min is None else [int(v) for v in s.hkl_min]
-    hi = None if s.hkl_max is None else [int(v) for v in s.hkl_max]
-    pixel, os_ = s.pixel_m, s.oversample
-    sub = pixel / os_
-    dz, mu, T = s.layer_thickness_m, s.mu_per_m, s.thicksteps
-    water = R_E_SQR * fluence * s.water_F2N
-
-    def f_cell(h0, k0, l0):
-        if grid is None:
-            return default_F
-        if lo[0] <= h0 <= hi[0] and lo[1] <= k0 <= hi[1] and lo[2] <= l0 <= hi[2]:
-            return float(grid[h0 - lo[0], k0 - lo[1], l0 - lo[2]])
-        return default_F
-
-    total = 0.0 if not s.c_parity else water
+    r = _inputs(sim, overrides)
+    s = r.s
+    total = 0.0 if not s.c_parity else r.water
     omega_first = polar_first = capture_last = None
     spec_sum = 0.0
     spec_water = 0.0
-    for t in range(T):
+    for t in range(s.thicksteps):
         capture_layer = None
-        for ss in range(os_):
-            for ff in range(os_):
-                fd = sub * (fast * os_ + ff) + sub / 2
-                sd = sub * (slow * os_ + ss) + sub / 2
-                pos = [pix0[i] + fd * f[i] + sd * sv[i] + t * dz * o[i] for i in range(3)]
-                d, R = _unit(pos)
-                if opt.point_pixel:
-                    omega = 1 / (R * R)
-                elif s.c_parity:
-                    omega = pixel * pixel / (R * R) * close / R
-                else:
-                    omega = pixel * pixel / (R * R) * abs(_dot(d, o))
-                if opt.has_thickness:
-                    rho = _dot(d, o)
-                    capture = math.exp(-t * dz * mu / rho) - math.exp(-(t + 1) * dz * mu / rho)
-                else:
-                    capture = 1.0
+        for ss in range(r.os_):
+            for ff in range(r.os_):
+                d, omega, capture = _subpixel(r, fast, slow, t, ss, ff)
                 if omega_first is None:
                     omega_first = omega
                 if capture_layer is None:
                     capture_layer = capture
-                for q, inc in enumerate(incident):
-                    S = [(d[i] - inc[i]) / lam[q] for i in range(3)]
+                for q, inc in enumerate(r.incident):
+                    S = [(d[i] - inc[i]) / r.lam[q] for i in range(3)]
                     stol = 0.5 * math.sqrt(_dot(S, S))
-                    pol = 1.0 if opt.nopolar else _polar(kahn, inc, d, polar_axis)
+                    pol = 1.0 if opt.nopolar else _polar(r.kahn, inc, d, r.polar_axis)
                     spec_water += omega * capture * pol
                     if opt.use_dmin and stol > 0 and s.dmin_A * stol > 0.5:
                         continue
                     if polar_first is None:
                         polar_first = pol
-                    acc = 0.0
-                    for per_phi in real:
-                        for A in per_phi:
-                            hkl = [_dot(A[i], S) for i in range(3)]
-                            h0 = [math.ceil(x - 0.5) for x in hkl]
-                            if opt.shape == "square":
-                                L = 1.0
-                                for i in range(3):
-                                    L *= _sincg(math.pi * (hkl[i] - h0[i]), N[i]) if N[i] > 1 else 1.0
-                            else:
-                                nnn = N[0] * N[1] * N[2]
-                                dh = [hkl[i] - h0[i] for i in range(3)]
-                                if opt.shape == "round":
-                                    hrad = sum(dh[i] * dh[i] * N[i] * N[i] for i in range(3))
-                                    L = nnn * 0.723601254558268 * _sinc3(math.pi * math.sqrt(hrad * float(s.fudge)))
-                                else:
-                                    v = [sum(dh[i] * rec[i][j] for i in range(3)) for j in range(3)]
-                                    rad = _dot(v, v) * nnn * nnn
-                                    if opt.shape == "gauss":
-                                        L = nnn * math.exp(-rad / 0.63 * float(s.fudge))
-                                    else:
-                                        L = nnn * (1.0 if rad * float(s.fudge) < 0.3969 else 0.0)
-                            F = f_cell(*h0)
-                            acc += (F * L) ** 2
+                    acc = _orientation_sum(r, S)
                     total += acc
                     spec_sum += acc * omega * capture * pol
         capture_last = capture_layer
     steps = s.steps
     if s.c_parity:
         pol = 1.0 if opt.nopolar else (polar_first if polar_first is not None else 0.0)
-        return R_E_SQR * fluence * total / steps * capture_last * pol * omega_first
-    value = R_E_SQR * fluence * spec_sum / steps
+        return R_E_SQR * r.fluence * total / steps * capture_last * pol * omega_first
+    value = R_E_SQR * r.fluence * spec_sum / steps
     if opt.has_water:
-        value += water * spec_water / (os_ * os_ * len(incident))
+        value += r.water * spec_water / (r.os_ * r.os_ * len(r.incident))
     return value
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The resolved set-up as Python floats and lists (see :func:`_inputs`)."""
+
+    s: object
+    opt: object
+    pix0: list
+    f: list
+    sv: list
+    o: list
+    close: float
+    real: list
+    rec: list
+    incident: list
+    lam: list
+    N: list
+    default_F: float
+    kahn: float
+    fluence: float
+    polar_axis: list
+    grid: object
+    lo: list | None
+    hi: list | None
+    pixel: float
+    os_: int
+    sub: float
+    dz: float
+    mu: float
+    water: float
+
+
+def _inputs(sim, overrides: dict) -> _Inputs:
+    """The resolved geometry, crystal, sources and parameters as Python floats and lists."""
+    s = sim.setup
+    with torch.no_grad():
+        p = sim.parameters_dict(**overrides)
+        g = sim.geometry(p)
+        real_A, recip = sim.crystal(p)
+    tolist = lambda t: t.double().cpu().tolist()  # noqa: E731
+    fluence = float(p["fluence"])
+    return _Inputs(
+        s=s, opt=sim.options,
+        pix0=tolist(g.pix0), f=tolist(g.fdet), sv=tolist(g.sdet), o=tolist(g.odet),
+        close=float(g.close_distance),
+        real=tolist(real_A),  # [phi][mos][row][col]
+        rec=tolist(recip),
+        incident=[[float(x) for x in row] for row in s.incident.tolist()],
+        lam=[float(p["wavelength"]) * w for w in s.wavelength_factor.tolist()],
+        N=[float(p["N_a"]), float(p["N_b"]), float(p["N_c"])],
+        default_F=float(p["default_F"]), kahn=float(p["polarization"]), fluence=fluence,
+        polar_axis=s.polar_axis.tolist(),
+        grid=None if sim.F_grid is None else sim.F_grid.double().cpu().numpy(),
+        lo=None if s.hkl_min is None else [int(v) for v in s.hkl_min],
+        hi=None if s.hkl_max is None else [int(v) for v in s.hkl_max],
+        pixel=s.pixel_m, os_=s.oversample, sub=s.pixel_m / s.oversample,
+        dz=s.layer_thickness_m, mu=s.mu_per_m,
+        water=R_E_SQR * fluence * s.water_F2N,
+    )
+
+
+def _subpixel(r: _Inputs, fast: int, slow: int, t: int, ss: int, ff: int):
+    """``(direction, omega, capture)`` of sub-pixel (ss, ff) of layer ``t``."""
+    s, opt, sub, os_ = r.s, r.opt, r.sub, r.os_
+    fd = sub * (fast * os_ + ff) + sub / 2
+    sd = sub * (slow * os_ + ss) + sub / 2
+    pos = [r.pix0[i] + fd * r.f[i] + sd * r.sv[i] + t * r.dz * r.o[i] for i in range(3)]
+    d, R = _unit(pos)
+    if opt.point_pixel:
+        omega = 1 / (R * R)
+    elif s.c_parity:
+        omega = r.pixel * r.pixel / (R * R) * r.close / R
+    else:
+        omega = r.pixel * r.pixel / (R * R) * abs(_dot(d, r.o))
+    if opt.has_thickness:
+        rho = _dot(d, r.o)
+        capture = math.exp(-t * r.dz * r.mu / rho) - math.exp(-(t + 1) * r.dz * r.mu / rho)
+    else:
+        capture = 1.0
+    return d, omega, capture
+
+
+def _f_cell(r: _Inputs, h0, k0, l0) -> float:
+    if r.grid is None:
+        return r.default_F
+    lo, hi = r.lo, r.hi
+    if lo[0] <= h0 <= hi[0] and lo[1] <= k0 <= hi[1] and lo[2] <= l0 <= hi[2]:
+        return float(r.grid[h0 - lo[0], k0 - lo[1], l0 - lo[2]])
+    return r.default_F
+
+
+def _lattice(r: _Inputs, hkl, h0) -> float:
+    """F_latt of one evaluation for the crystal shape."""
+    N, shape = r.N, r.opt.shape
+    if shape == "square":
+        L = 1.0
+        for i in range(3):
+            L *= _sincg(math.pi * (hkl[i] - h0[i]), N[i]) if N[i] > 1 else 1.0
+        return L
+    nnn = N[0] * N[1] * N[2]
+    dh = [hkl[i] - h0[i] for i in range(3)]
+    if shape == "round":
+        hrad = sum(dh[i] * dh[i] * N[i] * N[i] for i in range(3))
+        return nnn * 0.723601254558268 * _sinc3(math.pi * math.sqrt(hrad * float(r.s.fudge)))
+    v = [sum(dh[i] * r.rec[i][j] for i in range(3)) for j in range(3)]
+    rad = _dot(v, v) * nnn * nnn
+    if shape == "gauss":
+        return nnn * math.exp(-rad / 0.63 * float(r.s.fudge))
+    return nnn * (1.0 if rad * float(r.s.fudge) < 0.3969 else 0.0)
+
+
+def _orientation_sum(r: _Inputs, S) -> float:
+    """sum of (F_cell F_latt)^2 over phi steps and mosaic domains for the scattering vector ``S``."""
+    acc = 0.0
+    for per_phi in r.real:
+        for A in per_phi:
+            hkl = [_dot(A[i], S) for i in range(3)]
+            h0 = [math.ceil(x - 0.5) for x in hkl]
+            L = _lattice(r, hkl, h0)
+            F = _f_cell(r, *h0)
+            acc += (F * L) ** 2
+    return acc

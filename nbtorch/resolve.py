@@ -253,8 +253,7 @@ def beam_centre_defaults(cfg: SimulationConfig, pixel_m: float, detsize_f: float
     ``-Xclose/-Yclose``.  The rules: :mod:`nbtorch.beam_centre`.
     """
     conv = cfg.convention
-    fclose = bc.close_from_org_m(cfg.ORGX, pixel_m) if cfg.ORGX is not None else detsize_f / 2.0
-    sclose = bc.close_from_org_m(cfg.ORGY, pixel_m) if cfg.ORGY is not None else detsize_s / 2.0
+    fclose, sclose = bc.close_point_m(cfg.ORGX, cfg.ORGY, pixel_m, detsize_f, detsize_s)
     if conv == "custom":
         fclose = cfg.Xclose_mm / 1000.0 if cfg.Xclose_mm is not None else fclose
         sclose = cfg.Yclose_mm / 1000.0 if cfg.Yclose_mm is not None else sclose

@@ -33,10 +33,17 @@ records why (``Simulator.compile_mode``, ``Simulator.compile_reason``).
 
 Inductor's on-disk cache makes a second process start fast: it lives in
 ``$NBTORCH_CACHE_DIR/inductor`` (default ``~/.cache/nbtorch/inductor``) unless
-``TORCHINDUCTOR_CACHE_DIR`` is already set.  Each compiled kernel is also saved with
+``TORCHINDUCTOR_CACHE_DIR`` is already set (:mod:`nbtorch.cache`, which also says, before the first compile on
+an empty cache, that it is compiling and for about how long).  Each compiled kernel is also saved with
 torch's precompile API (:mod:`nbtorch.precompile`, ``$NBTORCH_CACHE_DIR/precompiled``), so that a
 new process loads it without tracing (:data:`PRECOMPILE`; ``NBTORCH_PRECOMPILE=0`` turns it off).  The policy above is unchanged: it
 decides whether a kernel is compiled; precompile only decides how a compiled kernel is obtained.
+
+Every compiled callable comes from here: :func:`compiled_kernel` (the simulator's stages) and :func:`compiled`
+(a caller's own function, e.g. the refinement's loss with ``compile_loss``); the esds' forward-mode kernels are
+compiled by :mod:`nbtorch.jacobian_kernels` when :func:`compile_policy` (purpose ``jacobian``) allows it.  The
+only other switch is the physics' own context variable of :func:`nbtorch.physics.kernel.analytic_jvp`, which
+carries the runner of those kernels into the eager physics (it stays in the physics: see that module).
 """
 
 from __future__ import annotations
@@ -46,11 +53,11 @@ import logging
 import os
 import sys
 import threading
-from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
+from nbtorch.cache import configure_inductor_cache
 from nbtorch.errors import InputError
 from nbtorch.precompile import PrecompiledKernel
 
@@ -192,30 +199,6 @@ def tune_allocator() -> bool:
     return ok
 
 
-def cache_dir() -> Path:
-    """The nbtorch cache folder: ``$NBTORCH_CACHE_DIR``, default ``~/.cache/nbtorch`` (compiled kernels,
-    precompiled kernels, generated test problems)."""
-    return Path(os.environ.get("NBTORCH_CACHE_DIR", Path.home() / ".cache" / "nbtorch"))
-
-
-def configure_inductor_cache() -> Path:
-    """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one), and skip its
-    per-process vector-ISA probe where an earlier process's verdict is recorded (:mod:`nbtorch.vec_isa`)."""
-    from nbtorch.vec_isa import trust_vec_isa_probe
-
-    trust_vec_isa_probe(cache_dir())
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    path = cache_dir() / "inductor"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # read-only home: keep torch's default
-        log.debug("cannot create %s (%s); using torch's default Inductor cache", path, exc)
-        return path
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
-    return path
-
-
 def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Callable:
     """The shared compiled wrapper of ``fn`` for ``key`` (created on first use).
 
@@ -237,6 +220,15 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
                 kernel = PrecompiledKernel(kernel, fn, key, inductor_options)
             _KERNELS[key] = kernel
         return kernel
+
+
+def compiled(fn: Callable, *, fullgraph: bool = True) -> Callable:
+    """``torch.compile(fn, fullgraph=fullgraph)`` for a caller's own function (the refinement's loss with
+    ``compile_loss=True``: an explicit request, rule 3 of the module docstring), with Inductor's cache in the
+    nbtorch cache folder (:func:`nbtorch.cache.configure_inductor_cache`).  Not shared between calls (the
+    function is the caller's), Inductor's default options."""
+    configure_inductor_cache()
+    return torch.compile(fn, fullgraph=fullgraph)
 
 
 def _known_inductor_options(options: dict) -> dict:

@@ -32,12 +32,13 @@ from nbtorch.physics.crystal import crystal_real_and_reciprocal
 from nbtorch.physics.detector import DetectorGeometry, detector_geometry
 from nbtorch.physics.kernel import (
     JACOBIAN_TILE_EVALUATIONS, KernelInputs, KernelOptions, TilePixels, accumulate_pixels, analytic_orientation_sum,
-    combine, orientation_sum, tile_pixel_terms,
+    combine, compiled_jacobian_applies, orientation_sum, tile_pixel_terms,
 )
+from nbtorch.physics.jacobian import tile_image_with_tangents
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.physics.square_sum import square_sum_backward
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES
-from nbtorch.setup import Setup, resolve
+from nbtorch.resolve import Setup, resolve
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -562,9 +563,16 @@ class Simulator(nn.Module):
             backward=runtime.compiled_kernel(key + ("square_sum_backward",), square_sum_backward, FUSE_BACKWARD),
         )
 
+    def _eager_tile(self, pixels, inp, first, diagnostics: bool = False):
+        """One tile eagerly: :func:`accumulate_pixels`, or inside :func:`~nbtorch.physics.kernel.analytic_jvp` with a
+        runner, a large tile through the compiled forward-mode kernels (:mod:`nbtorch.physics.jacobian`)."""
+        if first is None and not diagnostics and compiled_jacobian_applies(pixels, inp, self.options):
+            return tile_image_with_tangents(pixels, inp, self.options), {}
+        return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
+
     def _run_kernel(self, kernel, pixels, inp, first, diagnostics: bool = False):
         if kernel is None or self.compile_mode != "compiled" or runtime.in_eager_block():
-            return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
+            return self._eager_tile(pixels, inp, first, diagnostics)
         try:
             if isinstance(kernel, tuple):
                 return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics,
@@ -575,7 +583,7 @@ class Simulator(nn.Module):
             log.warning("torch.compile failed, falling back to eager for this simulator: %s", reason)
             self.compile_mode = "eager"
             self.compile_reason = f"compile failed: {reason}"
-            return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
+            return self._eager_tile(pixels, inp, first, diagnostics)
 
     def forward(self, **overrides) -> Tensor:
         """Full detector image (slow, fast) in photons per pixel; zero outside the ROI."""

@@ -8,8 +8,8 @@ import torch
 
 from nbtorch import Simulator, config_from_args
 from nbtorch.beam_centre import (
-    CONVENTIONS, beam_centre_flags, beam_centre_from_offsets_m, close_from_org_m, default_beam_centre_m,
-    detector_offsets_m, org_from_close_px,
+    CONVENTIONS, beam_centre_flags, beam_centre_from_offsets_m, close_from_org_m, close_point_m,
+    default_beam_centre_m, detector_offsets_m, header_beam_offsets, org_from_close_px,
 )
 from nbtorch.cli import header_values
 
@@ -131,3 +131,21 @@ def test_header_beam_centre_written_in_every_convention(tmp_path):
             g = sim.geometry(sim.parameters_dict())
         assert (float(g.Fbeam) / 0.2e-3, float(g.Sbeam) / 0.2e-3) == pytest.approx(spot_px, abs=1e-9), conv
         assert any(f"({conv} convention)" in n for n in notes)
+
+
+def test_close_point_from_org_or_the_detector_centre():
+    assert close_point_m(None, None, P_M, 40 * P_M, DETSIZE_S_M) == (40 * P_M / 2.0, DETSIZE_S_M / 2.0)
+    assert close_point_m(12.5, None, P_M, 40 * P_M, DETSIZE_S_M) == (close_from_org_m(12.5, P_M), DETSIZE_S_M / 2.0)
+    assert close_point_m(None, 3.0, P_M, 40 * P_M, DETSIZE_S_M) == (40 * P_M / 2.0, close_from_org_m(3.0, P_M))
+
+
+def test_header_beam_centres_as_the_spot_from_the_corner():
+    """MOSFLM_CENTER_X/Y are half a pixel short of the spot (slow, fast); DENZO_X/Y_BEAM (and ADSC's BEAM_CENTER_X/Y)
+    are the spot along slow and fast; any unit."""
+    assert header_beam_offsets("mosflm", 12.3, 7.25, 0.1) == (7.25 + 0.05, 12.3 + 0.05)
+    assert header_beam_offsets("denzo", 12.3, 7.25, 0.1) == (7.25, 12.3)
+    # the header's MOSFLM centre of a model is the model's own MOSFLM beam centre: back to the same spot
+    fbeam, sbeam, _, _ = detector_offsets_m("mosflm", 0.0123, 0.00725, P_M, DETSIZE_S_M)
+    assert header_beam_offsets("mosflm", 0.0123, 0.00725, P_M) == (fbeam, sbeam)
+    with pytest.raises(ValueError, match="MOSFLM or DENZO"):
+        header_beam_offsets("adxv", 1.0, 1.0, 0.1)

@@ -73,6 +73,30 @@ def test_outputs_are_atomic_and_defaults(workdir):
     assert names == ["floatimage.bin", "image.pgm", "intimage.img", "noiseimage.img"]
 
 
+@pytest.mark.parametrize("mode", [[], ["-c_parity"]])
+def test_nonoise_writes_no_noise_image(workdir, capsys, mode):
+    """The noise image is written by default (``noiseimage.img``, or the ``-noisefile``/``-noiseimage`` name);
+    ``-nonoise`` writes none and draws no noise (the other outputs are unchanged)."""
+    base = SMALL + mode + ["-seed", "3", "-nopgm"]
+    runs = {"default": [], "-noisefile": ["-noisefile", "n.img"], "-noiseimage": ["-noiseimage", "m.img"],
+            "-nonoise": ["-nonoise"]}
+    names, printed, floats = {}, {}, {}
+    for label, extra in runs.items():
+        for p in workdir.iterdir():
+            p.unlink()
+        assert main(base + extra) == 0
+        names[label] = sorted(p.name for p in workdir.iterdir())
+        printed[label] = capsys.readouterr().out
+        floats[label] = (workdir / "floatimage.bin").read_bytes()
+    assert names == {"default": ["floatimage.bin", "intimage.img", "noiseimage.img"],
+                     "-noisefile": ["floatimage.bin", "intimage.img", "n.img"],
+                     "-noiseimage": ["floatimage.bin", "intimage.img", "m.img"],
+                     "-nonoise": ["floatimage.bin", "intimage.img"]}
+    assert "photons on noise image" in printed["default"] and "writing noiseimage.img" in printed["default"]
+    assert "noise" not in printed["-nonoise"]
+    assert len(set(floats.values())) == 1
+
+
 # --- the C's header and statistics ---------------------------------------------------------------
 HEADER_CASES = [c for c in ("simple_cubic", "water_nonoise") if c in golden_cases()]
 

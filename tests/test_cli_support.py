@@ -62,6 +62,33 @@ def test_run_main_prints_input_errors_on_one_line(capsys):
     assert capsys.readouterr().err == "prog: error: bad thing\n"
 
 
+def test_run_main_explains_other_failures_and_ctrl_c(capsys):
+    """``explain`` turns a failure it recognises into the same one line (status 2) and lets others through;
+    ``interrupted`` turns Ctrl-C into ``PROG: interrupted...`` (130); without it Ctrl-C propagates."""
+    def oom(argv):
+        raise MemoryError("cannot allocate")
+
+    def explain(exc):
+        return f"out of memory ({exc})" if isinstance(exc, MemoryError) else None
+
+    assert run_main("prog", oom, [], explain=explain) == 2
+    assert capsys.readouterr().err == "prog: error: out of memory (cannot allocate)\n"
+
+    def broken(argv):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        run_main("prog", broken, [], explain=explain)
+
+    def ctrl_c(argv):
+        raise KeyboardInterrupt
+
+    assert run_main("prog", ctrl_c, [], interrupted=lambda exc: "; resume with --resume") == 130
+    assert capsys.readouterr().err == "prog: interrupted; resume with --resume\n"
+    with pytest.raises(KeyboardInterrupt):
+        run_main("prog", ctrl_c, [])
+
+
 # --- argument files -------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,9 @@ same comparisons on the CPU, which checks the tests themselves where no GPU is l
 Acceptance as on the CPU (tests/test_parity.py): float64 max|diff| <= 1e-5 max(C) and |sum diff| / sum C <=
 1e-6 (eager, and compiled for a few cases: Triton kernels on a GPU); float32 correlation >= 0.99999.
 Gradients of a weighted image sum in every probed parameter: the device's equal the CPU's to 1e-9 relative
-(float64; only the order of sums differs).  A short refinement (the README's main-job problem, 20 steps)
+(float64; only the order of sums differs), and ``torch.autograd.gradcheck``/``gradgradcheck`` pass on the device
+itself (eager, float64, the gradient suite's tolerances).  ``NANOBRAGG_DISABLE_COMPILE`` and the forward harness's
+``--disable-compile`` decide eager there as on the CPU.  A short refinement (the README's main-job problem, 20 steps)
 reaches the CPU's values to 1e-4 of each value's esd; so do joint refinements of two stills (the API, the
 command, and with shared structure factors, whose EM start and amplitudes also run on the device; 8 steps
 there, 1e-3 esd) -- parameters held on the CPU, images on the device.
@@ -15,6 +17,7 @@ there, 1e-3 esd) -- parameters held on the CPU, images on the device.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -253,3 +256,112 @@ def test_joint_command_on_device_reaches_the_cpu_values(tmp_path, monkeypatch):
            if abs(dev["shared"][n] - cpu["shared"][n]) > 1e-4 * e
            or dev["shared_esds"][n] != pytest.approx(e, rel=1e-5)]
     assert not bad, "; ".join(bad)
+
+
+# --- torch.autograd.gradcheck on the device (eager, float64: docs/gradients.md, "Writing a gradient test") -------
+@functools.lru_cache(maxsize=1)
+def _cpu_probe():
+    """The gradient suite's 'mosaic' probe on the CPU: its ROI (with Bragg spots), weights and base point."""
+    import nbtorch
+    from nbtorch.tools.gradcheck_report import CASES as GRADIENT_CASES
+    from nbtorch.tools.gradcheck_report import GradientProbe
+
+    with nbtorch.eager():
+        return GradientProbe.from_case(GRADIENT_CASES["mosaic"])
+
+
+def _device_gradcheck_inputs(names):
+    """``(fn, inputs, eps)`` as :meth:`GradientProbe.gradcheck_inputs`, with the simulator, the weights and the
+    inputs on the device: fn maps the rescaled parameters to three normalised weighted sums of the ROI."""
+    from nbtorch.tools.gradcheck_report import ALL_PARAMS
+
+    probe = _cpu_probe()
+    sim = Simulator(config_from_args(probe.case.args.split()), dtype=torch.float64, device=DEVICE, compile=False)
+    weights = probe.weights.to(device=DEVICE, dtype=torch.float64)
+    with torch.no_grad():
+        norms = (weights * sim.render(roi=probe.roi)[0]).sum((1, 2))
+    scales = [ALL_PARAMS[n].scale for n in names]
+    inputs = tuple(torch.tensor(probe.base[n] / s, dtype=torch.float64, device=DEVICE, requires_grad=True)
+                   for n, s in zip(names, scales))
+
+    def fn(*xs):
+        img = sim.render(roi=probe.roi, **{n: x * s for n, x, s in zip(names, xs, scales)})[0]
+        return (weights * img).sum((1, 2)) / norms
+
+    return fn, inputs, min(ALL_PARAMS[n].eps for n in names)
+
+
+@pytest.mark.parametrize("group", ["cell", "geometry", "everything"])
+def test_gradcheck_on_device(group):
+    """torch.autograd.gradcheck of the simulator on the device, as tests/gradients/test_gradcheck.py on the CPU:
+    the cell and the detector geometry jointly in full mode, every probed parameter at once in fast mode."""
+    import nbtorch
+    from torch.autograd import gradcheck
+    from nbtorch.tools.gradcheck_report import CELL_PARAMS, GEOMETRY_PARAMS, PROBED_NAMES
+
+    names = {"cell": CELL_PARAMS, "geometry": GEOMETRY_PARAMS, "everything": PROBED_NAMES}[group]
+    with nbtorch.eager():
+        fn, inputs, eps = _device_gradcheck_inputs(list(names))
+        out = fn(*inputs)
+        assert out.device.type == torch.device(DEVICE).type
+        assert torch.allclose(out, torch.ones_like(out))
+        if group != "everything":  # nothing passes as 0 = 0
+            jac = torch.autograd.functional.jacobian(fn, inputs)
+            assert all(bool(j.abs().amax() > 0) for j in jac), f"zero derivative among {names}"
+        assert gradcheck(fn, inputs, eps=eps, atol=1e-9, rtol=1e-5, fast_mode=group == "everything")
+
+
+def test_gradgradcheck_cell_on_device():
+    import nbtorch
+    from torch.autograd import gradgradcheck
+    from nbtorch.tools.gradcheck_report import CELL_PARAMS
+
+    with nbtorch.eager():
+        fn, inputs, eps = _device_gradcheck_inputs(list(CELL_PARAMS))
+        assert gradgradcheck(fn, inputs, eps=eps, atol=1e-7, rtol=1e-4)
+
+
+# --- the compile guard on the device ---------------------------------------------------------------------------
+SMALL_ARGS = "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -default_F 100 -distance 100 -pixel 0.1 -detpixels 32".split()
+
+
+@pytest.mark.parametrize("value, mode, reason", [("1", "eager", "environment variable"),
+                                                 ("0", "compiled", "default (compile on)")])
+def test_compile_env_guard_on_device(monkeypatch, value, mode, reason):
+    """NANOBRAGG_DISABLE_COMPILE decides for a simulator on the device as on the CPU; with 1 its render compiles
+    nothing (no Dynamo graph) and equals an explicit eager one.  (The 0 case is only constructed: the compile
+    itself is test_parity_compiled_on_device's.)"""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("NANOBRAGG_DISABLE_COMPILE", value)
+    monkeypatch.delenv("NANOBRAG_DISABLE_COMPILE", raising=False)
+    sim = Simulator(config_from_args(SMALL_ARGS), device=DEVICE)
+    assert (sim.compile_mode, sim.compile_reason) == (mode, reason)
+    if mode == "eager":
+        graphs = counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            img = sim()
+        assert img.device.type == torch.device(DEVICE).type
+        assert counters["stats"]["unique_graphs"] == graphs
+        with torch.no_grad():
+            assert torch.equal(img, Simulator(config_from_args(SMALL_ARGS), device=DEVICE, compile=False)())
+
+
+def test_bench_compile_env_on_device(monkeypatch, capsys):
+    """The forward harness on the device with --disable-compile (and --profile): eager records, the caller's
+    environment restored."""
+    from nbtorch.tools import bench
+
+    monkeypatch.delenv("NANOBRAGG_DISABLE_COMPILE", raising=False)
+    monkeypatch.setattr(bench.runtime, "tune_allocator", lambda: False)
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--sizes", "32", "--iterations", "1", "--device", DEVICE, "--disable-compile",
+                           "--profile", "1", "--threads", str(threads)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "NANOBRAGG_DISABLE_COMPILE" not in os.environ
+    out = capsys.readouterr().out
+    rec = [json.loads(line) for line in out.splitlines() if line.startswith("{")][1]
+    assert (rec["device"], rec["compile_mode"], rec["compile_reason"]) == (DEVICE, "eager", "environment variable")
+    assert rec["profile_evaluations"] == 1 and "Self CPU" in out

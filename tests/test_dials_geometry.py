@@ -22,7 +22,7 @@ import torch
 
 from nbtorch import Simulator, config_from_args
 from nbtorch.dials_geometry import (
-    NB_FROM_DIALS, bragg_positions_px, dials_from_nb, experiment_flags, misset_from_rotation_deg, nb_from_dials,
+    NB_FROM_DIALS, bragg_positions_px, dials_from_nb, dials_origin_mm, experiment_flags, misset_from_rotation_deg, nb_from_dials,
     refined_document, still_experiment,
 )
 from nbtorch.errors import InputError
@@ -47,6 +47,15 @@ def test_frame_change_is_a_proper_rotation() -> None:
     assert np.array_equal(nb_from_dials([0, 1, 0]), [0, 1, 0])  # up
     v = np.random.default_rng(1).normal(size=(4, 3))
     assert np.allclose(dials_from_nb(nb_from_dials(v)), v)
+
+
+def test_dials_origin_is_dials_from_nb_of_pix0_in_mm() -> None:
+    """The SMV header's DIALS_ORIGIN (nbtorch.cli) is the frame change of 1000 pix0, bit for bit, a zero keeping the
+    sign the C prints: (1000 pix0_z, 1000 pix0_y, -1000 pix0_x)."""
+    for pix0 in np.random.default_rng(2).normal(size=(20, 3)) * 0.1:
+        assert np.array_equal(dials_origin_mm(pix0), dials_from_nb(1000 * pix0))
+        assert dials_origin_mm(pix0) == (1000 * pix0[2], 1000 * pix0[1], -1000 * pix0[0])
+    assert [str(v) for v in dials_origin_mm([0.0, -0.0, 0.1])] == ["100.0", "-0.0", "-0.0"]
 
 
 def test_misset_angles_invert_rotation_matrix_xyz() -> None:

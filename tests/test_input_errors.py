@@ -110,7 +110,7 @@ def test_config_records_the_flag_that_set_each_field():
 # --- the automatic oversample bound ----------------------------------------------------------------
 def test_automatic_oversample_limit_is_inclusive():
     """ceil(3 N a / (lambda d / p)) = ceil(0.3 N) here: N 333 gives 100 (allowed), N 334 gives 101."""
-    from nbtorch.setup import MAX_AUTO_OVERSAMPLE, resolve
+    from nbtorch.resolve import MAX_AUTO_OVERSAMPLE, resolve
 
     assert MAX_AUTO_OVERSAMPLE == 100
     base = GOOD + "-pixel 0.1 -distance 100 -lambda 1 -detpixels 4".split()

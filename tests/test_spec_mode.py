@@ -82,6 +82,32 @@ def test_phi_zero_is_continuous_in_spec_only():
     assert _rel_maxdiff(c_eps, image(BASE + ["-phi", "2e-12"] + osc, True)) < 1e-9
 
 
+def test_phi_carryover_keeps_the_mosaic_axis():
+    """C parity, phi 0 with 4 steps and 5 mosaic domains, per pixel.  No golden case has both (the C program is not
+    built here), so the image is checked against its own decomposition: the C's pixel is the mean over phi steps of
+    one-step images with the same domains, and the step at phi 0 re-uses the *rotation* of the last step (0.75 deg)
+    with every domain's own mosaic matrix applied after it (a = U_m R_phi a0), not one domain's vectors.  Pixel
+    (0, 0) (oversample 1: its one evaluation is the image's first) sees the un-rotated crystal instead.  Each of
+    those one-step images is C parity checked elsewhere (golden cases mosaic, phi_osc_*); acceptance 1e-6 relative
+    to each pixel, every pixel non-zero."""
+    args = BASE + ["-oversample", "1", "-mosaic", "0.5", "-mosaic_dom", "5", "-mosaic_seed", "12345"]
+
+    def one_step(phi: str, domains: list[str] = ()) -> np.ndarray:
+        return image(args + ["-phi", phi, "-osc", "0.25", "-phisteps", "1"] + list(domains), True)
+
+    full = image(args + ["-phi", "0", "-osc", "1", "-phisteps", "4"], True)
+    steps = {phi: one_step(phi) for phi in ("0", "0.25", "0.5", "0.75")}
+    expected = (2.0 * steps["0.75"] + steps["0.25"] + steps["0.5"]) / 4.0
+    expected[0, 0] = sum(s[0, 0] for s in steps.values()) / 4.0
+    assert _n_spots(full) >= 5 and (expected > 0).all()
+    rel = np.abs(full - expected) / expected
+    worst = np.unravel_index(rel.argmax(), rel.shape)
+    assert rel.max() <= 1e-6, f"pixel (slow, fast) {worst}: {full[worst]!r} vs {expected[worst]!r}"
+    # the domains matter here: a phi-0 step without them (one crystal orientation) is far off
+    collapsed = expected + (one_step("0.75", ["-mosaic_dom", "1"]) - steps["0.75"]) / 4.0
+    assert _rel_maxdiff(full, collapsed) > 1e-3
+
+
 # (2) -oversample_omega ------------------------------------------------------------------------
 def test_oversample_omega_spec_is_physical():
     args = BASE + ["-oversample", "3"]

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() !=
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys
-import nbtorch.runtime as runtime
-runtime.configure_inductor_cache()
+import nbtorch.cache as cache
+cache.configure_inductor_cache()
 import torch._inductor.config as c, torch._inductor.cpu_vec_isa as m
 print(json.dumps({"ok": c.cpp.vec_isa_ok, "valid": [str(i) for i in m.valid_vec_isa_list()],
                   "pick": str(m.pick_vec_isa())}))

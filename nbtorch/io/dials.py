@@ -31,7 +31,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES"]
+__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation"]
 
 #: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
 REFL_TYPES: dict[str, tuple[str, int]] = {
@@ -112,7 +112,7 @@ def read_expt(path: str | os.PathLike[str], index: int = 0) -> DialsExperiment:
 
     Raises:
         InputError: unreadable, not JSON, no experiment, ``index`` out of range, a model missing,
-            a multi-panel detector, a multi-axis goniometer, a field missing or not numbers.
+            a multi-panel detector, a goniometer with more than one scan axis, a field missing or not numbers.
     """
     name = os.fspath(path)
     doc = _load_json(name)
@@ -150,14 +150,55 @@ def read_expt(path: str | os.PathLike[str], index: int = 0) -> DialsExperiment:
     for key in ("real_space_a", "real_space_b", "real_space_c"):
         _vector(name, "crystal", crystal, key)
     if gonio is not None:
-        if "axes" in gonio:
-            raise InputError(f"{name}: multi-axis goniometer; only a single rotation axis is supported")
-        _vector(name, "goniometer", gonio, "rotation_axis")
+        _check_goniometer(name, gonio)
     if scan is not None:
-        _vector(name, "scan", scan, "oscillation", 2)
+        scan_oscillation(scan, name)
         _vector(name, "scan", scan, "image_range", 2)
     return DialsExperiment(path=name, document=doc, index=index, identifier=str(exp.get("identifier", "")),
                            beam=beam, detector=detector, crystal=crystal, goniometer=gonio, scan=scan)
+
+
+def _check_goniometer(path: str, gonio: dict) -> None:
+    """A single-axis goniometer (``rotation_axis``) or a multi-axis one (``axes``, ``angles``, one ``scan_axis``)."""
+    if "axes" not in gonio:
+        _vector(path, "goniometer", gonio, "rotation_axis")
+        return
+    axes, angles, scan_axis = gonio.get("axes"), gonio.get("angles"), gonio.get("scan_axis")
+    if not isinstance(axes, list) or not axes:
+        raise InputError(f"{path}: goniometer 'axes' must be a list of 3-vectors")
+    for i in range(len(axes)):
+        _vector(path, f"goniometer axis {i}", {"axis": axes[i]}, "axis")
+    if not isinstance(angles, list) or len(angles) != len(axes):
+        raise InputError(f"{path}: goniometer 'angles' must be {len(axes)} numbers, one per axis, got {angles!r}")
+    _vector(path, "goniometer", gonio, "angles", len(axes))
+    if isinstance(scan_axis, list):
+        raise InputError(f"{path}: goniometer scan_axis {scan_axis}: more than one moving axis; only one scan axis "
+                         "is supported")
+    if isinstance(scan_axis, bool) or not isinstance(scan_axis, int) or not 0 <= scan_axis < len(axes):
+        raise InputError(f"{path}: goniometer 'scan_axis' must be one axis index 0..{len(axes) - 1}, got {scan_axis!r}")
+
+
+def scan_oscillation(scan: dict, path: str = "") -> tuple[float, float]:
+    """A scan's ``(start angle, width)`` in degrees: its ``oscillation`` pair, or (newer dxtbx) the per-image
+    start angles ``properties.oscillation`` (width from two images, or ``oscillation_width`` for one).
+
+    Raises:
+        InputError: neither present, or not finite numbers; a width of 0.
+    """
+    props = scan.get("properties")
+    if "oscillation" not in scan and isinstance(props, dict) and isinstance(props.get("oscillation"), list):
+        starts = props["oscillation"]
+        widths = props.get("oscillation_width") if isinstance(props.get("oscillation_width"), list) else [None]
+        try:
+            pair = [starts[0], float(starts[1]) - float(starts[0]) if len(starts) > 1 else widths[0]]
+        except (IndexError, TypeError, ValueError):
+            pair = [None, None]
+        start, osc = _vector(path, "scan", {"oscillation": pair}, "oscillation", 2)
+    else:
+        start, osc = _vector(path, "scan", scan, "oscillation", 2)
+    if osc == 0:
+        raise InputError(f"{path}: scan oscillation width is 0")
+    return start, osc
 
 
 def write_expt(path: str | os.PathLike[str], document: dict) -> None:

@@ -25,6 +25,16 @@ Scaling (photons per pixel)::
               last layer, and the ``-oversample_*`` running-sum quirks
 
 with ``steps = Q Φ M oversample^2`` (layers are not counted).
+
+Forward-mode switch: :func:`analytic_jvp` sets a context variable that the eager hot stage
+(:func:`eager_orientation_sum`) and the forward-mode kernels (:mod:`nbtorch.physics.jacobian`, through
+:func:`jacobian_runner`) read.  Whether to compile is decided outside the physics
+(:func:`nbtorch.runtime.compile_policy`, purpose ``jacobian``), and the decision arrives here only as the runner
+the caller passes to :func:`analytic_jvp`.  The variable itself must stay in the physics: it is read inside
+the stages, whose signatures are fixed (the compiled stages share them), and the physics may import only torch
+and itself, so it cannot read :mod:`nbtorch.runtime`.  Which implementation renders an eager tile (these stages
+or :func:`nbtorch.physics.jacobian.tile_image_with_tangents`, see :func:`compiled_jacobian_applies`) is chosen
+by the simulator: :mod:`nbtorch.physics.jacobian` is built on this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -312,7 +322,13 @@ def jacobian_runner() -> Callable | None:
     return value if callable(value) else None
 
 
-def _compiled_jacobian_applies(pixels: "TilePixels", inp: KernelInputs, opt: KernelOptions) -> bool:
+def compiled_jacobian_applies(pixels: "TilePixels", inp: KernelInputs, opt: KernelOptions) -> bool:
+    """Whether this eager tile goes through the compiled forward-mode kernels of :mod:`nbtorch.physics.jacobian`
+    (:func:`~nbtorch.physics.jacobian.tile_image_with_tangents`) instead of :func:`accumulate_pixels`: inside
+    :func:`analytic_jvp` with a runner, without gradient recording, a square crystal without interpolation or
+    the running-sum quirk, and at least :data:`JACOBIAN_TILE_EVALUATIONS` evaluations.  The caller that renders
+    tiles (:class:`nbtorch.simulator.Simulator`) chooses between the two; this module never imports that one
+    (it is built on this one)."""
     if jacobian_runner() is None or torch.is_grad_enabled() or opt.shape != "square" or opt.interpolate \
             or opt.running_sum_quirk:
         return False
@@ -394,11 +410,6 @@ def accumulate_pixels(
     """
     if opt.running_sum_quirk:
         return _accumulate_evaluations(pixels, inp, opt, real_first_A, diagnostics)
-    if stages is EAGER_STAGES and real_first_A is None and not diagnostics and \
-            _compiled_jacobian_applies(pixels, inp, opt):
-        from nbtorch.physics.jacobian import tile_image_with_tangents  # here: it imports this module
-
-        return tile_image_with_tangents(pixels, inp, opt), {}
     pre, hot, post = stages
     terms = pre(pixels, inp, opt)
     sums, diag = hot(terms.sx, terms.sy, terms.sz, inp, opt, diagnostics)

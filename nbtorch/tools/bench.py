@@ -16,6 +16,13 @@ median of ``max(3, iterations)`` warm runs; ``grad_min_s``) with ``--grad``,
 ``peak_rss_mb``, and with ``--c-bin`` the C program's time on the same
 arguments and thread count (``c_s``), ``speedup_vs_c`` and ``corr_vs_c``.  Ratios come from one run on one machine; nothing here is a
 unit-test assertion.
+
+``--disable-compile`` runs eager: :func:`compile_env` sets ``NANOBRAGG_DISABLE_COMPILE=1`` only while a size is
+measured and then restores the caller's environment exactly (set or unset); every record says what ran
+(``compile_mode``, ``compile_reason``), so a shell that already sets the variable shows up as ``eager`` there.
+``--profile N`` also runs N forward evaluations (no gradient) of each size under the torch profiler, after the
+timed ones, and prints its table (sorted by self CPU time; CUDA time too on a GPU) below that size's JSON line;
+the record gets ``profile_evaluations``.
 """
 
 from __future__ import annotations
@@ -88,6 +95,19 @@ def run_c(c_bin: str, args: list[str], threads: int) -> tuple[float, np.ndarray]
         return seconds, np.fromfile(Path(tmp) / "c.bin", "<f4")
 
 
+def profile_forward(sim, evaluations: int, device: str) -> str:
+    """The torch profiler's table (40 rows, by self CPU time) of ``evaluations`` forward calls without gradient."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        for _ in range(evaluations):
+            with torch.no_grad():
+                sim()
+        _sync(device)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+
+
 def bench_size(ns, size: int) -> dict:
     from nbtorch import Simulator, config_from_args
 
@@ -133,6 +153,9 @@ def bench_size(ns, size: int) -> dict:
             rec["grad_s"] = statistics.median(grad_times)
             rec["grad_min_s"] = min(grad_times)
             rec["grad_over_forward"] = rec["grad_s"] / rec["warm_s"]
+        if ns.profile:
+            rec["profile_evaluations"] = ns.profile
+            rec["profile"] = profile_forward(sim, ns.profile, ns.device)
     rec["peak_rss_mb"] = peak_rss_mb()
     c_cmd = "nanoBragg " + " ".join(shlex.quote(a) for a in case_args(ns.case, size)) + " -floatfile c.bin -nonoise -nopgm"
     rec["c_command"] = f"OMP_NUM_THREADS={ns.threads} {c_cmd}"
@@ -143,24 +166,38 @@ def bench_size(ns, size: int) -> dict:
     return rec
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m nbtorch.tools.bench", description="nbtorch benchmark harness")
-    ap.add_argument("--sizes", default="256,512,1024")
-    ap.add_argument("--case", choices=sorted(CASES), default="cubic")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--disable-compile", action="store_true")
+    ap.add_argument("--sizes", default="256,512,1024", help="detector sizes in pixels, comma-separated")
+    ap.add_argument("--case", choices=sorted(CASES), default="cubic",
+                    help="cubic (1 evaluation per pixel) or heavy (mosaic domains, phi steps: 30)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="simulator dtype")
+    ap.add_argument("--iterations", type=int, default=5, help="timed warm forward calls per size (default %(default)s)")
+    ap.add_argument("--disable-compile", action="store_true",
+                    help="run eager: NANOBRAGG_DISABLE_COMPILE=1 while each size is measured, the caller's "
+                         "environment restored after")
     ap.add_argument("--c-bin", default=None, help="path to a C nanoBragg build to compare against")
     ap.add_argument("--c-parity", action="store_true", help="simulate with -c_parity (mosaic domains etc. as the C)")
-    ap.add_argument("--grad", action="store_true")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--json", default=None)
-    ns = ap.parse_args(argv)
+    ap.add_argument("--grad", action="store_true", help="also time forward+backward of a scalar loss")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print the torch profiler's table of N forward evaluations of each size")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: torch's)")
+    ap.add_argument("--json", default=None, help="also write every record to this file")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
     try:
         sizes = [int(s) for s in ns.sizes.split(",") if s]
+        if not sizes or min(sizes) < 1:
+            raise ValueError
     except ValueError:
-        print(f"bench: --sizes must be comma-separated integers, got {ns.sizes!r}", file=sys.stderr)
+        print(f"bench: --sizes must be comma-separated positive integers, got {ns.sizes!r}", file=sys.stderr)
+        return 2
+    if ns.iterations < 1 or ns.profile < 0 or ns.threads < 1:
+        print("bench: --iterations and --threads must be >= 1, --profile >= 0", file=sys.stderr)
         return 2
     if ns.c_bin and not os.access(ns.c_bin, os.X_OK):
         print(f"bench: --c-bin {ns.c_bin}: not an executable file", file=sys.stderr)
@@ -177,8 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(header))
     for size in sizes:
         rec = bench_size(ns, size)
+        table = rec.pop("profile", None)
         records.append(rec)
         print(json.dumps(rec), flush=True)
+        if table:
+            print(f"torch profiler, {ns.profile} forward evaluations, {ns.case} {size}x{size}:\n{table}", flush=True)
     if ns.json:
         from nbtorch.io.atomic import atomic_write
 

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from nbtorch import simulator as _simulator_module
 from nbtorch.args import config_from_args
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 
 __all__ = [

@@ -46,7 +46,7 @@ from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
 from refine.output.results import save_h5, save_json
 from refine.many.amplitudes import check_options
-from refine.inputs.start_model import crystal_system
+from refine.fitting.space_groups import crystal_system
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.solver.plan import observed_pixels
 

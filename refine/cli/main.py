@@ -13,8 +13,7 @@ import sys
 from typing import Sequence
 
 from nbtorch import runtime
-from nbtorch.cli_support import Printer
-from nbtorch.errors import InputError
+from nbtorch.cli_support import Printer, run_main
 from refine.cli.joint import run_joint
 from refine.cli.options import PROG, Options
 from refine.cli.parser import parse_args
@@ -34,24 +33,25 @@ def dispatch(args: Options) -> int:
     return run(args)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``nbtorch-refine``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _run(argv: list[str]) -> int:
+    """Parse at the door, then run; ``--no-compile``: nothing compiled, the esds' forward-mode kernels
+    (:mod:`refine.quality.uncertainty`) included."""
     runtime.tune_allocator()
-    try:
-        args = parse_args(argv)
-        # --no-compile: nothing compiled, the esds' forward-mode kernels (refine.quality.uncertainty) included
-        with runtime.eager() if args.compute.compile is False else contextlib.nullcontext():
-            return dispatch(args)
-    except InputError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        where = ""
-        if isinstance(exc, RefinementInterrupted) and exc.checkpoint is not None:
-            where = f"; continue with the same command and --resume (checkpoint {exc.checkpoint})"
-        print(f"{PROG}: interrupted{where}", file=sys.stderr)
-        return 130
+    args = parse_args(argv)
+    with runtime.eager() if args.compute.compile is False else contextlib.nullcontext():
+        return dispatch(args)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> str:
+    """What follows ``nbtorch-refine: interrupted``: where the checkpoint is and how to go on."""
+    if isinstance(exc, RefinementInterrupted) and exc.checkpoint is not None:
+        return f"; continue with the same command and --resume (checkpoint {exc.checkpoint})"
+    return ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``nbtorch-refine``; returns the exit status (bad input: one line, 2; Ctrl-C: 130)."""
+    return run_main(PROG, _run, argv, interrupted=_interrupted)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from refine.inputs.images import load_image
 from refine.quality.degeneracy import extended_uncertainties
 from refine.inputs.dials import check_dials_options, model_tokens, refl_spots, write_expt_out
 from refine.quality.identifiability import drift_warning
-from refine.inputs.start_model import crystal_system, model_config, tie_start_cell
+from refine.fitting.space_groups import crystal_system
+from refine.inputs.start_model import model_config, tie_start_cell
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.inputs.problems import make_problem

@@ -43,9 +43,10 @@ from torch import Tensor
 
 from losses.kernels import PIXEL_TERMS, gaussian_restraint_terms, poisson_deviance
 from losses.registry import LOSSES, get_loss
+from nbtorch import runtime
 from nbtorch.errors import InputError
+from nbtorch.parameters import PARAMETER_NAMES
 from refine.fitting.parameters import BASE_NAMES
-from nbtorch.setup import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 
 __all__ = ["poisson_deviance", "View", "make_view", "beam_pixel", "ImageObjective", "LossFn", "resolve_loss",
@@ -215,7 +216,7 @@ class ImageObjective:
         view: the :class:`View` to fit.
         loss: ``(model, observed, weights) -> scalar`` (e.g. :func:`poisson_deviance`).
         n_factor: simulate ``N * n_factor`` (spot broadening; 1 = none).
-        compile_loss: wrap ``loss`` in ``torch.compile(fullgraph=True)``.
+        compile_loss: wrap ``loss`` in ``torch.compile(fullgraph=True)`` (:func:`nbtorch.runtime.compiled`).
         priors: name -> (mean, sigma), Gaussian restraints added to the loss.
         amplitudes: the run's :class:`~refine.fitting.structure_factors.AmplitudeTable` (the simulator must hold its
             table): the values' ``F_h_k_l`` are put into the structure-factor table of every evaluation.
@@ -243,7 +244,7 @@ class ImageObjective:
         self.weights = view.weights(observed.dtype)
         self.loss = loss
         self.sparse = view.bin == 1 and bool(getattr(loss, "pixelwise", False))
-        self.loss_fn = torch.compile(loss, fullgraph=True) if compile_loss else loss
+        self.loss_fn = runtime.compiled(loss, fullgraph=True) if compile_loss else loss
         ny, nx = sim.shape
         x0, x1, y0, y1 = view.roi
         dt, dev = observed.dtype, observed.device
@@ -322,6 +323,16 @@ class ImageObjective:
         return self._dy.reshape(-1)[torch.div(self._used, self.view.shape[1], rounding_mode="floor")]
 
     @property
+    def used_pixels(self) -> Tensor:
+        """Flat indices (row-major in the view) of the fitted pixels of a sparse objective."""
+        return self._used
+
+    @property
+    def observed_pixels(self) -> Tensor:
+        """The observed photons of the fitted pixels of a sparse objective, in :attr:`used_pixels` order."""
+        return self._obs_px
+
+    @property
     def n_pixels(self) -> int:
         """Fitted pixels (sparse) or fitted bins (binned)."""
         return self._used.numel() if self.sparse else int((self.weights > 0).sum())
@@ -354,7 +365,9 @@ class ImageObjective:
         out.loss_fn = self.loss_fn
         return out
 
-    def _overrides(self, values: Mapping[str, Tensor | float]) -> dict:
+    def render_overrides(self, values: Mapping[str, Tensor | float]) -> dict:
+        """The Simulator's ``render`` keyword arguments of this stage at ``values`` (size factor and amplitude
+        grid applied)."""
         overrides = {n: values[n] for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
         if self.n_factor != 1.0:
             for n in ("N_a", "N_b", "N_c"):
@@ -365,7 +378,7 @@ class ImageObjective:
 
     def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Unbinned model photons on the view's ROI, shape ``view.shape``."""
-        image, _ = self.sim.render(roi=self.view.roi, **self._overrides(values))
+        image, _ = self.sim.render(roi=self.view.roi, **self.render_overrides(values))
         return _photons(image, values, self._dx, self._dy)
 
     def model(self, values: Mapping[str, Tensor | float]) -> Tensor:
@@ -374,7 +387,7 @@ class ImageObjective:
 
     def pixel_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Model photons on the fitted pixels only (sparse path): a vector, in the order of ``view.mask``'s True pixels."""
-        overrides = self._overrides(values)
+        overrides = self.render_overrides(values)
         if self._positions:
             simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, pixels=self._used, **overrides)
         else:

@@ -7,47 +7,9 @@
     obs = load_image("float.bin", shape=(512, 512))      # headerless float32
     obs.image, obs.mask, obs.geometry                    # float64 (slow, fast), bool, dict
 
-Formats (told by the first bytes, then by the name; TIFF, MarCCD and mar345 need fabio, the optional extra
-``nbtorch[formats]``, and say so in a one-line error without it; SMV and mini-CBF keep nbtorch's own readers,
-because fabio 2026.6 misreads 64-bit byte-offset escapes and SMV files of other element types than unsigned
-16-bit: ``tests/io/test_fabio_parity.py``):
-
-==========  ==========================================  =====================================
-format      recognised by                               geometry read from the header
-==========  ==========================================  =====================================
-SMV         first byte ``{`` (``.img``, ``.smv``)       PIXEL_SIZE, DISTANCE, WAVELENGTH, beam
-                                                        centre (below), SATURATED_VALUE
-                                                        (else OVERLOAD, CCD_IMAGE_SATURATION),
-                                                        TWOTHETA, OSC_START (else PHI),
-                                                        OSC_RANGE (else OSC_WIDTH)
-mini-CBF    ``.cbf``, ``.cbf.bz2``, ``.cbf.gz``, or a   Wavelength, Detector_distance,
-            CBF header (plain, bzip2 or gzip)           Beam_xy, Pixel_size, Count_cutoff,
-                                                        Detector_2theta, Start_angle,
-                                                        Angle_increment, Polarization,
-                                                        ``<material> sensor, thickness``
-HDF5/NeXus  HDF5 signature (``.h5``, ``.nxs``,          NXmx ``detector/{distance,
-            ``.hdf5``); image ``/entry/data/data``,     beam_center_x/y, x_pixel_size,
-            2-D or (frame, slow, fast), or an Eiger     saturation_value, pixel_mask,
-            master's ``data_000001 ...`` links;         sensor_thickness, sensor_material}``,
-            compressed: hdf5plugin                      ``beam/{incident_wavelength,
-                                                        incident_polarization_stokes}``;
-                                                        two-theta and rotation from the
-                                                        NXtransformations (nbtorch.io.nexus)
-TIFF        TIFF signature (``.tif``, ``.tiff``),       none; a Pilatus TIFF's ImageDescription:
-            through fabio                               as mini-CBF
-MarCCD      ``.mccd``, ``.rx``, or a TIFF with a MAR    xtal_to_detector, beam_x/y, pixelsize_x,
-(Rayonix)   header at byte 1024, through fabio          source_wavelength, saturated_value,
-                                                        start_twotheta, rotation_axis's start
-                                                        and rotation_range
-mar345      first int32 1234 + ``mar research``,        DISTANCE, WAVELENGTH, PIXEL LENGTH,
-            ``.mar2300`` ..., through fabio             CENTER X/Y, TWOTHETA, PHI START/END
-compressed  TIFF, MarCCD or mar345 compressed with       as the file inside
-            gzip or bzip2 (``.tif.gz``, ``.mar2300.bz2``
-            ...), told by the decompressed first bytes
-raw         anything else, with ``shape`` given         none
-            (``.bin``, ``.raw``; element type ``dtype``,
-            default little-endian float32)
-==========  ==========================================  =====================================
+Formats: SMV, mini-CBF, HDF5/NeXus, TIFF, MarCCD, mar345 and raw, told and read by
+:func:`nbtorch.io.images.read_image_file` (which header fields each format gives: that module); this module turns
+each header into the geometry below.
 
 Geometry (:attr:`MeasuredImage.geometry`, only the keys the file states):
 ``wavelength_A``; ``distance_mm``; ``pixel_mm``; ``beam_x_px``, ``beam_y_px``: the
@@ -84,27 +46,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from nbtorch.beam_centre import header_beam_offsets
 from nbtorch.errors import InputError
-from nbtorch.io.cbf import read_cbf
-from nbtorch.io.fabio_formats import (COMPRESSED_NAMES, MAR345_NAMES, MARCCD_NAMES, TIFF_NAMES, compression,
-                                      decompressed_head, is_mar345, read_mar345, read_marccd, read_tiff, tiff_kind)
-from nbtorch.io.hdf5 import read_h5_image
-from nbtorch.io.raw import read_raw_float
-from nbtorch.io.smv import header_value, read_smv
+from nbtorch.io.images import ImageFile, detect_format, read_image_file
+from nbtorch.io.smv import header_value
 
-__all__ = ["MeasuredImage", "load_image", "load_mask", "detect_format", "sensor_material", "FORMATS"]
-
-FORMATS = ("smv", "cbf", "hdf5", "tiff", "marccd", "mar345", "raw")
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-_CBF_NAMES = (".cbf", ".cbf.bz2", ".cbf.gz")
-_H5_NAMES = (".h5", ".hdf5", ".nxs", ".hdf", ".nx5")
-_SMV_NAMES = (".img", ".smv")
-_RAW_NAMES = (".bin", ".raw", ".f32", ".float")
+__all__ = ["MeasuredImage", "load_image", "load_mask", "sensor_material"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +64,7 @@ class MeasuredImage:
 
     Attributes:
         path: the file read.
-        format: one of :data:`FORMATS`.
+        format: one of :data:`nbtorch.io.images.FORMATS`.
         image: (slow, fast) float64 counts; masked pixels keep their file values (NaN stays NaN).
         mask: (slow, fast) bool, True = use the pixel.
         geometry: header geometry (module docstring): ``wavelength_A``, ``distance_mm``,
@@ -158,68 +109,7 @@ def sensor_material(image: MeasuredImage) -> str | None:
     return None
 
 
-def _lower_name(path: str | os.PathLike[str]) -> str:
-    return os.path.basename(str(path)).lower()
-
-
-def detect_format(path: str | os.PathLike[str], shape: Sequence[int] | None = None) -> str:
-    """The format of ``path`` (one of :data:`FORMATS`), from its first bytes and then its name."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: image file not found")
-    if p.is_dir():
-        raise InputError(f"{path}: is a directory, not an image file")
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(4096)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read image file: {exc.strerror or exc}") from None
-    name = _lower_name(p)
-    if head.startswith(_HDF5_MAGIC) or name.endswith(_H5_NAMES):
-        return "hdf5"
-    if name.endswith(_CBF_NAMES):
-        return "cbf"
-    if head.startswith(b"{"):
-        return "smv"
-    if compression(head) is not None and shape is None:
-        return _compressed_format(path, head, name)
-    kind = tiff_kind(head)
-    if kind is not None:
-        return "marccd" if name.endswith(MARCCD_NAMES) else kind
-    if is_mar345(head) or name.endswith(MAR345_NAMES):
-        return "mar345"
-    if name.endswith(TIFF_NAMES + MARCCD_NAMES):
-        raise InputError(f"{path}: not a TIFF file (no TIFF signature)")
-    if head.startswith(b"###CBF") and shape is None:
-        return "cbf"
-    if name.endswith(_SMV_NAMES):
-        return "smv"
-    if shape is not None or name.endswith(_RAW_NAMES):
-        return "raw"
-    raise InputError(f"{path}: cannot tell the image format (not SMV, CBF, HDF5, TIFF, MarCCD or mar345); "
-                     "for a headerless raw image give its shape (--shape SLOW FAST)")
-
-
-def _compressed_format(path: str | os.PathLike[str], head: bytes, name: str) -> str:
-    """The format of a file compressed as a whole (gzip or bzip2), from its decompressed first bytes: TIFF, MarCCD
-    and mar345 (read through fabio), else a mini-CBF (whose reader decompresses it)."""
-    inner = decompressed_head(path, head)
-    base = next((name[: -len(s)] for s in COMPRESSED_NAMES if name.endswith(s)), name)
-    kind = tiff_kind(inner)
-    if kind is not None:
-        return "marccd" if base.endswith(MARCCD_NAMES) else kind
-    if is_mar345(inner):
-        return "mar345"
-    if inner.startswith(b"{"):
-        raise InputError(f"{path}: a {compression(head)}-compressed SMV file: decompress it first "
-                         f"({'gunzip' if compression(head) == 'gzip' else 'bunzip2'} -k)")
-    for names, what in ((TIFF_NAMES, "TIFF"), (MARCCD_NAMES, "MarCCD/Rayonix"), (MAR345_NAMES, "mar345")):
-        if base.endswith(names):
-            raise InputError(f"{path}: the decompressed file is not a {what} file (no {what} signature)")
-    return "cbf"
-
-
-# ------------------------------------------------------------------------------ readers
+# ------------------------------------------------------------------------------ header geometry
 
 
 def _float(value: Any) -> float | None:
@@ -232,10 +122,11 @@ def _float(value: Any) -> float | None:
 
 # SMV header keys: how the pixels are stored (read by nbtorch.io.smv, not model values)
 _SMV_LAYOUT = ("HEADER_BYTES", "DIM", "BYTE_ORDER", "TYPE", "SIZE1", "SIZE2")
-# the beam centre, (fast, slow) keys in the order they are taken (mm; MOSFLM's from the corner of pixel (0, 0) less
-# half a pixel), and the keys that restate it in other programs' terms
-_SMV_BEAM = ((("DENZO_Y_BEAM", "DENZO_X_BEAM"), 0.0), (("MOSFLM_CENTER_Y", "MOSFLM_CENTER_X"), 0.5),
-             (("BEAM_CENTER_Y", "BEAM_CENTER_X"), 0.0))
+# the beam centre, (fast, slow) keys in the order they are taken (mm) and the convention whose terms they are in
+# (nbtorch.beam_centre.header_beam_offsets: MOSFLM's is half a pixel short of the spot; ADSC's BEAM_CENTER_Y/X
+# read as DENZO's, as DIALS reads ADSC headers), and the keys that restate it in other programs' terms
+_SMV_BEAM = ((("DENZO_Y_BEAM", "DENZO_X_BEAM"), "denzo"), (("MOSFLM_CENTER_Y", "MOSFLM_CENTER_X"), "mosflm"),
+             (("BEAM_CENTER_Y", "BEAM_CENTER_X"), "denzo"))
 _SMV_BEAM_OTHER = ("DENZO_X_BEAM", "DENZO_Y_BEAM", "MOSFLM_CENTER_X", "MOSFLM_CENTER_Y", "BEAM_CENTER_X",
                    "BEAM_CENTER_Y", "ADXV_CENTER_X", "ADXV_CENTER_Y", "DIALS_ORIGIN", "XDS_ORGX", "XDS_ORGY")
 _SMV_SATURATION = ("SATURATED_VALUE", "OVERLOAD", "CCD_IMAGE_SATURATION")
@@ -248,10 +139,9 @@ _SMV_GONIOMETER = {"OMEGA": "goniometer", "KAPPA": "goniometer", "CHI": "goniome
                    "OSC_AXIS": "rotation axis"}
 
 
-def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
-    """An SMV image, its geometry and a header in the fabio readers' layout (``fields``, ``labels``, ``unused``:
+def _smv_geometry(path: str, image: np.ndarray, raw: dict) -> tuple[dict, dict]:
+    """An SMV image's geometry and a header in the fabio readers' layout (``fields``, ``labels``, ``unused``:
     every key either taken, with its name in ``labels``, or listed in ``unused`` with why)."""
-    image, raw = read_smv(path)
     geo: dict[str, float] = {}
     labels: dict[str, str] = {}
     unused: dict[str, tuple[str, str]] = {}
@@ -286,7 +176,7 @@ def _read_smv(path: str) -> tuple[np.ndarray, dict, dict]:
     if sat is not None:
         geo["saturation"] = sat
     _smv_rest(raw, set(labels.values()), unused)
-    return image, geo, header
+    return geo, header
 
 
 def _smv_beam(path: str, raw: dict, geo: dict, labels: dict, unused: dict) -> None:
@@ -295,10 +185,10 @@ def _smv_beam(path: str, raw: dict, geo: dict, labels: dict, unused: dict) -> No
     pixel = geo.get("pixel_mm")
     taken = None
     if pixel:
-        for (fast_key, slow_key), shift in _SMV_BEAM:
+        for (fast_key, slow_key), convention in _SMV_BEAM:
             if fast_key in raw and slow_key in raw:
-                fast_mm = header_value(path, raw, fast_key) + shift * pixel
-                slow_mm = header_value(path, raw, slow_key) + shift * pixel
+                centre_y, centre_x = header_value(path, raw, fast_key), header_value(path, raw, slow_key)
+                fast_mm, slow_mm = header_beam_offsets(convention, centre_x, centre_y, pixel)
                 geo["beam_x_px"], geo["beam_y_px"] = fast_mm / pixel, slow_mm / pixel
                 labels["beam_x_px"], labels["beam_y_px"] = taken = (fast_key, slow_key)
                 break
@@ -347,21 +237,9 @@ def _cbf_geometry(header: dict) -> dict[str, float]:
     return geo
 
 
-def _read_cbf(path: str) -> tuple[np.ndarray, dict, dict]:
-    image, header = read_cbf(path)
-    return image, _cbf_geometry(header), header
-
-
-def _read_fabio(path: str, fmt: str) -> tuple[np.ndarray, dict, dict]:
-    """TIFF (Pilatus TIFF), MarCCD/Rayonix and mar345 through fabio (nbtorch.io.fabio_formats)."""
-    reader = {"tiff": read_tiff, "marccd": read_marccd, "mar345": read_mar345}[fmt]
-    image, header = reader(path)
-    return image, _cbf_geometry(header), header
-
-
-def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, dict, dict, np.ndarray | None]:
-    image, meta = read_h5_image(path, dataset=dataset, frame=frame)
-    # wavelength, distance, sensor, two-theta, rotation, polarisation
+def _hdf5_geometry(meta: dict) -> dict[str, float]:
+    """NXmx geometry: wavelength, distance, sensor, two-theta, rotation, polarisation, pixel size, beam centre and
+    the detector's saturation (:func:`nbtorch.io.images.read_image_file` puts it in ``count_cutoff``)."""
     geo = {k: v for k, v in _cbf_geometry(meta).items()
            if k in ("wavelength_A", "distance_mm", "sensor_thickness_mm", "twotheta_deg", "phi_deg", "osc_deg",
                     "polarization_fraction")}
@@ -376,71 +254,27 @@ def _read_hdf5(path: str, frame: int | None, dataset: str) -> tuple[np.ndarray, 
         elif f"beam_center_{axis}_mm" in meta and pixel:
             size = meta.get(f"{axis}_pixel_size_mm", pixel)
             geo[key] = float(meta[f"beam_center_{axis}_mm"]) / float(size)
-    pixel_mask = None
-    try:
-        import h5py
-
-        with h5py.File(path, "r") as f:
-            det = f.get("/entry/instrument/detector")
-            det = det if isinstance(det, h5py.Group) else None
-            for name in ("saturation_value", "detectorSpecific/countrate_correction_count_cutoff"):
-                sat = _float(np.asarray(det[name][()]).reshape(-1)[0]) if det is not None and name in det else None
-                if sat is not None:
-                    geo["saturation"] = meta["count_cutoff"] = sat
-                    meta["labels"]["count_cutoff"] = name
-                    break
-            if det is not None and "sensor_material" in det:
-                material = det["sensor_material"][()]
-                meta = {**meta, "sensor_material": material.decode() if isinstance(material, bytes) else str(material)}
-            name = next((k for k in ("pixel_mask", "detectorSpecific/pixel_mask") if det is not None and k in det), None)
-            if name is not None:
-                pm = np.asarray(det[name][()])
-                if pm.ndim == 3:
-                    pm = pm[min(meta.get("frame", 0), pm.shape[0] - 1)]
-                if pm.shape == image.shape:
-                    pixel_mask = pm == 0
-    except (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError):  # optional extras: skip a bad one
-        pass
-    return image, geo, meta, pixel_mask
+    if "count_cutoff" in meta:
+        geo["saturation"] = meta["count_cutoff"]
+    return geo
 
 
-def _read_raw(path: str, shape: Sequence[int] | None, dtype: str) -> tuple[np.ndarray, dict, dict]:
-    if shape is None:
-        raise InputError(f"{path}: a raw image needs its shape (--shape SLOW FAST)")
-    if len(shape) != 2:
-        raise InputError(f"{path}: raw image shape must be (slow, fast), got {tuple(shape)}")
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise InputError(f"{path}: unknown raw element type {dtype!r}") from None
-    return read_raw_float(path, shape, dt.str), {}, {}
+def _geometry(path: str, file: ImageFile) -> tuple[dict, dict]:
+    """``(geometry, header)`` of a file read by :func:`nbtorch.io.images.read_image_file`."""
+    if file.format == "smv":
+        return _smv_geometry(path, file.image, file.header)
+    if file.format in ("cbf", "tiff", "marccd", "mar345"):  # the fabio readers give mini-CBF's keys
+        return _cbf_geometry(file.header), file.header
+    if file.format == "hdf5":
+        return _hdf5_geometry(file.header), file.header
+    return {}, file.header  # raw
 
 
 def _read_any(path: str, frame: int | None, shape: Sequence[int] | None, dtype: str,
               dataset: str) -> tuple[str, np.ndarray, dict, dict, np.ndarray | None]:
-    fmt = detect_format(path, shape)
-    if frame is not None and fmt != "hdf5" and frame != 0:
-        raise InputError(f"{path}: frame {frame} given, but a {fmt} file holds one image")
-    pixel_mask = None
-    if fmt == "smv":
-        image, geo, header = _read_smv(path)
-    elif fmt == "cbf":
-        image, geo, header = _read_cbf(path)
-    elif fmt == "hdf5":
-        image, geo, header, pixel_mask = _read_hdf5(path, frame, dataset)
-    elif fmt in ("tiff", "marccd", "mar345"):
-        image, geo, header = _read_fabio(path, fmt)
-    else:
-        image, geo, header = _read_raw(path, shape, dtype)
-    image = np.asarray(image)
-    if image.ndim != 2 or image.size == 0:
-        raise InputError(f"{path}: expected a 2-D image, got shape {image.shape}")
-    if image.dtype.kind not in "biuf":
-        raise InputError(f"{path}: image has non-numeric type {image.dtype}")
-    if shape is not None and tuple(int(n) for n in shape) != tuple(image.shape):
-        raise InputError(f"{path}: image is {image.shape[0]} x {image.shape[1]} (slow x fast), "
-                         f"not the {tuple(shape)[0]} x {tuple(shape)[1]} given")
-    return fmt, image, geo, header, pixel_mask
+    file = read_image_file(path, frame=frame, shape=shape, dtype=dtype, dataset=dataset)
+    geo, header = _geometry(path, file)
+    return file.format, file.image, geo, header, file.pixel_mask
 
 
 # ------------------------------------------------------------------------------ front door

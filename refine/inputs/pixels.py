@@ -33,7 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from nbtorch.errors import InputError
-from refine.inputs.start_model import fit_scale_background
+from refine.inputs.scale_start import fit_scale_background
 from refine.inputs.selection import resolution_mask, roi_mask, subsample_mask
 from refine.inputs.spots import find_spots, window_mask
 

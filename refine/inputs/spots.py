@@ -31,7 +31,7 @@ import torch
 
 from nbtorch.errors import InputError
 from nbtorch.io.raw import read_text_lines
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS
 
 __all__ = ["read_spot_list", "find_spots", "window_mask", "model_centroids", "spot_offsets", "SpotOffsets",

@@ -29,9 +29,9 @@ from the corner of pixel (0, 0)) is written in the model's convention by
 -Ybeam detsize_s-Sbeam``, XDS/DIALS ``-ORGX Fbeam/p+1/2 -ORGY Sbeam/p+1/2`` (a
 detector normal to the beam), CUSTOM ``-Xbeam Fbeam -Ybeam Sbeam``.
 
-:func:`fit_scale_background` gives a measured image's starting scale and background;
-:func:`crystal_system` maps ``--symmetry`` (a crystal system or a space-group symbol such as
-``P41212``) to a crystal system, and :func:`tie_start_cell` makes the starting cell obey it.
+:func:`tie_start_cell` makes the starting cell obey the crystal system of ``--symmetry``
+(:func:`refine.fitting.space_groups.crystal_system`).  The starting scale and background of a measured image:
+:mod:`refine.inputs.scale_start`.
 
 ``@FILE`` tokens in the model string are replaced by the flags in FILE (an args
 file such as ``nanobragg_geometry_args_*.txt``); a relative input path inside it
@@ -43,27 +43,21 @@ from __future__ import annotations
 
 import math
 import shlex
-import sys
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from nbtorch import eager
 from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
-from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m
+from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m, swung_beam_spot_m
 from nbtorch.cli_support import expand_argument_files
 from nbtorch.config import SimulationConfig
 from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
-from nbtorch.parameters import PARAMETER_NAMES
-from nbtorch.physics.detector import detector_geometry
+from refine.fitting.parameters import CELL, constrained_cell
 from refine.inputs.images import MeasuredImage, sensor_material
 from refine.inputs.sensor import DEFAULT_THICKSTEPS, HC_KEV_A, silicon_attenuation_length_um
-from refine.fitting.parameters import CELL, SYMMETRIES, constrained_cell
 
-__all__ = ["expand_model_args", "header_flags", "model_config", "PHI_STEP_DEG", "fit_scale_background", "crystal_system",
-           "tie_start_cell", "INPUT_FILE_FLAGS", "MIN_BRAGG_FRACTION"]
+__all__ = ["expand_model_args", "header_flags", "model_config", "PHI_STEP_DEG", "tie_start_cell", "INPUT_FILE_FLAGS"]
 
 _GIVEN = {
     "wavelength": ("-lambda", "-wavelength", "-energy", "-img"),
@@ -173,30 +167,6 @@ def _vec(v) -> str:
     return "(" + ", ".join(f"{float(x):g}" for x in v) + ")"
 
 
-def _swung_beam_spot(cfg: SimulationConfig, twotheta_deg: float, fclose_m: float, sclose_m: float,
-                     distance_m: float) -> tuple[float, float, float]:
-    """The direct-beam spot (Fbeam, Sbeam, m) and the along-beam distance (m) of a detector whose near point
-    is (fclose, sclose) at ``distance`` before it swings by ``twotheta`` about the sample: what a BEAM-pivot
-    convention needs to place the same detector (nbtorch.physics.detector.detector_geometry, SAMPLE pivot)."""
-    beam, f, s, o, axis, _, _ = detector_axes(cfg)
-
-    def t(v) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(v, dtype=np.float64))
-
-    rot = [t(math.radians(a)) for a in (cfg.detector_rotx_deg, cfg.detector_roty_deg, cfg.detector_rotz_deg)]
-    zero = t(0.0)
-    g = detector_geometry(t(f), t(s), t(o), t(beam), t(axis), "sample", t(distance_m), zero, zero, t(fclose_m),
-                          t(sclose_m), *rot, t(math.radians(twotheta_deg)))
-    cos_in = float(g.odet @ g.beam)
-    along = float(g.pix0 @ g.odet) / cos_in if abs(cos_in) > 1e-6 else math.inf
-    if not (math.isfinite(along) and along > 0):
-        raise InputError(f"two-theta {twotheta_deg:g} deg from the header: the direct beam does not meet the swung "
-                         "detector, so the beam-pivot convention cannot place it; use a sample-pivot convention "
-                         "(--model -xds or -dials) or give -twotheta yourself")
-    hit = along * g.beam - g.pix0
-    return float(hit @ g.fdet), float(hit @ g.sdet), along
-
-
 def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = True) -> tuple[list[str], list[str]]:
     """Flags to add to ``tokens`` from ``image``'s header and shape, and one note per header value: how it is
     used, or that it is not used and why (the flags in ``tokens`` always win).
@@ -261,7 +231,7 @@ def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: Simulation
     if swing is not None:
         beam_pivot = FORCED_PIVOT.get(conv, "sample") == "beam"
         if beam_pivot and have_beam and distance_mm is not None:
-            fast_m, slow_m, along_m = _swung_beam_spot(cfg, swing, fast_m, slow_m, distance_mm / 1000.0)
+            fast_m, slow_m, along_m = swung_beam_spot_m(cfg, swing, fast_m, slow_m, distance_mm / 1000.0)
             distance_mm = along_m * 1000.0
             swing_note = (f"; the {conv} convention pivots about the beam spot, so the header's near point and "
                           f"distance become the spot ({fast_m / pixel_m:.6g}, {slow_m / pixel_m:.6g}) px and "
@@ -510,114 +480,6 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
     except InputError as exc:
         raise InputError(f"--model: {exc}") from None
     return cfg, tokens, notes
-
-
-#: smallest share of the fitted counts the starting model's Bragg part may explain (below: a collapsed scale)
-MIN_BRAGG_FRACTION = 1e-9
-
-_START_HINT = ("give the start yourself (--start scale=...,background=...) or check the starting model's orientation "
-               "(-mat, --start misset_*), cell, beam centre and distance, or fit more pixels (--subsample, --roi, "
-               "--spot-window)")
-
-
-def fit_scale_background(sim, values: dict, observed, mask) -> tuple[float, float]:
-    """Starting ``scale`` and ``background`` for ``model = scale * simulator + background``: the Poisson
-    maximum-likelihood pair for the starting model on the ``mask`` pixels (one eager simulation).
-
-    A measured image's scale is unknown by orders of magnitude (``-default_F``, fluence, exposure), and
-    a start far off makes the first steps of a refinement move the geometry to absorb it.
-
-    A start that cannot be right is refused rather than handed to the optimiser, where every derivative
-    would be ~0 and the run would stop at once (``Status.NO_STEP``):
-
-    * no fitted pixel has a finite, non-negative count;
-    * the starting model is 0 (or not finite) on every fitted pixel: none of its spots is fitted;
-    * the observed counts are not higher where the model has its spots than on average (the
-      model-weighted mean count is at most the plain mean): the likelihood's best scale is 0, the
-      model's spots miss the observed ones;
-    * the fitted scale is not a positive normal number, or the model's Bragg part explains less than
-      :data:`MIN_BRAGG_FRACTION` of the fitted counts (a scale that collapsed towards 0).
-
-    Arguments:
-        sim: the simulator; ``values``: canonical parameters (and ``orient_x/y/z``) of the start.
-        observed: (slow, fast) counts; ``mask``: (slow, fast) bool, True = pixel fitted.
-
-    Raises:
-        InputError: one line saying which of the above happened and what to do.
-    """
-
-    x0, x1, y0, y1 = sim.setup.roi
-    overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64) for n in PARAMETER_NAMES if n in values}
-    with torch.no_grad(), eager():
-        img, _ = sim.render(**overrides)
-    m_roi = np.asarray(mask, dtype=bool)[y0:y1 + 1, x0:x1 + 1]
-    model = img.detach().cpu().double().numpy()[m_roi]
-    obs = np.asarray(observed, dtype=np.float64)[y0:y1 + 1, x0:x1 + 1][m_roi]
-    ok = np.isfinite(obs) & (obs >= 0)
-    model, obs = model[ok], obs[ok]
-    n = int(model.size)
-    if n == 0:
-        raise InputError("starting scale: no fitted pixel has a usable count (finite, >= 0); check --mask, --roi, "
-                         "--dmin/--dmax and --subsample")
-    model = np.where(np.isfinite(model), model, 0.0)
-    if not model.max() > 0:
-        raise InputError(f"starting scale: the starting model is 0 on all {n} fitted pixels (none of its spots is "
-                         f"fitted), so no scale can be fitted; {_START_HINT}")
-    mean_obs = float(obs.mean())
-    mean_at_spots = float(np.sum(model * obs) / np.sum(model))
-    if not mean_at_spots > mean_obs:
-        raise InputError(f"starting scale: the observed counts are not higher where the starting model has its spots "
-                         f"({mean_at_spots:.4g} vs {mean_obs:.4g} on average over {n} fitted pixels): its spots miss "
-                         f"the observed ones and the best scale is 0; {_START_HINT}")
-    # least squares for a start, then the Poisson fixed point s <- s sum(w m)/sum(m), b <- b mean(w), w = k/mu
-    coef = np.linalg.lstsq(np.c_[model, np.ones_like(model)], obs, rcond=None)[0]
-    s = max(float(coef[0]), 1e-6 * max(mean_obs, 1.0) / max(float(model.mean()), 1e-300))
-    b = max(float(coef[1]), 1e-3)
-    for _ in range(200):
-        mu = s * model + b
-        w = obs / mu
-        s_new, b_new = s * float(np.sum(w * model) / np.sum(model)), b * float(np.mean(w))
-        done = abs(s_new - s) <= 1e-10 * s and abs(b_new - b) <= 1e-10 * b
-        s, b = max(s_new, 1e-300), max(b_new, 1e-6)
-        if done:
-            break
-    bragg = s * float(np.sum(model))
-    share = bragg / (bragg + b * n) if math.isfinite(bragg) and bragg + b * n > 0 else math.nan
-    if not (math.isfinite(s) and s >= sys.float_info.min and math.isfinite(b)) or not share >= MIN_BRAGG_FRACTION:
-        raise InputError(f"starting scale: the Poisson fit of the starting model gives no usable scale (scale {s:.4g}, "
-                         f"its spots explain "
-                         f"{share:.3g} of the counts on {n} fitted pixels); {_START_HINT}")
-    return s, b
-
-
-#: space-group names accepted by --symmetry, mapped to crystal systems (a few common ones; any system name works)
-_SPACE_GROUPS = {
-    "P1": "triclinic", "P2": "monoclinic", "P21": "monoclinic", "C2": "monoclinic",
-    "P222": "orthorhombic", "P212121": "orthorhombic", "C2221": "orthorhombic", "I222": "orthorhombic",
-    "P4": "tetragonal", "P41": "tetragonal", "P42": "tetragonal", "P43": "tetragonal", "I4": "tetragonal",
-    "P422": "tetragonal", "P4212": "tetragonal", "P4122": "tetragonal", "P41212": "tetragonal",
-    "P4222": "tetragonal", "P42212": "tetragonal", "P4322": "tetragonal", "P43212": "tetragonal",
-    "I422": "tetragonal", "I4122": "tetragonal",
-    "P3": "trigonal", "P31": "trigonal", "P32": "trigonal", "P321": "trigonal", "P3121": "trigonal",
-    "P3221": "trigonal", "P312": "trigonal", "R3": "rhombohedral", "R32": "rhombohedral",
-    "P6": "hexagonal", "P61": "hexagonal", "P65": "hexagonal", "P622": "hexagonal", "P6122": "hexagonal",
-    "P6522": "hexagonal", "P23": "cubic", "P213": "cubic", "I23": "cubic", "F23": "cubic", "P432": "cubic",
-    "P4132": "cubic", "P4332": "cubic", "I432": "cubic", "F432": "cubic",
-}
-
-
-def crystal_system(name: str | None) -> str | None:
-    """``--symmetry``: a crystal system name, or a space-group symbol mapped to its system."""
-    if name is None:
-        return None
-    key = name.strip()
-    if key.lower() in SYMMETRIES:
-        return key.lower()
-    compact = key.replace(" ", "").replace("_", "").upper()
-    if compact in _SPACE_GROUPS:
-        return _SPACE_GROUPS[compact]
-    raise InputError(f"--symmetry: unknown crystal system or space group {name!r}; "
-                     f"crystal systems: {', '.join(SYMMETRIES)}")
 
 
 _TIES = {"cell_b": "cell_a", "cell_c": "cell_a", "cell_alpha": None, "cell_beta": "cell_alpha",

@@ -31,12 +31,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from nbtorch.cli_support import run_main
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from refine.output import figures
 from refine.output.report import ESD_NOTE, parameter_rows
 from refine.output.results import load_h5
 from refine.fitting.structure_factors import is_amplitude
+
+PROG = "python -m refine.output.html_report"
 
 __all__ = ["load_report_data", "render_report", "write_report", "main"]
 
@@ -207,20 +210,20 @@ def write_report(path: str | Path, result_h5: str | Path, title: str | None = No
     return Path(path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m refine.output.html_report RESULT.h5 REPORT.html``."""
-    p = argparse.ArgumentParser(prog="python -m refine.output.html_report", description=__doc__.splitlines()[0])
+def _main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("result", help="result.h5 written by nbtorch-refine")
     p.add_argument("report", help="HTML file to write")
     args = p.parse_args(argv)
-    try:
-        write_report(args.report, args.result)
-    except InputError as exc:
-        print(f"{p.prog}: error: {exc}", file=sys.stderr)
-        return 2
+    write_report(args.report, args.result)
     print(f"wrote {args.report}")
     return 0
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m refine.output.html_report RESULT.h5 REPORT.html``; bad input: one line on stderr, status 2
+    (:func:`nbtorch.cli_support.run_main`)."""
+    return run_main(PROG, _main, argv)
 
 if __name__ == "__main__":
     sys.exit(main())

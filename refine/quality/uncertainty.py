@@ -431,9 +431,9 @@ def _values(pmap: ParameterMap, th: Tensor) -> dict:
 
 def _sparse_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
     """The fitted pixels of ``sub`` only (:meth:`ImageObjective.pixel_model`)."""
-    index, count = cluster_index(sub._used, sub.view.shape, k)
-    return _Block(lambda th: sub.pixel_model(_values(pmap, th)), sub._obs_px, sub.pixel_weights, index, count,
-                  sub._obs_px.numel() * sub.sim.evaluations_per_pixel())
+    index, count = cluster_index(sub.used_pixels, sub.view.shape, k)
+    return _Block(lambda th: sub.pixel_model(_values(pmap, th)), sub.observed_pixels, sub.pixel_weights, index, count,
+                  sub.observed_pixels.numel() * sub.sim.evaluations_per_pixel())
 
 
 def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
@@ -447,7 +447,7 @@ def _image_block(sub: ImageObjective, pmap: ParameterMap, k: int) -> _Block:
 def _cluster_side(objective: ImageObjective, n_free: int, largest: int) -> int:
     """The largest square side (``largest``, halved down to 1) giving >= 30 non-empty clusters per parameter."""
     if objective.sparse:  # the fitted positions (an objective on positions holds no mask)
-        flat, shape = objective._used, objective.view.shape
+        flat, shape = objective.used_pixels, objective.view.shape
     else:
         used = (objective.weights > 0).reshape(objective.weights.shape[-2:]) if objective.weights.dim() >= 2 \
             else (objective.weights > 0).reshape(1, -1)

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from nbtorch import runtime
+from nbtorch.cli_support import run_main
 from nbtorch.errors import InputError
 
 __all__ = ["main", "build_objective", "measure", "machine_record", "main_job_seconds", "TUTORIAL_ARGS",
@@ -103,7 +104,7 @@ class Bench:
     def forward(self) -> Tensor:
         with torch.no_grad():
             values = self.pmap.expand(self.pmap.physical(self.raw))
-            return self.sim.render_pixels(roi=self.objective.view.roi, **self.objective._overrides(values))[0]
+            return self.sim.render_pixels(roi=self.objective.view.roi, **self.objective.render_overrides(values))[0]
 
     def esds(self):
         from refine.quality.uncertainty import estimate_uncertainties
@@ -243,23 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _run(argv: list[str]) -> int:
     own, refine_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     ns = build_parser().parse_args(own)
     if ns.repeats < 1 or ns.esd_repeats < 0 or ns.profile < 0 or (ns.threads is not None and ns.threads < 1):
-        print("python -m refine.tools.bench: error: --repeats and --threads must be >= 1, --esd-repeats and --profile "
-              ">= 0", file=sys.stderr)
-        return 2
+        raise InputError("--repeats and --threads must be >= 1, --esd-repeats and --profile >= 0")
     if ns.threads:
         torch.set_num_threads(ns.threads)
     runtime.tune_allocator()  # as the commands do
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        rec = run(ns, refine_args or list(TUTORIAL_ARGS))
-    except InputError as exc:
-        print(f"python -m refine.tools.bench: error: {exc}", file=sys.stderr)
-        return 2
+    rec = run(ns, refine_args or list(TUTORIAL_ARGS))
     profile = rec.pop("profile", None)
     if profile:
         print(profile)
@@ -275,6 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with atomic_write(ns.json, "w") as fh:
             json.dump(rec, fh, indent=1)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m refine.tools.bench``; bad input: one line, status 2."""
+    return run_main("python -m refine.tools.bench", _run, argv)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def _read_png(path: Path) -> np.ndarray:
 
 
 def test_png_writer_round_trip(tmp_path):
-    from experiments.imagefile import write_png
+    from experiments.png import write_png
 
     img = np.arange(12, dtype=np.float64).reshape(3, 4)
     out = _read_png(write_png(tmp_path / "a.png", img))

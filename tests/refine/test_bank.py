@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from refine import PROBLEMS, Adam, refine, stage_a
 from refine.inputs.problems import PIXEL_MM, misorientation_deg
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nbtorch.physics.rotation import rotation_matrix_xyz
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from refine.fitting.parameters import (
     BASE_NAMES, SYMMETRIES, UNITS, ParameterMap, ParameterSpace, canonical_values, constrained_cell,
     misset_after_rotation,

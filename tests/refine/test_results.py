@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from refine import (
     AbstractCallback, Convergence, RefinementInterrupted, Stage, Status, load_h5, read_checkpoint, refine, save_h5,
     save_json,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import refine
-from nbtorch.setup import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES
 from refine import TRANSFORM_NAMES, Bounded, Identity, LogPositive, Multiplicative, Positive, default_transform
 
 F64 = torch.float64

@@ -7,7 +7,8 @@ import pytest
 
 from nbtorch.errors import InputError
 from nbtorch.io import write_cbf, write_h5, write_raw_float, write_smv
-from refine.inputs.images import detect_format, load_image, load_mask
+from nbtorch.io.images import detect_format
+from refine.inputs.images import load_image, load_mask
 
 
 def _image(shape=(6, 8), seed=0):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from nbtorch.errors import InputError
-from refine.inputs.images import detect_format, load_image
+from nbtorch.io.images import detect_format
+from refine.inputs.images import load_image
 from refine.inputs.start_model import model_config
 
 from cli_helpers import CRYSTAL, simulate

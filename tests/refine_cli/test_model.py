@@ -108,7 +108,7 @@ SPOTS = [(8, 8), (20, 10), (30, 25), (12, 28)]
 
 
 def test_fit_scale_background_recovers_a_matching_start():
-    from refine.inputs.start_model import fit_scale_background
+    from refine.inputs.scale_start import fit_scale_background
 
     bragg = _spots((36, 40), SPOTS)
     obs = np.random.default_rng(3).poisson(0.2 * bragg + 7.0).astype(np.float64)
@@ -119,7 +119,7 @@ def test_fit_scale_background_recovers_a_matching_start():
 def test_fit_scale_background_refuses_a_model_whose_spots_miss():
     """#20: spots beside the observed ones made the scale collapse to 1.9e-150 and the run 'converge' at step 0."""
     from nbtorch.errors import InputError
-    from refine.inputs.start_model import fit_scale_background
+    from refine.inputs.scale_start import fit_scale_background
 
     obs = np.random.default_rng(3).poisson(0.2 * _spots((36, 40), SPOTS) + 7.0).astype(np.float64)
     elsewhere = _spots((36, 40), [(cx + 5, cy + 4) for cx, cy in SPOTS])
@@ -130,7 +130,7 @@ def test_fit_scale_background_refuses_a_model_whose_spots_miss():
 
 def test_fit_scale_background_refuses_a_model_that_is_zero_on_the_fitted_pixels():
     from nbtorch.errors import InputError
-    from refine.inputs.start_model import fit_scale_background
+    from refine.inputs.scale_start import fit_scale_background
 
     bragg = _spots((36, 40), SPOTS)
     obs = np.random.default_rng(3).poisson(0.2 * bragg + 7.0).astype(np.float64)

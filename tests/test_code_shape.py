@@ -1,0 +1,204 @@
+"""The shape of the code (issue #31), checked on the sources with ``ast`` (nothing is imported):
+
+* no function (or method) in ``nbtorch/`` or ``refine/`` is longer than 80 lines, except the option tables of
+  :data:`OPTION_TABLES`;
+* ``nbtorch``'s import graph has no cycle (function-level imports count), in particular neither
+  ``nbtorch.runtime`` <-> ``nbtorch.precompile`` nor ``nbtorch.physics.kernel`` <-> ``nbtorch.physics.jacobian``;
+* one home per concept: ``torch.compile`` is called in :mod:`nbtorch.runtime` only (the compile policy's one
+  decision point); image formats are told in :mod:`nbtorch.io.images` only; the "``PROG: error: ...``, exit 2"
+  wrapper is :func:`nbtorch.cli_support.run_main` only; the beam-centre conventions' rules live in
+  :mod:`nbtorch.beam_centre` (the DIALS frame in :mod:`nbtorch.dials_geometry`);
+* module names say what they hold: no ``nbtorch.setup`` (configuration resolution is ``nbtorch.resolve``), no
+  ``experiments.imagefile`` (the PNG writer is ``experiments.png``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 80
+#: functions that are option tables (one ``add_argument`` after another), allowed to be longer
+OPTION_TABLES = {"refine/cli/parser.py::build_parser"}
+
+
+def _sources(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (ROOT / package).rglob("*.py"))
+
+
+def _tree(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def long_functions(paths, limit: int = MAX_LINES, root: Path = ROOT) -> list[str]:
+    """``path::name (n lines)`` (path relative to ``root``) of every function longer than ``limit`` lines
+    (decorators not counted)."""
+    out = []
+    for path in paths:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    out.append(f"{path.relative_to(root).as_posix()}::{node.name} ({n} lines)")
+    return out
+
+
+def test_no_function_over_80_lines():
+    found = [f for f in long_functions(_sources("nbtorch", "refine")) if f.split(" (")[0] not in OPTION_TABLES]
+    assert found == []
+
+
+def test_the_length_check_counts_lines(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 80)
+    assert long_functions([path], root=tmp_path) == ["m.py::long (81 lines)"]
+
+
+# ------------------------------------------------------------------------------ import cycles
+
+
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports anywhere (``from a import b`` counts as ``a.b`` when that
+    is a module, else ``a``)."""
+    modules = {_module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        edges = set()
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mod = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else node.module
+                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (its modules in order), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return []
+
+
+def test_nbtorch_has_no_import_cycle():
+    assert find_cycle(import_graph(ROOT, "nbtorch")) == []
+
+
+@pytest.mark.parametrize("module, never", [("nbtorch.precompile", "nbtorch.runtime"),
+                                           ("nbtorch.physics.kernel", "nbtorch.physics.jacobian"),
+                                           ("nbtorch.cache", "nbtorch.runtime")])
+def test_the_former_cycles_stay_broken(module, never):
+    assert never not in import_graph(ROOT, "nbtorch")[module]
+
+
+def test_the_cycle_check_finds_a_lazy_cycle(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg.a import x\n")
+    assert find_cycle(import_graph(tmp_path, "pkg")) == ["pkg.a", "pkg.b", "pkg.a"]
+
+
+# ------------------------------------------------------------------------------ one home per concept
+
+
+def _calls(path: Path, dotted: str) -> list[int]:
+    """Lines where ``path`` calls ``dotted`` (e.g. ``torch.compile``) by that name."""
+    return [node.lineno for node in ast.walk(_tree(path))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == dotted]
+
+
+def test_torch_compile_is_called_by_the_runtime_only():
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in _sources("nbtorch", "refine", "losses", "experiments")
+             for line in _calls(p, "torch.compile")]
+    assert found and all(f.startswith("nbtorch/runtime.py:") for f in found), found
+
+
+def _defines(path: Path, name: str) -> bool:
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in ast.walk(_tree(path)))
+
+
+@pytest.mark.parametrize("name, home", [
+    ("detect_format", "nbtorch/io/images.py"),
+    ("run_main", "nbtorch/cli_support.py"),
+    ("close_point_m", "nbtorch/beam_centre.py"),
+    ("header_beam_offsets", "nbtorch/beam_centre.py"),
+    ("swung_beam_spot_m", "nbtorch/beam_centre.py"),
+    ("dials_from_nb", "nbtorch/dials_geometry.py"),
+    ("dials_origin_mm", "nbtorch/dials_geometry.py"),
+    ("configure_inductor_cache", "nbtorch/cache.py"),
+    ("cache_dir", "nbtorch/cache.py"),
+    ("fit_scale_background", "refine/inputs/scale_start.py"),
+    ("crystal_system", "refine/fitting/space_groups.py"),
+])
+def test_one_home(name, home):
+    homes = [p.relative_to(ROOT).as_posix() for p in _sources("nbtorch", "refine", "losses", "experiments")
+             if _defines(p, name)]
+    assert homes == [home]
+
+
+def _own_exit_2(path: Path) -> bool:
+    """Whether ``path`` has an ``except ...InputError...:`` handler that returns 2 itself."""
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.ExceptHandler) and node.type is not None and "InputError" in ast.unparse(node.type):
+            if any(isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and n.value.value == 2
+                   for n in ast.walk(node)):
+                return True
+    return False
+
+
+def test_bad_input_exit_2_goes_through_run_main():
+    found = [p.relative_to(ROOT).as_posix() for p in _sources("nbtorch", "refine", "experiments") if _own_exit_2(p)]
+    assert set(found) == {"nbtorch/cli_support.py"}
+
+
+def test_no_hand_coded_beam_centre_rules_in_the_command():
+    """nbtorch.cli asks nbtorch.beam_centre and nbtorch.dials_geometry (no half pixels or axis swaps of its own)."""
+    text = (ROOT / "nbtorch" / "cli.py").read_text()
+    assert "close_point_m(" in text and "dials_origin_mm(" in text
+    assert "-1000 * pix0" not in text and "close_from_org_m(" not in text
+
+
+@pytest.mark.parametrize("gone, now", [("nbtorch/setup.py", "nbtorch/resolve.py"),
+                                       ("experiments/imagefile.py", "experiments/png.py")])
+def test_names_say_what_the_module_holds(gone, now):
+    assert not (ROOT / gone).exists() and (ROOT / now).is_file()
+    old = gone.removesuffix(".py").replace("/", ".")
+    users = [p.relative_to(ROOT).as_posix() for p in _sources("nbtorch", "refine", "losses", "experiments", "tests")
+             if old in p.read_text() and p.name != "test_code_shape.py"]
+    assert users == []
