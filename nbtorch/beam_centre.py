@@ -43,7 +43,7 @@ import math
 import numpy as np
 import torch
 
-from nbtorch.config import SimulationConfig
+from nbtorch.config import CONVENTIONS, SimulationConfig
 from nbtorch.detector_axes import detector_axes
 from nbtorch.errors import InputError
 from nbtorch.physics.detector import detector_geometry
@@ -52,7 +52,6 @@ __all__ = ["CONVENTIONS", "XBEAM_CONVENTIONS", "ORG_CONVENTIONS", "detector_offs
            "default_beam_centre_m", "close_point_m", "close_from_org_m", "org_from_close_px", "header_beam_offsets",
            "beam_centre_flags", "swung_beam_spot_m"]
 
-CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials", "custom")
 #: conventions whose user beam centre is ``-Xbeam -Ybeam`` (mm)
 XBEAM_CONVENTIONS = ("mosflm", "denzo", "adxv", "custom")
 #: conventions whose user beam centre is ``-ORGX -ORGY`` (pixels)

@@ -269,9 +269,9 @@ def _decode(path: str, name: str, entry, nrows: int) -> np.ndarray:
 
 
 def read_refl(path: str | os.PathLike[str], columns: tuple[str, ...] = ("xyzobs.px.value",),
-              experiment_id: int | None = None) -> dict[str, np.ndarray]:
+              experiment_id: int | None = None, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """The ``columns`` of a DIALS ``.refl`` file as numpy arrays (rows of experiment ``experiment_id`` only
-    when given, selected by the ``id`` column).
+    when given, selected by the ``id`` column), and those of ``optional`` that the file has.
 
     Raises:
         InputError: unreadable, not a msgpack reflection table, a column missing or of an unknown type.
@@ -279,6 +279,7 @@ def read_refl(path: str | os.PathLike[str], columns: tuple[str, ...] = ("xyzobs.
     name = os.fspath(path)
     table = _unpack(name)
     data, nrows = table["data"], table["nrows"]
+    columns = tuple(columns) + tuple(c for c in optional if c in data and c not in columns)
     wanted = list(columns) + (["id"] if experiment_id is not None and "id" not in columns else [])
     out = {}
     for col in wanted:

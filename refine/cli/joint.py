@@ -68,22 +68,27 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
     return names
 
 
-def _load(args: Options, image: str, out_dir: Path, say) -> tuple:
-    """(simulator, the chosen pixels (:class:`~refine.many.pixel_table.FittedPixels`), start, symmetry) of one image,
-    prepared as a single run prepares it (:func:`refine.cli.single.prepare`: inputs, model, spots or ``--refl``,
-    pixels, compile decision, starting scale and background); the whole image is not kept."""
-    # the joint run's checkpoint is resumed, not a single run's; the structure factors are the joint run's (one
-    # shared table), not each image's
-    a = per_image_args(args, image, out_dir).with_fields(
+def image_args(args: Options, image: str, out_dir: Path, index: int | None) -> Options:
+    """The single-run options that load ``image`` in a joint run: its ``{stem}`` and, with ``--expt``, its image of
+    the scan (``index``, :func:`refine.inputs.dials.scan_indices`); the joint run's checkpoint is resumed, not a single
+    run's, and the structure factors are the joint run's (one shared table), not each image's."""
+    return per_image_args(args, image, out_dir).with_fields(
         quiet=args.output.quiet, resume=False, structure_factors=False, space_group=None, f_restraint=None,
-        hkl_out=None)
+        hkl_out=None, expt_image=args.dials.expt_image if index is None else index)
+
+
+def _load(args: Options, image: str, out_dir: Path, say, index: int | None = None) -> tuple:
+    """(simulator, the chosen pixels (:class:`~refine.many.pixel_table.FittedPixels`), start, the observed spots on
+    the image (or None)) of one image, prepared as a single run prepares it (:func:`refine.cli.single.prepare`:
+    inputs, model, spots or ``--refl``, pixels, compile decision, starting scale and background); the whole image
+    is not kept."""
     say(f"  {image}:")
-    p = prepare(a, say)
+    p = prepare(image_args(args, image, out_dir, index), say)
     if args.many.rotation_series and not p.inputs.cfg.osc_deg:
         raise InputError(f"--rotation-series: {image} is a still (no oscillation in its header or --model); give "
                          "each image's rotation (-phi, -osc in a {{stem}} model) or refine stills with --joint")
     obs, valid = observed_pixels(p.model, p.inputs.observed, p.choice.mask)
-    return p.model, FittedPixels.from_image(obs, valid, source=image), p.start, p.inputs.symmetry
+    return p.model, FittedPixels.from_image(obs, valid, source=image), p.start, p.choice.spots
 
 
 def pixel_budget_bytes(args: Options) -> float:

@@ -34,7 +34,7 @@ from refine.cli.options import DEFAULT_DATASET, PROG, Options
 from refine.cli.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
 from refine.inputs.images import load_image
 from refine.quality.degeneracy import extended_uncertainties
-from refine.inputs.dials import check_dials_options, model_tokens, refl_spots, write_expt_out
+from refine.inputs.dials import check_dials_options, model_tokens, on_image, refl_spots, write_expt_out
 from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
 from refine.inputs.start_model import model_config, tie_start_cell
@@ -209,7 +209,7 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
         raise InputError(f"--dataset {args.image.dataset}: {args.image.image} is a {obs.format} file, not HDF5")
     say(f"{PROG}: {obs.describe()}")
     roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
-    cfg, tokens, notes = model_config(model_tokens(args), obs, roi, parallax=args.image.parallax)
+    cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax)
     for note in notes:
         say(f"  {note}")
     # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
@@ -403,6 +403,8 @@ def prepare(args: Options, say) -> Prepared:
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
                            spot_window_px=args.pixels.spot_window, subsample=args.pixels.subsample, seed=args.pixels.seed,
                            spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}")
+    if args.dials.refl and choice.spots is not None:  # the neighbours' spots are fitted, the image's compared
+        choice = dataclasses.replace(choice, spots=on_image(choice.spots))
     if choice.spots is not None:
         say(f"  {len(choice.spots)} observed spots in the fitted region")
     model = sim

@@ -156,6 +156,18 @@ def beam_pixel(sim: Simulator, values: Mapping[str, float]) -> tuple[float, floa
         return float(geom.Fbeam) / pix - 0.5, float(geom.Sbeam) / pix - 0.5
 
 
+def _reaching_usable(mask: Tensor, roi, bx: float, by: float, radius: float) -> float:
+    """``radius``, or where the disc around the beam ``(bx, by)`` holds no usable pixel of ``mask`` (a detector
+    swung away from the beam, spot windows far from it), the distance to the nearest usable pixel plus
+    ``radius``: the disc then reaches as far past the nearest fitted pixels as it would have from the beam."""
+    X0, X1, Y0, Y1 = roi
+    ys, xs = torch.nonzero(mask[Y0:Y1 + 1, X0:X1 + 1], as_tuple=True)
+    if ys.numel() == 0:
+        return radius
+    near = float(torch.sqrt(((xs.double() + X0 - bx) ** 2 + (ys.double() + Y0 - by) ** 2).min()))
+    return radius if near <= radius else near + radius
+
+
 def make_view(sim: Simulator, values: Mapping[str, float], mask: Tensor, fraction: float = 1.0, bin: int = 1,
               radius_px: float | None = None) -> View:
     """The :class:`View` of a stage: the disc around the beam of radius ``min(fraction * r_max, radius_px)``, binned.
@@ -168,6 +180,8 @@ def make_view(sim: Simulator, values: Mapping[str, float], mask: Tensor, fractio
             image corner (>= 1: no limit).
         bin: binning factor (>= 1).
         radius_px: cap on the disc radius in pixels (None: no cap).
+
+    A disc without a usable pixel grows by the distance to the nearest one (:func:`_reaching_usable`).
     """
     if int(bin) != bin or bin < 1:
         raise InputError(f"bin: expected an integer >= 1, got {bin!r}")
@@ -185,6 +199,7 @@ def make_view(sim: Simulator, values: Mapping[str, float], mask: Tensor, fractio
         if not radius_px > 0:
             raise InputError(f"roi_radius: must be > 0 pixels, got {radius_px!r}")
         radius = min(radius, float(radius_px))
+    radius = _reaching_usable(mask, sim.setup.roi, bx, by, radius)
     limited = radius < r_max
     fraction = min(1.0, radius / r_max)
     if limited:

@@ -15,6 +15,10 @@ spot list, and the refined model written back as a DIALS experiment.
 from __future__ import annotations
 
 
+import math
+import os
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,8 +37,9 @@ def add_options(group) -> None:
                                             "--model flags are applied after it")
     group.add_argument("--expt-index", type=int, default=0,
                              help="which experiment of --expt (and id of --refl) (default %(default)s)")
-    group.add_argument("--expt-image", type=int, default=0,
-                             help="rotation scans: image of the scan that --image is, 0 = the first (default %(default)s)")
+    group.add_argument("--expt-image", type=int, default=None,
+                             help="rotation scans: image of the scan that --image is, 0 = the first (default: from the "
+                                  "image's file name and the experiment's template, else 0)")
     group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
                                             "spot list (as --spots)")
     group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
@@ -49,11 +54,12 @@ def check_dials_options(args: Options) -> None:
     if args.dials.refl and args.pixels.spots:
         raise InputError("--refl and --spots both give the observed spots; drop one")
     for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image)):
-        if value < 0:
+        if value is not None and value < 0:
             raise InputError(f"{flag}: must be >= 0, got {value}")
 
 
-def _experiment(args: Options):
+def read_experiment(args: Options):
+    """Experiment ``--expt-index`` of ``--expt`` (:func:`nbtorch.io.dials.read_expt`; errors name ``--expt``)."""
     from nbtorch.io.dials import read_expt
 
     try:
@@ -62,37 +68,311 @@ def _experiment(args: Options):
         raise InputError(f"--expt {exc}") from None
 
 
-def model_tokens(args: Options) -> str | list[str] | None:
+def _template_pattern(template: str) -> re.Pattern:
+    """``l-cyst_02_#####.cbf`` -> a regex of its file names, the number (as many digits as ``#``) captured."""
+    parts = re.split(r"(#+)", os.path.basename(template))
+    return re.compile("".join(f"(\\d{{{len(p)}}})" if p.startswith("#") else re.escape(p) for p in parts) + "$")
+
+
+def template_index(exp, image: str) -> int | None:
+    """The index (0 = the scan's first image) of the file ``image`` in the scan of ``exp``: its number in the
+    imageset's ``template`` (``#`` for the digits) less the scan's first image number, or its place in the imageset's
+    ``images`` list.  None when ``exp`` has no scan or its imageset names no files (a single-file template).
+
+    Raises:
+        InputError: the file is not one of the template's or list's, or its number is not in the scan.
+    """
+    if exp.scan is None:
+        return None
+    imagesets = exp.document.get("imageset") or []
+    ref = exp.document["experiment"][exp.index].get("imageset")
+    iset = imagesets[ref] if isinstance(ref, int) and 0 <= ref < len(imagesets) else {}
+    first, last = (int(v) for v in exp.scan["image_range"])
+    name = os.path.basename(str(image))
+    template = iset.get("template") if isinstance(iset, dict) else None
+    if isinstance(template, str) and "#" in template:
+        match = _template_pattern(template).match(name)
+        if match is None:
+            raise InputError(f"{image}: not a file of the experiment's template {os.path.basename(template)} "
+                             f"(--expt {exp.path})")
+        number = int(match.group(1))
+        if not first <= number <= last:
+            raise InputError(f"{image}: image number {number} is not in the experiment's scan (images {first}..{last} "
+                             f"of {os.path.basename(template)})")
+        return number - first
+    listed = [os.path.basename(str(p)) for p in (iset.get("images") or [])] if isinstance(iset, dict) else []
+    if listed:
+        if name not in listed:
+            raise InputError(f"{image}: not one of the experiment's images ({', '.join(listed[:3])}"
+                             f"{', ...' if len(listed) > 3 else ''}; --expt {exp.path})")
+        return listed.index(name)
+    return None
+
+
+def image_index(args: Options) -> int:
+    """The scan image ``--image`` is (0 = the scan's first): ``--expt-image``, else from the image's file name
+    (:func:`template_index`), else 0."""
+    if args.dials.expt_image is not None:
+        return int(args.dials.expt_image)
+    if not args.dials.expt or not args.image.image:
+        return 0
+    index = template_index(read_experiment(args), args.image.image)
+    return 0 if index is None else index
+
+
+#: rms rocking angle about a fixed axis of nanoBragg's mosaic domains per unit ``-mosaic`` spread (the C draws an angle
+#: ``spread (1 - r^2)^(1/3)`` about an isotropic axis, r uniform in -1..1: ``sqrt(E[(1 - r^2)^(2/3)] / 3)``)
+MOSAIC_ROCKING_PER_SPREAD = 0.4964
+#: sigma of the main lobe of nanoBragg's square lattice factor ``sin^2(pi N h) / sin^2(pi h)`` in ``N h`` (a Gaussian
+#: with the same curvature at the peak: ``sqrt(3/2) / pi``); its width in reciprocal space is this over ``N a``
+LATTICE_SIGMA_NH = math.sqrt(1.5) / math.pi
+#: the crystal-model flags a DIALS profile gives (:func:`profile_model`) and the ``--model`` flags that replace each
+PROFILE_FLAGS = {"size": ("-N", "-Na", "-Nb", "-Nc", "-xtalsize", "-samplesize", "-xtal_size"),
+                 "mosaic": ("-mosaic", "-mosaic_spread"), "domains": ("-mosaic_dom", "-mosaic_domains"),
+                 "phisteps": ("-phisteps", "-phistep"), "F": ("-default_F", "-hkl")}
+
+
+@dataclass(frozen=True)
+class ProfileModel:
+    """The starting crystal model that a DIALS experiment's profile (``gaussian_rs``: ``sigma_b``, ``sigma_m``) and
+    cell give (:func:`profile_model`): unit cells along a, b, c, nanoBragg's ``-mosaic`` spread (deg), mosaic domains,
+    phi steps of an image, and what they came from."""
+
+    N: tuple[int, int, int]
+    mosaic_deg: float
+    domains: int
+    phisteps: int
+    domain_A: float
+    dstar: float
+    sigma_b_deg: float
+    sigma_m_deg: float
+
+    def flags(self) -> dict[str, list[str]]:
+        """nanoBragg flags, by :data:`PROFILE_FLAGS` quantity."""
+        return {"size": ["-Na", str(self.N[0]), "-Nb", str(self.N[1]), "-Nc", str(self.N[2])],
+                "mosaic": ["-mosaic", f"{self.mosaic_deg:.6g}"], "domains": ["-mosaic_dom", str(self.domains)],
+                "phisteps": ["-phisteps", str(self.phisteps)], "F": ["-default_F", "100"]}
+
+    def note(self) -> str:
+        return (f"crystal model from the DIALS profile (sigma_b {self.sigma_b_deg:.4g} deg, sigma_m {self.sigma_m_deg:.4g} "
+                f"deg, typical d* {self.dstar:.3g} 1/A): domains of {self.domain_A:.0f} A as -Na {self.N[0]} -Nb {self.N[1]} "
+                f"-Nc {self.N[2]}, -mosaic {self.mosaic_deg:.3g} -mosaic_dom {self.domains}, -phisteps {self.phisteps}, "
+                "-default_F 100 (the scale is fitted); --model flags replace them")
+
+
+def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | None:
+    """The starting crystal model of ``exp`` from its profile (None without a ``gaussian_rs`` profile).
+
+    DIALS' Gaussian profile has two widths: ``sigma_b``, the spread (deg) of the diffracted beam about its centre
+    (spot size on the detector: beam divergence, crystal size, detector), and ``sigma_m``, the reflections' rocking
+    width (deg) about the rotation axis.  As diffBragg's ``estimate_Ncells_Eta`` turns a stills model's domain size
+    and mosaic angle into ``Ncells_abc`` and ``eta``, the domains' size and mosaic spread share these widths:
+
+    * the lattice factor's width ``sigma_q`` (1/A) broadens the spot by ``lambda sigma_q`` (rad) and rocks a reflection
+      at ``d*`` by ``sigma_q / d*``; it takes half the rocking variance at the typical ``dstar`` of the observed
+      reflections and never more than the spot width: ``sigma_q = min(sigma_b / lambda, sigma_m d* / sqrt 2)``;
+      the domain size is ``LATTICE_SIGMA_NH / sigma_q`` and ``N_i`` = size / cell length ``i``;
+    * the mosaic spread carries the rest of the rocking width, ``sigma_eta^2 = sigma_m^2 - (sigma_q / d*)^2``, and
+      ``-mosaic = sigma_eta / MOSAIC_ROCKING_PER_SPREAD``;
+    * sampling (measured, docs/many-images.md): phi steps of at most a third of the narrowest rocking width (the
+      reflections at ``1.5 dstar``) and at most :data:`refine.inputs.start_model.PHI_STEP_DEG`, and
+      ``mosaic_dom = clip(ceil(6 sigma_eta / sigma_rock), 10, 40)`` domains, so that each reflection's partial
+      intensity and centroid on an image are smooth in the orientation, cell and widths.
+    """
+    from refine.inputs.start_model import PHI_STEP_DEG
+
+    profiles = exp.document.get("profile") or []
+    ref = exp.document["experiment"][exp.index].get("profile")
+    profile = profiles[ref] if isinstance(ref, int) and 0 <= ref < len(profiles) else None
+    if not isinstance(profile, dict) or not all(isinstance(profile.get(k), (int, float)) and profile[k] > 0
+                                                for k in ("sigma_b", "sigma_m")):
+        return None
+    sb, sm = math.radians(float(profile["sigma_b"])), math.radians(float(profile["sigma_m"]))
+    wavelength = float(exp.beam["wavelength"])
+    sigma_q = min(sb / wavelength, sm * dstar / math.sqrt(2.0))
+    size = LATTICE_SIGMA_NH / sigma_q
+    lengths = [float(np.linalg.norm(exp.crystal[k])) for k in ("real_space_a", "real_space_b", "real_space_c")]
+    n_abc = tuple(max(1, round(size / x)) for x in lengths)
+    eta = math.sqrt(max(sm * sm - (sigma_q / dstar) ** 2, 0.0))
+    narrow = math.sqrt((sigma_q / (1.5 * dstar)) ** 2 + eta * eta)  # rocking sigma of the sharpest reflections (rad)
+    step = min(PHI_STEP_DEG, math.degrees(narrow) / 3.0)
+    phisteps = max(1, math.ceil(abs(osc_deg) / step - 1e-9)) if osc_deg else 1
+    domains = int(min(40, max(10, math.ceil(6.0 * eta / narrow)))) if eta > 0 else 1
+    return ProfileModel(N=n_abc, mosaic_deg=math.degrees(eta) / MOSAIC_ROCKING_PER_SPREAD, domains=domains,
+                        phisteps=phisteps, domain_A=size, dstar=dstar, sigma_b_deg=float(profile["sigma_b"]),
+                        sigma_m_deg=float(profile["sigma_m"]))
+
+
+def _typical_dstar(args: Options, exp) -> float:
+    """The median ``1/d`` of the ``--refl`` spots (its ``d`` column), else of the panel's pixels (1/A)."""
+    from nbtorch.dials_geometry import nb_from_dials
+    from nbtorch.io.dials import read_refl
+
+    if args.dials.refl:
+        try:
+            d = read_refl(args.dials.refl, ("d",), experiment_id=args.dials.expt_index)["d"]
+        except InputError:
+            d = np.zeros(0)
+        d = d[np.isfinite(d) & (d > 0)]
+        if len(d):
+            return float(np.median(1.0 / d))
+    panel = exp.panel
+    nf, ns = (int(v) for v in panel["image_size"])
+    px = float(panel["pixel_size"][0])
+    u, v = np.meshgrid(np.linspace(0, nf, 17), np.linspace(0, ns, 17))
+    pos = (np.asarray(panel["origin"])[None, None] + u[..., None] * px * np.asarray(panel["fast_axis"])
+           + v[..., None] * px * np.asarray(panel["slow_axis"]))
+    beam = nb_from_dials(-np.asarray(exp.beam["direction"], dtype=np.float64))
+    cos2t = (nb_from_dials(pos) @ beam) / np.linalg.norm(pos, axis=-1) / np.linalg.norm(beam)
+    return float(np.median(2.0 * np.sin(np.arccos(np.clip(cos2t, -1, 1)) / 2.0))) / float(exp.beam["wavelength"])
+
+
+def model_tokens(args: Options, say=None) -> str | list[str] | None:
     """The starting model for :func:`refine.inputs.start_model.model_config`: ``--model`` alone, or the ``--expt`` flags
-    followed by the ``--model`` tokens."""
+    (geometry, crystal, the scan's rotation of the image; the crystal model of the profile, :func:`profile_model`)
+    followed by the ``--model`` tokens, whose flags replace the profile's.  ``say``: where the profile's note goes."""
     if not args.dials.expt:
         return args.model.model
     from nbtorch.dials_geometry import experiment_flags
+    from nbtorch.io.dials import scan_oscillation
     from refine.inputs.start_model import expand_model_args
 
+    exp = read_experiment(args)
     try:
-        flags = experiment_flags(_experiment(args), args.dials.expt_image)
+        flags = experiment_flags(exp, image_index(args))
     except InputError as exc:
         raise InputError(exc if str(exc).startswith("--expt") else f"--expt {exc}") from None
-    return flags + (expand_model_args(args.model.model) if args.model.model else [])
+    user = expand_model_args(args.model.model) if args.model.model else []
+    osc = scan_oscillation(exp.scan, exp.path)[1] if exp.scan is not None else None
+    profile = profile_model(exp, _typical_dstar(args, exp), osc)
+    if profile is not None:
+        kept = {k: v for k, v in profile.flags().items() if not any(t in PROFILE_FLAGS[k] for t in user)}
+        if exp.scan is None:
+            kept.pop("phisteps", None)
+        if kept and say is not None:
+            say(f"  {profile.note()}")
+        flags += [t for v in kept.values() for t in v]
+    return flags + user
 
 
-def refl_spots(args: Options) -> np.ndarray:
-    """``(n, 2)`` observed spot centroids (x fast, y slow, pixels) of ``--refl``."""
+def _header_index(exp, image, geo: dict) -> int | None:
+    """The scan image whose start angle the header gives (None without one)."""
+    from nbtorch.io.dials import scan_oscillation
+
+    if geo.get("phi_deg") is None:
+        return None
+    start, width = scan_oscillation(exp.scan, exp.path)
+    return int(round((float(geo["phi_deg"]) + min(float(geo.get("osc_deg") or 0.0), 0.0) - start) / width))
+
+
+def _check_against_scan(exp, image: str, index: int | None, obs) -> int:
+    """``image``'s scan index (``index`` from the file name, else from its header's angle), its size and its
+    header's rotation checked against the experiment's panel and scan."""
+    from nbtorch.dials_geometry import nominal_phi_deg
+    from nbtorch.io.dials import scan_oscillation
+
+    nf, ns = (int(v) for v in exp.panel["image_size"])
+    if tuple(obs.shape) != (ns, nf):
+        raise InputError(f"{image}: image is {obs.shape[1]} x {obs.shape[0]} pixels (fast x slow) but the "
+                         f"experiment's detector is {nf} x {ns} (--expt {exp.path})")
+    geo = obs.geometry
+    if index is None:
+        index = _header_index(exp, image, geo)
+        if index is None:
+            raise InputError(f"{image}: neither its file name (the experiment's imageset names no files) nor its "
+                             "header tells which image of the experiment's scan it is; give --expt-image")
+    first, last = (int(v) for v in exp.scan["image_range"])
+    if not 0 <= index <= last - first:
+        raise InputError(f"{image}: its header's angle is off the experiment's scan (images {first}..{last})")
+    start, width = nominal_phi_deg(exp, index), scan_oscillation(exp.scan, exp.path)[1]
+    if geo.get("phi_deg") is not None and geo.get("osc_deg"):
+        head = float(geo["phi_deg"]) + min(float(geo["osc_deg"]), 0.0)
+        tol = 1e-3 + 0.01 * abs(width)
+        if abs(head - start) > tol or abs(abs(float(geo["osc_deg"])) - abs(width)) > tol:
+            raise InputError(f"{image}: its header's rotation ({head:g} deg, width {abs(float(geo['osc_deg'])):g}) is "
+                             f"off the experiment's scan, which has image {first + index} at {start:g} deg, width "
+                             f"{abs(width):g} (--expt {exp.path})")
+    return index
+
+
+def scan_indices(args: Options, images: list[str]) -> list[int | None]:
+    """Each image's index in the ``--expt`` scan (0 = its first image), matched by the experiment's template or
+    image list (:func:`template_index`) or else the header's start angle, and each image checked against the
+    experiment before any work: a file of the template, its size the detector's, its header's rotation the scan's
+    (one line naming the image and the mismatch).  None for every image without ``--expt`` or a scan."""
+    from refine.inputs.images import load_image
+
+    if not args.dials.expt:
+        return [None] * len(images)
+    exp = read_experiment(args)
+    if exp.scan is None:
+        return [None] * len(images)
+    out: list[int | None] = []
+    for image in images:
+        index = template_index(exp, image)
+        if not os.path.isfile(image):
+            raise InputError(f"{image}: image file not found")
+        obs = load_image(image, frame=args.image.frame, shape=args.image.shape, dtype=args.image.raw_dtype,
+                         dataset=args.image.dataset)
+        out.append(_check_against_scan(exp, image, index, obs))
+    return out
+
+
+#: DIALS reflection flags (``dials.array_family.flex.reflection_table.flags``) that select the observed centroids
+STRONG, CENTROID_OUTLIER = 1 << 5, 1 << 17
+
+
+def _observed_rows(path: str, cols: dict) -> np.ndarray:
+    """The rows of a ``.refl`` whose ``xyzobs.px.value`` is an observed centroid: with a ``flags`` column that marks
+    spots found by the spot finder (``strong``), those not flagged as centroid outliers (an integrated table's
+    other rows hold the centres of empty shoeboxes); else every row; never a zero or non-finite position."""
+    xyz = cols["xyzobs.px.value"]
+    keep = np.all(np.isfinite(xyz), axis=1) & np.any(xyz[:, :2] != 0, axis=1)
+    flags = cols.get("flags")
+    if flags is not None and bool(((flags & STRONG) > 0).any()):
+        keep &= ((flags & STRONG) > 0) & ((flags & CENTROID_OUTLIER) == 0)
+    return keep
+
+
+def refl_spots(args: Options, neighbours: bool = True) -> np.ndarray:
+    """``(n, 3)`` observed spots of ``--refl`` (x fast, y slow in pixels, z in frames; :func:`_observed_rows`).
+
+    For a rotation scan (``--expt`` with a scan) those of the image: the spots whose centroid frame ``z`` lies on it
+    (``z`` in ``[f + k, f + k + 1)`` for image ``k``, ``f`` the scan's first image number less 1, as DIALS counts
+    frames) and, with ``neighbours``, after them the spots of the neighbouring images whose shoebox (``bbox``)
+    reaches into this image, with ``z`` NaN (their partial intensity on this image is fitted; only the spots of
+    the image are compared with the model: :func:`on_image`).
+    """
     from nbtorch.io.dials import read_refl
 
+    path = args.dials.refl
     try:
-        cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index)
+        cols = read_refl(path, ("xyzobs.px.value",), experiment_id=args.dials.expt_index, optional=("flags", "bbox"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
-    xyz = cols["xyzobs.px.value"]
-    if args.dials.expt and _experiment(args).scan is not None:  # frames z in [image, image + 1)
-        xyz = xyz[(xyz[:, 2] >= args.dials.expt_image) & (xyz[:, 2] < args.dials.expt_image + 1)]
-    xyz = xyz[np.all(np.isfinite(xyz), axis=1) & np.any(xyz[:, :2] != 0, axis=1)]
+    xyz = cols["xyzobs.px.value"][_observed_rows(path, cols)]
+    bbox = cols["bbox"][_observed_rows(path, cols)] if "bbox" in cols else None
+    exp = read_experiment(args) if args.dials.expt else None
+    index = image_index(args)
+    if exp is not None and exp.scan is not None:
+        z0 = float(exp.scan["image_range"][0]) - 1.0 + index
+        here = (xyz[:, 2] >= z0) & (xyz[:, 2] < z0 + 1.0)
+        rows = [xyz[here]]
+        if neighbours and bbox is not None:
+            near = ~here & (bbox[:, 4] < z0 + 1.0) & (bbox[:, 5] > z0)
+            rows.append(np.c_[xyz[near, :2], np.full(int(near.sum()), np.nan)])
+        xyz = np.concatenate(rows)
     if not len(xyz):
-        raise InputError(f"--refl {args.dials.refl}: no observed spots of experiment {args.dials.expt_index}"
-                         + (f" on image {args.dials.expt_image}" if args.dials.expt else ""))
-    return np.ascontiguousarray(xyz[:, :2])
+        raise InputError(f"--refl {path}: no observed spots of experiment {args.dials.expt_index}"
+                         + (f" on image {index} of the scan" if exp is not None and exp.scan is not None else ""))
+    return np.ascontiguousarray(xyz)
+
+
+def on_image(spots: np.ndarray | None) -> np.ndarray | None:
+    """The spots of :func:`refl_spots` observed on the image (not a neighbour's, whose ``z`` is NaN)."""
+    if spots is None or spots.shape[1] < 3:
+        return spots
+    return spots[np.isfinite(spots[:, 2])]
 
 
 def _hall_symbol(symmetry: str | None) -> str:
@@ -112,7 +392,7 @@ def write_expt_out(args: Options, sim, params) -> None:
     from nbtorch.io.dials import write_expt
 
     if args.dials.expt:
-        doc = refined_document(_experiment(args), sim, dict(params), args.dials.expt_image)
+        doc = refined_document(read_experiment(args), sim, dict(params), image_index(args))
     else:
         doc = refined_document(still_experiment(sim, args.image.image, _hall_symbol(args.fit.symmetry)), sim, dict(params))
     write_expt(args.dials.expt_out, doc)

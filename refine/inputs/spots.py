@@ -417,14 +417,15 @@ def spot_offsets(sim, values: Mapping[str, float], spots: np.ndarray, *, search:
     Arguments:
         sim: the simulator (its ROI is ignored: only the windows around ``spots`` are computed).
         values: canonical parameters (and ``orient_x/y/z``) of the model.
-        spots: (n, 2) observed centroids (x fast, y slow, px).
+        spots: (n, 2+) observed centroids (x fast, y slow, px; further columns ignored).
         search, box: see :func:`model_centroids`.
         min_peak_fraction: a model peak below this fraction of the brightest model peak near any spot
             counts as no spot.
         keep_model: keep the rendered Bragg image in :attr:`SpotOffsets.bragg` (a whole detector's worth; for
             :func:`refine.quality.spot_floor.spot_floor`).
     """
-    spots = np.asarray(spots, dtype=np.float64).reshape(-1, 2)
+    spots = np.asarray(spots, dtype=np.float64)
+    spots = spots[:, :2] if spots.ndim == 2 else spots.reshape(-1, 2)  # (x, y) of (x, y, z ...) rows
     window = search + box + 1
     model = render_pixels(sim, values, window_mask(sim.shape, spots, window))
     floor = min_peak_fraction * float(model.max()) if model.size else 0.0

@@ -4,7 +4,7 @@ the same truth; the refinement starts at the truth, so only the noise moves it),
 nbtorch-refine prints.  The Fisher esds are printed beside them: they assume every count has Poisson noise, and
 the bank's 40-count pedestal has none, so theirs for the background (and what correlates with it) come out too
 large.  A slow test (about 5 minutes on 2 idle
-cores); docs/refinement.md "Esds" quotes its table, printed with -s."""
+cores); docs/refinement.md "Esds" summarises its table (printed with -s; the full table is in docs/log.md)."""
 
 from __future__ import annotations
 
