@@ -68,7 +68,7 @@ from nbtorch.io.hdf5 import DEFAULT_DATASET, read_h5_image
 from nbtorch.io.raw import read_raw_float
 from nbtorch.io.smv import read_smv
 
-__all__ = ["FORMATS", "ImageFile", "detect_format", "read_image_file"]
+__all__ = ["FORMATS", "ImageFile", "detect_format", "read_image_file", "finite_float"]
 
 FORMATS = ("smv", "cbf", "hdf5", "tiff", "marccd", "mar345", "raw")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -158,7 +158,8 @@ def _compressed_format(path: str | os.PathLike[str], head: bytes, name: str) -> 
     return "cbf"
 
 
-def _float(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
+    """A header value as a finite float, or None (missing, not a number, infinite or NaN)."""
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -178,7 +179,7 @@ def _hdf5_detector_extras(path: str, meta: dict, shape: tuple) -> np.ndarray | N
             det = f.get("/entry/instrument/detector")
             det = det if isinstance(det, h5py.Group) else None
             for name in ("saturation_value", "detectorSpecific/countrate_correction_count_cutoff"):
-                sat = _float(np.asarray(det[name][()]).reshape(-1)[0]) if det is not None and name in det else None
+                sat = finite_float(np.asarray(det[name][()]).reshape(-1)[0]) if det is not None and name in det else None
                 if sat is not None:
                     meta["count_cutoff"] = sat
                     meta["labels"]["count_cutoff"] = name

@@ -52,7 +52,7 @@ import numpy as np
 
 from nbtorch.beam_centre import header_beam_offsets
 from nbtorch.errors import InputError
-from nbtorch.io.images import ImageFile, detect_format, read_image_file
+from nbtorch.io.images import ImageFile, detect_format, finite_float, read_image_file
 from nbtorch.io.smv import header_value
 
 __all__ = ["MeasuredImage", "load_image", "load_mask", "sensor_material"]
@@ -112,14 +112,6 @@ def sensor_material(image: MeasuredImage) -> str | None:
 # ------------------------------------------------------------------------------ header geometry
 
 
-def _float(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if np.isfinite(v) else None
-
-
 # SMV header keys: how the pixels are stored (read by nbtorch.io.smv, not model values)
 _SMV_LAYOUT = ("HEADER_BYTES", "DIM", "BYTE_ORDER", "TYPE", "SIZE1", "SIZE2")
 # the beam centre, (fast, slow) keys in the order they are taken (mm) and the convention whose terms they are in
@@ -159,14 +151,14 @@ def _smv_geometry(path: str, image: np.ndarray, raw: dict) -> tuple[dict, dict]:
         taken = None
         for key in (k for k in keys if k in raw):
             if taken is None:
-                v = _float(header_value(path, raw, key))
+                v = finite_float(header_value(path, raw, key))
                 if v is not None:
                     geo[name], labels[label], taken = v, key, key
             else:
                 unused[key] = (raw[key], f"{taken} is taken")
     sat = None
     for key in (k for k in _SMV_SATURATION if k in raw):
-        v = _float(header_value(path, raw, key)) if sat is None else None
+        v = finite_float(header_value(path, raw, key)) if sat is None else None
         if v is not None and v > 0:
             sat, labels["count_cutoff"], header["count_cutoff"] = v, key, v
         else:
@@ -231,7 +223,7 @@ _CBF_GEOMETRY = (("wavelength_A", "wavelength_A"), ("distance_mm", "distance_mm"
 def _cbf_geometry(header: dict) -> dict[str, float]:
     geo: dict[str, float] = {}
     for src, dst in _CBF_GEOMETRY:
-        v = _float(header.get(src))
+        v = finite_float(header.get(src))
         if v is not None:
             geo[dst] = v
     return geo
