@@ -2,16 +2,21 @@
 
 Usage::
 
-    python -m experiments.stage_a_mapping --phases 1,2,3,4,5 [--problem NAME --size N]
-        [--image OBS --model "<nanoBragg flags>"] [--outdir DIR] [--device cpu] [--dtype float64]
-        [--steps 2] [--lr 0.05] [--coarse] [--rtol 1e-6]
+    python -m experiments.stage_a_mapping [--phases 1,2,3,4,5] [--outdir DIR] [--steps 2] [--rtol 1e-6]
+        [any nbtorch-refine option: --config run.toml, --image OBS --model "<flags>", --expt/--refl,
+         --roi, --dmin, --spots, --spot-window, --subsample, --lr, --coarse, --dtype, --device, ...]
 
-Without ``--image`` a problem of the bank (known truth) is refined.  Phases:
+The inputs are nbtorch-refine's, prepared by the same code (:func:`refine.cli.single.prepare`: header
+geometry, ``--config``, DIALS files, the fitted pixels, the starting scale and background), so
+``--config examples/thaumatin_still.toml`` debugs the tutorial's still on the pixels its refinement fits.
+Without ``--image``/``--expt``/``--problem`` a problem of the bank (known truth) is used.  Phases:
 
-1. setup and forward sanity: resolved geometry, image statistics, HKL lookup diagnostics,
-   ``phase1_observed_model.png`` (observed | model at the start, log scale);
-2. mapping and gradients: raw <-> physical round trip of every Stage-A parameter and
-   d loss / d raw by autograd against central finite differences (``phase2_gradients.tsv``);
+1. setup and forward sanity: resolved geometry, image statistics on the fitted pixels, HKL lookup
+   diagnostics (the defaulted fraction is information; a failure only where an HKL table was given and
+   the reflections reach beyond it), ``phase1_observed_model.png`` (observed | model, the ROI, log scale);
+2. mapping and gradients: raw <-> physical round trip of every Stage-A parameter of the run and
+   d loss / d raw by autograd (in row blocks of the fitted pixels, so memory is bounded) against central
+   finite differences (``phase2_gradients.tsv``);
 3. a short eager Adam Stage-A run with TensorBoard logging (``tb/phase3``, ``phase3_history.json``);
 4. the same run with the kernel compiled and the diagnostics and TensorBoard hooks active: no
    Dynamo error, no graph break (``NANOBRAGG_DISABLE_COMPILE=1`` / ``NANOBRAG_DISABLE_COMPILE=1``:
@@ -19,8 +24,11 @@ Without ``--image`` a problem of the bank (known truth) is refined.  Phases:
 5. phases 3 and 4 compared step by step (loss and every parameter, ``--rtol``), rerunning either
    when it was not requested; every verdict goes to ``summary.json``.
 
-Exit status 0 only when every requested phase passed; bad input (a flag, a value, a file) is one
-line ``... error: ...`` on stderr and exit status 2, before anything is simulated or written.
+Phases 3-4 run Stage-A with Adam (``--lr``, default 0.05, constant), ``--steps`` per stage, on the
+run's free names (``--refine``, else the problem's or Stage-A's) minus ``--fix``; the config's own
+schedule, optimiser and output files are not used.  Exit status 0 only when every requested phase
+passed; bad input is one line ``... error: ...`` on stderr and exit status 2, before anything is
+simulated or written.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ import argparse
 import json
 import logging
 import math
+import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,136 +48,218 @@ import torch
 
 import nbtorch
 from experiments.png import write_png_pair
-from experiments.workload import Workload, load_workload
+from experiments.workload import Workload, experiment_parser, load_workload, parse_experiment
 from nbtorch import runtime
-from nbtorch.cli_support import Parser, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
-from nbtorch.parameters import PARAMETER_NAMES
-from nbtorch.simulator import ORIENTATION_DELTAS
+from nbtorch.cli_support import Printer, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
+from nbtorch.errors import InputError
 from refine import Adam, TensorBoardCallback, refine, stage_a
-from refine.fitting.objective import ImageObjective, make_view, poisson_deviance
-from refine.fitting.parameters import SYMMETRIES, ParameterMap, ParameterSpace
+from refine.fitting.objective import ImageObjective, make_view
+from refine.fitting.parameters import ParameterMap
+from refine.solver.plan import make_plan
+from refine.solver.stages import MEASURED_DETECTOR
 
-__all__ = ["main", "run_phases"]
+__all__ = ["main", "run_phases", "StageAOptions"]
 
-STAGE_A_GROUPS = ("scale", "background", "orientation", "beam_x", "beam_y", "cell", "distance", "mosaic")
+#: evaluations (pixel x sub-pixel x source x phi x mosaic) per block of phase 2's eager autograd gradient:
+#: eager autograd keeps ~1.5 kB per evaluation until the backward pass (the thaumatin tutorial, 82 000
+#: pixels x 30: 3.6 GB in one block, ~0.8 GB per block of 2^19)
+GRADIENT_BLOCK_EVALUATIONS = 1 << 19
+
+
+@dataclass(frozen=True)
+class StageAOptions:
+    """The script's own options (the rest are nbtorch-refine's)."""
+
+    phases: list
+    outdir: str
+    steps: int
+    rtol: float | None
 
 
 def _verdict(ok: bool, text: str, **extra) -> dict:
     return {"passed": bool(ok), "verdict": ("PASS: " if ok else "FAIL: ") + text, **extra}
 
 
+def _stats(a: np.ndarray) -> dict:
+    f = np.asarray(a, dtype=np.float64)
+    f = f[np.isfinite(f)]
+    if not f.size:
+        return {"finite_fraction": 0.0}
+    return {"min": float(f.min()), "max": float(f.max()), "mean": float(f.mean()), "median": float(np.median(f)),
+            "finite_fraction": float(f.size / np.asarray(a).size)}
+
+
 # ---------------------------------------------------------------------------------- phase 1
+def _geometry(sim, p: dict) -> dict:
+    s = sim.setup
+    return {"convention": s.convention, "pivot": s.pivot, "shape_slow_fast": list(sim.shape),
+            "pixel_mm": s.pixel_m * 1e3, "distance_mm": p.get("distance"), "beam_x_mm": p.get("beam_x"),
+            "beam_y_mm": p.get("beam_y"), "wavelength_A": p.get("wavelength"), "twotheta_deg": p.get("twotheta"),
+            "beam": s.beam.tolist(), "fdet": s.fdet.tolist(), "sdet": s.sdet.tolist(), "odet": s.odet.tolist(),
+            "roi": list(s.roi), "oversample": s.oversample, "mosaic_domains": len(s.mosaic_fractions),
+            "evaluations_per_pixel": sim.evaluations_per_pixel()}
+
+
+def _lookups(s, diag: dict) -> dict:
+    """The HKL-lookup diagnostics; with an HKL table, whether the reflections reached lie beyond it."""
+    hkl = {"fraction_default_F": float(diag["fraction_default_F"]), "table": s.hkl_min is not None,
+           "hkl0_min": diag["hkl0_min"].tolist(), "hkl0_max": diag["hkl0_max"].tolist()}
+    if s.hkl_min is not None:
+        lo, hi = np.asarray(s.hkl_min), np.asarray(s.hkl_max)
+        hkl.update(table_min=lo.tolist(), table_max=hi.tolist(),
+                   out_of_range=bool((np.asarray(hkl["hkl0_min"]) < lo).any()
+                                     or (np.asarray(hkl["hkl0_max"]) > hi).any()))
+    return hkl
+
+
 def phase1(w: Workload, outdir: Path) -> dict:
     sim = w.simulator(compile=False)
     s = sim.setup
     p = {k: float(v) for k, v in s.params.items()}
     values = {**p, **w.start}
-    geometry = {
-        "convention": s.convention, "pivot": s.pivot, "shape_slow_fast": list(sim.shape),
-        "pixel_mm": s.pixel_m * 1e3, "distance_mm": p.get("distance"), "beam_x_mm": p.get("beam_x"),
-        "beam_y_mm": p.get("beam_y"), "wavelength_A": p.get("wavelength"), "twotheta_deg": p.get("twotheta"),
-        "beam": s.beam.tolist(), "fdet": s.fdet.tolist(), "sdet": s.sdet.tolist(), "odet": s.odet.tolist(),
-        "roi": list(s.roi), "oversample": s.oversample, "mosaic_domains": len(s.mosaic_fractions),
-    }
     with torch.no_grad(), nbtorch.eager():
         image, diag = sim.render(diagnostics=True, **{k: torch.tensor(values[k], dtype=sim.dtype) for k in p})
+    x0, x1, y0, y1 = s.roi
+    fitted = w.mask[y0:y1 + 1, x0:x1 + 1]
     model = image.double().cpu().numpy() * float(values.get("scale", 1.0)) + float(
-        values.get("background", np.median(w.observed)))
-    obs = w.observed
-
-    def stats(a):
-        a = np.asarray(a, dtype=np.float64)
-        f = a[np.isfinite(a)]
-        return {"min": float(f.min()), "max": float(f.max()), "mean": float(f.mean()), "median": float(np.median(f)),
-                "finite_fraction": float(f.size / a.size)}
-
-    hkl = {"fraction_default_F": float(diag["fraction_default_F"]),
-           "hkl0_min": diag["hkl0_min"].tolist(), "hkl0_max": diag["hkl0_max"].tolist()}
-    if s.hkl_min is not None:
-        lo, hi = np.asarray(s.hkl_min), np.asarray(s.hkl_max)
-        hkl.update(table_min=lo.tolist(), table_max=hi.tolist(),
-                   out_of_range=bool((np.asarray(hkl["hkl0_min"]) < lo).any() or (np.asarray(hkl["hkl0_max"]) > hi).any()))
-    png = write_png_pair(outdir / "phase1_observed_model.png", obs, model)
-    ok = (np.isfinite(model).all() and stats(obs)["finite_fraction"] > 0 and model.max() > model.min()
-          and hkl["fraction_default_F"] < 1.0 and not hkl.get("out_of_range", False))
-    out = _verdict(ok, f"forward finite, model range {model.min():.4g}..{model.max():.4g}, "
-                       f"{100 * hkl['fraction_default_F']:.2f}% of lookups defaulted"
-                       + (", Miller indices beyond the table" if hkl.get("out_of_range") else ""),
-                   geometry=geometry, observed=stats(obs), model=stats(model), hkl=hkl, png=str(png))
+        values.get("background", np.median(w.observed[w.mask])))
+    obs = np.asarray(w.observed[y0:y1 + 1, x0:x1 + 1], dtype=np.float64)
+    usable = w.prepared.inputs.mask[y0:y1 + 1, x0:x1 + 1]
+    hkl = _lookups(s, diag)
+    png = write_png_pair(outdir / "phase1_observed_model.png", np.where(usable, obs, np.nan),
+                         np.where(fitted, model, np.nan))
+    m = model[fitted]
+    beyond = hkl["table"] and hkl["out_of_range"]
+    ok = bool(np.isfinite(m).all() and _stats(obs[fitted])["finite_fraction"] > 0 and m.max() > m.min()
+              and not beyond)
+    lookups = (f"{100 * hkl['fraction_default_F']:.2f}% of lookups defaulted"
+               + ("" if hkl["table"] else " (no HKL table: -default_F for every reflection)")
+               + (", Miller indices beyond the HKL table" if beyond else ""))
+    out = _verdict(ok, f"forward finite on {int(fitted.sum())} fitted pixels, model range {m.min():.4g}..{m.max():.4g}, "
+                       + lookups, geometry=_geometry(sim, p), observed=_stats(obs[fitted]), model=_stats(m), hkl=hkl,
+                   png=str(png))
     (outdir / "phase1.json").write_text(json.dumps(out, indent=1))
     return out
 
 
 # ---------------------------------------------------------------------------------- phase 2
-def _objective(w: Workload, sim):
-    """(ParameterMap over the Stage-A names, raw -> loss) at the start, full image, Poisson loss."""
-    obs = torch.as_tensor(w.observed, dtype=sim.dtype, device=sim.device)
-    valid = torch.isfinite(obs) & (obs >= 0)
-    obs = torch.where(valid, obs, torch.zeros((), dtype=obs.dtype))
-    values = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
-    values.update({n: 0.0 for n in ORIENTATION_DELTAS})
-    values.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
-    values.update({k: float(v) for k, v in w.start.items()})
-    space = ParameterSpace(symmetry=w.symmetry, fixed=w.fixed, pixel_mm=sim.setup.pixel_m * 1e3)
-    names = space.expand(g for g in STAGE_A_GROUPS if g not in w.fixed)
-    pm = ParameterMap(space, values, names)
-    objective = ImageObjective(sim, obs, make_view(sim, values, valid), poisson_deviance)
-    return pm, (lambda raw: objective(pm.expand(pm.physical(raw)))[0])
+def _row_blocks(objective: ImageObjective, evaluations_per_pixel: int) -> list[ImageObjective]:
+    """The objective in blocks of view rows of at most :data:`GRADIENT_BLOCK_EVALUATIONS` evaluations each (one
+    block: the objective itself); their losses add up to its loss without the priors."""
+    per_row = objective.view.mask.sum(dim=1).cpu().numpy() * evaluations_per_pixel
+    if per_row.sum() <= GRADIENT_BLOCK_EVALUATIONS:
+        return [objective]
+    blocks, r0, acc = [], 0, 0
+    for r, n in enumerate(per_row):
+        if acc and acc + n > GRADIENT_BLOCK_EVALUATIONS:
+            blocks.append(objective.rows(r0, r))
+            r0, acc = r, 0
+        acc += n
+    blocks.append(objective.rows(r0, len(per_row)))
+    return blocks
 
 
-def phase2(w: Workload, outdir: Path, h: float = 1e-4, tol: float = 2e-3) -> dict:
-    with nbtorch.eager():
-        sim = w.simulator(compile=False)
-        pm, f = _objective(w, sim)
-        raw0 = pm.raw0(sim.dtype)
-        # round trip: raw -> physical -> raw at the start and at a random nearby point
-        gen = torch.Generator().manual_seed(0)
-        trip = 0.0
-        for raw in (raw0, raw0 + 0.3 * torch.randn(raw0.shape, generator=gen, dtype=raw0.dtype)):
-            back = pm.raw_from(pm.physical_floats(raw), sim.dtype)
-            trip = max(trip, float((back - raw).abs().max()))
-        start_phys = pm.physical_floats(raw0)
-        start_ok = all(abs(start_phys[n] - pm.start_value(n)) <= 1e-9 * max(1.0, abs(pm.start_value(n)))
-                       for n in pm.names)
+def _objective(w: Workload, stages) -> tuple[ParameterMap, ImageObjective, object]:
+    """The run's plan (:func:`refine.solver.plan.make_plan`: the names Stage-A refines, their space and the start)
+    and the unbinned objective of its fitted pixels, as the final stage sees it."""
+    sim = w.simulator(compile=False)
+    plan = make_plan(sim, w.observed, **{**w.refine_kwargs(), "stages": stages, "free": w.free})
+    pm = ParameterMap(plan.space, plan.start, plan.names)
+    objective = ImageObjective(plan.sim, plan.observed, make_view(plan.sim, plan.start, plan.valid), plan.loss_fn,
+                               priors=plan.priors)
+    return pm, objective, plan
+
+
+def _gradient(pm: ParameterMap, blocks: list[ImageObjective], objective: ImageObjective, raw0: torch.Tensor):
+    """``(loss, d loss / d raw)`` at ``raw0``: the gradient by autograd, one block of rows at a time (the blocks'
+    losses add up: every loss of the registry is a sum over the fitted pixels), the priors' term once."""
+    grad = torch.zeros_like(raw0)
+    for i, block in enumerate(blocks):
         x = raw0.clone().requires_grad_(True)
-        loss = f(x)
-        (grad,) = torch.autograd.grad(loss, x)
+        values = pm.expand(pm.physical(x))
+        loss = block.loss_fn(*block.pixels(values))
+        if i == 0 and objective.priors:
+            loss = loss + objective.prior_term(values)
+        grad += torch.autograd.grad(loss, x)[0]
+    with torch.no_grad():
+        loss = objective.evaluate(pm.expand(pm.physical(raw0)))[0]
+    return loss, grad
+
+
+def _round_trip(pm: ParameterMap, raw0: torch.Tensor, dtype) -> tuple[float, bool]:
+    """Max |raw error| of raw -> physical -> raw at the start and a random nearby point; whether raw 0 maps to
+    the start."""
+    gen = torch.Generator().manual_seed(0)
+    trip = 0.0
+    for raw in (raw0, raw0 + 0.3 * torch.randn(raw0.shape, generator=gen, dtype=raw0.dtype)):
+        back = pm.raw_from(pm.physical_floats(raw), dtype)
+        trip = max(trip, float((back - raw).abs().max()))
+    start_phys = pm.physical_floats(raw0)
+    start_ok = all(abs(start_phys[n] - pm.start_value(n)) <= 1e-9 * max(1.0, abs(pm.start_value(n))) for n in pm.names)
+    return trip, start_ok
+
+
+def phase2(w: Workload, outdir: Path, stages, h: float = 1e-4, tol: float = 2e-3) -> dict:
+    with nbtorch.eager():
+        pm, objective, plan = _objective(w, stages)
+        dtype = plan.sim.dtype
+        raw0 = pm.raw0(dtype)
+        trip, start_ok = _round_trip(pm, raw0, dtype)
+        start_phys = pm.physical_floats(raw0)
+        blocks = _row_blocks(objective, plan.sim.evaluations_per_pixel())
+        loss, grad = _gradient(pm, blocks, objective, raw0)
         rows, worst = [], 0.0
         gscale = float(grad.abs().max()) or 1.0
         with torch.no_grad():
+            f = lambda raw: float(objective.evaluate(pm.expand(pm.physical(raw)))[0])  # noqa: E731
             for i, n in enumerate(pm.names):
                 e = torch.zeros_like(raw0)
                 e[i] = h
-                fd = (float(f(raw0 + e)) - float(f(raw0 - e))) / (2 * h)
+                fd = (f(raw0 + e) - f(raw0 - e)) / (2 * h)
                 g = float(grad[i])
                 err = abs(g - fd) / max(abs(fd), abs(g), 1e-3 * gscale)
                 worst = max(worst, err)
                 rows.append({"name": n, "physical": start_phys[n], "raw": float(raw0[i]),
                              "transform": type(pm.transforms[i]).__name__, "autograd": g, "finite_diff": fd,
                              "rel_error": err})
-    eps = 1e-12 if sim.dtype == torch.float64 else 1e-5
-    tol = tol if sim.dtype == torch.float64 else max(tol, 5e-2)
+    eps = 1e-12 if dtype == torch.float64 else 1e-5
+    tol = tol if dtype == torch.float64 else max(tol, 5e-2)
     lines = ["name\ttransform\tphysical\traw\tautograd\tfinite_diff\trel_error"]
     lines += [f"{r['name']}\t{r['transform']}\t{r['physical']:.10g}\t{r['raw']:.6g}\t{r['autograd']:.8g}\t"
               f"{r['finite_diff']:.8g}\t{r['rel_error']:.2e}" for r in rows]
     (outdir / "phase2_gradients.tsv").write_text("\n".join(lines) + "\n")
     print("  " + "\n  ".join(lines))
-    ok = trip <= eps and start_ok and worst <= tol and math.isfinite(float(loss.detach()))
+    ok = trip <= eps and start_ok and worst <= tol and math.isfinite(float(loss))
+    nb = len(blocks)
     out = _verdict(ok, f"{len(rows)} parameters, round trip max |raw error| {trip:.1e}, "
-                       f"worst gradient relative error {worst:.1e} (tolerance {tol:.0e})",
-                   round_trip_max_error=trip, start_maps_to_start=start_ok, worst_rel_error=worst, table=rows)
+                       f"worst gradient relative error {worst:.1e} (tolerance {tol:.0e}) on {objective.n_pixels} "
+                       f"pixels ({nb} gradient block{'s' if nb > 1 else ''})",
+                   round_trip_max_error=trip, start_maps_to_start=start_ok, worst_rel_error=worst,
+                   pixels=objective.n_pixels, gradient_blocks=nb, table=rows)
     (outdir / "phase2.json").write_text(json.dumps(out, indent=1))
     return out
 
 
 # ------------------------------------------------------------------------------ phases 3, 4
-def _run(w: Workload, outdir: Path, label: str, compile: bool | None, steps: int, lr: float, coarse: bool) -> dict:
+def schedule(w: Workload, steps: int, lr: float, coarse: bool):
+    """Stage-A with Adam (constant ``lr``), ``steps`` per stage, the final one included; a measured image's
+    detector stage frees the tilts too, as nbtorch-refine's Stage-A does."""
+    return stage_a(Adam(lr=lr, schedule="constant"), max_steps=steps, final_steps=steps, coarse=coarse,
+                   detector=MEASURED_DETECTOR if w.is_image else ("distance",))
+
+
+def _history(result) -> dict:
+    return {"loss": [float(v) for v in result.history["loss"]], "step": list(result.history["step"]),
+            "stage": list(result.history["stage"]),
+            "params": {k: [float(x) for x in v] for k, v in result.history["params"].items()}}
+
+
+def _run(w: Workload, outdir: Path, label: str, compile: bool | None, stages, every: int) -> dict:
     from torch._dynamo.utils import counters  # lazy: torch._dynamo costs seconds of startup, phases 3-4 only
 
-    stages = stage_a(Adam(lr=lr, schedule="constant"), max_steps=steps, final_steps=steps, coarse=coarse)
     sim = w.simulator(compile=compile)
     seen: list[float] = []
-    sim.diagnostics.subscribe(lambda d: seen.append(float(d["fraction_default_F"])))
+    handle = sim.diagnostics.subscribe(lambda d: seen.append(float(d["fraction_default_F"])))
     warnings: list[str] = []
 
     class _Grab(logging.Handler):
@@ -179,34 +271,32 @@ def _run(w: Workload, outdir: Path, label: str, compile: bool | None, steps: int
     counters.clear()
     t0 = time.perf_counter()
     try:
-        result = refine(sim, w.observed, **w.refine_kwargs(), stages=stages, progress=False, esds=False,
-                        callbacks=[TensorBoardCallback(logdir=str(outdir / "tb" / label), every=max(1, steps))])
+        result = refine(sim, w.observed, **{**w.refine_kwargs(), "stages": stages, "free": w.free}, progress=False,
+                        esds=False, callbacks=[TensorBoardCallback(logdir=str(outdir / "tb" / label), every=every)])
     finally:
         logging.getLogger("nbtorch").removeHandler(grab)
+        sim.diagnostics.unsubscribe(handle)
     wall = time.perf_counter() - t0
     breaks = {str(k): int(v) for k, v in counters.get("graph_break", {}).items()}
-    hist = {"loss": [float(v) for v in result.history["loss"]], "step": list(result.history["step"]),
-            "stage": list(result.history["stage"]),
-            "params": {k: [float(x) for x in v] for k, v in result.history["params"].items()}}
     run = {"compile_mode": sim.compile_mode, "compile_reason": getattr(sim, "compile_reason", ""),
            "graph_breaks": breaks, "warnings": warnings, "status": result.status.value, "message": result.message,
            "steps": result.steps, "loss_initial": result.loss_initial, "loss_final": result.loss_final,
-           "wall_s": wall, "diagnostics_calls": len(seen), "history": hist}
+           "wall_s": wall, "diagnostics_calls": len(seen), "history": _history(result)}
     (outdir / f"{label}_history.json").write_text(json.dumps(run, indent=1))
     return run
 
 
-def phase3(w: Workload, outdir: Path, steps: int, lr: float, coarse: bool) -> dict:
+def phase3(w: Workload, outdir: Path, stages, every: int) -> dict:
     with nbtorch.eager():
-        run = _run(w, outdir, "phase3", False, steps, lr, coarse)
+        run = _run(w, outdir, "phase3", False, stages, every)
     ok = run["status"] != "failed" and all(math.isfinite(v) for v in run["history"]["loss"]) and run["steps"] > 0
     return _verdict(ok, f"eager Adam: {run['steps']} steps, loss {run['loss_initial']:.6g} -> {run['loss_final']:.6g} "
                         f"({run['status']}), {run['wall_s']:.1f} s, TensorBoard in {outdir / 'tb' / 'phase3'}", run=run)
 
 
-def phase4(w: Workload, outdir: Path, steps: int, lr: float, coarse: bool) -> dict:
+def phase4(w: Workload, outdir: Path, stages, every: int) -> dict:
     disabled = runtime.env_disables_compile()
-    run = _run(w, outdir, "phase4", None, steps, lr, coarse)
+    run = _run(w, outdir, "phase4", None, stages, every)
     finite = run["status"] != "failed" and all(math.isfinite(v) for v in run["history"]["loss"])
     hooks = run["diagnostics_calls"] > 0
     if disabled:
@@ -247,6 +337,8 @@ def run_phases(w: Workload, phases: list[int], outdir: Path, steps: int = 2, lr:
                rtol: float = 1e-6) -> dict:
     """Run ``phases`` (1-5) and return ``{phase: verdict dict}`` plus ``passed``; writes ``summary.json``."""
     outdir.mkdir(parents=True, exist_ok=True)
+    stages = schedule(w, steps, lr, coarse)
+    every = max(1, steps)
     results: dict[int, dict] = {}
     extra: dict[str, dict] = {}
     for ph in phases:
@@ -255,22 +347,21 @@ def run_phases(w: Workload, phases: list[int], outdir: Path, steps: int = 2, lr:
         if ph == 1:
             r = phase1(w, outdir)
         elif ph == 2:
-            r = phase2(w, outdir)
-        elif ph == 3:
-            r = phase3(w, outdir, steps, lr, coarse)
-        elif ph == 4:
-            r = phase4(w, outdir, steps, lr, coarse)
+            r = phase2(w, outdir, stages)
+        elif ph in (3, 4):
+            r = (phase3 if ph == 3 else phase4)(w, outdir, stages, every)
         else:
             for need, fn in ((3, phase3), (4, phase4)):
                 if need not in results and str(need) not in extra:
                     print(f"  (rerunning phase {need} for the comparison)", flush=True)
-                    extra[str(need)] = fn(w, outdir, steps, lr, coarse)
+                    extra[str(need)] = fn(w, outdir, stages, every)
             r = phase5(results.get(3) or extra["3"], results.get(4) or extra["4"], outdir, rtol)
         r["seconds"] = time.perf_counter() - t0
         results[ph] = r
         print(f"  {r['verdict']}", flush=True)
     passed = all(r["passed"] for r in results.values())
-    summary = {"workload": w.label, "phases": phases, "passed": passed,
+    summary = {"workload": w.label, "phases": phases, "passed": passed, "fitted_pixels": int(w.mask.sum()),
+               "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # this process (kB on Linux)
                "verdicts": {str(k): {"passed": v["passed"], "verdict": v["verdict"], "seconds": v["seconds"]}
                             for k, v in results.items()},
                "reruns_for_phase5": {k: {"passed": v["passed"], "verdict": v["verdict"]} for k, v in extra.items()}}
@@ -292,34 +383,39 @@ PROG = "python -m experiments.stage_a_mapping"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
-    ap.add_argument("--phases", type=_phases, default=[1, 2, 3, 4, 5], help="comma-separated, default 1,2,3,4,5")
-    ap.add_argument("--problem", default="cubic_mosflm", help="bank problem (without --image)")
-    ap.add_argument("--size", type=int, default=32, help="detector pixels per side of --problem (default 32)")
-    ap.add_argument("--image", help="observed image (any format nbtorch-refine reads)")
-    ap.add_argument("--model", help="nanoBragg flags of the starting model (with --image)")
-    ap.add_argument("--symmetry", choices=tuple(SYMMETRIES),
-                    help="crystal system (default: the problem's, or triclinic)")
-    ap.add_argument("--outdir", default="out/stage_a_mapping", help="artefacts folder (default %(default)s)")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
-    ap.add_argument("--dtype", default="float64", choices=("float64", "float32"))
-    ap.add_argument("--steps", type=int_at_least(1), default=2, help="Adam steps per stage in phases 3-4 (default 2)")
-    ap.add_argument("--lr", type=positive_float, default=0.05, help="Adam learning rate (default 0.05)")
-    ap.add_argument("--coarse", action="store_true", help="use Stage-A's binned low-resolution views (more compiles)")
-    ap.add_argument("--rtol", type=positive_float, help="phase 5 tolerance (default 1e-6 in float64, 1e-3 in float32)")
+    """The script's options, then nbtorch-refine's option groups (``--lr``: Adam's learning rate, default 0.05;
+    ``--coarse``: Stage-A's binned low-resolution views, more compiles)."""
+    ap, g = experiment_parser(PROG, __doc__.split("\n")[0], "Stage-A mapping")
+    g.add_argument("--phases", type=_phases, default=[1, 2, 3, 4, 5], help="comma-separated, default 1,2,3,4,5")
+    g.add_argument("--outdir", default="out/stage_a_mapping", help="artefacts folder (default %(default)s)")
+    g.add_argument("--steps", type=int_at_least(1), default=2, help="Adam steps per stage in phases 3-4 (default 2)")
+    g.add_argument("--rtol", type=positive_float, help="phase 5 tolerance (default 1e-6 in float64, 1e-3 in float32)")
     return ap
 
 
+def _learning_rate(lr: float | None) -> float:
+    if lr is None:
+        return 0.05
+    if not (math.isfinite(lr) and lr > 0):
+        raise InputError(f"--lr: must be a finite number > 0, got {lr:g}")
+    return lr
+
+
 def _main(argv: list[str]) -> int:
-    a = build_parser().parse_args(argv)
-    nbtorch.runtime.check_device(a.device, "--device")
-    check_output_dir(a.outdir)
-    w = load_workload(a.problem, a.size, a.image, a.model, a.symmetry, a.dtype, a.device)
-    outdir = make_output_dir(a.outdir)
-    rtol = a.rtol if a.rtol is not None else (1e-6 if a.dtype == "float64" else 1e-3)
-    print(f"stage_a_mapping: {w.label}, phases {','.join(map(str, a.phases))}, {a.dtype} on {a.device}", flush=True)
-    out = run_phases(w, a.phases, outdir, a.steps, a.lr, a.coarse, rtol)
-    print(f"{'ALL PASSED' if out['passed'] else 'FAILED'}; summary: {outdir / 'summary.json'}")
+    options, own = parse_experiment(argv, build_parser(), StageAOptions)
+    if options.amplitudes.structure_factors:
+        raise InputError("--structure-factors: the Stage-A mapping checks the geometry's parameters only")
+    lr = _learning_rate(options.optimiser.lr)
+    check_output_dir(own.outdir)
+    say = Printer(options.output.quiet)
+    w = load_workload(options, say)
+    outdir = make_output_dir(own.outdir)
+    rtol = own.rtol if own.rtol is not None else (1e-6 if options.compute.dtype == "float64" else 1e-3)
+    print(f"stage_a_mapping: {w.label}, {int(w.mask.sum())} fitted pixels, phases {','.join(map(str, own.phases))}, "
+          f"{options.compute.dtype} on {options.compute.device}", flush=True)
+    out = run_phases(w, own.phases, outdir, own.steps, lr, options.optimiser.coarse, rtol)
+    print(f"{'ALL PASSED' if out['passed'] else 'FAILED'}; peak memory {out['summary']['peak_rss_gb']:.2f} GB; "
+          f"summary: {outdir / 'summary.json'}")
     return 0 if out["passed"] else 1
 
 

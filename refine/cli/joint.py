@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -42,6 +43,8 @@ from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.many.batch import expand_image_list, per_image_args
 from refine.cli.single import amplitude_options, prepare
+from refine.inputs.dials import experiment_symmetry, scan_indices, write_expt_out
+from refine.many.image_reports import spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
 from refine.output.results import save_h5, save_json
@@ -144,13 +147,55 @@ def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path 
     return path
 
 
+def _load_images(args: Options, images: list[str], indices: list, out_dir: Path, say) -> tuple[list, list, list, list]:
+    """This process's images loaded (:func:`_load`): simulators, fitted pixels (held, or stored beyond
+    ``--pixel-memory``), starts and observed spots, None for the other processes' images."""
+    n = len(images)
+    sims, pixels, starts, spots = [None] * n, [None] * n, [None] * n, [None] * n
+    budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
+    shard = image_shard(n)
+    try:
+        for i in shard:
+            sims[i], px, starts[i], spots[i] = _load(args, images[i], out_dir, say, indices[i])
+            pixels[i] = _keep_or_store(px, i, held, budget, folder)
+    except BaseException:
+        _drop_stored(pixels)
+        raise
+    stored = [i for i in shard if isinstance(pixels[i], StoredPixels)]
+    say(f"  fitted pixels held in memory: {held[0] / 1e6:.1f} MB" + (
+        f"; the pixels of {len(stored)} images read from {folder}/ at each evaluation (--pixel-memory {budget / 1e6:g} MB)"
+        if stored else ""))
+    if args.many.rotation_series:
+        _check_distinct_rotations(images, sims, shard)
+    return sims, pixels, starts, spots
+
+
+def _drop_stored(pixels: list) -> None:
+    """This process's stored pixels removed (a resumed run chooses and stores its pixels again)."""
+    for px in pixels:
+        if isinstance(px, StoredPixels):
+            px.path.unlink(missing_ok=True)
+
+
 def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
-    """Load this process's images, refine all jointly, write ``joint.json``/``joint.h5``; the exit status."""
-    t0 = time.monotonic()
+    """Check the images against ``--expt``, load this process's images, refine all jointly, write
+    ``joint.json``/``joint.h5``; the exit status.  A run refused with an :class:`InputError` leaves no ``--out-dir``
+    it made behind."""
     images = expand_image_list(args.many.images)
     out_dir = Path(args.many.out_dir or "out/joint")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
+    made = not out_dir.exists()
+    try:
+        return _run_joint(args, images, out_dir, say)
+    except InputError:
+        if made and Comm().rank == 0:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None]) -> int:
+    t0 = time.monotonic()
     series = args.many.rotation_series
     shared = split_names(args.many.shared, ROTATION_SHARED if series else ("cell",), "--shared")
     per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
@@ -160,38 +205,57 @@ def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
     if amplitudes is not None:  # before any image is loaded
         check_options(amplitudes, shared, per_image)
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
+    indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
-    shard = image_shard(n)
-    say(f"nbtorch-refine: joint refinement of {n} images, {len(shard)} in this process; shared: "
+    say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
-    sims, pixels, starts = [None] * n, [None] * n, [None] * n
-    symmetry = crystal_system(args.fit.symmetry) or "triclinic"
-    budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
+    sims, pixels, starts, spots = _load_images(args, images, indices, out_dir, say)
     try:
-        for i in shard:
-            sims[i], px, starts[i], _ = _load(args, images[i], out_dir, say)
-            pixels[i] = _keep_or_store(px, i, held, budget, folder)
-        stored = [i for i in shard if isinstance(pixels[i], StoredPixels)]
-        say(f"  fitted pixels held in memory: {held[0] / 1e6:.1f} MB" + (
-            f"; the pixels of {len(stored)} images read from {folder}/ at each evaluation (--pixel-memory {budget / 1e6:g} MB)"
-            if stored else ""))
-        if series:
-            _check_distinct_rotations(images, sims, shard)
         conv = DEFAULT_CONVERGENCE if args.optimiser.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.optimiser.max_steps)
         result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
-                              symmetry=symmetry, image_starts=starts, strategy=args.optimiser.optimizer,
-                              convergence=conv, background=args.fit.background, loss=args.optimiser.loss, esds=not args.output.no_esds,
+                              symmetry=crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic",
+                              image_starts=starts,
+                              strategy=args.optimiser.optimizer, convergence=conv, background=args.fit.background,
+                              loss=args.optimiser.loss, esds=not args.output.no_esds,
                               checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,
                               resume=checkpoint if args.output.resume else None, structure_factors=amplitudes)
-    finally:  # this process's stored pixels (a resumed run chooses and stores its pixels again)
-        for px in pixels:
-            if isinstance(px, StoredPixels):
-                px.path.unlink(missing_ok=True)
+    finally:
+        _drop_stored(pixels)
+    if args.pixels.spots or args.dials.refl:  # every process measures its own images
+        result = with_spot_report(result, spot_rows(sims, spots, result, image_shard(n)))
     if Comm().rank == 0:  # the process group refine_joint used
-        json_path = save_json(result, out_dir / "joint.json")
-        h5_path = save_h5(result, out_dir / "joint.h5")
-        if hkl is not None:
-            write_hkl(hkl, result.hkl_table())
-        say(result.summary())
-        say(f"{time.monotonic() - t0:.1f} s; results: {json_path} and {h5_path}" + (f" and {hkl}" if hkl else ""))
+        _write_and_say(args, result, images, out_dir, hkl, sims[0], say, t0)
     return 0 if result.status.ok else 1
+
+
+def _image_line(image: str, params: dict, fit: dict | None, spots: dict | None) -> str:
+    """One printed line per image: its rotation, scale, spots and fit."""
+    parts = [f"  {Path(image).name}: phi {params.get('phi0', math.nan):g} deg, scale {params.get('scale', math.nan):.4g}"]
+    if spots and spots["n"]:
+        parts.append(f"{spots['n']} spots, rms {spots['rms_px_start_common']:.3g} -> {spots['rms_px_final_common']:.3g} px "
+                     f"({spots['matched_final']} matched)")
+    if fit:
+        parts.append(f"fit {fit['excess']:.3g}x shot noise")
+    return ", ".join(parts)
+
+
+def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl: Path | None, sim0, say, t0: float) -> None:
+    """Process 0: ``joint.json``, ``joint.h5`` (and the amplitudes, ``--expt-out``, ``--report``), then the summary."""
+    json_path = save_json(result, out_dir / "joint.json")
+    h5_path = save_h5(result, out_dir / "joint.h5")
+    written = [str(json_path), str(h5_path)]
+    if hkl is not None:
+        write_hkl(hkl, result.hkl_table())
+        written.append(str(hkl))
+    if args.dials.expt_out and sim0 is not None:
+        write_expt_out(image_args(args, images[0], out_dir, None), sim0, result.images[0])
+        written.append(args.dials.expt_out)
+    if args.output.report:
+        from refine.output.joint_report import write_joint_report  # matplotlib: only when a report is asked for
+
+        written.append(str(write_joint_report(args.output.report, result, [Path(i).name for i in images])))
+    for i, image in enumerate(images):
+        say(_image_line(image, result.images[i], result.image_fit[i] if result.image_fit else None,
+                        result.image_spots[i] if result.image_spots else None))
+    say(result.summary())
+    say(f"{time.monotonic() - t0:.1f} s; results: {', '.join(written)}")

@@ -32,16 +32,18 @@ from refine.fitting.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTO
 from refine.quality.identifiability import TOO_FEW_SPOTS
 from refine.solver.precondition import PRECONDITIONER_NAMES
 
-__all__ = ["build_parser", "parse_args"]
+__all__ = ["build_parser", "parse_args", "parse_namespace"]
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (``--help`` text).
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The argument parser (``--help`` text); with ``parser``, the option groups are added to that parser instead
+    (a command that takes nbtorch-refine's inputs plus options of its own: the experiments' scripts).
 
     Long because it is the option table, one ``add_argument`` per option in ``--help`` order; splitting
     it would only scatter the table."""
-    p = Parser(prog=PROG, description="Refine a nanoBragg model against measured images: one still, many stills (independent or "
-                           "joint) or a rotation sweep.",
-               epilog="Tutorial and every option: docs/refinement.md")
+    p = parser if parser is not None else Parser(
+        prog=PROG, description="Refine a nanoBragg model against measured images: one still, many stills "
+                               "(independent or joint) or a rotation sweep.",
+        epilog="Tutorial and every option: docs/refinement.md")
     g = p.add_argument_group(GROUP_TITLES["image"])
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus or Eiger master (.h5, .nxs), TIFF or Pilatus TIFF (.tif), "
@@ -217,7 +219,14 @@ def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str
 
 def parse_args(argv: Sequence[str]) -> Options:
     """Parse ``argv`` after the options of ``--config`` (the command line wins): the typed :class:`Options`."""
-    parser = build_parser()
+    return options_from_namespace(parse_namespace(argv), tuple(argv))
+
+
+def parse_namespace(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """``argv`` after the options of ``--config`` (the command line wins), the modes checked, as ``parser``'s
+    namespace (default :func:`build_parser`'s; a parser of :func:`build_parser` with options of its own added
+    keeps them in the namespace, and ``--config`` may set them too)."""
+    parser = parser if parser is not None else build_parser()
     args = parser.parse_args(list(argv))
     args.stage_tables = None
     if args.config:
@@ -225,7 +234,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         args = parser.parse_args(tokens + list(argv))
         args.stage_tables = stages
     _check_modes(args)
-    return options_from_namespace(args, tuple(argv))
+    return args
 
 
 def _check_modes(args: argparse.Namespace) -> None:

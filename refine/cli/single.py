@@ -34,16 +34,18 @@ from refine.cli.options import DEFAULT_DATASET, PROG, Options
 from refine.cli.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
 from refine.inputs.images import load_image
 from refine.quality.degeneracy import extended_uncertainties
-from refine.inputs.dials import check_dials_options, model_tokens, on_image, refl_spots, write_expt_out
+from refine.inputs.dials import (check_dials_options, experiment_symmetry, model_tokens, on_image, refl_spots,
+                                 spot_window, write_expt_out)
 from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
 from refine.inputs.start_model import model_config, tie_start_cell
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.inputs.problems import make_problem
-from refine.output.report import ESD_NOTE, results_table, write_outputs
+from refine.output.report import ESD_NOTE, misfit_lines, results_table, write_outputs
 from refine.solver.runner import refine
 from refine.inputs.selection import check_roi
+from refine.quality.misfit import spot_misfit
 from refine.quality.spot_floor import spot_floor
 from refine.inputs.spots import read_spot_list, spot_offsets
 from refine.fitting.structure_factors import AmplitudeOptions, check_space_group
@@ -108,6 +110,32 @@ class _EagerForEsds:
 
     def on_run_end(self, result) -> None:
         pass
+
+
+class _EndLater:
+    """Passes a callback (the TensorBoard log) every call but the run's end, which :func:`run` makes (:meth:`end`)
+    once the diagnostics that need the observed spots are in the result."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def on_run_start(self, info) -> None:
+        self.inner.on_run_start(info)
+
+    def on_stage_start(self, stage, index) -> None:
+        self.inner.on_stage_start(stage, index)
+
+    def on_step(self, state) -> None:
+        self.inner.on_step(state)
+
+    def on_stage_end(self, stage, index, status, message) -> None:
+        self.inner.on_stage_end(stage, index, status, message)
+
+    def on_run_end(self, result) -> None:
+        pass
+
+    def end(self, result) -> None:
+        self.inner.on_run_end(result)
 
 
 def _check_numbers(args: Options) -> None:
@@ -218,7 +246,10 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     if default_fix:
         say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
     fixed = ("distance",) if default_fix else tuple(n for n in (args.fit.fix or ()) if n != "none")
-    return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=checked.symmetry,
+    symmetry = checked.symmetry or experiment_symmetry(args)
+    if symmetry and not checked.symmetry:
+        say(f"  symmetry {symmetry} from the experiment's space group (--symmetry)")
+    return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=symmetry,
                   free_default=None, fixed=fixed,
                   extra={"input": {"image": obs.path, "format": obs.format, "frame": args.image.frame,
                                    "geometry": obs.geometry, "masked": obs.masked, "model": tokens}})
@@ -345,6 +376,8 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
     if result.fit:
         say(f"fit: final loss {result.fit['excess']:.3g}x the shot-noise expectation of the refined model "
             f"(about 1 = a fit to the noise level)")
+    for line in misfit_lines(result.fit, result.diagnostics):
+        say(line)
     for w in result.warnings:
         say(f"warning: {w}")
     if "spots" in inputs.extra:
@@ -369,7 +402,7 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
 def _callbacks(args: Options, sim: Simulator, say) -> list:
     callbacks: list = []
     if args.output.logdir:
-        callbacks.append(TensorBoardCallback(args.output.logdir, every=args.output.tb_every))
+        callbacks.append(_EndLater(TensorBoardCallback(args.output.logdir, every=args.output.tb_every)))
         say(f"  TensorBoard logs: {args.output.logdir}")
     if sim.compile_mode == "compiled" and not args.output.no_esds:
         callbacks.append(_EagerForEsds(sim))
@@ -401,7 +434,7 @@ def prepare(args: Options, say) -> Prepared:
     if args.dials.refl:
         spots = refl_spots(args)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
-                           spot_window_px=args.pixels.spot_window, subsample=args.pixels.subsample, seed=args.pixels.seed,
+                           spot_window_px=spot_window(args, say), subsample=args.pixels.subsample, seed=args.pixels.seed,
                            spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}")
     if args.dials.refl and choice.spots is not None:  # the neighbours' spots are fitted, the image's compared
         choice = dataclasses.replace(choice, spots=on_image(choice.spots))
@@ -442,7 +475,8 @@ def run(args: Options) -> int:
     before = None if choice.spots is None else _spot_offsets(sim, model_values(sim, start), choice.spots)
     for directory in checked.make_dirs:
         directory.mkdir(parents=True, exist_ok=True)
-    result = refine(sim, inputs.observed, **plan_arguments(args, p), callbacks=_callbacks(args, sim, say),
+    callbacks = _callbacks(args, sim, say)
+    result = refine(sim, inputs.observed, **plan_arguments(args, p), callbacks=callbacks,
                     progress=False if args.output.quiet else None,
                     checkpoint=checked.ckpt_path, checkpoint_every=args.output.checkpoint_every,
                     resume=checked.ckpt_path if args.output.resume else None, esds=not args.output.no_esds)
@@ -451,8 +485,13 @@ def run(args: Options) -> int:
     if choice.spots is not None:
         after = _spot_offsets(sim, dict(result.params), choice.spots, keep_model=True)
         floor = spot_floor(after, result.params, inputs.mask, seed=args.pixels.seed)
+        misfit = spot_misfit(sim, result.params, inputs.observed, inputs.mask, after, result.model, result.mask)
+        result = dataclasses.replace(result, diagnostics={**result.diagnostics, **misfit})
         inputs.extra["spots"] = _spots_report(args, choice.spots, before, after, floor)
         result = _with_drift_warning(result, inputs.extra["spots"])
+    for callback in callbacks:  # the TensorBoard log's end of run, with the spot diagnostics
+        if isinstance(callback, _EndLater):
+            callback.end(result)
     if args.output.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
     if args.dials.expt_out:

@@ -160,6 +160,17 @@ class ProfileModel:
                 "-default_F 100 (the scale is fitted); --model flags replace them")
 
 
+def _profile(exp) -> dict | None:
+    """The experiment's ``gaussian_rs``-like profile (positive ``sigma_b``, ``sigma_m`` in degrees), or None."""
+    profiles = exp.document.get("profile") or []
+    ref = exp.document["experiment"][exp.index].get("profile")
+    profile = profiles[ref] if isinstance(ref, int) and 0 <= ref < len(profiles) else None
+    if not isinstance(profile, dict) or not all(isinstance(profile.get(k), (int, float)) and profile[k] > 0
+                                                for k in ("sigma_b", "sigma_m")):
+        return None
+    return profile
+
+
 def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | None:
     """The starting crystal model of ``exp`` from its profile (None without a ``gaussian_rs`` profile).
 
@@ -181,11 +192,8 @@ def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | No
     """
     from refine.inputs.start_model import PHI_STEP_DEG
 
-    profiles = exp.document.get("profile") or []
-    ref = exp.document["experiment"][exp.index].get("profile")
-    profile = profiles[ref] if isinstance(ref, int) and 0 <= ref < len(profiles) else None
-    if not isinstance(profile, dict) or not all(isinstance(profile.get(k), (int, float)) and profile[k] > 0
-                                                for k in ("sigma_b", "sigma_m")):
+    profile = _profile(exp)
+    if profile is None:
         return None
     sb, sm = math.radians(float(profile["sigma_b"])), math.radians(float(profile["sigma_m"]))
     wavelength = float(exp.beam["wavelength"])
@@ -318,20 +326,52 @@ def scan_indices(args: Options, images: list[str]) -> list[int | None]:
     return out
 
 
+def spot_window(args: Options, say=None) -> int | None:
+    """``--spot-window``, or for DIALS spots of a rotation scan (``--refl`` with an ``--expt`` scan) by default the
+    half-width that holds a spot: ``ceil(3 sigma_b distance / pixel) + 1`` pixels from the profile's ``sigma_b``
+    (DIALS' ``n_sigma`` 3), 5 without a profile; None otherwise (every pixel of the fitted region)."""
+    if args.pixels.spot_window is not None or not (args.dials.refl and args.dials.expt):
+        return args.pixels.spot_window
+    exp = read_experiment(args)
+    if exp.scan is None:
+        return None
+    half = 5
+    profile = _profile(exp)
+    if profile is not None:
+        panel = exp.panel
+        normal = np.cross(panel["fast_axis"], panel["slow_axis"])
+        distance = abs(float(np.dot(panel["origin"], normal / np.linalg.norm(normal))))
+        half = math.ceil(3.0 * math.radians(float(profile["sigma_b"])) * distance / float(panel["pixel_size"][0])) + 1
+    if say is not None:
+        say(f"  spot windows of +-{half} pixels around the DIALS spots (3 sigma_b of the profile; --spot-window)")
+    return half
+
+
 #: DIALS reflection flags (``dials.array_family.flex.reflection_table.flags``) that select the observed centroids
 STRONG, CENTROID_OUTLIER = 1 << 5, 1 << 17
 
 
+#: an integrated reflection whose summed intensity is at least this many sigma counts as observed
+MIN_I_OVER_SIGMA = 3.0
+
+
 def _observed_rows(path: str, cols: dict) -> np.ndarray:
-    """The rows of a ``.refl`` whose ``xyzobs.px.value`` is an observed centroid: with a ``flags`` column that marks
-    spots found by the spot finder (``strong``), those not flagged as centroid outliers (an integrated table's
-    other rows hold the centres of empty shoeboxes); else every row; never a zero or non-finite position."""
+    """The rows of a ``.refl`` whose ``xyzobs.px.value`` is an observed centroid: never a zero or non-finite
+    position nor a centroid outlier; with a ``flags`` column, the spots the spot finder found (``strong``) and, in an
+    integrated table, the reflections whose summed intensity is at least :data:`MIN_I_OVER_SIGMA` sigma (the
+    other rows of an integrated table hold the centres of shoeboxes with nothing in them); else every row."""
     xyz = cols["xyzobs.px.value"]
     keep = np.all(np.isfinite(xyz), axis=1) & np.any(xyz[:, :2] != 0, axis=1)
     flags = cols.get("flags")
-    if flags is not None and bool(((flags & STRONG) > 0).any()):
-        keep &= ((flags & STRONG) > 0) & ((flags & CENTROID_OUTLIER) == 0)
-    return keep
+    if flags is None:
+        return keep
+    keep &= (flags & CENTROID_OUTLIER) == 0
+    seen = (flags & STRONG) > 0
+    if "intensity.sum.value" in cols and "intensity.sum.variance" in cols:
+        var = cols["intensity.sum.variance"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            seen |= (var > 0) & (cols["intensity.sum.value"] >= MIN_I_OVER_SIGMA * np.sqrt(np.where(var > 0, var, 1.0)))
+    return keep & seen if seen.any() else keep
 
 
 def refl_spots(args: Options, neighbours: bool = True) -> np.ndarray:
@@ -347,11 +387,13 @@ def refl_spots(args: Options, neighbours: bool = True) -> np.ndarray:
 
     path = args.dials.refl
     try:
-        cols = read_refl(path, ("xyzobs.px.value",), experiment_id=args.dials.expt_index, optional=("flags", "bbox"))
+        cols = read_refl(path, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
+                         optional=("flags", "bbox", "intensity.sum.value", "intensity.sum.variance"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
-    xyz = cols["xyzobs.px.value"][_observed_rows(path, cols)]
-    bbox = cols["bbox"][_observed_rows(path, cols)] if "bbox" in cols else None
+    rows = _observed_rows(path, cols)
+    xyz = cols["xyzobs.px.value"][rows]
+    bbox = cols["bbox"][rows] if "bbox" in cols else None
     exp = read_experiment(args) if args.dials.expt else None
     index = image_index(args)
     if exp is not None and exp.scan is not None:
@@ -373,6 +415,25 @@ def on_image(spots: np.ndarray | None) -> np.ndarray | None:
     if spots is None or spots.shape[1] < 3:
         return spots
     return spots[np.isfinite(spots[:, 2])]
+
+
+def experiment_symmetry(args: Options) -> str | None:
+    """Without ``--symmetry``: the crystal system of the ``--expt`` crystal's space group (its Hall symbol, read with
+    gemmi), so that the refined cell keeps the symmetry DIALS indexed; None without ``--expt``, a Hall symbol or
+    gemmi."""
+    if args.fit.symmetry or not args.dials.expt:
+        return None
+    hall = read_experiment(args).crystal.get("space_group_hall_symbol")
+    try:
+        import gemmi
+
+        group = gemmi.find_spacegroup_by_ops(gemmi.symops_from_hall(str(hall)))
+    except (ImportError, RuntimeError, ValueError, TypeError):
+        return None
+    if group is None:
+        return None
+    system = group.crystal_system_str()
+    return "rhombohedral" if system == "trigonal" and group.hm.startswith("R") and group.ext == "R" else system
 
 
 def _hall_symbol(symmetry: str | None) -> str:

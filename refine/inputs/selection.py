@@ -21,12 +21,13 @@ rather than computed and ignored.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from nbtorch.errors import InputError
+from nbtorch.parameters import PARAMETER_NAMES
 
 __all__ = ["roi_mask", "resolution_map", "resolution_mask", "subsample_mask", "check_roi"]
 
@@ -51,13 +52,15 @@ def roi_mask(shape: tuple[int, int], roi: Sequence[int]) -> np.ndarray:
     return out
 
 
-def resolution_map(sim, roi: Sequence[int] | None = None) -> np.ndarray:
+def resolution_map(sim, roi: Sequence[int] | None = None, values: Mapping[str, float] | None = None) -> np.ndarray:
     """Resolution ``d`` (Å) at every pixel centre of the starting geometry, (slow, fast) (inf at the direct beam).
 
-    Only the rectangle ``roi`` is computed (NaN outside) when given.
+    Only the rectangle ``roi`` is computed (NaN outside) when given; ``values``: canonical parameters to use instead
+    of the simulator's (e.g. the refined ones; other names are ignored).
     """
+    overrides = {n: float(v) for n, v in (values or {}).items() if n in PARAMETER_NAMES}
     with torch.no_grad():
-        p = sim.parameters_dict()
+        p = sim.parameters_dict(**overrides)
         g = sim.geometry(p)
         pix0, f, s, b = (getattr(g, k).double().cpu().numpy() for k in ("pix0", "fdet", "sdet", "beam"))
         lam = float(p["wavelength"])

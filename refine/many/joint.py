@@ -91,6 +91,7 @@ from refine.many.distributed import Comm, image_shard
 from refine.many.esds import MAX_DENSE, assemble, joint_covariances
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.output.results import JointResult, load_joint_h5, reported_values, save_joint_h5, save_joint_json
+from refine.quality.fit_quality import FitQuality, assess_poisson_fit
 from refine.quality.uncertainty import correlation_matrix, image_information, named_esds
 from refine.solver.loop import Convergence, LoopAborted, LoopResult, LoopState, Status, minimise
 from refine.solver.plan import observed_pixels, starting_values
@@ -560,10 +561,35 @@ def _finish(problem: _Problem, res: LoopResult, saver: "_Checkpoints", resumed: 
                            per_names=p.per_names, background=p.space.background, symmetry=p.space.symmetry,
                            loss_name=p.loss_name, wall_s=saver.clock.elapsed(), world=p.comm.world,
                            resumed_from_step=None if resumed is None else resumed.step)
+    result = _with_fit(result, joint, raw, p.amps is not None) if p.loss_name == "poisson" else result
     if p.amps is None:
         return result
     shared_map = ParameterMap(p.space, p.map_starts[0], p.shared_names)
     return _with_amplitudes(result, p.amps, shared_map.values_at(raw[:joint.S]))
+
+
+def _with_fit(result: JointResult, joint: _Joint, raw: Tensor, amplitudes: bool) -> JointResult:
+    """``result`` with each image's final fit against shot noise and the whole run's
+    (:func:`refine.quality.fit_quality.assess_poisson_fit` on the image's fitted pixels; the images' sums pooled),
+    and the fit's warning (a false minimum or a model that lacks something) for the whole run."""
+    local = {}
+    for im in joint.images:
+        pmap = im.pmap
+        with torch.no_grad():
+            model, observed, weights = im.objective.pixels(pmap.expand(pmap.physical(joint.image_raw(raw, im.index))))
+            loss = im.objective.loss_fn(model, observed, weights)
+        q = assess_poisson_fit(float(loss), model, weights)
+        local[im.index] = torch.tensor([q.loss, q.expected, float(q.pixels)], dtype=torch.float64)
+    rows = joint.comm.gather(local, joint.n, (3,), torch.float64).numpy()
+
+    def fit(loss: float, expected: float, pixels: float) -> FitQuality:
+        return FitQuality(loss=float(loss), expected=float(expected), pixels=int(pixels),
+                          excess=float(loss / expected) if expected > 0 else math.inf,
+                          amplitudes_refined=amplitudes)
+    total = fit(*rows.sum(axis=0))
+    warnings = result.warnings + ((total.warning,) if total.warning is not None else ())
+    return dataclasses.replace(result, fit=total.to_dict(), image_fit=tuple(fit(*r).to_dict() for r in rows),
+                               warnings=warnings)
 
 
 def geometry_checkpoint(checkpoint: str | Path) -> Path:

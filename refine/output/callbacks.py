@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from refine.solver.stages import Stage
 
 __all__ = ["RunInfo", "StepState", "Callback", "AbstractCallback", "NullCallback", "ProgressCallback",
-           "TensorBoardCallback", "CallbackList", "parameter_tag", "bin_image"]
+           "TensorBoardCallback", "CallbackList", "parameter_tag", "bin_image", "diagnostic_scalars", "profile_image"]
 
 #: TensorBoard tag prefixes of per-parameter scalars: values and d loss / d raw
 TAG_KINDS = ("params", "grads")
@@ -237,7 +237,11 @@ class TensorBoardCallback(AbstractCallback):
     scales with the pixels; the thaumatin tutorial's 1200 x 1200 view in squares of 2: its logging 0.8 s
     instead of 1.9 s);
     at the end ``add_hparams`` with the run's hyper-parameters and ``hparam/loss_final``,
-    ``hparam/steps``.  The global step is :attr:`StepState.step`.
+    ``hparam/steps``, and what the model misses (the result's ``diagnostics``, :mod:`refine.quality.misfit`) at the
+    last step: scalars ``diagnostics/sigZ``, ``diagnostics/fraction_z_above_5``, ``diagnostics/profile/<observed or
+    model>/<number>``, ``diagnostics/profile/excess_3to5_px``, ``diagnostics/background/<observed or model>_mean``
+    and the image ``diagnostics/spot_profile`` (observed, model and observed - model stacks side by side, each
+    pixel 8 x 8; 0.5 = zero in the difference).  The global step is :attr:`StepState.step`.
 
     Arguments:
         logdir: directory of the event files.
@@ -301,6 +305,11 @@ class TensorBoardCallback(AbstractCallback):
         w = self.writer
         if w is None:
             return
+        diagnostics = getattr(result, "diagnostics", None) or {}
+        _add_scalars(w, diagnostic_scalars(diagnostics), int(result.steps))
+        if diagnostics.get("profile"):
+            w.add_image("diagnostics/spot_profile", profile_image(diagnostics["profile"]), int(result.steps),
+                        dataformats="HW")
         metrics = {"hparam/loss_final": float(result.loss_final), "hparam/steps": float(result.steps)}
         hp = dict(self._hparams)
         hp["status"] = result.status.value
@@ -324,6 +333,35 @@ def _add_scalars(writer: Any, scalars: dict[str, float], step: int) -> None:
     from torch.utils.tensorboard.summary import scalar
     values = [v for tag, value in scalars.items() for v in scalar(tag, value).value]
     file_writer().add_summary(Summary(value=values), step)
+
+
+def diagnostic_scalars(diagnostics: dict) -> dict[str, float]:
+    """TensorBoard tags and values of a result's ``diagnostics`` (:class:`TensorBoardCallback`; missing or null
+    numbers are left out)."""
+    out = {f"diagnostics/{k}": diagnostics.get(k) for k in ("sigZ", "mean_z", "fraction_z_above_5")}
+    profile = diagnostics.get("profile") or {}
+    for side in ("observed", "model"):
+        for k, v in (profile.get(side) or {}).items():
+            if not isinstance(v, list):
+                out[f"diagnostics/profile/{side}/{k}"] = v
+    out["diagnostics/profile/excess_3to5_px"] = profile.get("excess_3to5_px")
+    table = diagnostics.get("background_by_resolution") or {}
+    for k in ("observed_mean", "model_mean"):
+        out[f"diagnostics/background/{k}"] = table.get(k)
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and np.isfinite(v)}
+
+
+def profile_image(profile: dict, zoom: int = 8) -> Tensor:
+    """The spot profile's observed, model and observed - model stacks side by side (one column of 0 between),
+    observed and model on one scale from 0 to 1, the difference about 0.5; each pixel ``zoom`` x ``zoom``."""
+    obs, mod = (torch.as_tensor(profile[k], dtype=torch.float64) for k in ("stack_observed", "stack_model"))
+    lo, hi = float(torch.minimum(obs, mod).min()), float(torch.maximum(obs, mod).max())
+    span = hi - lo if hi > lo else 1.0
+    diff = obs - mod
+    scale = float(diff.abs().max()) or 1.0
+    gap = obs.new_zeros(obs.shape[0], 1)
+    image = torch.cat([(obs - lo) / span, gap, (mod - lo) / span, gap, 0.5 + 0.5 * diff / scale], dim=1)
+    return image.clamp(0, 1).repeat_interleave(zoom, 0).repeat_interleave(zoom, 1)
 
 
 def bin_image(image: Tensor, max_px: int) -> Tensor:

@@ -17,7 +17,10 @@ detector images are shown by ADXV and DIALS.
 * :func:`offsets_figure`: observed -> predicted spot offsets across the detector (arrows magnified);
 * :func:`residual_histogram`: (observed - model) / sqrt(model) over the fitted pixels, with the unit
   normal that shot noise alone would give;
-* :func:`correlation_figure`: the correlation matrix of the free parameters.
+* :func:`correlation_figure`: the correlation matrix of the free parameters;
+* :func:`spot_profile_figure`: the stacked spot profile (observed, model, difference, and their azimuthal means
+  against the radius) of :mod:`refine.quality.misfit`;
+* :func:`background_figure`: the background between spots against resolution, observed and model.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 
 __all__ = ["history_figure", "crop_figure", "offsets_figure", "residual_histogram", "correlation_figure",
-           "png_bytes", "save_png", "crop_centres", "require_matplotlib"]
+           "png_bytes", "save_png", "crop_centres", "require_matplotlib", "spot_profile_figure", "background_figure"]
 
 _OBSERVED = "#1a9e1a"   # observed spots
 _PREDICTED = "#e41a1c"  # the refined model's spots
@@ -300,4 +303,74 @@ def correlation_figure(names: Sequence[str], matrix: np.ndarray):
                 ax.text(j, i, f"{c[i, j]:.2f}", ha="center", va="center", fontsize=6,
                         color="white" if abs(c[i, j]) > 0.6 else "black")
     ax.set_title("correlation of the free parameters")
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ what the model misses
+
+def spot_profile_figure(profile: Mapping[str, Any]):
+    """The stacked spot profile (``diagnostics.profile`` of ``result.json``): observed and model stacks on one
+    colour scale (photons summed over the spots), observed - model (diverging, symmetric about 0), and both
+    averaged over the azimuth against the distance from the centre (photons per spot and pixel)."""
+    plt = _pyplot()
+    from matplotlib import colors
+
+    obs, mod = (np.asarray(profile[k], dtype=float) for k in ("stack_observed", "stack_model"))
+    half, n = int(profile["half_px"]), max(int(profile["spots"]), 1)
+    diff = obs - mod
+    extent = (-half - 0.5, half + 0.5, half + 0.5, -half - 0.5)
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6), constrained_layout=True)
+    norm = colors.Normalize(min(obs.min(), mod.min()), max(obs.max(), mod.max()))
+    lim = float(np.abs(diff).max()) or 1.0
+    o, m = profile.get("observed") or {}, profile.get("model") or {}
+    for ax, img, cmap, nm, title in ((axes[0], obs, "viridis", norm, "observed"), (axes[1], mod, "viridis", norm, "model"),
+                                     (axes[2], diff, "RdBu_r", colors.Normalize(-lim, lim), "observed - model")):
+        im = ax.imshow(img, cmap=cmap, norm=nm, extent=extent, interpolation="nearest")
+        fig.colorbar(im, ax=ax, shrink=0.85, label=f"photons ({n} spots)")
+        ax.set_xlabel("radial (px, outward)")
+        ax.set_ylabel("tangential (px)")
+        ax.set_title(title, fontsize=10)
+    for ax, numbers in ((axes[0], o), (axes[1], m)):
+        if numbers.get("rms_radius_px") is not None:
+            ax.set_title(f"{ax.get_title()}: peak {numbers['peak_per_spot']:.3g}/spot, rms radius "
+                         f"{numbers['rms_radius_px']:.3g} px", fontsize=9)
+    u = np.arange(-half, half + 1)
+    radius = np.rint(np.hypot(*np.meshgrid(u, u))).astype(int).ravel()
+    count = np.bincount(radius)
+    r = np.nonzero(count)[0]
+    for stack, colour, label in ((obs, _OBSERVED, "observed"), (mod, _PREDICTED, "model")):
+        mean = np.bincount(radius, weights=stack.ravel())[r] / count[r] / n
+        axes[3].plot(r, mean, "o-", color=colour, label=label, ms=4)
+    axes[3].set_yscale("log")
+    axes[3].set_xlabel("distance from the observed centroid (px)")
+    axes[3].set_ylabel("photons per spot and pixel")
+    axes[3].set_title("azimuthal mean", fontsize=10)
+    axes[3].legend(fontsize=8)
+    return fig
+
+
+def background_figure(table: Mapping[str, Any]):
+    """The background between spots (``diagnostics.background_by_resolution`` of ``result.json``): mean observed
+    and model photons per pixel in each resolution bin, plotted at the bin's middle in 1/d^2 (its range as a bar)
+    and labelled in d (Å)."""
+    plt = _pyplot()
+    bins = list(table.get("bins") or [])
+
+    def inv(d) -> float:
+        return 0.0 if d is None or not math.isfinite(d) or d <= 0 else 1.0 / (d * d)
+
+    lo = np.array([inv(b["d_max_A"]) for b in bins])
+    hi = np.array([inv(b["d_min_A"]) for b in bins])
+    mid = 0.5 * (lo + hi)
+    fig, ax = plt.subplots(figsize=(7.5, 3.8), constrained_layout=True)
+    for key, colour, label in (("observed_mean", _OBSERVED, "observed"), ("model_mean", _PREDICTED, "model")):
+        y = np.array([b[key] for b in bins], dtype=float)
+        ax.errorbar(mid, y, xerr=[mid - lo, hi - mid], fmt="o-", color=colour, label=label, ms=4, capsize=2)
+    ticks = mid[mid > 0]
+    ax.set_xticks(ticks, [f"{1.0 / math.sqrt(t):.3g}" for t in ticks], fontsize=8)
+    ax.set_xlabel("resolution d (Å), bin middles (axis linear in 1/d²)")
+    ax.set_ylabel("photons per pixel")
+    ax.set_title(f"background between spots (> {table.get('exclude_px', '?')} px from any spot; "
+                 f"{table.get('pixels', 0)} pixels)", fontsize=10)
+    ax.legend(fontsize=8)
     return fig

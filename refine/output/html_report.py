@@ -14,6 +14,9 @@ URI (no network, no scripts, no files beside it):
 * observed / model / residual crops with observed and model spots (:func:`refine.output.figures.crop_figure`);
 * the observed -> model spot offsets across the detector (:func:`refine.output.figures.offsets_figure`);
 * the histogram of normalised residuals (:func:`refine.output.figures.residual_histogram`);
+* what the model misses (``diagnostics``, :mod:`refine.quality.misfit`): sigZ beside the fit excess, and with a
+  spot list the stacked spot profile (:func:`refine.output.figures.spot_profile_figure`) and the background between
+  spots against resolution (:func:`refine.output.figures.background_figure`);
 * the correlation matrix (:func:`refine.output.figures.correlation_figure`).
 
 TensorBoard (``--logdir``) is for watching a run live; this page is the run's record.
@@ -35,7 +38,7 @@ from nbtorch.cli_support import run_main
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from refine.output import figures
-from refine.output.report import ESD_NOTE, parameter_rows
+from refine.output.report import ESD_NOTE, misfit_lines, parameter_rows
 from refine.output.results import load_h5
 from refine.fitting.structure_factors import is_amplitude
 
@@ -102,6 +105,7 @@ def _summary(doc: dict) -> str:
     if fit.get("excess") is not None:
         parts.append(f"<p>fit: final loss {fit['excess']:.3g}&times; the shot-noise expectation of the refined "
                      "model (about 1 = a fit to the noise level)</p>")
+    parts += [f"<p>{html.escape(line)}</p>" for line in misfit_lines(fit, doc.get("diagnostics") or {})[:1]]
     spots = doc.get("spots") or {}
     if spots.get("rms_px_final") is not None:
         parts.append(f"<p>spots: rms offset {spots.get('rms_px_start_common', float('nan')):.3g} px &rarr; "
@@ -136,6 +140,26 @@ def _structure_factor_summary(doc: dict) -> str:
     return (f"<p>{len(rows)} amplitudes refined ({sf.get('n_held', 0)} held: too faint) in {html.escape(str(sf.get('space_group', '')))} (start: "
             f"{html.escape(str(sf.get('start', '')))}): median F {np.nanmedian(F):.4g}, median relative esd "
             f"{np.nanmedian(rel):.3g}; every value is in result.json (structure_factors) and the HKL file.</p>")
+
+
+def _misfit_sections(diagnostics: dict) -> list[str]:
+    """The stacked spot profile and the background between spots (runs with observed spots only)."""
+    profile, table = diagnostics.get("profile") or {}, diagnostics.get("background_by_resolution") or {}
+    out = []
+    if profile.get("spots"):
+        out.append(_figure(
+            figures.spot_profile_figure(profile), "stacked spot profile",
+            f"Observed and model photons summed over {profile['spots']} matched spots, each sampled on its observed "
+            "centroid in its own frame (columns: radial, outward from the direct beam; rows: tangential), their "
+            "difference, and both averaged over the azimuth. A model spot broader or offset from the observed one "
+            "leaves a ring or a dipole in the difference."))
+    if table.get("pixels"):
+        out.append(_figure(
+            figures.background_figure(table), "background between spots against resolution",
+            f"Mean observed and model photons per fitted pixel farther than {table['exclude_px']} px from every "
+            "observed spot and every pixel where the model has a spot, in resolution bins of equal pixel counts."))
+    lines = misfit_lines({}, diagnostics)[1:]
+    return (["<h2>What the model misses</h2>"] + [f"<p>{html.escape(line)}</p>" for line in lines] + out) if out else []
 
 
 def render_report(data: dict[str, Any], title: str = "nbtorch-refine report") -> str:
@@ -184,6 +208,7 @@ def render_report(data: dict[str, Any], title: str = "nbtorch-refine report") ->
                 "(observed - model) / sqrt(model) over the fitted pixels: shot noise alone gives the unit normal; "
                 "wide tails mean the model lacks something the image has."),
     ]
+    sections += _misfit_sections(doc.get("diagnostics") or {})
     corr = np.asarray(data.get("correlation", np.zeros((0, 0))))
     names = list(data.get("names", free))
     keep = [i for i, n in enumerate(names) if not is_amplitude(n)]  # hundreds of amplitudes: their own section

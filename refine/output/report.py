@@ -3,7 +3,8 @@
 :func:`write_outputs` writes ``result.h5`` (:func:`refine.output.results.save_h5`) and ``result.json``
 (:meth:`~refine.output.results.RefinementResult.to_json_dict`) atomically, both with the command's additions:
 ``command``, ``input`` (image, format, header geometry, masked-pixel counts, the model's full flags),
-``truth`` (synthetic problems), ``spots`` (rms spot offsets before and after) and ``esd_extra``.  The table and
+``truth`` (synthetic problems), ``spots`` (rms spot offsets before and after) and ``esd_extra``;
+:func:`misfit_lines` says what the model misses (the result's ``diagnostics``) in words.  The table and
 the files take a joint result (:class:`~refine.output.results.JointResult`: its shared values) as well: the
 result files have one schema (:mod:`refine.output.results`).
 """
@@ -21,7 +22,7 @@ from nbtorch.parameters import PARAMETER_NAMES
 from refine.fitting.parameters import NUISANCE
 from refine.output.results import jsonable, save_h5
 
-__all__ = ["results_table", "parameter_rows", "write_outputs", "ESD_NOTE"]
+__all__ = ["results_table", "parameter_rows", "write_outputs", "ESD_NOTE", "misfit_lines"]
 
 
 def _decimals(esd: float | None) -> int:
@@ -83,6 +84,43 @@ def _esd(e: float | None) -> str:
 #: printed under the table when it has both esd columns
 ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the image; esd if right: the Fisher "
             "esd, which assumes the model explains the image (docs/refinement.md, 'Esds')")
+
+
+def _pair(a, b, digits: int = 3) -> str:
+    return f"{a:.{digits}g} vs {b:.{digits}g}" if a is not None and b is not None else "-"
+
+
+def misfit_lines(fit: dict, diagnostics: dict) -> list[str]:
+    """What the model misses (``diagnostics`` of a result, :mod:`refine.quality.misfit`) as printed lines: sigZ
+    beside the fit excess and the stacked spot profile; the background between spots by resolution."""
+    if diagnostics.get("sigZ") is None:
+        return []
+    excess = f"fit excess {fit['excess']:.3g}x; " if fit.get("excess") is not None else ""
+    robust = diagnostics.get("sigZ_robust")
+    line = (f"misfit: sigZ {diagnostics['sigZ']:.3g} ({'' if robust is None else f'robust {robust:.3g}; '}{excess}"
+            f"{100.0 * diagnostics['fraction_z_above_5']:.2g}% of {diagnostics['z_pixels']} pixels |z| > 5)")
+    profile = diagnostics.get("profile") or {}
+    if profile.get("spots"):
+        o, m = profile["observed"], profile["model"]
+        tail = profile.get("excess_3to5_px")
+        line += (f"; spot profile ({profile['spots']} spots): observed peak {o['peak_per_spot']:.3g}, model "
+                 f"{m['peak_per_spot']:.3g} photons per spot, rms radius {_pair(o['rms_radius_px'], m['rms_radius_px'])} "
+                 f"px (radial {_pair(o['rms_radial_px'], m['rms_radial_px'])}, tangential "
+                 f"{_pair(o['rms_tangential_px'], m['rms_tangential_px'])})"
+                 + (f", model {100.0 * tail:+.0f}% at 3-5 px" if tail is not None else ""))
+    lines = [line]
+    table = diagnostics.get("background_by_resolution") or {}
+    if table.get("pixels"):
+        bins = ", ".join(f"{_d(b['d_max_A'])}-{_d(b['d_min_A'])} A {b['observed_mean']:.3g}/{b['model_mean']:.3g}"
+                         for b in table["bins"])
+        lines.append(f"misfit: background between spots (> {table['exclude_px']} px from any; {table['pixels']} "
+                     f"pixels, sigZ {table.get('sigZ') or math.nan:.3g}), observed/model photons per pixel: "
+                     f"{table['observed_mean']:.3g}/{table['model_mean']:.3g}; by resolution {bins}")
+    return lines
+
+
+def _d(d_A: float | None) -> str:
+    return "inf" if d_A is None or not math.isfinite(d_A) else f"{d_A:.3g}"
 
 
 def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: str | None = None) -> None:

@@ -22,10 +22,15 @@ a joint result is the single one extended with a list of per-image entries.  The
     structure_factors   with refined amplitudes: space group, start, counts and one row
                     [h, k, l, d_A, F, esd, refined] per candidate reflection (:func:`amplitude_rows`)
 
-one image adds ``stages`` [{name, status, steps, loss_start, loss_end, ...}], ``hparams`` and ``fit``; a joint
+one image adds ``stages`` [{name, status, steps, loss_start, loss_end, ...}], ``hparams``, ``fit`` and
+``diagnostics`` (what the model misses, :mod:`refine.quality.misfit`: ``sigZ``, ``mean_z``, ``fraction_z_above_5``,
+``z_pixels``; with observed spots from ``nbtorch-refine`` also ``direct_beam_px``, ``profile`` and
+``background_by_resolution``); a joint
 run adds ``n_images``, ``shared_names``, ``per_image_names``, ``loss`` (its name), ``world_size``, ``history``
 (one row per point of its loop), ``resumed_from_step`` and ``images``, one entry per image: ``params``,
-``initial_params``, ``esds``, ``esds_by_kind`` (as above, the image's own names) and ``loss_final``; ``shared``,
+``initial_params``, ``esds``, ``esds_by_kind`` (as above, the image's own names), ``loss_final`` and, when known,
+``fit`` and ``spots`` (the image's fit against shot noise and its spot offsets; ``fit`` and ``spots`` at the top:
+over every image); ``shared``,
 ``shared_esds``, ``initial_shared`` and ``shared_correlation`` repeat ``params``, ``esds``, ``initial_params`` and
 ``correlation`` under the names joint files had before they took this schema.
 
@@ -37,9 +42,12 @@ The HDF5 file holds the same: attributes ``format``, ``status``, ``message``, ``
 ``d_A``, ``F``, ``esd`` (NaN where held), ``refined``, and ``photons`` of a joint run); and ``result_json`` (the
 JSON document).  One image adds ``covariance``, ``history/stage``, ``history/stage_step``,
 ``history/params/<name>`` (every base value, NaN-free) and ``images/observed``, ``images/model``,
-``images/residuals`` (observed - model), ``images/mask``.  A joint run adds attributes ``n_images``,
+``images/residuals`` (observed - model), ``images/mask`` and ``diagnostics`` (attributes: the scalars; with a
+spot profile ``diagnostics/profile/{observed,model,difference}``, with the background between spots
+``diagnostics/background_by_resolution/{d_max_A,d_min_A,pixels,observed,model}``).  A joint run adds attributes ``n_images``,
 ``world_size``, ``loss_name``; ``images/<name>``, ``image_esds/<name>``, ``initial_images/<name>`` (one value
-per image, NaN where absent), ``image_losses``, and ``shared``, ``shared_esds``, ``initial_shared``,
+per image, NaN where absent), ``image_losses``, ``image_fit/<name>`` and ``image_spots/<name>`` (one value per
+image, when known), and ``shared``, ``shared_esds``, ``initial_shared``,
 ``shared_correlation`` (links to ``params``, ``esds``, ``initial_params``, ``correlation``).  Both files are
 written atomically (:mod:`nbtorch.io.atomic`).
 """
@@ -150,6 +158,9 @@ class RefinementResult:
         esd_kinds: kind -> name -> esd for the three kinds of :mod:`refine.quality.uncertainty`: ``sandwich``
             (robust to a model that misses part of the image; what ``esds`` holds), ``scaled`` (Fisher
             esds times sqrt of the fit's excess) and ``fisher`` (right only for a right model).
+        diagnostics: what the model misses (:mod:`refine.quality.misfit`): sigZ (``sigZ``, ``mean_z``,
+            ``fraction_z_above_5``, ``z_pixels``), and from ``nbtorch-refine`` with observed spots ``profile`` and
+            ``background_by_resolution``.
     """
 
     status: Status
@@ -181,6 +192,7 @@ class RefinementResult:
     esd_kinds: dict = field(default_factory=dict)
     amplitudes: Any = field(default=None, repr=False)
     amplitude_values: dict = field(default_factory=dict, repr=False)
+    diagnostics: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         # the signal the fit rests on: from the result's own images, so every way of making a result reports it
@@ -203,7 +215,8 @@ class RefinementResult:
         """The ``result.json`` document (plain Python types; the schema of the module docstring)."""
         doc = _common_document(self, FORMAT, self.free, self.structure_factors() if self.amplitudes is not None
                                else None)
-        doc.update(stages=[s.to_dict() for s in self.stages], hparams=self.hparams, fit=self.fit)
+        doc.update(stages=[s.to_dict() for s in self.stages], hparams=self.hparams, fit=self.fit,
+                   diagnostics=self.diagnostics)
         return doc
 
     def structure_factors(self) -> dict:
@@ -246,6 +259,7 @@ class RefinementResult:
         for key in ("observed", "model", "residuals"):
             img.create_dataset(key, data=np.asarray(getattr(self, key), dtype=np.float64), compression="gzip")
         img.create_dataset("mask", data=np.asarray(self.mask, dtype=np.uint8), compression="gzip")
+        _write_diagnostics(h5, self.diagnostics)
 
 
 @dataclass(frozen=True)
@@ -279,6 +293,11 @@ class JointResult:
             without.  ``amplitude_table``, ``amplitude_values``: the table and every candidate's final value
             (:meth:`hkl_table`).
         refined: shared name -> final value (the amplitudes refined too).
+        fit: the final fit against shot noise over every image (``loss``, ``expected_loss``, ``excess``, ``pixels``,
+            as a single run's ``fit``; Poisson loss only), ``image_fit`` the same per image.
+        spots: the observed spots against the model's over every image (``n``, ``matched_start``,
+            ``matched_final``, ``n_common``, ``rms_px_start_common``, ``rms_px_final_common``, ``rms_px_final``:
+            pooled over the images), ``image_spots`` the same per image (``nbtorch-refine`` with spots; empty without).
 
     ``params``, ``initial_params``, ``esds``, ``esd_kinds``, ``free`` and ``correlation`` name the shared part as
     :class:`RefinementResult` names its parameters (the common schema of the result files).
@@ -315,6 +334,10 @@ class JointResult:
     amplitude_table: Any = field(default=None, repr=False, compare=False)
     amplitude_values: dict = field(default_factory=dict, repr=False)
     refined: dict = field(default_factory=dict)
+    fit: dict = field(default_factory=dict)
+    image_fit: tuple = ()
+    spots: dict = field(default_factory=dict)
+    image_spots: tuple = ()
 
     @property
     def n_images(self) -> int:
@@ -354,7 +377,10 @@ class JointResult:
                    per_image_names=list(self.per_image_names), loss=self.loss_name, world_size=self.world_size,
                    history=list(self.history), resumed_from_step=self.resumed_from_step, images=images,
                    shared=self.shared, shared_esds=self.shared_esds, initial_shared=self.initial_shared,
-                   shared_correlation=doc["correlation"])
+                   shared_correlation=doc["correlation"], fit=self.fit, spots=self.spots)
+        for image, fit, spots in zip(images, self.image_fit or [None] * self.n_images,
+                                     self.image_spots or [None] * self.n_images):
+            image.update({k: v for k, v in (("fit", fit), ("spots", spots)) if v is not None})
         return doc
 
     def summary(self) -> str:
@@ -367,6 +393,14 @@ class JointResult:
             e = self.shared_esds.get(n)
             lines.append(f"  {n:<14s} {v:14.6f}" + (f" +- {e:.2g}" if e is not None else "")
                          + f" {self.units.get(n, '')}")
+        if self.fit:
+            lines.append(f"  fit: final loss {self.fit['excess']:.3g}x the shot-noise expectation over {self.fit['pixels']} "
+                         "pixels of all images (about 1 = a fit to the noise level)")
+        if self.spots:
+            s = self.spots
+            lines.append(f"  spots: rms {s['rms_px_start_common']:.3g} -> {s['rms_px_final_common']:.3g} px over the "
+                         f"{s['n_common']} spots matched before and after ({s['matched_final']} of {s['n']} matched at "
+                         "the end, all images)")
         if self.structure_factors:
             sf = self.structure_factors
             lines.append(f"  structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: "
@@ -389,6 +423,12 @@ class JointResult:
                 d = g.create_dataset(name, data=np.array([r.get(name, math.nan) for r in rows], dtype=np.float64))
                 d.attrs["units"] = self.units.get(name, "")
         h5.create_dataset("image_losses", data=np.asarray(self.image_losses, dtype=np.float64))
+        for group, rows in (("image_fit", self.image_fit), ("image_spots", self.image_spots)):
+            if rows:
+                g = h5.create_group(group)
+                for name in dict.fromkeys(k for r in rows for k in r):
+                    g.create_dataset(name, data=np.array([math.nan if r.get(name) is None else r[name] for r in rows],
+                                                         dtype=np.float64))
         columns = ("step", "loss", "grad_norm", "step_norm", "evaluations")
         _write_history(h5, {c: [math.nan if h.get(c) is None else h[c] for h in self.history] for c in columns})
 
@@ -485,6 +525,29 @@ def _write_history(h5, columns: Mapping[str, Any]):
     for col, values in columns.items():
         hist.create_dataset(col, data=np.asarray(values))
     return hist
+
+
+def _write_diagnostics(h5, diagnostics: Mapping[str, Any]) -> None:
+    """Group ``diagnostics`` (module docstring): its scalars as attributes (NaN for null), the spot profile's stacks
+    and the background table's columns as datasets."""
+    g = h5.create_group("diagnostics")
+    for k, v in diagnostics.items():
+        if isinstance(v, (int, float, np.number)) or v is None:
+            g.attrs[k] = math.nan if v is None else v
+    profile = diagnostics.get("profile")
+    if profile:
+        p = g.create_group("profile")
+        p.attrs["spots"], p.attrs["half_px"] = profile["spots"], profile["half_px"]
+        for key in ("observed", "model", "difference"):
+            p.create_dataset(key, data=np.asarray(profile[f"stack_{key}"], dtype=np.float64))
+    table = diagnostics.get("background_by_resolution")
+    if table:
+        b = g.create_group("background_by_resolution")
+        b.attrs["exclude_px"] = table["exclude_px"]
+        b.attrs["sigZ"] = math.nan if table.get("sigZ") is None else table["sigZ"]
+        for key, column in (("d_max_A", "d_max_A"), ("d_min_A", "d_min_A"), ("pixels", "pixels"),
+                            ("observed", "observed_mean"), ("model", "model_mean")):
+            b.create_dataset(key, data=np.asarray([row[column] for row in table["bins"]], dtype=np.float64))
 
 
 def _write_amplitudes(h5, sf: dict) -> None:

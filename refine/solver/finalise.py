@@ -2,7 +2,8 @@
 
 :func:`finalise` evaluates the whole fitted image once at the final values (the stages may have used a
 region, bins or a fraction of it), compares the loss with its shot-noise expectation
-(:mod:`refine.quality.fit_quality`, Poisson deviance only), estimates the uncertainties of every refined name
+(:mod:`refine.quality.fit_quality`, Poisson deviance only) and measures the spread of the pixels' Poisson
+z-scores (sigZ, :mod:`refine.quality.misfit`), estimates the uncertainties of every refined name
 (:mod:`refine.quality.uncertainty`; a failure there is logged, the refinement still stands) and assembles the
 :class:`~refine.output.results.RefinementResult`.
 """
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from refine.quality.fit_quality import assess_poisson_fit
+from refine.quality.misfit import poisson_z_spread
 from refine.solver.history import History
 from refine.solver.loop import Status
 from refine.fitting.objective import ImageObjective, View, poisson_deviance
@@ -110,4 +112,4 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         mask=used, symmetry=plan.symmetry, hparams=plan.hparams, fit=fit, warnings=tuple(warnings),
         amplitudes=plan.amplitudes,
         amplitude_values={} if plan.amplitudes is None else {n: float(values[n]) for n in plan.amplitudes.names},
-        **uncertainty)
+        diagnostics=poisson_z_spread(obs_np, model, used).to_dict(), **uncertainty)

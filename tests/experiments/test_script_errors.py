@@ -1,6 +1,7 @@
 """Bad input to the experiment scripts: one line ``PROG: error: ...`` on stderr, exit status 2, nothing written.
 
-Every case fails before anything is simulated or compiled (milliseconds each), in-process via ``main(argv)``.
+Every case fails before anything is compiled or written (milliseconds each), in-process via ``main(argv)``.  The
+scripts take nbtorch-refine's options through its own parser and preparation, so they fail with its messages.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ def files(tmp_path):
     from nbtorch.io.smv import write_smv
 
     write_smv(tmp_path / "obs.img", np.full((20, 24), 5.0, dtype=np.float32))
+    write_smv(tmp_path / "obs32.img", np.full((32, 32), 5.0, dtype=np.float32))
     (tmp_path / "afile").write_text("not a folder\n")
+    (tmp_path / "unknown_key.toml").write_text('problem = "cubic_mosflm"\nbogus_option = 1\n')
+    (tmp_path / "model_space.toml").write_text("mosaic_domains = [5, 10]\n")
+    (tmp_path / "n_space.toml").write_text("[crystal_size]\nlow = 0\nhigh = 5\n")
     (tmp_path / "adir").mkdir()
     spaces = {
         "malformed": "optimizer = [\n",
@@ -58,24 +63,37 @@ def _check(main, argv, files, capsys, prog, expected):
     assert (files / "afile").read_text() == "not a folder\n"
 
 
-COMMON = [  # (argv, expected fragments of the message): both scripts
+COMMON = [  # (argv, expected fragments of the message): both scripts, nbtorch-refine's checks and messages
     (["--problem", "nonesuch"], ["--problem: unknown name 'nonesuch'"]),
     (["--size", "0"], ["--size: expected an integer >= 16, got 0"]),
     (["--size", "x"], ["--size", "'x'"]),
     (["--image", "{tmp}/nope.cbf", "--model", MODEL], ["nope.cbf", "not found"]),
-    (["--image", "{tmp}/obs.img"], ["--image and --model go together"]),
-    (["--model", MODEL], ["--image and --model go together"]),
-    (["--image", "{tmp}/obs.img", "--model", MODEL], ["--image {tmp}/obs.img", "24 x 20", "32 x 32"]),
+    (["--image", "{tmp}/obs.img"], ["--model", "required with --image"]),
+    (["--model", MODEL], ["give exactly one of --image", "--problem"]),
+    (["--image", "{tmp}/obs.img", "--model", MODEL], ["{tmp}/obs.img", "24 x 20", "32 x 32"]),
     (["--image", "{tmp}/obs.img", "--model", "-cell 'x"], ["--model", "quotation"]),
     (["--outdir", "{tmp}/afile"], ["--outdir {tmp}/afile", "not a directory"]),
     (["--outdir", "{tmp}/afile/sub"], ["--outdir {tmp}/afile/sub", "not a directory"]),
-    (["--steps", "0"], ["--steps", "must be >= 1, got 0"]),
-    (["--steps", "-1"], ["--steps", "must be >= 1, got -1"]),
-    (["--steps", "1.5"], ["--steps", "integer"]),
     (["--bogus"], ["unrecognized arguments: --bogus"]),
+    (["--config", "{tmp}/nope.toml"], ["--config {tmp}/nope.toml", "not found"]),
+    (["--config", "{tmp}/unknown_key.toml"], ["--config {tmp}/unknown_key.toml", "unknown option 'bogus_option'"]),
+    (["--images", "{tmp}/obs.img", "{tmp}/obs32.img"], ["--images", "one image"]),
+    (["--resume"], ["--resume"]),
+    (["--subsample", "2"], ["--subsample", "(0, 1]"]),
+    (["--spot-window", "3"], ["--spot-window needs --spots"]),
+    (["--fix", "nonsense"], ["--fix", "'nonsense'"]),
+    (["--roi", "0", "999", "0", "5"], ["roi"]),
+    (["--max-steps", "0"], ["--max-steps", "must be >= 1, got 0"]),
+    (["--dtype", "float16"], ["--dtype", "float16"]),
+    (["--symmetry", "pentagonal"], ["--symmetry", "pentagonal"]),
+    (["--device", "tpu"], ["--device", "tpu"]),
 ]
 
 STAGE_A = COMMON + [
+    (["--steps", "0"], ["--steps", "must be >= 1, got 0"]),
+    (["--steps", "-1"], ["--steps", "must be >= 1, got -1"]),
+    (["--steps", "1.5"], ["--steps", "integer"]),
+    (["--structure-factors", "--space-group", "P1"], ["--structure-factors"]),
     (["--lr", "nan"], ["--lr", "nan"]),
     (["--lr", "inf"], ["--lr", "inf"]),
     (["--lr", "0"], ["--lr", "> 0"]),
@@ -85,9 +103,6 @@ STAGE_A = COMMON + [
     (["--rtol", "nan"], ["--rtol", "nan"]),
     (["--phases", "1,7"], ["--phases"]),
     (["--phases", ""], ["--phases"]),
-    (["--dtype", "float16"], ["--dtype", "float16"]),
-    (["--symmetry", "pentagonal"], ["--symmetry", "pentagonal"]),
-    (["--device", "tpu"], ["--device", "tpu"]),
 ]
 
 
@@ -120,7 +135,16 @@ SWEEP = COMMON + [
     (["--grace", "-1"], ["--grace", "must be >= 1"]),
     (["--heartbeat", "5", "--grace", "5"], ["--grace 5", "greater than --heartbeat"]),
     (["--seed", "-1"], ["--seed", "must be >= 0"]),
-    (["--seed", str(2**32 - 1), "--workers", "2"], ["--seed", "<="]),
+    (["--sampler-seed", "-1"], ["--sampler-seed", "must be >= 0"]),
+    (["--sampler-seed", str(2**32 - 1), "--workers", "2"], ["--sampler-seed", "<="]),
+    (["--objective", "nope"], ["--objective", "'nope'"]),
+    (["--objective", "spot_rms"], ["--objective spot_rms", "--spots"]),
+    (["--objective", "loss"], ["--objective loss", "one loss"]),
+    (["--objective", "excess"], ["--objective excess", "poisson"]),
+    (["--image", "{tmp}/obs32.img", "--model", MODEL, "--objective", "error"], ["--objective error", "truth"]),
+    (["--space", "{tmp}/model_space.toml"], ["mosaic_domains", "--problem"]),
+    (["--image", "{tmp}/obs32.img", "--model", MODEL, "--space", "{tmp}/n_space.toml"],
+     ["crystal_size.low", ">= 1, got 0"]),
     (["--study", " "], ["--study", "empty"]),
     (["--space", "{tmp}/nope.toml"], ["--space {tmp}/nope.toml", "not found"]),
     (["--space", "{tmp}/adir"], ["--space {tmp}/adir", "directory"]),
@@ -182,3 +206,9 @@ def test_sweep_space_accepts_the_documented_forms(tmp_path):
     space = load_space(str(path))
     assert space["lr"] == [0.05, 0.1] and space["history_size"] == {"low": 3, "high": 3, "int": True}
     assert check_space(DEFAULT_SPACE) == DEFAULT_SPACE
+    # a measured image: the Poisson loss only, and the starting model's mosaic domains and crystal size
+    image = load_space(None, image=True)
+    assert image["loss"] == ["poisson"] and image["mosaic_domains"] and image["crystal_size"]["int"] is True
+    path.write_text("mosaic_domains = [10]\n[crystal_size]\nlow = 10\nhigh = 20\n")
+    image = load_space(str(path), image=True)
+    assert image["mosaic_domains"] == [10] and image["crystal_size"] == {"low": 10, "high": 20, "int": True}

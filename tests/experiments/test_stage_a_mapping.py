@@ -1,4 +1,5 @@
-"""The Stage-A mapping debug script: phases 1-5 on a tiny problem, compiled and eager."""
+"""The Stage-A mapping debug script: phases 1-5 on a tiny problem, compiled and eager; nbtorch-refine's inputs
+(config, image files, pixel choice) on synthetic data, and on a crop of the real still (slow)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,3 +105,97 @@ def test_phases_4_5_alone_other_spelling(tmp_path):
 def test_all_phases_compiled(tmp_path):
     r = _run(["--phases", "1,2,3,4,5", "--outdir", str(tmp_path)], {})
     _check_all(tmp_path, r, compiled=True)
+
+
+# ------------------------------------------------------------------ nbtorch-refine's inputs (issue #32)
+def _problem_image(tmp_path: Path, drop: tuple[str, ...] = ("-dump", "-default_F", "-interpolate"),
+                   extra: tuple[str, ...] = ("-default_F", "100")) -> tuple[Path, str]:
+    """The 32 x 32 bank problem's observed image as an SMV file, and its model's flags with ``drop`` (flag and
+    value) left out and ``extra`` added: a measured image as nbtorch-refine reads one."""
+    import shlex
+
+    from nbtorch.io.smv import write_smv
+    from refine import make_problem
+
+    p = make_problem("cubic_mosflm", size=32)
+    write_smv(tmp_path / "obs.img", np.asarray(p.observed, dtype=np.float32))
+    args, out, skip = list(p.args), [], 0
+    for i, a in enumerate(args):
+        if skip:
+            skip -= 1
+        elif a in drop:
+            skip = 0 if a == "-interpolate" else 1
+        else:
+            out.append(a)
+    return tmp_path / "obs.img", shlex.join(out + list(extra))
+
+
+def test_refine_options_and_pixel_choice(tmp_path):
+    """A --config of nbtorch-refine's options (ROI, subsample, seed): the phases fit exactly the pixels
+    nbtorch-refine's preparation chooses, through its restricted simulator."""
+    from experiments.stage_a_mapping import main
+    from refine.cli.parser import parse_args
+    from refine.cli.single import prepare
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('problem = "cubic_mosflm"\nsize = 32\nroi = [4, 27, 2, 29]\nsubsample = 0.5\nseed = 3\n'
+                   'out = "unused/result.h5"\n')
+    out = tmp_path / "out"
+    assert main(["--config", str(cfg), "--phases", "1,2", "--outdir", str(out)]) == 0
+    chosen = prepare(parse_args(["--config", str(cfg)]), lambda *a: None).choice.n_used
+    summary = json.loads((out / "summary.json").read_text())
+    p1, p2 = (json.loads((out / f"phase{i}.json").read_text()) for i in (1, 2))
+    assert summary["passed"] and summary["fitted_pixels"] == chosen == p2["pixels"] < 24 * 28
+    assert p1["geometry"]["roi"] == [4, 27, 2, 29]
+    assert not (tmp_path / "unused").exists()  # nbtorch-refine's outputs are not the script's
+
+
+def test_measured_image_all_phases_defaults_are_information(tmp_path, capsys):
+    """An image file with nanoBragg flags and no HKL table (every lookup takes -default_F): phase 1 passes and
+    says so; all five phases run on the fitted pixels of --spots find --spot-window --subsample."""
+    from experiments.stage_a_mapping import main
+
+    image, model = _problem_image(tmp_path)
+    out = tmp_path / "out"
+    # the problem's starting model misses its spots by design: the start of scale and background given
+    argv = ["--image", str(image), "--model", model, "--spots", "find", "--spot-window", "2", "--subsample", "0.3",
+            "--start", "scale=0.5,background=50", "--steps", "1", "--outdir", str(out)]
+    assert main(argv) == 0, capsys.readouterr()
+    p1 = json.loads((out / "phase1.json").read_text())
+    assert p1["passed"] and p1["hkl"]["fraction_default_F"] == 1.0 and p1["hkl"]["table"] is False
+    assert "100.00% of lookups defaulted (no HKL table" in p1["verdict"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"] and set(summary["verdicts"]) == {"1", "2", "3", "4", "5"}
+    assert summary["fitted_pixels"] < 32 * 32 and summary["peak_rss_gb"] > 0
+
+
+def test_reflections_beyond_the_hkl_table_fail_phase_1(tmp_path, capsys):
+    """With an HKL table that the reflections reach beyond, phase 1 fails (exit status 1)."""
+    from experiments.stage_a_mapping import main
+
+    (tmp_path / "small.hkl").write_text("0 0 0 100\n0 0 1 100\n0 1 0 100\n1 0 0 100\n")
+    image, model = _problem_image(tmp_path, extra=("-hkl", str(tmp_path / "small.hkl"), "-default_F", "10"))
+    out = tmp_path / "out"
+    assert main(["--image", str(image), "--model", model, "--start", "scale=0.5,background=50", "--phases", "1",
+                 "--outdir", str(out)]) == 1
+    p1 = json.loads((out / "phase1.json").read_text())
+    assert p1["hkl"]["table"] and p1["hkl"]["out_of_range"] and not p1["passed"]
+    assert "beyond the HKL table" in p1["verdict"] and "FAILED" in capsys.readouterr().out
+
+
+REAL = ROOT.parent / "shared" / "real" / "thaumatin_i24_still"
+#: a crop of the tutorial still around the direct beam (about 300 x 300 pixels, ~60 spots)
+CROP = ["--roi", "1110", "1409", "1160", "1459"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL.is_dir(), reason="the real thaumatin still is not here")
+def test_real_crop_all_phases(tmp_path):
+    """The tutorial's config on a crop of the real still: all five phases pass, in bounded memory."""
+    r = subprocess.run([sys.executable, "-m", "experiments.stage_a_mapping", "--config", "examples/thaumatin_still.toml",
+                        *CROP, "--steps", "1", "--outdir", str(tmp_path)], cwd=ROOT,
+                       env={k: v for k, v in os.environ.items() if k not in ("NANOBRAGG_DISABLE_COMPILE",
+                                                                             "NANOBRAG_DISABLE_COMPILE")},
+                       capture_output=True, text=True, timeout=1800)
+    summary = _check_all(tmp_path, r, compiled=True)
+    assert "no HKL table" in summary["verdicts"]["1"]["verdict"] and summary["peak_rss_gb"] < 4.0

@@ -137,7 +137,7 @@ def test_joint_result_files(joint, singles, tmp_path):
     assert len(doc["images"]) == N and doc["images"][1]["params"]["misset_x"] == joint.images[1]["misset_x"]
     # one schema: a single result's document (its keys, for the shared names) extended with a list of images
     single = json.loads(json.dumps(jsonable(singles[0].to_json_dict())))
-    assert set(single) - {"stages", "hparams", "fit"} <= set(doc) and single["format"] == "nbtorch-refine-result"
+    assert set(single) - {"stages", "hparams", "fit", "diagnostics"} <= set(doc) and single["format"] == "nbtorch-refine-result"
     assert doc["params"] == doc["shared"] and doc["esds"] == doc["shared_esds"] and doc["free"] == list(CELL)
     assert doc["correlation"] == doc["shared_correlation"] and doc["correlation"]["names"] == list(CELL)
     assert doc["esds_by_kind"]["fisher"] == pytest.approx(joint.esds_by_kind["fisher"]["shared"])

@@ -155,6 +155,11 @@ def test_spots_report(refine_cli, tmp_path):
     assert s["floor_realisations"] == 5 and s["floor_seed"] == 0 and 0 < s["floor_spots"] <= s["matched_final"]
     assert 0 < s["rms_px_floor"] < s["rms_px_final"] and s["rms_px_procedure"] >= 0 and s["floor_found"] > 0.5
     assert f"noise floor {s['rms_px_floor']:.3g} px" in r.out
+    # what the model misses (refine.quality.misfit): sigZ beside the fit excess, the spot profile, the background
+    diag = r.json()["diagnostics"]
+    assert diag["profile"]["spots"] > 0 and diag["background_by_resolution"]["pixels"] > 0
+    assert f"misfit: sigZ {diag['sigZ']:.3g} (robust" in r.out
+    assert f"spot profile ({diag['profile']['spots']} spots)" in r.out and "background between spots" in r.out
 
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])

@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip insta
 
 _IMG = re.compile(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
 _SECTIONS = ("Parameters", "Loss and parameters per step", "Observed, model and residual", "Spot offsets",
-             "Residuals", "Correlations")
+             "Residuals", "What the model misses", "Correlations")
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +43,10 @@ def finished_run(tmp_path_factory):
 def test_report_is_self_contained_and_complete(finished_run):
     page = (finished_run / "report.html").read_text()
     imgs = _IMG.findall(page)
-    # history, crops, spot offsets, residual histogram, correlation matrix
+    # history, crops, spot offsets, residual histogram, what the model misses, correlation matrix
     assert [alt for alt, _ in imgs] == ["loss and parameters per step", "observed, model and residual crops",
                                         "spot offsets across the detector", "histogram of normalised residuals",
+                                        "stacked spot profile", "background between spots against resolution",
                                         "correlation matrix"]
     for _, data in imgs:
         png = base64.b64decode(data)
@@ -61,6 +62,32 @@ def test_report_is_self_contained_and_complete(finished_run):
     assert "<th>truth</th>" in page
 
 
+def test_result_files_hold_what_the_model_misses(finished_run):
+    """sigZ beside the fit excess, the stacked spot profile and the background between spots, in result.json and
+    result.h5 (refine.quality.misfit), and sigZ in the report's summary."""
+    import json
+
+    import h5py
+    import numpy as np
+
+    doc = json.loads((finished_run / "result.json").read_text())
+    diag = doc["diagnostics"]
+    assert diag["sigZ"] > 0 and diag["z_pixels"] == doc["fit"]["pixels"]
+    profile = diag["profile"]
+    assert profile["spots"] > 0 and np.shape(profile["stack_observed"]) == (11, 11)
+    assert np.allclose(np.subtract(profile["stack_observed"], profile["stack_model"]), profile["stack_difference"])
+    for side in ("observed", "model"):
+        assert {"peak_per_spot", "rms_radius_px", "rms_radial_px", "rms_tangential_px"} <= set(profile[side])
+    table = diag["background_by_resolution"]
+    assert table["pixels"] == sum(b["pixels"] for b in table["bins"]) > 0
+    with h5py.File(finished_run / "result.h5", "r") as h5:
+        assert h5["diagnostics"].attrs["sigZ"] == pytest.approx(diag["sigZ"])
+        assert h5["diagnostics/profile/difference"].shape == (11, 11)
+        assert len(h5["diagnostics/background_by_resolution/observed"]) == len(table["bins"])
+    page = (finished_run / "report.html").read_text()
+    assert f"misfit: sigZ {diag['sigZ']:.3g}" in page
+
+
 def test_report_from_saved_result_matches(finished_run, tmp_path):
     assert report_main([str(finished_run / "result.h5"), str(tmp_path / "again.html")]) == 0
     again = (tmp_path / "again.html").read_text()
@@ -74,8 +101,9 @@ def test_report_without_spots_or_esds(tmp_path):
     """A run with no spot list and no esds still gives a complete page, without the sections it lacks."""
     data = load_report_data_for_test(tmp_path)
     page = render_report(data)
-    assert "<h2>Spot offsets</h2>" not in page
+    assert "<h2>Spot offsets</h2>" not in page and "<h2>What the model misses</h2>" not in page
     assert "No uncertainties were estimated" in page
+    assert set(data["json"]["diagnostics"]) == {"sigZ", "sigZ_robust", "mean_z", "fraction_z_above_5", "z_pixels"}
     assert len(_IMG.findall(page)) == 3
 
 

@@ -47,6 +47,14 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     assert s["matched_final"] >= 0.95 * s["n"]
     # ... far above their shot-noise floor (0.17 px on 2026-11-25; docs/refinement.md, "The spot noise floor")
     assert 0.05 < s["rms_px_floor"] < 0.4 * s["rms_px_final"] and s["floor_spots"] >= 0.75 * s["matched_final"]
+    # what the model misses (docs/refinement.md, "What the model still misses", 2026-11-27): observed spots sharper
+    # than the model's, and less background between spots than the model's flat one
+    diag = doc["diagnostics"]
+    o, m = diag["profile"]["observed"], diag["profile"]["model"]
+    assert diag["profile"]["spots"] >= 0.8 * s["n"] and diag["sigZ"] > 10 * diag["sigZ_robust"]
+    assert o["peak_per_spot"] > 1.5 * m["peak_per_spot"] and m["rms_radius_px"] > o["rms_radius_px"]
+    table = diag["background_by_resolution"]
+    assert table["model_mean"] > 1.3 * table["observed_mean"]
 
     # the cell: thaumatin, tetragonal, at the header distance (351 mm, held fixed)
     assert p["distance"] == 351.0

@@ -1,0 +1,93 @@
+"""What a joint run (``nbtorch-refine --joint`` / ``--rotation-series``) reports per image, as a single run reports its
+image: the observed spots against the model's spots at the start and at the end, per image and pooled over the
+images, and the warnings about the spots (docs/many-images.md, "Rotation sweeps from DIALS").
+
+:func:`spot_rows` measures each image of this process (:func:`refine.inputs.spots.spot_offsets` at the image's
+starting and final values, on its unrestricted simulator) and gathers the rows of every process;
+:func:`with_spot_report` puts them into the :class:`~refine.output.results.JointResult` (``spots``, ``image_spots``)
+with the warnings of a single run, judged over the whole run:
+
+* too few observed spots for the names every image shares and its own (:func:`refine.quality.identifiability.reduce_free`
+  with the ``warn`` policy: a joint run never fixes names by itself);
+* spots that moved away from the observed ones while the loss fell (:func:`refine.quality.identifiability.drift_warning`
+  on the pooled rms over the spots matched before and after);
+* a model whose spots miss the observed ones: fewer than half of them have a model spot within the search
+  radius at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from nbtorch import eager
+from refine.inputs.spots import spot_offsets
+from refine.many.distributed import Comm
+from refine.output.results import JointResult
+from refine.quality.identifiability import drift_warning, reduce_free
+
+__all__ = ["spot_rows", "with_spot_report", "COLUMNS"]
+
+#: one row per image: spots, matched at the start and end, matched at both, and the sums of squared offsets
+#: (px^2) over those matched at both (start, end) and over those matched at the end
+COLUMNS = ("n", "matched_start", "matched_final", "n_common", "ss_start_common", "ss_final_common", "ss_final")
+
+
+def _row(sim, spots: np.ndarray | None, start: dict, final: dict) -> torch.Tensor:
+    if spots is None or not len(spots):
+        return torch.zeros(len(COLUMNS), dtype=torch.float64)
+    with eager():  # a few renders of small windows: not worth a compiled graph
+        before = spot_offsets(sim, start, spots)
+        after = spot_offsets(sim, final, spots)
+    both = before.matched & after.matched
+
+    def ss(offsets: np.ndarray, sel: np.ndarray) -> float:
+        return float((offsets[sel] ** 2).sum())
+    return torch.tensor([len(spots), before.matched.sum(), after.matched.sum(), both.sum(), ss(before.offsets, both),
+                         ss(after.offsets, both), ss(after.offsets, after.matched)], dtype=torch.float64)
+
+
+def spot_rows(sims: Sequence, spots: Sequence[np.ndarray | None], result: JointResult, local: Sequence[int],
+              comm: Comm | None = None) -> np.ndarray:
+    """``(n images, len(COLUMNS))``: the spot offsets of every image (this process measures its ``local`` ones on
+    ``sims[i]`` at ``result.initial_images[i]`` and ``result.images[i]``; the rows of every process gathered)."""
+    comm = comm or Comm()
+    n = result.n_images
+    rows = {i: _row(sims[i], spots[i], dict(result.initial_images[i]), dict(result.images[i])) for i in local}
+    return comm.gather(rows, n, (len(COLUMNS),), torch.float64).numpy()
+
+
+def _summary(row: np.ndarray) -> dict:
+    n, m0, m1, common, ss0, ss1, ss_final = (float(x) for x in row)
+
+    def rms(ss: float, count: float) -> float:
+        return math.sqrt(ss / count) if count else math.nan
+    return {"n": int(n), "matched_start": int(m0), "matched_final": int(m1), "n_common": int(common),
+            "rms_px_start_common": rms(ss0, common), "rms_px_final_common": rms(ss1, common),
+            "rms_px_final": rms(ss_final, m1)}
+
+
+def with_spot_report(result: JointResult, rows: np.ndarray) -> JointResult:
+    """``result`` with ``spots`` (pooled over the images), ``image_spots`` (one summary per image) and the spot
+    warnings of the module docstring."""
+    total = _summary(rows.sum(axis=0))
+    warnings = list(result.warnings)
+    names = list(result.shared_names) + list(result.per_image_names) * result.n_images  # every image's own names
+    _, few = reduce_free(names, total["n"], "warn")
+    if few is not None:
+        warnings.append(few.replace("in the fitted region", "in the fitted regions of all images")
+                        .replace(" (--too-few-spots warn)", ""))
+    drift = drift_warning(total["rms_px_start_common"], total["rms_px_final_common"], total["n_common"],
+                          result.loss_initial, result.loss_final)
+    if drift is not None:
+        warnings.append(drift)
+    if total["n"] and total["matched_final"] < 0.5 * total["n"]:
+        warnings.append(f"the refined model's spots miss the observed ones: only {total['matched_final']} of "
+                        f"{total['n']} observed spots have a model spot near them at the end (check the orientation, "
+                        "the cell and the scan's angles)")
+    return dataclasses.replace(result, spots=total, image_spots=tuple(_summary(r) for r in rows),
+                               warnings=tuple(warnings))
