@@ -4,7 +4,8 @@
 * ``stage_a_mapping``: the Stage-A debug phases (forward sanity, raw <-> physical mapping and
   gradients, eager and compiled Adam runs, their trajectories compared);
 * ``sweep``: optuna hyper-parameter sweeps of the refinement (``workload`` and ``png``
-  are their helpers: the refinement input and a minimal PNG writer);
+  are their helpers: nbtorch-refine's options and preparation as the scripts' input, and a minimal PNG
+  writer);
 * their argument checks and one-line errors (exit status 2) come from :mod:`nbtorch.cli_support`.
 
 See docs/experiments.md.

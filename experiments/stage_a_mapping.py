@@ -49,7 +49,7 @@ import torch
 import nbtorch
 from experiments.png import write_png_pair
 from experiments.workload import Workload, experiment_parser, load_workload, parse_experiment
-from nbtorch import runtime
+from nbtorch import Simulator, runtime
 from nbtorch.cli_support import Printer, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
 from nbtorch.errors import InputError
 from refine import Adam, TensorBoardCallback, refine, stage_a
@@ -254,10 +254,36 @@ def _history(result) -> dict:
             "params": {k: [float(x) for x in v] for k, v in result.history["params"].items()}}
 
 
+def blocked_gradients(sim: Simulator, evaluations: int = GRADIENT_BLOCK_EVALUATIONS) -> Simulator:
+    """A copy of ``sim`` (restricted to the same pixels, eager) whose renders of its own pixels with gradients on
+    run in blocks of at most ``evaluations`` under :func:`torch.utils.checkpoint.checkpoint`: autograd keeps one
+    block's intermediate tensors at a time (recomputed in the backward pass) instead of every tile's of the
+    whole loss, the same values and gradients.  Phase 3's eager run, bounded like phase 2's gradient."""
+    from torch.utils.checkpoint import checkpoint  # lazy: phase 3 only
+
+    mask = sim.setup.pixel_mask
+    new = sim.restricted(mask if mask is not None else np.ones(sim.shape, dtype=bool))
+    new.set_compile(False, "phase 3: eager, gradients in blocks of pixels")
+    plain = new.render_pixels
+    step = max(16, evaluations // new.evaluations_per_pixel())
+
+    def render_pixels(roi=None, progress=False, diagnostics=None, pixels=None, **overrides):
+        roi = tuple(roi) if roi is not None else tuple(new.setup.roi)
+        where = None if pixels is not None or not torch.is_grad_enabled() else new.simulated_pixels(roi)
+        if where is None or where.numel() <= step:
+            return plain(roi=roi, progress=progress, diagnostics=diagnostics, pixels=pixels, **overrides)
+        parts = [checkpoint(lambda c: plain(roi=roi, diagnostics=diagnostics, pixels=c, **overrides)[0], block,
+                            use_reentrant=False) for block in where.split(step)]
+        return torch.cat(parts), where, {}
+
+    new.render_pixels = render_pixels
+    return new
+
+
 def _run(w: Workload, outdir: Path, label: str, compile: bool | None, stages, every: int) -> dict:
     from torch._dynamo.utils import counters  # lazy: torch._dynamo costs seconds of startup, phases 3-4 only
 
-    sim = w.simulator(compile=compile)
+    sim = blocked_gradients(w.simulator(compile=False)) if compile is False else w.simulator(compile=compile)
     seen: list[float] = []
     handle = sim.diagnostics.subscribe(lambda d: seen.append(float(d["fraction_default_F"])))
     warnings: list[str] = []

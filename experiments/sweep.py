@@ -96,6 +96,8 @@ NUMBERS: dict[str, tuple[float, bool]] = {"lr": (0, False), "history_size": (1, 
                                           "crystal_size": (1, True)}  # (limit, integer)
 #: the figures a trial can be judged by (see the module docstring)
 OBJECTIVES = ("error", "excess", "spot_rms", "loss")
+#: nbtorch-refine's options a trial sets (written to best.toml even where they are the default)
+TRIAL_OPTIONS = ("optimizer", "lr", "loss", "history_size", "precondition", "max_steps", "stages", "refine")
 #: steps per stage when --max-steps is not given (stage_a: each coarse stage, the final one 5x; single: 4x)
 DEFAULT_STEPS = 3
 
@@ -491,7 +493,7 @@ def _write_best(study: optuna.Study, options: Options, w: Workload, objective: s
     header = [f"best trial {best.number} of study {study.study_name!r}: {objective} {best.value:.6g}",
               f"use: nbtorch-refine --config {outdir / 'best.toml'}  (from {os.getcwd()}: relative paths "
               "are relative to it)"]
-    text = refine_config_toml(best_options, header, str(outdir / "best" / "result.h5"))
+    text = refine_config_toml(best_options, header, str(outdir / "best" / "result.h5"), keep=TRIAL_OPTIONS)
     (outdir / "best.toml").write_text(text)
     print(f"best trial {best.number}: {objective} {best.value:.6g} with {best.params}")
     print(f"best settings: {outdir / 'best.toml'}; TensorBoard: tensorboard --logdir {outdir / 'tb'}")

@@ -181,8 +181,9 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
 
 
-def _option_lines(options: Options) -> list[str]:
-    """``key = value`` of every option that differs from nbtorch-refine's default (output files left out)."""
+def _option_lines(options: Options, keep: Sequence[str] = ()) -> list[str]:
+    """``key = value`` of every option that differs from nbtorch-refine's default, and of those named in ``keep``
+    (field names) unless None; output files left out."""
     defaults = Options()
     lines = []
     for group in GROUP_TITLES:
@@ -191,7 +192,7 @@ def _option_lines(options: Options) -> list[str]:
             value = getattr(ours, f.name)
             skip = (f.name in OUTPUT_PATHS or f.name in ("config", "f_column", "stage_tables")
                     or (f.name == "size" and not options.model.problem))
-            if skip or value == getattr(theirs, f.name) or value is None:
+            if skip or value is None or (value == getattr(theirs, f.name) and f.name not in keep):
                 continue
             if f.name == "parallax":  # --no-parallax
                 lines.append("no-parallax = true")
@@ -202,10 +203,11 @@ def _option_lines(options: Options) -> list[str]:
     return lines
 
 
-def refine_config_toml(options: Options, header: Sequence[str], out: str) -> str:
+def refine_config_toml(options: Options, header: Sequence[str], out: str, keep: Sequence[str] = ()) -> str:
     """``options`` as an ``nbtorch-refine --config`` file (``# header`` lines first, results to ``out``): every
-    option that differs from the default by its long name, the ``[[stages]]`` tables last."""
-    lines = [f"# {h}" for h in header] + _option_lines(options) + [f"out = {_toml_value(out)}"]
+    option that differs from the default (or is named in ``keep``) by its long name, the ``[[stages]]`` tables
+    last."""
+    lines = [f"# {h}" for h in header] + _option_lines(options, keep) + [f"out = {_toml_value(out)}"]
     for table in options.fit.stage_tables or ():
         lines += ["", "[[stages]]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"

@@ -43,7 +43,13 @@ from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.many.batch import expand_image_list, per_image_args
 from refine.cli.single import amplitude_options, prepare
-from refine.inputs.dials import experiment_symmetry, scan_indices, write_expt_out
+from nbtorch import Simulator, config_from_args
+from nbtorch.io.dials import scan_oscillation
+from nbtorch.parameters import ORIENTATION_DELTAS
+from refine.cli.values import start_values
+from refine.inputs.dials import (experiment_symmetry, model_tokens, read_experiment, refl_indexed, scan_indices,
+                                 write_expt_out)
+from refine.inputs.spot_start import align_to_spots
 from refine.many.image_reports import spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
@@ -177,6 +183,31 @@ def _drop_stored(pixels: list) -> None:
             px.path.unlink(missing_ok=True)
 
 
+#: a rotation series from DIALS files starts from its indexed spots when it has at least this many
+MIN_ALIGN_SPOTS = 6
+
+
+def _start_from_spots(args: Options, image: str, index: int | None, symmetry: str, say) -> Options:
+    """``args`` with ``--start`` completed by the cell and orientation fitted to the indexed spots of ``--refl``
+    (:func:`refine.inputs.spot_start.align_to_spots`) from the ``--expt`` model and ``--start``: a rotation series
+    from DIALS files whose start is off by more than the pixels can capture begins where the spots put it."""
+    indexed = refl_indexed(args)
+    if not args.many.rotation_series or indexed is None or len(indexed[0]) < MIN_ALIGN_SPOTS:
+        return args
+    hkl, xyz, phi = indexed
+    a = args.with_fields(image=image, expt_image=index)
+    sim = Simulator(config_from_args(list(model_tokens(a))), compile=False)
+    start = {**{k: float(v) for k, v in sim.setup.params.items()}, **{k: 0.0 for k in ORIENTATION_DELTAS},
+             "scale": 1.0, "background": 0.0, "background_x": 0.0, "background_y": 0.0, **start_values(args.fit.start)}
+    fit = align_to_spots(sim, start, hkl, xyz, phi, scan_oscillation(read_experiment(args).scan)[1], symmetry)
+    say(f"  start from the {fit.n} indexed spots of {Path(args.dials.refl).name}: rms {fit.rms_px_start:.3g} px, "
+        f"{fit.rms_frames_start:.3g} frames -> {fit.rms_px_final:.3g} px, {fit.rms_frames_final:.3g} frames (cell "
+        + " ".join(f"{fit.values[k]:.5g}" for k in ("cell_a", "cell_b", "cell_c")) + ")")
+    moved = {k: v for k, v in fit.values.items() if k.startswith(("cell_", "orient_"))}
+    given = {k: v for k, v in start_values(args.fit.start).items() if k not in moved}
+    return args.with_fields(start=tuple(f"{k}={v!r}" for k, v in {**given, **moved}.items()))
+
+
 def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
     """Check the images against ``--expt``, load this process's images, refine all jointly, write
     ``joint.json``/``joint.h5``; the exit status.  A run refused with an :class:`InputError` leaves no ``--out-dir``
@@ -207,14 +238,15 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
     indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
+    symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
+    args = _start_from_spots(args, images[0], indices[0], symmetry, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
     sims, pixels, starts, spots = _load_images(args, images, indices, out_dir, say)
     try:
         conv = DEFAULT_CONVERGENCE if args.optimiser.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.optimiser.max_steps)
         result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
-                              symmetry=crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic",
-                              image_starts=starts,
+                              symmetry=symmetry, image_starts=starts,
                               strategy=args.optimiser.optimizer, convergence=conv, background=args.fit.background,
                               loss=args.optimiser.loss, esds=not args.output.no_esds,
                               checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,

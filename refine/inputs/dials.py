@@ -153,11 +153,12 @@ class ProfileModel:
                 "mosaic": ["-mosaic", f"{self.mosaic_deg:.6g}"], "domains": ["-mosaic_dom", str(self.domains)],
                 "phisteps": ["-phisteps", str(self.phisteps)], "F": ["-default_F", "100"]}
 
-    def note(self) -> str:
+    def note(self, kept: dict[str, list[str]]) -> str:
+        """The printed note of the ``kept`` flags (those ``--model`` did not replace)."""
+        size = f"domains of {self.domain_A:.0f} A as " if "size" in kept else ""
         return (f"crystal model from the DIALS profile (sigma_b {self.sigma_b_deg:.4g} deg, sigma_m {self.sigma_m_deg:.4g} "
-                f"deg, typical d* {self.dstar:.3g} 1/A): domains of {self.domain_A:.0f} A as -Na {self.N[0]} -Nb {self.N[1]} "
-                f"-Nc {self.N[2]}, -mosaic {self.mosaic_deg:.3g} -mosaic_dom {self.domains}, -phisteps {self.phisteps}, "
-                "-default_F 100 (the scale is fitted); --model flags replace them")
+                f"deg, typical d* {self.dstar:.3g} 1/A): {size}{' '.join(t for v in kept.values() for t in v)} (the "
+                "scale is fitted; --model flags replace these)")
 
 
 def _profile(exp) -> dict | None:
@@ -258,7 +259,7 @@ def model_tokens(args: Options, say=None) -> str | list[str] | None:
         if exp.scan is None:
             kept.pop("phisteps", None)
         if kept and say is not None:
-            say(f"  {profile.note()}")
+            say(f"  {profile.note(kept)}")
         flags += [t for v in kept.values() for t in v]
     return flags + user
 
@@ -374,40 +375,75 @@ def _observed_rows(path: str, cols: dict) -> np.ndarray:
     return keep & seen if seen.any() else keep
 
 
-def refl_spots(args: Options, neighbours: bool = True) -> np.ndarray:
+#: which ``.refl`` rows a rotation image's fitted pixels surround (:func:`refl_spots`): ``"observed"`` (the observed
+#: spots whose shoebox reaches into the image) or ``"all"`` (every reflection DIALS predicted there, observed or not)
+WINDOWS = "all"
+
+
+def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
     """``(n, 3)`` observed spots of ``--refl`` (x fast, y slow in pixels, z in frames; :func:`_observed_rows`).
 
     For a rotation scan (``--expt`` with a scan) those of the image: the spots whose centroid frame ``z`` lies on it
     (``z`` in ``[f + k, f + k + 1)`` for image ``k``, ``f`` the scan's first image number less 1, as DIALS counts
-    frames) and, with ``neighbours``, after them the spots of the neighbouring images whose shoebox (``bbox``)
-    reaches into this image, with ``z`` NaN (their partial intensity on this image is fitted; only the spots of
-    the image are compared with the model: :func:`on_image`).
+    frames), and after them, with ``z`` NaN, the other reflections whose shoebox (``bbox``) reaches into this image
+    (``windows``, default :data:`WINDOWS`: ``"all"`` every such row at its predicted ``xyzcal.px`` position,
+    ``"observed"`` only the observed spots of the neighbouring images): their pixels are fitted too (a partial, or
+    where DIALS predicts a reflection that is not there), but only the spots of the image are compared with the
+    model (:func:`on_image`).
     """
     from nbtorch.io.dials import read_refl
 
     path = args.dials.refl
     try:
         cols = read_refl(path, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
-                         optional=("flags", "bbox", "intensity.sum.value", "intensity.sum.variance"))
+                         optional=("flags", "bbox", "xyzcal.px", "intensity.sum.value", "intensity.sum.variance"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
-    rows = _observed_rows(path, cols)
-    xyz = cols["xyzobs.px.value"][rows]
-    bbox = cols["bbox"][rows] if "bbox" in cols else None
+    observed = _observed_rows(path, cols)
+    xyz = cols["xyzobs.px.value"]
     exp = read_experiment(args) if args.dials.expt else None
     index = image_index(args)
     if exp is not None and exp.scan is not None:
         z0 = float(exp.scan["image_range"][0]) - 1.0 + index
-        here = (xyz[:, 2] >= z0) & (xyz[:, 2] < z0 + 1.0)
-        rows = [xyz[here]]
-        if neighbours and bbox is not None:
+        here = observed & (xyz[:, 2] >= z0) & (xyz[:, 2] < z0 + 1.0)
+        out = [xyz[here]]
+        if "bbox" in cols:
+            bbox = cols["bbox"]
             near = ~here & (bbox[:, 4] < z0 + 1.0) & (bbox[:, 5] > z0)
-            rows.append(np.c_[xyz[near, :2], np.full(int(near.sum()), np.nan)])
-        xyz = np.concatenate(rows)
+            near &= observed if (windows or WINDOWS) == "observed" else np.isfinite(xyz).all(axis=1)
+            where = cols["xyzcal.px"] if "xyzcal.px" in cols and (windows or WINDOWS) == "all" else xyz
+            out.append(np.c_[where[near, :2], np.full(int(near.sum()), np.nan)])
+        xyz = np.concatenate(out)
+        xyz = xyz[np.isfinite(xyz[:, :2]).all(axis=1)]
+    else:
+        xyz = xyz[observed]
     if not len(xyz):
         raise InputError(f"--refl {path}: no observed spots of experiment {args.dials.expt_index}"
                          + (f" on image {index} of the scan" if exp is not None and exp.scan is not None else ""))
     return np.ascontiguousarray(xyz)
+
+
+def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The indexed observed spots of ``--refl`` on the ``--expt`` scan: ``(hkl (n, 3), xyz (n, 3) x, y px and z frames,
+    phi (n,) the scan angle of each spot's frame in deg)`` (:func:`_observed_rows` with a non-zero ``miller_index``),
+    None without a scan or Miller indices."""
+    from nbtorch.io.dials import read_refl, scan_oscillation
+
+    exp = read_experiment(args) if args.dials.expt else None
+    if exp is None or exp.scan is None or not args.dials.refl:
+        return None
+    try:
+        cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
+                         optional=("miller_index", "flags", "intensity.sum.value", "intensity.sum.variance"))
+    except InputError as exc:
+        raise InputError(f"--refl {exc}") from None
+    if "miller_index" not in cols:
+        return None
+    keep = _observed_rows(args.dials.refl, cols) & np.any(cols["miller_index"] != 0, axis=1)
+    xyz = cols["xyzobs.px.value"][keep]
+    start, width = scan_oscillation(exp.scan, exp.path)
+    phi = start + (xyz[:, 2] - (float(exp.scan["image_range"][0]) - 1.0)) * width
+    return cols["miller_index"][keep].astype(np.float64), xyz, phi
 
 
 def on_image(spots: np.ndarray | None) -> np.ndarray | None:

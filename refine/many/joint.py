@@ -825,4 +825,4 @@ def _joint_result(res: LoopResult, finals: list[dict], starts: list[dict], esd_f
         world_size=world, units=units_of(dict.fromkeys(all_names)), history=history,
         warnings=tuple(warnings), **{k: v for k, v in esd_fields.items() if k != "esd_kind"},
         esd_kind=kind, resumed_from_step=resumed_from_step,
-        refined={k: float(finals[0][k]) for k in shared_names if not is_amplitude(k)})
+        refined={k: float(finals[0]["N_a" if k == "N" else k]) for k in shared_names if not is_amplitude(k)})

@@ -184,8 +184,8 @@ def test_reflections_beyond_the_hkl_table_fail_phase_1(tmp_path, capsys):
 
 
 REAL = ROOT.parent / "shared" / "real" / "thaumatin_i24_still"
-#: a crop of the tutorial still around the direct beam (about 300 x 300 pixels, ~60 spots)
-CROP = ["--roi", "1110", "1409", "1160", "1459"]
+#: a crop of the tutorial still around the direct beam (500 x 500 pixels: 10 757 fitted, 54 spots)
+CROP = ["--roi", "1012", "1511", "1057", "1556"]
 
 
 @pytest.mark.slow

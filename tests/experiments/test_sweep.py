@@ -179,7 +179,7 @@ def test_real_crop_sweep_and_reproduction(tmp_path):
     out = tmp_path / "sweep"
     env = {k: v for k, v in os.environ.items() if k not in ("NANOBRAGG_DISABLE_COMPILE", "NANOBRAG_DISABLE_COMPILE")}
     r = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", "examples/thaumatin_still.toml",
-                        "--roi", "1110", "1409", "1160", "1459", "--max-steps", "5", "--n-trials", "2",
+                        "--roi", "1012", "1511", "1057", "1556", "--max-steps", "5", "--n-trials", "2",
                         "--space", str(tmp_path / "space.toml"), "--outdir", str(out), "--sampler-seed", "0"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout + r.stderr
