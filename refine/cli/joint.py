@@ -49,7 +49,9 @@ from nbtorch.parameters import ORIENTATION_DELTAS
 from refine.cli.values import start_values
 from refine.inputs.dials import (experiment_symmetry, model_tokens, read_experiment, refl_indexed, scan_indices,
                                  write_expt_out)
+from refine.fitting.parameters import ParameterSpace
 from refine.inputs.spot_start import align_to_spots
+from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
 from refine.many.image_reports import spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
@@ -225,10 +227,33 @@ def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
         raise
 
 
+def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
+    """``--shared`` when not given: the cell (and the orientation for ``--rotation-series``); for a rotation series from
+    DIALS files also the mosaic spread and domain size (``mosaic``) when the observed spots decide them: at least
+    :data:`~refine.quality.fit_quality.MIN_SPOTS_PER_PARAMETER` per shared name, the rule by which a single run decides
+    which names its spots can refine (:mod:`refine.quality.identifiability`)."""
+    if not args.many.rotation_series:
+        return ("cell",)
+    indexed = refl_indexed(args) if args.dials.expt and args.dials.refl else None
+    if indexed is None:
+        return ROTATION_SHARED
+    space = ParameterSpace(symmetry=symmetry)
+    names = space.expand(ROTATION_SHARED + ("mosaic",))
+    if len(indexed[0]) >= MIN_SPOTS_PER_PARAMETER * len(names):
+        say(f"  shared: cell, orientation and mosaic (mosaic spread and domain size): {len(indexed[0])} observed spots "
+            f"decide {len(names)} names")
+        return ROTATION_SHARED + ("mosaic",)
+    say(f"  mosaic spread and domain size held at the DIALS profile's: {len(indexed[0])} observed spots are fewer than "
+        f"{MIN_SPOTS_PER_PARAMETER} per name for {len(names)} names (--shared cell,orientation,mosaic refines them)")
+    return ROTATION_SHARED
+
+
 def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None]) -> int:
     t0 = time.monotonic()
     series = args.many.rotation_series
-    shared = split_names(args.many.shared, ROTATION_SHARED if series else ("cell",), "--shared")
+    symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
+    shared = split_names(args.many.shared, _default_shared(args, symmetry, say) if args.many.shared is None else (),
+                         "--shared")
     per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
                             "--per-image")
     n = len(images)
@@ -238,7 +263,6 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
     indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
-    symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this process; shared: "
         f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")

@@ -352,27 +352,17 @@ def spot_window(args: Options, say=None) -> int | None:
 STRONG, CENTROID_OUTLIER = 1 << 5, 1 << 17
 
 
-#: an integrated reflection whose summed intensity is at least this many sigma counts as observed
-MIN_I_OVER_SIGMA = 3.0
-
-
 def _observed_rows(path: str, cols: dict) -> np.ndarray:
     """The rows of a ``.refl`` whose ``xyzobs.px.value`` is an observed centroid: never a zero or non-finite
-    position nor a centroid outlier; with a ``flags`` column, the spots the spot finder found (``strong``) and, in an
-    integrated table, the reflections whose summed intensity is at least :data:`MIN_I_OVER_SIGMA` sigma (the
-    other rows of an integrated table hold the centres of shoeboxes with nothing in them); else every row."""
+    position; with a ``flags`` column that marks spots found by the spot finder (``strong``, what DIALS refines
+    against), those not flagged as centroid outliers (an integrated table's other rows hold the centres of
+    shoeboxes that may hold nothing); else every row."""
     xyz = cols["xyzobs.px.value"]
     keep = np.all(np.isfinite(xyz), axis=1) & np.any(xyz[:, :2] != 0, axis=1)
     flags = cols.get("flags")
-    if flags is None:
-        return keep
-    keep &= (flags & CENTROID_OUTLIER) == 0
-    seen = (flags & STRONG) > 0
-    if "intensity.sum.value" in cols and "intensity.sum.variance" in cols:
-        var = cols["intensity.sum.variance"]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            seen |= (var > 0) & (cols["intensity.sum.value"] >= MIN_I_OVER_SIGMA * np.sqrt(np.where(var > 0, var, 1.0)))
-    return keep & seen if seen.any() else keep
+    if flags is not None and bool(((flags & STRONG) > 0).any()):
+        keep &= ((flags & STRONG) > 0) & ((flags & CENTROID_OUTLIER) == 0)
+    return keep
 
 
 #: which ``.refl`` rows a rotation image's fitted pixels surround (:func:`refl_spots`): ``"observed"`` (the observed
@@ -396,7 +386,7 @@ def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
     path = args.dials.refl
     try:
         cols = read_refl(path, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
-                         optional=("flags", "bbox", "xyzcal.px", "intensity.sum.value", "intensity.sum.variance"))
+                         optional=("flags", "bbox", "xyzcal.px"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
     observed = _observed_rows(path, cols)
@@ -434,7 +424,7 @@ def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
         return None
     try:
         cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
-                         optional=("miller_index", "flags", "intensity.sum.value", "intensity.sum.variance"))
+                         optional=("miller_index", "flags"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
     if "miller_index" not in cols:

@@ -12,7 +12,9 @@ refinement starts from there.
 
 Predictions are analytic (:func:`predict`): ``S = R(spindle, phi) h B U`` (the simulator's reciprocal vectors at phi
 0), the ray ``s0 + S`` meets the detector plane at the position; its excitation error ``|s0 + S| - 1/lambda`` over
-its rate of change about the spindle gives the angle to the Ewald sphere, in frames of the scan.
+``|S|`` is the angle to the Ewald sphere of a reflection crossing it squarely (in frames of the scan); where the
+rotation hardly moves a reflection through the sphere (near the spindle) the angle is poorly defined and the
+residual is smaller, as DIALS weights such reflections' angles less.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ HUBER = 1.0
 
 def predict(sim, values: Mapping[str, Tensor | float], hkl: Tensor, phi_deg: Tensor, osc_deg: float) -> Tensor:
     """``(n, 3)``: each reflection's predicted ``(x, y)`` pixel position (centres at ``i + 0.5``) at its angle
-    ``phi_deg`` and the angle to its Ewald crossing in frames of ``osc_deg`` (differentiable in ``values``)."""
+    ``phi_deg`` and its excitation error as an angle in frames of ``osc_deg`` (module docstring; differentiable in
+    ``values``)."""
     p = sim.parameters_dict(**{k: v for k, v in values.items() if k in SIMULATOR_NAMES})
     geom = sim.geometry(p)
     _, recip = sim.crystal_vectors(p)
@@ -49,9 +52,9 @@ def predict(sim, values: Mapping[str, Tensor | float], hkl: Tensor, phi_deg: Ten
     s = torch.einsum("nij,nj->ni", rot, hkl.to(recip.dtype) @ recip)
     s0 = geom.beam / p["wavelength"]
     d = s0 + s
-    norm = torch.linalg.vector_norm(d, dim=-1)
-    rate = (d / norm[:, None] * torch.linalg.cross(spindle.expand_as(s), s, dim=-1)).sum(-1)  # d|s0 + S| / d phi
-    dphi = -(norm - 1.0 / p["wavelength"]) / rate
+    # the excitation error over |S|: the angle to the sphere of a reflection that crosses it squarely, less where the
+    # rotation hardly moves the reflection through the sphere (near the spindle), whose angle is poorly defined
+    dphi = -(torch.linalg.vector_norm(d, dim=-1) - 1.0 / p["wavelength"]) / torch.linalg.vector_norm(s, dim=-1)
     t = (geom.pix0 * geom.odet).sum() / (d * geom.odet).sum(-1)
     rel = t[:, None] * d - geom.pix0
     basis = torch.stack([geom.fdet, geom.sdet, geom.odet], dim=1)

@@ -3,7 +3,8 @@
 * a multi-axis goniometer reduces exactly to one spindle: against hand-made fixed and setting rotations, and on the
   real L-cysteine sweep against DIALS's own predictions (skipped where the data are absent);
 * a synthetic sweep made here: a ``.expt`` with a multi-axis goniometer and a non-zero fixed rotation, three small
-  simulated 0.1 deg images named by its template (no angle in their headers), their ``.refl``: each image's angle
+  simulated 0.5 deg images named by its template (no angle in their headers), their ``.refl`` (indexed from the
+  document's axes by hand): each image's angle
   from the scan, its spots from the ``.refl`` rows on it, the joint fit converging to the truth, the per-image
   reports, ``--expt-out`` and the refusals of images that do not match the experiment;
 * the starting crystal model of a DIALS profile;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +30,12 @@ from refine.inputs.dials import profile_model
 
 REAL = Path("/work/shared/real/lcysteine_i19_sweep2")
 #: the synthetic sweep: a tetragonal crystal turning about omega with phi held at 30 deg about a tilted axis
-CELL = (30.0, 30.0, 40.0)
+CELL, DISTANCE = (80.0, 80.0, 100.0), 25.0
+#: the panel's centre 6.7 mm off the beam along DIALS x (2 theta about 15 deg: reflections cross the sphere there)
+OFFSET = 6.7
 AXES, ANGLES = [[0.5774, -0.8165, 0.0], [1.0, 0.0, 0.0]], [30.0, 10.0]
-START, WIDTH, N_IMAGES, SIZE = 10.0, 0.1, 3, 48
-CRYSTAL = "-N 5 -default_F 100 -mosaic 0.2 -mosaic_dom 2 -oversample 1 -phisteps 5"
+START, WIDTH, N_IMAGES, SIZE = 10.0, 0.5, 3, 48
+CRYSTAL = "-N 2 -default_F 100 -mosaic 0.2 -mosaic_dom 4 -oversample 1 -phisteps 5"
 
 
 def _rotation(axis, angle_deg: float) -> np.ndarray:
@@ -43,7 +47,8 @@ def _rotation(axis, angle_deg: float) -> np.ndarray:
 
 def sweep_document(axes=AXES, angles=ANGLES, scan_axis=1) -> dict:
     """A DIALS ExperimentList (dxtbx's layout) of the synthetic sweep: a 48 x 48 panel of 0.1 mm normal to the beam at
-    40 mm, the multi-axis goniometer, images 1..3 of template ``sweep_#####.cbf`` from 10 deg in 0.1 deg steps."""
+    25 mm, its centre 15 deg off the beam, the multi-axis goniometer, images 1..3 of template ``sweep_#####.cbf``
+    from 10 deg in 0.5 deg steps."""
     u = _rotation([1, 2, 3], 40.0)
     real = (u @ np.diag(CELL)).T  # rows a, b, c
     half = SIZE * 0.1 / 2
@@ -57,7 +62,7 @@ def sweep_document(axes=AXES, angles=ANGLES, scan_axis=1) -> dict:
                   "polarization_normal": [0.0, 1.0, 0.0], "polarization_fraction": 0.999, "flux": 0.0,
                   "transmission": 1.0}],
         "detector": [{"panels": [{"name": "Panel", "type": "SENSOR_PAD", "fast_axis": [1.0, 0.0, 0.0],
-                                  "slow_axis": [0.0, -1.0, 0.0], "origin": [-half + 0.05, half - 0.05, -40.0],
+                                  "slow_axis": [0.0, -1.0, 0.0], "origin": [OFFSET - half, half - 0.05, -DISTANCE],
                                   "raw_image_offset": [0, 0], "image_size": [SIZE, SIZE], "pixel_size": [0.1, 0.1],
                                   "trusted_range": [-1.0, 1e9], "thickness": 0.0, "material": "", "mu": 0.0,
                                   "identifier": "", "mask": [], "gain": 1.0, "pedestal": 0.0,
@@ -116,33 +121,61 @@ def test_real_multi_axis_sweep_predicts_dials_positions():
 def test_profile_model_from_sigma_b_and_sigma_m(tmp_path):
     (tmp_path / "s.expt").write_text(json.dumps(sweep_document()))
     m = profile_model(read_expt(tmp_path / "s.expt"), dstar=0.5, osc_deg=0.1)
-    # sigma_q = min(sigma_b / lambda, sigma_m d* / sqrt 2) = 1.23e-3 1/A: domains of 316 A
+    # sigma_q = min(sigma_b / lambda, sigma_m d* / sqrt 2) = 1.23e-3 1/A: domains of 316 A, 4 x 4 x 3 cells of 80 x 80 x 100
     assert m.domain_A == pytest.approx(math.sqrt(1.5) / math.pi / (math.radians(0.2) * 0.5 / math.sqrt(2)), rel=1e-9)
-    assert m.N == (11, 11, 8) and m.mosaic_deg == pytest.approx(math.radians(0.2) / math.sqrt(2) / 0.4964
+    assert m.N == (4, 4, 3) and m.mosaic_deg == pytest.approx(math.radians(0.2) / math.sqrt(2) / 0.4964
                                                                     * 180 / math.pi, rel=1e-3)
     assert 10 <= m.domains <= 40 and m.phisteps >= 5
+
+
+def _reflections(doc: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``(hkl, xyz)``: the reflections that cross the Ewald sphere during the scan and hit the panel, at their crossing
+    (x, y pixels; z frames), from the document alone in the DIALS frame, with the fixed rotation made by hand: an
+    ideal ``.refl`` of indexed spots, independent of nbtorch's reduction of the goniometer."""
+    panel, beam = doc["detector"][0]["panels"][0], doc["beam"][0]
+    fixed = _rotation(AXES[0], ANGLES[0])
+    real = np.array([doc["crystal"][0][k] for k in ("real_space_a", "real_space_b", "real_space_c")])
+    recip0 = fixed @ np.linalg.inv(real)  # columns a*, b*, c* at the datum, after the fixed rotation
+    s0 = -np.asarray(beam["direction"]) / beam["wavelength"]
+    f, sl, origin = (np.asarray(panel[k]) for k in ("fast_axis", "slow_axis", "origin"))
+    normal = np.cross(f, sl)
+    frames = np.linspace(0.0, N_IMAGES, 121)
+    turns = np.stack([_rotation(AXES[1], START + z * WIDTH) for z in frames])
+    grid = np.array(np.meshgrid(*[np.arange(-30, 31)] * 3)).reshape(3, -1).T
+    dstar = np.linalg.norm(grid @ recip0.T, axis=1)
+    grid = grid[(dstar > 0.15) & (dstar < 0.4)]  # the panel's shell
+    r = np.einsum("fij,nj->fni", turns, grid @ recip0.T)
+    g = 2 * r @ s0 + (r * r).sum(-1)  # zero on the Ewald sphere
+    hkl_out, xyz_out = [], []
+    for i, n in zip(*np.nonzero(np.sign(g[:-1]) != np.sign(g[1:]))):
+        z = frames[i] - g[i, n] * (frames[i + 1] - frames[i]) / (g[i + 1, n] - g[i, n])
+        s1 = s0 + _rotation(AXES[1], START + z * WIDTH) @ recip0 @ grid[n]
+        if s1 @ normal <= 0 or not grid[n].any():
+            continue
+        t = (origin @ normal) / (s1 @ normal)
+        x, y = np.linalg.solve(np.stack([f, sl, normal], 1), t * s1 - origin)[:2] / 0.1
+        if 2 <= x <= SIZE - 2 and 2 <= y <= SIZE - 2:
+            hkl_out.append(grid[n])
+            xyz_out.append((x, y, z))
+    return np.asarray(hkl_out, dtype=np.int32), np.asarray(xyz_out)
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """truth.expt, three images sweep_00001..3.cbf simulated from it (Poisson noise over 2 photons; no angle in the
-    headers), sweep.refl (the spot finder's centroids, z in the image's frame)."""
-    from refine.inputs.spots import find_spots
-
+    headers), sweep.refl (the reflections crossing the sphere in the scan, at their predicted centroids)."""
     folder = tmp_path_factory.mktemp("dials_sweep")
     (folder / "truth.expt").write_text(json.dumps(sweep_document()))
     exp = read_expt(folder / "truth.expt")
-    rows = []
     for k in range(N_IMAGES):
-        img = simulate(" ".join(experiment_flags(exp, k)) + f" {CRYSTAL}", background=2.0, seed=40 + k)
+        img = simulate(" ".join(experiment_flags(exp, k)) + f" {CRYSTAL}", scale=20.0, background=2.0, seed=40 + k)
         write_cbf(folder / f"sweep_{k + 1:05d}.cbf", img, {"pixel_size_mm": 0.1})
-        found = find_spots(img.astype(float))
-        rows.append(np.c_[found[:, :2], np.full(len(found), k + 0.5)])
-    xyz = np.concatenate(rows)
+    hkl, xyz = _reflections(sweep_document())
     n = len(xyz)
     bbox = np.c_[np.floor(xyz[:, 0]) - 3, np.floor(xyz[:, 0]) + 4, np.floor(xyz[:, 1]) - 3, np.floor(xyz[:, 1]) + 4,
-                 np.floor(xyz[:, 2]), np.floor(xyz[:, 2]) + 1].astype(np.int32)
+                 np.floor(xyz[:, 2]) - 1, np.floor(xyz[:, 2]) + 2].astype(np.int32)
     write_refl(folder / "sweep.refl", {"xyzobs.px.value": ("vec3<double>", xyz), "bbox": ("int6", bbox),
+                                       "xyzcal.px": ("vec3<double>", xyz), "miller_index": ("cctbx::miller::index<>", hkl),
                                        "flags": ("std::size_t", np.full(n, 1 << 5, dtype=np.uint64)),
                                        "id": ("int", np.zeros(n, dtype=np.int32))}, {0: "synthetic"})
     return folder, [int((np.floor(xyz[:, 2]) == k).sum()) for k in range(N_IMAGES)]
@@ -152,7 +185,7 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
     folder, spots_per_image = sweep
     r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
                    str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--start",
-                   "cell_a=30.09,cell_c=40.12", "--max-steps", "40", "--no-esds", "--out-dir", "sweep",
+                   "cell_a=80.24,cell_c=100.3", "--max-steps", "40", "--no-esds", "--out-dir", "sweep",
                    "--expt-out", "refined.expt")
     assert r.code == 0, r.err
     assert "symmetry tetragonal from the experiment's space group" in r.out
@@ -162,22 +195,42 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
         assert image["params"]["phi0"] == pytest.approx(START + k * WIDTH, abs=1e-9)
         assert image["spots"]["n"] == spots_per_image[k]
         assert image["fit"]["excess"] < 2.0
-    shared = doc["shared"]  # started 0.3 % long; c is the less certain (esd 0.04 A with esds on)
+    shared = doc["shared"]  # started 0.3 % long
     assert abs(shared["cell_a"] / CELL[0] - 1) < 1e-3 and abs(shared["cell_c"] / CELL[2] - 1) < 2.5e-3, shared
     spots = doc["spots"]
-    assert spots["n"] == sum(spots_per_image) and spots["rms_px_final_common"] < spots["rms_px_start_common"] < 1.0
+    assert spots["n"] == sum(spots_per_image) and spots["rms_px_final_common"] < 0.6  # the centroids' own noise
     assert doc["fit"]["excess"] < 1.5
-    assert "spots: rms" in r.out and "sweep_00002.cbf: phi 10.1 deg" in r.out
+    assert "spots: rms" in r.out and "sweep_00002.cbf: phi 10.5 deg" in r.out
     out = read_expt(r.tmp / "refined.expt")  # the document DIALS wrote, the multi-axis goniometer kept
     assert out.goniometer == read_expt(folder / "truth.expt").goniometer and out.scan["image_range"] == [1, N_IMAGES]
     lengths = [np.linalg.norm(out.crystal[k]) for k in ("real_space_a", "real_space_b", "real_space_c")]
     assert lengths == pytest.approx([shared["cell_a"], shared["cell_b"], shared["cell_c"]], rel=1e-9)
 
 
+def test_sweep_from_a_start_one_percent_off_begins_at_the_indexed_spots(refine_cli, sweep):
+    """A start 1 % off in the cell and 0.3 deg in orientation puts the spots outside the fitted windows and the
+    wedge; the indexed spots of the .refl (indexed from the document's own axes: an independent check of the
+    multi-axis reduction) bring the start back, and the pixels refine it to the truth."""
+    folder, _ = sweep
+    r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
+                   str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--start",
+                   "cell_a=80.8,cell_c=101,orient_x=0.2,orient_y=0.2,orient_z=0.1", "--max-steps", "40", "--no-esds",
+                   "--out-dir", "off")
+    assert r.code == 0, r.err
+    line = next(x for x in r.out.splitlines() if "start from the" in x)
+    assert "indexed spots of sweep.refl" in line
+    rms_start, rms_end = (float(v) for v in re.findall(r"([0-9.eE+-]+) px", line))
+    assert rms_start > 0.5 and rms_end < 0.05, line
+    doc = json.loads((r.tmp / "off" / "joint.json").read_text())
+    assert doc["status"] == "converged", doc["message"]
+    shared = doc["shared"]
+    assert abs(shared["cell_a"] / CELL[0] - 1) < 1e-3 and abs(shared["cell_c"] / CELL[2] - 1) < 2.5e-3, shared
+
+
 @pytest.mark.parametrize("case,message", [
     ("size", "sweep_00002.cbf: image is 40 x 40 pixels (fast x slow) but the experiment's detector is 48 x 48"),
-    ("angle", "sweep_00002.cbf: its header's rotation (11 deg, width 0.1) is off the experiment's scan, which has "
-              "image 2 at 10.1 deg"),
+    ("angle", "sweep_00002.cbf: its header's rotation (11 deg, width 0.5) is off the experiment's scan, which has "
+              "image 2 at 10.5 deg"),
     ("template", "other_00002.cbf: not a file of the experiment's template sweep_#####.cbf"),
     ("range", "sweep_00007.cbf: image number 7 is not in the experiment's scan (images 1..3"),
     ("missing", "sweep_00003.cbf: image file not found"),
@@ -187,7 +240,7 @@ def test_images_that_do_not_match_the_experiment_are_refused_first(refine_cli, s
     img = simulate(" ".join(experiment_flags(read_expt(folder / "truth.expt"), 1)) + f" {CRYSTAL}", background=2.0)
     names = {"size": "sweep_00002.cbf", "angle": "sweep_00002.cbf", "template": "other_00002.cbf",
              "range": "sweep_00007.cbf", "missing": "sweep_00002.cbf"}
-    header = {"pixel_size_mm": 0.1, **({"start_angle_deg": 11.0, "angle_increment_deg": 0.1} if case == "angle" else {})}
+    header = {"pixel_size_mm": 0.1, **({"start_angle_deg": 11.0, "angle_increment_deg": 0.5} if case == "angle" else {})}
     write_cbf(tmp_path / "sweep_00001.cbf", img, {"pixel_size_mm": 0.1})
     write_cbf(tmp_path / names[case], img[:40, :40] if case == "size" else img, header)
     images = ["sweep_00001.cbf", names[case]] + (["sweep_00003.cbf"] if case == "missing" else [])
@@ -217,3 +270,17 @@ def test_real_lcysteine_sweep(refine_cli, start):
     for name, value in reference.items():
         assert abs(doc["shared"][name] / value - 1) <= 1e-3, (name, doc["shared"][name])
     assert doc["spots"]["rms_px_final_common"] <= 0.5
+
+
+def test_default_schedule_with_spot_windows_far_from_the_beam(refine_cli, tmp_path):
+    """The default schedule's first stages fit a disc around the direct beam; with the beam 100 pixels off a 48 x 48
+    detector (a swung detector, as on the real sweep) and spot windows, that disc held no fitted pixel and the run
+    stopped with "view: every pixel is masked"; the disc now reaches the nearest fitted pixels."""
+    model = ("-cell 30 30 40 90 90 90 -misset 10 20 30 -N 5 -default_F 100 -mosaic 0.2 -mosaic_dom 2 -oversample 1 "
+             "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 12.4 -Ybeam 2.4")
+    write_cbf(tmp_path / "far.cbf", simulate(model, scale=5.0, background=1.0), {"pixel_size_mm": 0.1})
+    r = refine_cli("--image", "far.cbf", "--model", model, "--spots", "find", "--spot-window", "3", "--max-steps", "2",
+                   "--no-esds")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert [s["name"] for s in doc["stages"]][:2] == ["beam_centre", "orientation"] and doc["spots"]["n"] >= 3
