@@ -129,7 +129,7 @@ LATTICE_SIGMA_NH = math.sqrt(1.5) / math.pi
 #: the crystal-model flags a DIALS profile gives (:func:`profile_model`) and the ``--model`` flags that replace each
 PROFILE_FLAGS = {"size": ("-N", "-Na", "-Nb", "-Nc", "-xtalsize", "-samplesize", "-xtal_size"),
                  "mosaic": ("-mosaic", "-mosaic_spread"), "domains": ("-mosaic_dom", "-mosaic_domains"),
-                 "phisteps": ("-phisteps", "-phistep"), "F": ("-default_F", "-hkl")}
+                 "phisteps": ("-phisteps", "-phistep"), "F": ("-default_F", "-hkl"), "oversample": ("-oversample",)}
 
 
 @dataclass(frozen=True)
@@ -146,12 +146,15 @@ class ProfileModel:
     dstar: float
     sigma_b_deg: float
     sigma_m_deg: float
+    spot_px: float = 0.0
 
     def flags(self) -> dict[str, list[str]]:
-        """nanoBragg flags, by :data:`PROFILE_FLAGS` quantity."""
+        """nanoBragg flags, by :data:`PROFILE_FLAGS` quantity (``-oversample 1`` where the spots are at least a pixel
+        wide, ``spot_px``: sampling each pixel once then changes no partial by 1e-3, docs/many-images.md)."""
         return {"size": ["-Na", str(self.N[0]), "-Nb", str(self.N[1]), "-Nc", str(self.N[2])],
                 "mosaic": ["-mosaic", f"{self.mosaic_deg:.6g}"], "domains": ["-mosaic_dom", str(self.domains)],
-                "phisteps": ["-phisteps", str(self.phisteps)], "F": ["-default_F", "100"]}
+                "phisteps": ["-phisteps", str(self.phisteps)], "F": ["-default_F", "100"],
+                **({"oversample": ["-oversample", "1"]} if self.spot_px >= 1.0 else {})}
 
     def note(self, kept: dict[str, list[str]]) -> str:
         """The printed note of the ``kept`` flags (those ``--model`` did not replace)."""
@@ -186,10 +189,12 @@ def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | No
       the domain size is ``LATTICE_SIGMA_NH / sigma_q`` and ``N_i`` = size / cell length ``i``;
     * the mosaic spread carries the rest of the rocking width, ``sigma_eta^2 = sigma_m^2 - (sigma_q / d*)^2``, and
       ``-mosaic = sigma_eta / MOSAIC_ROCKING_PER_SPREAD``;
-    * sampling (measured, docs/many-images.md): phi steps of at most a third of the narrowest rocking width (the
-      reflections at ``1.5 dstar``) and at most :data:`refine.inputs.start_model.PHI_STEP_DEG`, and
-      ``mosaic_dom = clip(ceil(6 sigma_eta / sigma_rock), 10, 40)`` domains, so that each reflection's partial
-      intensity and centroid on an image are smooth in the orientation, cell and widths.
+    * sampling (measured on the real L-cysteine sweep, docs/many-images.md): phi steps of at most a third of the
+      narrowest rocking width (the reflections at ``1.5 dstar``) and at most
+      :data:`refine.inputs.start_model.PHI_STEP_DEG`, ``mosaic_dom = clip(ceil(6 sigma_eta / sigma_rock), 10, 40)``
+      domains, one sample per pixel where the spots are a pixel wide or more: each reflection's partial intensity on
+      an image is then as smooth in the rotation as with 14 steps and 120 domains (what more domains change is the
+      bias of nanoBragg's random set of domains, which does not fall steadily from 10 to 50).
     """
     from refine.inputs.start_model import PHI_STEP_DEG
 
@@ -209,7 +214,18 @@ def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | No
     domains = int(min(40, max(10, math.ceil(6.0 * eta / narrow)))) if eta > 0 else 1
     return ProfileModel(N=n_abc, mosaic_deg=math.degrees(eta) / MOSAIC_ROCKING_PER_SPREAD, domains=domains,
                         phisteps=phisteps, domain_A=size, dstar=dstar, sigma_b_deg=float(profile["sigma_b"]),
-                        sigma_m_deg=float(profile["sigma_m"]))
+                        sigma_m_deg=float(profile["sigma_m"]), spot_px=sb * _panel_distance_mm(exp) / _pixel_mm(exp))
+
+
+def _panel_distance_mm(exp) -> float:
+    """The panel's distance from the sample along its normal (mm)."""
+    panel = exp.panel
+    normal = np.cross(panel["fast_axis"], panel["slow_axis"])
+    return abs(float(np.dot(panel["origin"], normal / np.linalg.norm(normal))))
+
+
+def _pixel_mm(exp) -> float:
+    return float(exp.panel["pixel_size"][0])
 
 
 def _typical_dstar(args: Options, exp) -> float:
@@ -339,10 +355,7 @@ def spot_window(args: Options, say=None) -> int | None:
     half = 5
     profile = _profile(exp)
     if profile is not None:
-        panel = exp.panel
-        normal = np.cross(panel["fast_axis"], panel["slow_axis"])
-        distance = abs(float(np.dot(panel["origin"], normal / np.linalg.norm(normal))))
-        half = math.ceil(3.0 * math.radians(float(profile["sigma_b"])) * distance / float(panel["pixel_size"][0])) + 1
+        half = math.ceil(3.0 * math.radians(float(profile["sigma_b"])) * _panel_distance_mm(exp) / _pixel_mm(exp)) + 1
     if say is not None:
         say(f"  spot windows of +-{half} pixels around the DIALS spots (3 sigma_b of the profile; --spot-window)")
     return half
