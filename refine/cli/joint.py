@@ -13,7 +13,14 @@ the images (:func:`refine.many.distributed.image_shard`).  ``--shared`` (default
 rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` from its own header (as for a
 single run): ``--shared`` defaults to ``cell,orientation`` and ``--per-image`` to ``scale,background``, and a
 still is refused.  ``--optimizer``, ``--max-steps`` (the loop's steps, default 300), ``--background``,
-``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages and reports do not.
+``--loss``, ``--symmetry`` and ``--no-esds`` apply; stages do not.  With spots (``--spots``, ``--refl``) each image's
+and the whole run's spot offsets are reported (:mod:`refine.many.image_reports`), with the fit against shot noise,
+one line per image; ``--report`` writes one HTML page with a row per image (:mod:`refine.output.joint_report`).
+With ``--expt`` (a rotation scan, one scan axis of a multi-axis goniometer too) every image is matched to the scan by
+the experiment's template before any work (:func:`refine.inputs.dials.scan_indices`: its angle and width, its
+spots and fitted pixels from the ``.refl``), the crystal model starts from the DIALS profile and, for
+``--rotation-series``, the cell and orientation from the indexed spots (:mod:`refine.inputs.spot_start`);
+``--expt-out`` writes the refined (scan-static) model into the experiment's document.
 Each process holds only the fitted pixels of its images (:mod:`refine.many.pixel_table`; the whole images are read,
 their pixels chosen and dropped one at a time); beyond ``--pixel-memory`` megabytes of them (default a quarter
 of the machine's memory per local process) an image's pixels go to ``OUT_DIR/pixels/`` and are read back at

@@ -280,7 +280,7 @@ def model_tokens(args: Options, say=None) -> str | list[str] | None:
     return flags + user
 
 
-def _header_index(exp, image, geo: dict) -> int | None:
+def _header_index(exp, geo: dict) -> int | None:
     """The scan image whose start angle the header gives (None without one)."""
     from nbtorch.io.dials import scan_oscillation
 
@@ -302,7 +302,7 @@ def _check_against_scan(exp, image: str, index: int | None, obs) -> int:
                          f"experiment's detector is {nf} x {ns} (--expt {exp.path})")
     geo = obs.geometry
     if index is None:
-        index = _header_index(exp, image, geo)
+        index = _header_index(exp, geo)
         if index is None:
             raise InputError(f"{image}: neither its file name (the experiment's imageset names no files) nor its "
                              "header tells which image of the experiment's scan it is; give --expt-image")
