@@ -54,6 +54,7 @@ from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.rotation import rotation_matrix_axis_angle
 from nbtorch.cache import cache_dir
 from nbtorch.simulator import Simulator
+from refine.inputs.detector_counts import DetectorCounts
 from refine.fitting.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 
 __all__ = ["Problem", "make_problem", "make_stills", "PROBLEMS", "PERTURBATION", "misorientation_deg"]
@@ -131,6 +132,14 @@ class Problem:
     seed: int
     pedestal: float
     description: str
+
+    @property
+    def counts(self) -> DetectorCounts:
+        """The detector constants of :attr:`observed`: gain 1, ADC offset :attr:`pedestal` (as a nanoBragg noise
+        image's ``-adc``); ``counts.photons(observed)`` and ``counts.photon_values(truth)`` are the problem in
+        photons, what ``nbtorch-refine --problem`` fits."""
+        return DetectorCounts(1.0, self.pedestal, f"bank problem: gain 1, a {self.pedestal:g}-count pedestal "
+                                                  "added after the Poisson draw")
 
     def simulator(self, dtype: torch.dtype = torch.float64, compile: bool | None = False,
                   device: str | torch.device = "cpu") -> Simulator:
