@@ -48,7 +48,7 @@ def test_problem_pedestal_is_the_adc_offset(refine_cli):
     (("--gain", "-2"), "--gain: counts per photon must be a finite number > 0"),
     (("--gain", "nan"), "--gain: counts per photon must be a finite number > 0, got nan"),
     (("--adc-offset", "inf"), "--adc-offset: counts must be a finite number, got inf"),
-])
+], ids=["gain zero", "gain negative", "gain nan", "offset inf"])
 def test_bad_gain_or_offset_is_one_line_exit_2_nothing_written(refine_cli, tmp_path, argv, message):
     r = refine_cli("--problem", "tetragonal_mosflm", "--size", "16", *argv)
     assert r.code == 2, (r.out, r.err)
