@@ -7,7 +7,7 @@ the groups of ``--help``, so a reader of either sees which options go together:
 =================  =============================================================================
 group              options
 =================  =============================================================================
-``image``          the measured image and its mask: ``--image --frame --dataset --shape ...``
+``image``          the measured image, its mask and counts: ``--image --frame --shape --gain ...``
 ``model``          the starting model: ``--model --f-column --problem --size --config``
 ``dials``          DIALS files: ``--expt --expt-index --expt-image --refl --expt-out``
 ``many``           many images: ``--images --out-dir --redo --joint --shared --per-image ...``
@@ -70,6 +70,8 @@ class ImageOptions:
     saturation: float | None = None
     mask_nan: bool = False
     parallax: bool = True
+    gain: float | None = None
+    adc_offset: float | None = None
 
 
 @dataclass(frozen=True)

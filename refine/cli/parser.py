@@ -58,6 +58,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--no-parallax", dest="parallax", action="store_false",
                    help="leave the sensor's thickness and absorption (parallax) out of the model; by default a "
                         "header's sensor thickness enters it with silicon's attenuation length (docs/refinement.md)")
+    g.add_argument("--gain", type=float, help="detector counts per photon (default: the header's; 1 for photon "
+                                              "counters and nanoBragg's noise images): photons = (counts - offset) / gain")
+    g.add_argument("--adc-offset", type=float, help="counts the detector adds to every pixel (default: the header's; "
+                                                    "40 for an SMV image nanoBragg wrote, its -adc; 0 for Pilatus, Eiger)")
     g = p.add_argument_group(GROUP_TITLES["model"])
     g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
                                    "the image header fills in wavelength, distance, beam centre, pixel size and "

@@ -32,7 +32,9 @@ from nbtorch.io.atomic import check_not_inputs
 from refine.output.callbacks import TensorBoardCallback
 from refine.cli.options import DEFAULT_DATASET, PROG, Options
 from refine.cli.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
+from refine.inputs.detector_counts import check_counts, detector_counts, header_counts
 from refine.inputs.images import load_image
+from refine.quality.cell_distance import cell_distance_note, note_line
 from refine.quality.degeneracy import extended_uncertainties
 from refine.inputs.dials import (check_dials_options, experiment_symmetry, model_tokens, on_image, refl_spots,
                                  spot_window, write_expt_out)
@@ -145,6 +147,7 @@ def _check_numbers(args: Options) -> None:
             raise InputError(f"{flag}: must be a positive number, got {value:g}")
     if args.pixels.seed < 0:
         raise InputError(f"--seed: must be >= 0, got {args.pixels.seed}")
+    check_counts(args.image.gain, args.image.adc_offset)
     for flag, names in (("--refine", args.fit.refine), ("--fix", args.fit.fix), ("--esd-extra", args.output.esd_extra)):
         if names is not None and not names:
             raise InputError(f"{flag}: no names given")
@@ -219,15 +222,25 @@ def _load_problem(args: Options, checked: Checked, say) -> Inputs:
     problem = make_problem(args.model.problem, size=args.model.size, option_prefix="--")
     say(f"{PROG}: problem {problem.name}: {problem.description}")
     cfg = config_from_args(list(problem.args))
-    observed = problem.observed
+    counts = detector_counts(problem.counts, args.image.gain, args.image.adc_offset)
+    say(f"  {counts.describe()}")
+    observed, mask, below = counts.photons(problem.observed)
+    _say_below_offset(say, below, counts)
     if args.pixels.roi:
         cfg = cfg.replace(roi=tuple(check_roi(args.pixels.roi, observed.shape)))
-    truth = dict(problem.truth)
-    return Inputs(observed=observed, mask=np.ones(observed.shape, dtype=bool), cfg=cfg,
-                  start={**problem.start, **checked.start}, symmetry=checked.symmetry or problem.symmetry,
+    truth = counts.photon_values(problem.truth)  # the problem's values are those of a fit to its counts
+    return Inputs(observed=observed, mask=mask, cfg=cfg,
+                  start={**counts.photon_values(problem.start), **checked.start},
+                  symmetry=checked.symmetry or problem.symmetry,
                   free_default=problem.free, fixed=tuple(args.fit.fix) if args.fit.fix is not None else problem.fixed,
                   truth=truth, extra={"input": {"problem": problem.name, "size": problem.size,
-                                                "model": list(problem.args)}, "truth": truth})
+                                                "model": list(problem.args)}, "truth": truth,
+                                      "detector_counts": counts.as_dict()})
+
+
+def _say_below_offset(say, below: int, counts) -> None:
+    if below:
+        say(f"  {below} pixels below the ADC offset ({counts.adc_offset:g} counts) masked: not counts of photons")
 
 
 def _load_image(args: Options, checked: Checked, say) -> Inputs:
@@ -236,6 +249,12 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     if args.image.dataset != DEFAULT_DATASET and obs.format != "hdf5":
         raise InputError(f"--dataset {args.image.dataset}: {args.image.image} is a {obs.format} file, not HDF5")
     say(f"{PROG}: {obs.describe()}")
+    counts = detector_counts(header_counts(obs.path, obs.format, obs.header), args.image.gain, args.image.adc_offset)
+    say(f"  {counts.describe()}")
+    photons, mask, below = counts.photons(obs.image, obs.mask)
+    _say_below_offset(say, below, counts)
+    if not mask.any():
+        raise InputError(f"{obs.path}: every pixel is masked after the ADC offset {counts.adc_offset:g} is taken off")
     roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
     cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax)
     for note in notes:
@@ -243,16 +262,18 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
     # correlation: --esd-extra distance); a --refine list or [[stages]] tables say themselves what is refined
     default_fix = args.fit.fix is None and args.fit.refine is None and not args.fit.stage_tables
-    if default_fix:
+    if default_fix and not args.many.joint:  # joint mode: --shared/--per-image say what is refined
         say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
     fixed = ("distance",) if default_fix else tuple(n for n in (args.fit.fix or ()) if n != "none")
     symmetry = checked.symmetry or experiment_symmetry(args)
     if symmetry and not checked.symmetry:
         say(f"  symmetry {symmetry} from the experiment's space group (--symmetry)")
-    return Inputs(observed=obs.image, mask=obs.mask, cfg=cfg, start=dict(checked.start), symmetry=symmetry,
+    masked = {**obs.masked, **({"below_offset": below} if below else {})}
+    return Inputs(observed=photons, mask=mask, cfg=cfg, start=dict(checked.start), symmetry=symmetry,
                   free_default=None, fixed=fixed,
                   extra={"input": {"image": obs.path, "format": obs.format, "frame": args.image.frame,
-                                   "geometry": obs.geometry, "masked": obs.masked, "model": tokens}})
+                                   "geometry": obs.geometry, "masked": masked, "model": tokens},
+                         "detector_counts": counts.as_dict()})
 
 
 def load_inputs(args: Options, checked: Checked, say) -> Inputs:
@@ -361,6 +382,9 @@ def _say_extra_esds(say, result, e: dict) -> None:
 
 def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
     """Write the result files (and the HTML report), then print the summary."""
+    note = cell_distance_note(result.params, tuple(result.free)) if inputs.truth is None else None
+    if note is not None:  # a measured image: the cell rests on a distance nothing refined
+        inputs.extra["cell_distance"] = note
     write_outputs(result, args.output.out, checked.json_path, inputs.extra,
                   hkl_path=checked.outputs.get("--hkl-out") if result.amplitudes is not None else None)
     if args.output.report:
@@ -388,6 +412,8 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
         say(_floor_line(s))
     if "esd_extra" in inputs.extra:
         _say_extra_esds(say, result, inputs.extra["esd_extra"])
+    if note is not None:
+        say(f"warning: {note_line(note)}")
     if result.amplitudes is not None:
         sf = result.structure_factors()
         say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}; "

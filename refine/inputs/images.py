@@ -206,6 +206,9 @@ def _smv_rest(raw: dict, taken: set, unused: dict) -> None:
                                   "a close distance belongs in --model (-close_distance)")
         elif key in _SMV_GONIOMETER:
             unused[key] = (value, _SMV_GONIOMETER[key])
+        elif key in ("GAIN", "IMAGE_PEDESTAL", "ADC_OFFSET"):
+            unused[key] = (value, "by the model: it turns the counts into photons, the 'detector counts' line "
+                                  "(refine.inputs.detector_counts)")
         elif key == "BIN":
             unused[key] = (value, "PIXEL_SIZE is the size of the pixels as stored")
         else:

@@ -22,8 +22,12 @@ have.  The table is written once as a nanoBragg ``Fdump`` file under
 passed with ``-dump``.
 
 ``observed = Poisson(truth image + 5 photons) + 40`` (a 40-count pedestal, like
-the SMV ADC offset), drawn with a fixed seed; the truth background is thus 45
-photons/pixel, of which only 5 carry shot noise.  Pixels are 0.1 mm and the
+the SMV ADC offset), drawn with a fixed seed.  ``truth`` and ``start`` are the values
+of a fit to these counts: the truth background is 45 per pixel, of which only 5
+carry shot noise.  :attr:`Problem.counts` is the detector's gain 1 and ADC offset 40:
+``counts.photons(observed)`` and ``counts.photon_values(truth)`` are the problem in
+photons (background 5), what ``nbtorch-refine --problem`` fits
+(:mod:`refine.inputs.detector_counts`).  Pixels are 0.1 mm and the
 detector has ``size x size`` pixels (64 in CI, 512 in the slow tests), so a
 larger size sees higher-resolution spots, where the cell error moves spots
 by more than their width.
@@ -54,6 +58,7 @@ from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.rotation import rotation_matrix_axis_angle
 from nbtorch.cache import cache_dir
 from nbtorch.simulator import Simulator
+from refine.inputs.detector_counts import DetectorCounts
 from refine.fitting.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation
 
 __all__ = ["Problem", "make_problem", "make_stills", "PROBLEMS", "PERTURBATION", "misorientation_deg"]
@@ -131,6 +136,14 @@ class Problem:
     seed: int
     pedestal: float
     description: str
+
+    @property
+    def counts(self) -> DetectorCounts:
+        """The detector constants of :attr:`observed`: gain 1, ADC offset :attr:`pedestal` (as a nanoBragg noise
+        image's ``-adc``); ``counts.photons(observed)`` and ``counts.photon_values(truth)`` are the problem in
+        photons, what ``nbtorch-refine --problem`` fits."""
+        return DetectorCounts(1.0, self.pedestal, f"bank problem: gain 1, a {self.pedestal:g}-count pedestal "
+                                                  "added after the Poisson draw")
 
     def simulator(self, dtype: torch.dtype = torch.float64, compile: bool | None = False,
                   device: str | torch.device = "cpu") -> Simulator:

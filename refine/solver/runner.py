@@ -307,8 +307,8 @@ def refine(
         problem_or_simulator: a :class:`~refine.inputs.problems.Problem` (its simulator, observed image, start,
             symmetry, free and fixed groups are the defaults of the arguments below) or an
             :class:`nbtorch.Simulator` whose parameters are the starting model.
-        observed: (slow, fast) observed image in photons (a pedestal is fine: it is fitted as background);
-            required with a simulator.  NaN/Inf and negative pixels are ignored.
+        observed: (slow, fast) photons (counts: ``DetectorCounts.photons`` first, :mod:`refine.inputs.detector_counts`);
+            required with a simulator; NaN/Inf and negative pixels are ignored.
         start: starting values overriding the simulator's, by base name (canonical names, ``orient_x/y/z``,
             ``scale``, ``background``, ``background_x/y``); ``background`` defaults to the median of the
             observed image, ``scale`` to 1.

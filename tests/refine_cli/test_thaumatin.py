@@ -2,9 +2,9 @@
 
 Starting from the header geometry, the indexing orientation and a textbook cell (a = b = 57.8,
 c = 150.0 Å), the refinement must move the model's spots onto the observed ones (rms spot offset
-before and after) and return a thaumatin cell (P4(1)2(1)2, a = b ~ 57.8-58.4, c ~ 150-152.3 Å) at the
-header distance, with esds and the distance-cell correlation.  Same options as the tutorial
-(docs/refinement.md, examples/thaumatin_still.toml).
+before and after) and return a thaumatin cell (P4(1)2(1)2, a = b ~ 57.7, c ~ 150.4 Å) with the distance refined
+(~346 mm; the header's 351 mm would make the cell 1.3 % long), with esds and the distance-cell correlation.  Same
+options as the tutorial (docs/refinement.md, examples/thaumatin_still.toml).
 """
 
 from __future__ import annotations
@@ -56,22 +56,22 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     table = diag["background_by_resolution"]
     assert table["model_mean"] > 1.3 * table["observed_mean"]
 
-    # the cell: thaumatin, tetragonal, at the header distance (351 mm, held fixed)
-    assert p["distance"] == 351.0
+    # the cell: thaumatin, tetragonal, with the distance refined (57.726, 150.388 A at 346.31 mm on 2026-11-27;
+    # docs/refinement.md, "The distance")
+    assert 344.0 < p["distance"] < 349.0, p["distance"]
     assert p["cell_a"] == p["cell_b"] and p["cell_alpha"] == p["cell_beta"] == p["cell_gamma"] == 90.0
-    assert 57.8 <= p["cell_a"] <= 58.6, p["cell_a"]
-    assert 150.0 <= p["cell_c"] <= 152.6, p["cell_c"]
+    assert 57.5 <= p["cell_a"] <= 58.0, p["cell_a"]
+    assert 149.8 <= p["cell_c"] <= 151.0, p["cell_c"]
     for name in ("cell_a", "cell_c"):
-        assert 0 < e[name] < 0.05 and math.isfinite(e[name])
+        assert 0 < e[name] < 0.15 and math.isfinite(e[name])
+    assert "cell_distance" not in doc and "rests on the distance" not in out
 
     # one still cannot separate distance and cell scale: the correlation the esds show
-    extra = doc["esd_extra"]
-    names = extra["names"]
-    corr = extra["correlation"]
+    names, corr = doc["correlation"]["names"], doc["correlation"]["matrix"]
     d = names.index("distance")
     assert corr[d][names.index("cell_a")] > 0.9
     assert corr[d][names.index("cell_c")] > 0.9
-    assert "correlation with cell_a" in out and "rms offset" in out
+    assert "rms offset" in out
     assert wall < 900  # about 2 minutes on 2 idle cores, compile included
 
 
