@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from nbtorch.errors import InputError
+from refine.fitting.background import parse_background
 from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
@@ -257,6 +258,9 @@ def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
 
 def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None]) -> int:
     t0 = time.monotonic()
+    if parse_background(args.fit.background).kind not in ("constant", "planar"):
+        raise InputError(f"--background {args.fit.background}: a joint refinement fits constant or planar "
+                         "backgrounds only (refine each image alone for resolution:K or planes)")
     series = args.many.rotation_series
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
     shared = split_names(args.many.shared, _default_shared(args, symmetry, say) if args.many.shared is None else (),
