@@ -34,7 +34,7 @@ def test_parse_background(text, spec):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("resolution:-2", "the knot count must be 2 to 64"), ("resolution:1", "the knot count must be 2 to 64"),
+    ("resolution:-2", "the knot count must be 2 to 16"), ("resolution:1", "the knot count must be 2 to 16"),
     ("resolution:x", "needs an integer knot count"), ("wavy", "unknown kind 'wavy'"), ("planes:3", "takes no ':3'"),
 ])
 def test_bad_background_is_one_line(text, message):
