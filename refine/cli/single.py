@@ -39,7 +39,7 @@ from refine.inputs.dials import (check_dials_options, experiment_symmetry, model
 from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
 from refine.inputs.start_model import model_config, tie_start_cell
-from refine.fitting.background import parse_background
+from refine.fitting.background import AUTO, parse_background, resolve_auto
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.inputs.problems import make_problem
@@ -167,7 +167,8 @@ def check_arguments(args: Options) -> Checked:
         raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "
                          '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
     symmetry = crystal_system(args.fit.symmetry)
-    if parse_background(args.fit.background).kind == "planes" and not (args.pixels.spots or args.dials.refl):
+    if args.fit.background != AUTO and parse_background(args.fit.background).kind == "planes" and not (
+            args.pixels.spots or args.dials.refl):
         raise InputError("--background planes: needs observed spots (--spots or --refl) and --spot-window")
     stages = build_stages(args)
     check_loss(args.optimiser.loss)
@@ -293,7 +294,7 @@ def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
                          "in --model")
     if inputs.symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
         inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
-    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=args.fit.background,
+    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=resolve_auto(args.fit.background, False, False),
                            anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)))
     for label, names in (("--refine", args.fit.refine), ("--fix", inputs.fixed), ("--esd-extra", args.output.esd_extra),
                          ("--prior", list(checked.priors))):
@@ -467,10 +468,11 @@ def prepare(args: Options, say) -> Prepared:
 def _background(args: Options, sim: Simulator, inputs, choice, start: dict, window: int | None, say):
     """``--background`` as :func:`refine.refine` takes it: the text of ``constant`` and ``planar``, or the model
     of ``resolution:K`` (knots started between the observed spots) and ``planes`` (one held plane per window)."""
-    model = background_model(sim, args.fit.background, model_values(sim, start), inputs.observed, choice.mask,
+    text = resolve_auto(args.fit.background, bool(args.image.image), choice.spots is not None and window is not None)
+    model = background_model(sim, text, model_values(sim, start), inputs.observed, choice.mask,
                              spots=choice.spots, half_px=window)
     if model is None:
-        return args.fit.background
+        return text
     if model.s_knots:
         say(f"  background: linear spline in 1/d, {len(model.names)} knots at d = "
             f"{', '.join(f'{1.0 / s:.3g}' if s > 0 else 'inf' for s in model.s_knots)} A, starting at "

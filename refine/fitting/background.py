@@ -57,7 +57,7 @@ from nbtorch.errors import InputError
 
 __all__ = ["KINDS", "DEFAULT_KNOTS", "MAX_KNOTS", "SPOT_CORE_PX", "PLANE_FLOOR", "BackgroundSpec", "parse_background",
            "knot_names", "is_knot", "linear_spline", "plane_photons", "clipped_mean", "BackgroundModel",
-           "resolution_background", "plane_background", "fit_window_planes"]
+           "resolution_background", "plane_background", "fit_window_planes", "AUTO", "resolve_auto"]
 
 #: the kinds ``--background`` accepts (``resolution`` takes ``:K``)
 KINDS = ("constant", "planar", "resolution", "planes")
@@ -69,6 +69,9 @@ MAX_KNOTS = 16
 SPOT_CORE_PX = 3.0
 #: lowest photons/pixel a held plane gives (a plane extrapolated to a window's corner must stay positive)
 PLANE_FLOOR = 0.1
+
+#: the command's default ``--background``: :func:`resolve_auto` decides
+AUTO = "auto"
 
 _KNOT = re.compile(r"^background_(\d+)$")
 
@@ -110,6 +113,15 @@ def parse_background(text: str) -> BackgroundSpec:
     if not 2 <= k <= MAX_KNOTS:
         raise InputError(f"--background: resolution:{k}: the knot count must be 2 to {MAX_KNOTS}")
     return BackgroundSpec(kind, k)
+
+
+def resolve_auto(text: str, measured: bool, windows: bool) -> str:
+    """``text``, or for :data:`AUTO` the default chosen from the thaumatin stills (docs/refinement.md, "What each
+    model term removes"): ``planes`` for a measured image fitted in spot windows (observed spots and a window),
+    ``constant`` otherwise (simulated problems, whole images, joint runs)."""
+    if str(text).strip() != AUTO:
+        return text
+    return "planes" if measured and windows else "constant"
 
 
 def knot_names(knots: int) -> tuple[str, ...]:

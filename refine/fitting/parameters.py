@@ -102,8 +102,9 @@ UNITS = {n: _ROWS[n].unit for n in REFINABLE}
 
 
 def units_of(names: Iterable[str]) -> dict[str, str]:
-    """``name -> unit`` (:data:`UNITS`) for each name that has one, in first-seen order (result files)."""
-    return {n: UNITS[n] for n in names if n in UNITS}
+    """``name -> unit`` (:data:`UNITS`; a background knot: photons/pixel) for each name that has one, in first-seen
+    order (result files)."""
+    return {n: UNITS[n] if n in UNITS else "photons/pixel" for n in names if n in UNITS or is_knot(n)}
 
 
 #: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
