@@ -186,3 +186,36 @@ def test_refine_with_a_resolution_background_recovers_a_radial_one(problem_cache
     assert runs["resolution:4"].loss_final < runs["constant"].loss_final - 50.0
     assert runs["resolution:4"].fit["excess"] < 1.5
     assert runs["resolution:4"].background_image is not None
+
+
+def test_planes_objective_gradient_of_the_flat_background_outside_the_windows(problem_cache):
+    """With held planes the flat ``background`` acts only outside the windows: its derivative (and the scale's)
+    against central differences, and the held pixels do not depend on it."""
+    problem = problem_cache("tetragonal_mosflm", 32)
+    sim = problem.simulator()
+    obs = torch.as_tensor(problem.observed, dtype=F64)
+    valid = torch.ones(sim.shape, dtype=torch.bool)
+    values = {n: float(v) for n, v in sim.setup.params.items()}
+    values.update(orient_x=0.0, orient_y=0.0, orient_z=0.0, scale=1.1, background=30.0, background_x=0.0,
+                  background_y=0.0)
+    spots = np.array([[8.5, 8.5], [20.5, 12.5]])
+    model = background_model(sim, "planes", values, obs, valid, spots=spots, half_px=3)
+    assert model.windows == 2
+    objective = ImageObjective(sim, obs, make_view(sim, values, valid), poisson_deviance, background_model=model)
+    space = ParameterSpace(symmetry="tetragonal", background="planes")
+    pmap = ParameterMap(space, values, ("scale", "background"))
+    raw = pmap.raw0().clone().requires_grad_()
+    loss, aux = objective.evaluate(pmap.expand(pmap.physical(raw)))
+    (grad,) = torch.autograd.grad(loss, raw)
+    for i in range(2):
+        step = torch.zeros_like(raw)
+        step[i] = 1e-5
+        with torch.no_grad():
+            fd = (float(objective.evaluate(pmap.expand(pmap.physical(raw + step)))[0])
+                  - float(objective.evaluate(pmap.expand(pmap.physical(raw - step)))[0])) / 2e-5
+        assert abs(float(grad[i])) > 1e-3
+        assert float(grad[i]) == pytest.approx(fd, rel=1e-6, abs=1e-8)
+    image = objective.model_image(aux.detach())
+    held = ~torch.isnan(model.held)
+    other = objective.model_image(objective.evaluate({**values, "background": 50.0})[1].detach())
+    assert torch.equal(image[held], other[held]) and bool((other[~held] > image[~held]).all())
