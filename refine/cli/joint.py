@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from nbtorch.errors import InputError
+from refine.fitting.background import parse_background, resolve_auto
 from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
@@ -257,6 +258,10 @@ def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
 
 def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None]) -> int:
     t0 = time.monotonic()
+    background = resolve_auto(args.fit.background, False, False)  # auto: constant
+    if parse_background(background).kind not in ("constant", "planar"):
+        raise InputError(f"--background {background}: a joint refinement fits constant or planar "
+                         "backgrounds only (refine each image alone for resolution:K or planes)")
     series = args.many.rotation_series
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
     shared = split_names(args.many.shared, _default_shared(args, symmetry, say) if args.many.shared is None else (),
@@ -278,7 +283,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         conv = DEFAULT_CONVERGENCE if args.optimiser.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.optimiser.max_steps)
         result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
                               symmetry=symmetry, image_starts=starts,
-                              strategy=args.optimiser.optimizer, convergence=conv, background=args.fit.background,
+                              strategy=args.optimiser.optimizer, convergence=conv, background=background,
                               loss=args.optimiser.loss, esds=not args.output.no_esds,
                               checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,
                               resume=checkpoint if args.output.resume else None, structure_factors=amplitudes)

@@ -120,7 +120,7 @@ class FitOptions:
     fix: tuple[str, ...] | None = None
     start: tuple[str, ...] | None = None
     symmetry: str | None = None
-    background: str = "constant"
+    background: str = "auto"
     bounds: tuple[str, ...] | None = None
     prior: tuple[str, ...] | None = None
 

@@ -105,7 +105,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
-    g.add_argument("--background", default="constant", choices=("constant", "planar"), help="background model")
+    g.add_argument("--background", default="auto",
+                   help="background model: constant, planar, resolution[:K] (a linear spline in 1/d with K refined "
+                        "knots background_0.., default 6) or planes (a plane held per spot window; needs "
+                        "--spots/--refl and --spot-window); default auto: planes for a measured image fitted in spot "
+                        "windows, constant otherwise")
     g.add_argument("--bounds", type=csv_names, help="name=low:high,... refine inside open intervals")
     g.add_argument("--prior", type=csv_names, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
                                               "each in its own unit (e.g. distance=150:0.5); they add "

@@ -41,10 +41,12 @@ from refine.inputs.dials import (check_dials_options, experiment_symmetry, model
 from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
 from refine.inputs.start_model import model_config, tie_start_cell
+from refine.fitting.background import AUTO, parse_background, resolve_auto
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.inputs.problems import make_problem
 from refine.output.report import ESD_NOTE, misfit_lines, results_table, write_outputs
+from refine.solver.plan import background_model
 from refine.solver.runner import refine
 from refine.inputs.selection import check_roi
 from refine.quality.misfit import spot_misfit
@@ -168,6 +170,9 @@ def check_arguments(args: Options) -> Checked:
         raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "
                          '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
     symmetry = crystal_system(args.fit.symmetry)
+    if args.fit.background != AUTO and parse_background(args.fit.background).kind == "planes" and not (
+            args.pixels.spots or args.dials.refl):
+        raise InputError("--background planes: needs observed spots (--spots or --refl) and --spot-window")
     stages = build_stages(args)
     check_loss(args.optimiser.loss)
     start, bounds, priors = start_values(args.fit.start), bounds_values(args.fit.bounds), prior_values(args.fit.prior)
@@ -310,7 +315,7 @@ def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
                          "in --model")
     if inputs.symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
         inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
-    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=args.fit.background,
+    space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=resolve_auto(args.fit.background, False, False),
                            anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)))
     for label, names in (("--refine", args.fit.refine), ("--fix", inputs.fixed), ("--esd-extra", args.output.esd_extra),
                          ("--prior", list(checked.priors))):
@@ -358,10 +363,10 @@ def _with_drift_warning(result, spots: dict):
     return dataclasses.replace(result, warnings=tuple(result.warnings) + (warning,))
 
 
-def _extra_esds(sim: Simulator, result, args: Options) -> dict:
+def _extra_esds(sim: Simulator, result, args: Options, background="constant") -> dict:
     # first derivatives only (refine.quality.uncertainty.pixel_jacobian runs the simulator eagerly itself; its large tiles
     # go through the compiled forward-mode kernels unless compiling is off)
-    u = extended_uncertainties(sim, result.observed, result.mask, result, args.output.esd_extra, args.fit.background)
+    u = extended_uncertainties(sim, result.observed, result.mask, result, args.output.esd_extra, background)
     return {"names": list(u.names), "esds": u.as_dict(), "correlation": u.correlation, "condition": u.condition}
 
 
@@ -447,6 +452,7 @@ class Prepared:
     choice: Any
     start: dict
     model: Simulator
+    background: Any = "constant"
 
 
 def prepare(args: Options, say) -> Prepared:
@@ -459,8 +465,9 @@ def prepare(args: Options, say) -> Prepared:
              else args.pixels.spots)
     if args.dials.refl:
         spots = refl_spots(args)
+    window = spot_window(args, say)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
-                           spot_window_px=spot_window(args, say), subsample=args.pixels.subsample, seed=args.pixels.seed,
+                           spot_window_px=window, subsample=args.pixels.subsample, seed=args.pixels.seed,
                            spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}")
     if args.dials.refl and choice.spots is not None:  # the neighbours' spots are fitted, the image's compared
         choice = dataclasses.replace(choice, spots=on_image(choice.spots))
@@ -479,7 +486,27 @@ def prepare(args: Options, say) -> Prepared:
         say(f"  start: scale {start['scale']:.4g}, background {start['background']:.4g} photons/pixel "
             "(Poisson fit of the starting model)")
     model.set_compile(sim.compile_mode == "compiled", sim.compile_reason)
-    return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start, model=model)
+    background = _background(args, sim, inputs, choice, start, window, say)
+    return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start, model=model,
+                    background=background)
+
+
+def _background(args: Options, sim: Simulator, inputs, choice, start: dict, window: int | None, say):
+    """``--background`` as :func:`refine.refine` takes it: the text of ``constant`` and ``planar``, or the model
+    of ``resolution:K`` (knots started between the observed spots) and ``planes`` (one held plane per window)."""
+    text = resolve_auto(args.fit.background, bool(args.image.image), choice.spots is not None and window is not None)
+    model = background_model(sim, text, model_values(sim, start), inputs.observed, choice.mask,
+                             spots=choice.spots, half_px=window)
+    if model is None:
+        return text
+    if model.s_knots:
+        say(f"  background: linear spline in 1/d, {len(model.names)} knots at d = "
+            f"{', '.join(f'{1.0 / s:.3g}' if s > 0 else 'inf' for s in model.s_knots)} A, starting at "
+            f"{', '.join(f'{v:.3g}' for v in model.start.values())} photons/pixel")
+    else:
+        say(f"  background: a plane held in each of {model.windows} spot windows (fitted to the pixels > 3 px "
+            "from every spot), the flat background elsewhere")
+    return model
 
 
 def plan_arguments(args: Options, p: Prepared) -> dict:
@@ -487,7 +514,7 @@ def plan_arguments(args: Options, p: Prepared) -> dict:
     the problem: everything but callbacks, progress, checkpoints and esds."""
     return dict(start=p.start, free=p.inputs.free_default if args.fit.refine is None else None, fixed=p.inputs.fixed,
                 symmetry=p.inputs.symmetry, bounds=p.checked.bounds, mask=p.choice.mask, stages=p.checked.stages,
-                strategy=args.optimiser.optimizer, background=args.fit.background, loss=args.optimiser.loss, priors=p.checked.priors,
+                strategy=args.optimiser.optimizer, background=p.background, loss=args.optimiser.loss, priors=p.checked.priors,
                 n_spots=None if p.choice.spots is None else len(p.choice.spots), too_few_spots=args.pixels.too_few_spots,
                 time_budget_s=args.optimiser.time_budget, structure_factors=p.checked.amplitudes)
 
@@ -510,8 +537,9 @@ def run(args: Options) -> int:
         sim = result.amplitudes.simulator(sim, result.amplitude_values)
     if choice.spots is not None:
         after = _spot_offsets(sim, dict(result.params), choice.spots, keep_model=True)
-        floor = spot_floor(after, result.params, inputs.mask, seed=args.pixels.seed)
-        misfit = spot_misfit(sim, result.params, inputs.observed, inputs.mask, after, result.model, result.mask)
+        floor = spot_floor(after, result.params, inputs.mask, seed=args.pixels.seed, background=result.background_image)
+        misfit = spot_misfit(sim, result.params, inputs.observed, inputs.mask, after, result.model, result.mask,
+                             background=result.background_image)
         result = dataclasses.replace(result, diagnostics={**result.diagnostics, **misfit})
         inputs.extra["spots"] = _spots_report(args, choice.spots, before, after, floor)
         result = _with_drift_warning(result, inputs.extra["spots"])
@@ -519,7 +547,7 @@ def run(args: Options) -> int:
         if isinstance(callback, _EndLater):
             callback.end(result)
     if args.output.esd_extra:
-        inputs.extra["esd_extra"] = _extra_esds(sim, result, args)
+        inputs.extra["esd_extra"] = _extra_esds(sim, result, args, p.background)
     if args.dials.expt_out:
         write_expt_out(args, sim, result.params)
         say(f"  wrote the refined DIALS experiment {args.dials.expt_out}")

@@ -236,6 +236,8 @@ class ImageObjective:
         amplitudes: the run's :class:`~refine.fitting.structure_factors.AmplitudeTable` (the simulator must hold its
             table): the values' ``F_h_k_l`` are put into the structure-factor table of every evaluation.
         restraint: an :class:`~refine.fitting.structure_factors.AmplitudeRestraint` added to the loss.
+        background_model: a :class:`~refine.fitting.background.BackgroundModel` (``resolution:K``, ``planes``)
+            whose ``B`` replaces the flat ``background`` (None: the flat or planar background).
 
     With ``view.bin == 1`` and a pixelwise ``loss`` (see the module docstring) the loss
     is evaluated on the fitted pixels only (``sparse`` is True).  ``observed`` and
@@ -247,8 +249,9 @@ class ImageObjective:
     def __init__(self, sim: Simulator, observed: Tensor, view: View, loss: LossFn = poisson_deviance,
                  n_factor: float = 1.0, compile_loss: bool = False,
                  priors: Mapping[str, tuple[float, float]] | None = None, amplitudes=None,
-                 restraint=None) -> None:
+                 restraint=None, background_model=None) -> None:
         self.sim = sim
+        self.background_model = background_model
         self.amplitudes = amplitudes
         self.restraint = restraint
         self.priors = check_priors(priors)
@@ -309,7 +312,7 @@ class ImageObjective:
         if used.numel() == 0:
             raise InputError(f"{pixels.source or 'fitted pixels'}: none inside the ROI {roi}")
         out = cls.__new__(cls)
-        out.sim, out.amplitudes, out.restraint, out.priors = sim, amplitudes, restraint, {}
+        out.sim, out.amplitudes, out.restraint, out.priors, out.background_model = sim, amplitudes, restraint, {}, None
         out.view = View(roi=roi, mask=None, bin=1, fraction=1.0)
         out.n_factor, out.loss, out.loss_fn, out.sparse = 1.0, loss, loss, True
         out.observed_full = out.observed = out.weights = None
@@ -376,7 +379,7 @@ class ImageObjective:
             return out
         sub = View(roi=(x0, x1, y0 + r0, y0 + r1 - 1), mask=self.view.mask[r0:r1], bin=1, fraction=self.view.fraction)
         out = ImageObjective(self.sim, self.observed_full, sub, self.loss, n_factor=self.n_factor,
-                             amplitudes=self.amplitudes)
+                             amplitudes=self.amplitudes, background_model=self.background_model)
         out.loss_fn = self.loss_fn
         return out
 
@@ -394,7 +397,7 @@ class ImageObjective:
     def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Unbinned model photons on the view's ROI, shape ``view.shape``."""
         image, _ = self.sim.render(roi=self.view.roi, **self.render_overrides(values))
-        return _photons(image, values, self._dx, self._dy)
+        return _photons(image, values, self._dx, self._dy, self._background(values, None))
 
     def model(self, values: Mapping[str, Tensor | float]) -> Tensor:
         """Binned model photons, shape ``view.binned_shape``."""
@@ -409,7 +412,14 @@ class ImageObjective:
             simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, **overrides)
         if not self._identity:
             simulated = torch.cat([simulated, simulated.new_zeros(1)])[self._gather]
-        return _photons(simulated, values, lambda: self._dx_px, lambda: self._dy_px)
+        return _photons(simulated, values, lambda: self._dx_px, lambda: self._dy_px, self._background(values, self._used))
+
+    def _background(self, values: Mapping[str, Tensor | float], used: Tensor | None) -> Tensor | None:
+        """The background model's photons on the view (``used``: its flat positions), None without a model."""
+        model = getattr(self, "background_model", None)
+        if model is None:
+            return None
+        return model.photons(values, self.view.roi, used, self.dtype, self.device)
 
     def model_image(self, aux: Tensor) -> Tensor:
         """The binned model image from :meth:`evaluate`'s ``aux`` (the model on the fitted pixels when sparse)."""
@@ -453,16 +463,18 @@ class ImageObjective:
         return loss, self.model_image(aux)
 
 
-def _photons(simulated: Tensor, values: Mapping[str, Tensor | float], dx: Tensor, dy: Tensor) -> Tensor:
+def _photons(simulated: Tensor, values: Mapping[str, Tensor | float], dx: Tensor, dy: Tensor,
+             background: Tensor | None = None) -> Tensor:
     """``scale * simulated + background [+ background_x * dx + background_y * dy]`` (photons per pixel).
 
     ``dx``, ``dy``: pixel offsets from the image centre (fast, slow), broadcastable to ``simulated``, or
-    functions giving them (called only for a planar background).
+    functions giving them (called only for a planar background).  ``background``: a background model's photons
+    (:mod:`refine.fitting.background`) used instead of the flat ``background`` value.
     """
     def here(v):  # a parameter on the CPU (a refinement's raw values) with a model on a GPU: the model's device
         return v.to(simulated.device) if isinstance(v, Tensor) and v.device != simulated.device else v
 
-    model = here(values["scale"]) * simulated + here(values["background"])
+    model = here(values["scale"]) * simulated + here(values["background"] if background is None else background)
     bx, by = here(values.get("background_x", 0.0)), here(values.get("background_y", 0.0))
     if isinstance(bx, Tensor) or bx != 0.0:
         model = model + bx * (dx() if callable(dx) else dx)

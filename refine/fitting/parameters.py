@@ -17,7 +17,10 @@ are :data:`REFINE_TABLE`; :data:`UNITS` and :data:`STEPS` are read from both):
   ``scale`` (dimensionless), ``background`` (photons/pixel; a detector
   pedestal such as the SMV ADC offset of 40 is just background) and, with
   ``background="planar"``, ``background_x``/``background_y`` (photons/pixel per pixel along
-  fast x and slow y, measured from the image centre ``xc, yc``).
+  fast x and slow y, measured from the image centre ``xc, yc``);
+* with ``background="resolution:K"`` the knot values ``background_0 .. background_{K-1}`` (photons/pixel) of a
+  linear spline in 1/d replace ``background`` (:mod:`refine.fitting.background`; ``planes`` holds a plane per
+  spot window and refines ``background`` outside the windows).
 
 Groups (expanded with the crystal system, see :data:`SYMMETRIES`):
 
@@ -31,7 +34,8 @@ group           names
 ``beam_centre`` ``beam_x beam_y``
 ``wavelength``  ``wavelength``
 ``scale``       ``scale``
-``background``  ``background`` (+ ``background_x background_y`` when planar)
+``background``  ``background`` (+ ``background_x background_y`` when planar; ``background_0 ..`` with
+                resolution:K)
 ``structure_factors``  one amplitude ``F_h_k_l`` per visible symmetry-unique reflection
                 (:mod:`refine.fitting.structure_factors`; the run's table decides which)
 ==============  ===========================================================
@@ -44,7 +48,7 @@ fluence, ``default_F`` and ``scale`` are positive, ``Multiplicative(v, step)``
 ``Identity(step, v)`` (one raw unit of ``beam_x``/``beam_y`` is one pixel);
 ``background`` is ``Positive(max(v, 1))`` (softplus: a negative background would
 let a misplaced model subtract intensity between its spots); the planar
-background slopes are ``Identity``; the Kahn factor is ``Bounded(-1, 1)``; a
+background slopes are ``Identity``; a knot ``background_<k>`` is ``Positive`` like ``background``; the Kahn factor is ``Bounded(-1, 1)``; a
 user bound ``(lo, hi)`` gives ``Bounded(lo, hi)``; an amplitude ``F_h_k_l`` is
 ``Multiplicative(F_start, step of default_F)`` (positive by construction).  The steps are in :data:`STEPS`.
 """
@@ -64,6 +68,7 @@ from nbtorch.parameters import (
     CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, Parameter, names_in_group,
 )
 from nbtorch.resolve import check_cell
+from refine.fitting.background import is_knot, parse_background
 from refine.fitting.structure_factors import is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
 
@@ -97,8 +102,9 @@ UNITS = {n: _ROWS[n].unit for n in REFINABLE}
 
 
 def units_of(names: Iterable[str]) -> dict[str, str]:
-    """``name -> unit`` (:data:`UNITS`) for each name that has one, in first-seen order (result files)."""
-    return {n: UNITS[n] for n in names if n in UNITS}
+    """``name -> unit`` (:data:`UNITS`; a background knot: photons/pixel) for each name that has one, in first-seen
+    order (result files)."""
+    return {n: UNITS[n] if n in UNITS else "photons/pixel" for n in names if n in UNITS or is_knot(n)}
 
 
 #: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
@@ -202,6 +208,7 @@ def canonical_values(values: Mapping[str, float]) -> dict[str, float]:
     for n in NUISANCE:
         if n in values:
             out[n] = float(values[n])
+    out.update({n: float(v) for n, v in values.items() if is_knot(n)})  # a resolution background's knots
     return out
 
 
@@ -212,7 +219,8 @@ class ParameterSpace:
     Arguments:
         symmetry: crystal system (a key of :data:`SYMMETRIES`).
         anisotropic_N: refine ``N_a N_b N_c`` separately (group ``mosaic`` then holds them).
-        background: ``"constant"`` or ``"planar"``.
+        background: ``"constant"``, ``"planar"``, ``"resolution:K"`` or ``"planes"``
+            (:func:`refine.fitting.background.parse_background`).
         bounds: name -> (low, high) in physical units: a ``Bounded`` transform.
         fixed: names or groups never refined.
         pixel_mm: pixel size; one raw unit of ``beam_x``/``beam_y`` is one pixel.
@@ -231,8 +239,7 @@ class ParameterSpace:
     def __post_init__(self) -> None:
         if self.symmetry not in SYMMETRIES:
             raise InputError(f"symmetry: unknown crystal system {self.symmetry!r}; valid: {', '.join(SYMMETRIES)}")
-        if self.background not in ("constant", "planar"):
-            raise InputError(f"background: expected 'constant' or 'planar', got {self.background!r}")
+        object.__setattr__(self, "knots", parse_background(self.background).names)
         for name, bound in self.bounds.items():
             if name not in REFINABLE:
                 raise InputError(f"bounds: unknown parameter {name!r}")
@@ -249,6 +256,8 @@ class ParameterSpace:
         if name == "mosaic":
             return ("mosaic_spread",) + (("N_a", "N_b", "N_c") if self.anisotropic_N else ("N",))
         if name == "background":
+            if self.knots:  # type: ignore[attr-defined]
+                return self.knots  # type: ignore[attr-defined]
             return ("background",) + (("background_x", "background_y") if self.background == "planar" else ())
         if name == "structure_factors":
             return tuple(self.amplitudes)
@@ -261,7 +270,7 @@ class ParameterSpace:
         for item in items:
             if item in GROUPS:
                 names = self.group(item)
-            elif item in REFINABLE or item in self.amplitudes:
+            elif item in REFINABLE or item in self.amplitudes or item in self.knots:  # type: ignore[attr-defined]
                 names = (item,)
             elif is_amplitude(item):
                 raise InputError(f"{item}: not a refinable amplitude of this run (refine the group structure_factors "
@@ -288,7 +297,12 @@ class ParameterSpace:
         """Refinable names of ``items`` (names or groups), fixed ones removed, in :data:`REFINABLE` order, then
         the amplitudes in the table's order."""
         names = set(self._expand_raw(items)) - self._fixed  # type: ignore[attr-defined]
-        return tuple(n for n in REFINABLE + tuple(self.amplitudes) if n in names)
+        return tuple(n for n in self.all_names if n in names)
+
+    @property
+    def all_names(self) -> tuple[str, ...]:
+        """Every name this space may refine, in order: :data:`REFINABLE`, the background's knots, the amplitudes."""
+        return REFINABLE + self.knots + tuple(self.amplitudes)  # type: ignore[attr-defined]
 
     def check_start(self, values: Mapping[str, float]) -> None:
         """Raise if the starting cell breaks the crystal system, or a value cannot start a refinement."""
@@ -314,6 +328,8 @@ class ParameterSpace:
             if not lo < v < hi:
                 raise InputError(f"start: {name}={v:g} is outside its bounds ({lo:g}, {hi:g})")
             return Bounded(lo, hi)
+        if is_knot(name):  # photons/pixel, positive like the flat background
+            return Positive(max(abs(v), 1.0))
         if name == "polarization":
             if not -1.0 < v < 1.0:
                 raise InputError(f"start: polarization must be inside (-1, 1) to be refined, got {v:g}")
@@ -346,11 +362,12 @@ class ParameterMap:
     """
 
     def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str]) -> None:
-        missing = [n for n in BASE_NAMES + tuple(space.amplitudes) if n not in values]
+        extra = space.knots + tuple(space.amplitudes)  # type: ignore[attr-defined]
+        missing = [n for n in BASE_NAMES + extra if n not in values]
         if missing:
             raise InputError(f"values: missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
         self.space = space
-        self.values = {n: float(values[n]) for n in BASE_NAMES + tuple(space.amplitudes)}
+        self.values = {n: float(values[n]) for n in BASE_NAMES + extra}
         self.names = tuple(names)
         self.n0 = (self.values["N_a"] * self.values["N_b"] * self.values["N_c"]) ** (1.0 / 3.0)
         self.transforms = [space.transform(n, self.start_value(n)) for n in self.names]
@@ -359,7 +376,7 @@ class ParameterMap:
         """Physical value of refinable ``name`` where the stage starts (``raw0``)."""
         if name == "N":
             return self.n0
-        if name == "background":
+        if name == "background" or is_knot(name):
             return max(self.values[name], 1e-6)  # the positive transform needs a start > 0
         return self.values[name]
 

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from nbtorch.parameters import MISSET_NAMES, ORIENTATION_DELTAS
+from refine.fitting.background import is_knot
 from refine.fitting.parameters import REFINABLE
 from refine.fitting.structure_factors import is_amplitude
 
@@ -46,12 +47,13 @@ TAG_KINDS = ("params", "grads")
 def parameter_tag(name: str, kind: str = "params") -> str:
     """TensorBoard tag ``<kind>/<name>`` of a refinable name (the parameter table's vocabulary).
 
-    Raises ValueError for a name outside :data:`refine.fitting.parameters.REFINABLE` or an unknown kind:
-    a tag never invents a name the result files do not use.
+    Raises ValueError for a name outside :data:`refine.fitting.parameters.REFINABLE` (and a resolution
+    background's knots ``background_<k>``) or an unknown kind: a tag never invents a name the result files do not
+    use.
     """
     if kind not in TAG_KINDS:
         raise ValueError(f"unknown tag kind {kind!r}; expected one of {', '.join(TAG_KINDS)}")
-    if name not in REFINABLE:
+    if name not in REFINABLE and not is_knot(name):
         raise ValueError(f"no TensorBoard tag for {name!r}: not a parameter name ({', '.join(REFINABLE)})")
     return f"{kind}/{name}"
 

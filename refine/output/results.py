@@ -80,8 +80,11 @@ JOINT_FORMAT = "nbtorch-refine-joint"
 
 def reported_values(values: Mapping[str, float], background: str) -> dict:
     """The canonical values a result reports (:func:`refine.fitting.parameters.canonical_values`), without the
-    planar background's slopes unless the ``background`` is planar."""
+    planar background's slopes unless the ``background`` is planar, nor the flat ``background`` that a
+    ``resolution:K`` background's knots replace."""
     out = canonical_values(values)
+    if background.startswith("resolution"):
+        out.pop("background", None)
     if background != "planar":
         out.pop("background_x", None)
         out.pop("background_y", None)
@@ -193,6 +196,7 @@ class RefinementResult:
     amplitudes: Any = field(default=None, repr=False)
     amplitude_values: dict = field(default_factory=dict, repr=False)
     diagnostics: dict = field(default_factory=dict, repr=False)
+    background_image: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # the signal the fit rests on: from the result's own images, so every way of making a result reports it
@@ -200,7 +204,9 @@ class RefinementResult:
             return
 
         # an amplitude is decided by its own spot's intensity, not by spots' positions (refine.fitting.structure_factors)
-        support = signal_support(self.model, background_image(np.shape(self.model), self.params), self.mask,
+        background = (background_image(np.shape(self.model), self.params) if self.background_image is None
+                      else self.background_image)
+        support = signal_support(self.model, background, self.mask,
                                  sum(1 for n in self.free if not is_amplitude(n)))
         object.__setattr__(self, "fit", {**self.fit, **support.to_dict()})
         if support.warning is not None:

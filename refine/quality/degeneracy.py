@@ -20,14 +20,15 @@ import torch
 from nbtorch.errors import InputError
 from nbtorch.simulator import ORIENTATION_DELTAS
 from refine.fitting.objective import ImageObjective, make_view, resolve_loss
-from refine.fitting.parameters import BASE_NAMES, REFINABLE, ParameterMap, ParameterSpace
+from refine.fitting.background import BackgroundModel, is_knot
+from refine.fitting.parameters import BASE_NAMES, ParameterMap, ParameterSpace
 from refine.quality.uncertainty import Uncertainties, estimate_uncertainties
 
 __all__ = ["extended_uncertainties"]
 
 
 def extended_uncertainties(sim, observed: np.ndarray, mask: np.ndarray, result, extra: Sequence[str],
-                           background: str = "constant") -> Uncertainties:
+                           background="constant") -> Uncertainties:
     """Esds and correlations of ``result.free`` plus ``extra`` at the refined point.
 
     Arguments:
@@ -35,26 +36,28 @@ def extended_uncertainties(sim, observed: np.ndarray, mask: np.ndarray, result, 
         observed: (slow, fast) observed photons; ``mask`` (slow, fast) bool, True = pixel used.
         result: the :class:`~refine.output.results.RefinementResult`.
         extra: names or groups to add (e.g. ``("distance",)``).
-        background: the run's background model.
+        background: the run's background: its text, or its :class:`~refine.fitting.background.BackgroundModel`.
 
     Returns:
         :class:`~refine.quality.uncertainty.Uncertainties` over ``result.free + extra`` (orientation as ``orient_x/y/z``).
     """
     anis = any(n in result.free for n in ("N_a", "N_b", "N_c"))
-    space = ParameterSpace(symmetry=result.symmetry, anisotropic_N=anis, background=background,
+    model = background if isinstance(background, BackgroundModel) else None
+    space = ParameterSpace(symmetry=result.symmetry, anisotropic_N=anis,
+                           background=background if model is None else model.text,
                            pixel_mm=sim.setup.pixel_m * 1000.0)
     add = [n for n in space.expand(extra) if n not in result.free]
     if not add:
         raise InputError(f"extra parameters {', '.join(extra)}: all already refined, nothing to add")
-    names = tuple(n for n in REFINABLE if n in set(result.free) | set(add))
+    names = tuple(n for n in space.all_names if n in set(result.free) | set(add))
     values = {n: 0.0 for n in BASE_NAMES}
-    values.update({n: float(v) for n, v in result.params.items() if n in BASE_NAMES})
+    values.update({n: float(v) for n, v in result.params.items() if n in BASE_NAMES or is_knot(n)})
     for n in ORIENTATION_DELTAS:  # the refined rotation is already folded into the misset
         values[n] = 0.0
     obs = torch.as_tensor(np.asarray(observed), dtype=sim.dtype, device=sim.device)
     valid = torch.as_tensor(np.asarray(mask, dtype=bool), device=sim.device) & torch.isfinite(obs) & (obs >= 0)
     obs = torch.where(valid, obs, torch.zeros((), dtype=obs.dtype, device=obs.device))
     view = make_view(sim, values, valid)
-    objective = ImageObjective(sim, obs, view, resolve_loss("poisson"))
+    objective = ImageObjective(sim, obs, view, resolve_loss("poisson"), background_model=model)
     pmap = ParameterMap(space, values, names)
     return estimate_uncertainties(objective, pmap, pmap.raw0(sim.dtype))

@@ -338,7 +338,7 @@ def direct_beam_px(sim, values: Mapping[str, float] | None = None) -> tuple[floa
 
 def spot_misfit(sim, params: Mapping[str, float], observed: np.ndarray, usable: np.ndarray, offsets: SpotOffsets,
                 model: np.ndarray, fitted: np.ndarray, *, half_px: int = PROFILE_HALF_PX,
-                exclude_px: int = EXCLUDE_PX) -> dict:
+                exclude_px: int = EXCLUDE_PX, background: np.ndarray | None = None) -> dict:
     """``diagnostics.profile`` and ``diagnostics.background_by_resolution`` of a refined model.
 
     Arguments:
@@ -348,11 +348,14 @@ def spot_misfit(sim, params: Mapping[str, float], observed: np.ndarray, usable: 
         offsets: :func:`refine.inputs.spots.spot_offsets` of the refined model with ``keep_model`` (its rendered
             windows around the observed spots give the profile's model; the matched spots are stacked).
         model, fitted: the final model image (photons) and the fitted pixels (the result's ``model``, ``mask``).
+        background: the run's background image (photons; the result's ``background_image``) instead of the
+            params' flat or planar one.
     """
     if offsets.bragg is None:
         raise ValueError("spot_misfit: the offsets keep no rendered model (SpotOffsets.bragg is None)")
     t0 = time.monotonic()
-    background = background_image(offsets.bragg.shape, dict(params))
+    if background is None:
+        background = background_image(offsets.bragg.shape, dict(params))
     windows = float(params.get("scale", 1.0)) * offsets.bragg + background
     rendered = window_mask(offsets.bragg.shape, offsets.observed, offsets.window)
     matched = offsets.matched
@@ -364,7 +367,7 @@ def spot_misfit(sim, params: Mapping[str, float], observed: np.ndarray, usable: 
     d_A = (resolution_map(sim, (int(xs.min()), int(xs.max()), int(ys.min()), int(ys.max())), params) if ys.size
            else np.full(np.shape(fitted), np.nan))
     spots = np.concatenate([offsets.observed, offsets.predicted[matched]])
-    table = background_by_resolution(observed, model, model - background_image(np.shape(model), dict(params)),
+    table = background_by_resolution(observed, model, model - background,
                                      fitted, d_A, spots, exclude_px=exclude_px)
     log.info("spot profile over %d spots and background between spots (%d pixels), %.2f s", profile.spots,
              int(table.pixels.sum()), time.monotonic() - t0)

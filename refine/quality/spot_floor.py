@@ -181,15 +181,19 @@ def centroid_floor(expected: np.ndarray, usable: np.ndarray | None, spots: np.nd
 
 
 def spot_floor(offsets: SpotOffsets, params: Mapping[str, float], mask: np.ndarray | None = None, *,
-               realisations: int = DEFAULT_REALISATIONS, seed: int = 0) -> SpotFloor:
+               realisations: int = DEFAULT_REALISATIONS, seed: int = 0,
+               background: np.ndarray | None = None) -> SpotFloor:
     """The centroid noise floor of the matched spots of ``offsets`` (:func:`refine.inputs.spots.spot_offsets` of the
     refined model, which keeps its rendered Bragg image) for the refined ``params`` (``scale``,
-    ``background`` [, ``background_x``, ``background_y``]); ``mask``: the image's usable pixels."""
+    ``background`` [, ``background_x``, ``background_y``]); ``mask``: the image's usable pixels; ``background``: the
+    run's background image (photons; :class:`refine.fitting.background.BackgroundModel`) instead of the params'."""
     if offsets.bragg is None:
         raise ValueError("spot_floor: the offsets keep no rendered model (SpotOffsets.bragg is None)")
     t0 = time.monotonic()
     matched = offsets.matched
-    expected = float(params.get("scale", 1.0)) * offsets.bragg + background_image(offsets.bragg.shape, dict(params))
+    if background is None:
+        background = background_image(offsets.bragg.shape, dict(params))
+    expected = float(params.get("scale", 1.0)) * offsets.bragg + background
     floor = centroid_floor(expected, mask, offsets.observed[matched], offsets.predicted[matched],
                            half=offsets.window, realisations=realisations, seed=seed)
     log.info("spot noise floor %.3g px over %d spots (%d Poisson realisations, seed %d), %.2f s", floor.rms_px,

@@ -112,4 +112,5 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         mask=used, symmetry=plan.symmetry, hparams=plan.hparams, fit=fit, warnings=tuple(warnings),
         amplitudes=plan.amplitudes,
         amplitude_values={} if plan.amplitudes is None else {n: float(values[n]) for n in plan.amplitudes.names},
-        diagnostics=poisson_z_spread(obs_np, model, used).to_dict(), **uncertainty)
+        diagnostics=poisson_z_spread(obs_np, model, used).to_dict(), **uncertainty,
+        background_image=None if plan.background_model is None else plan.background_model.image(values, model.shape))

@@ -23,7 +23,11 @@ from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 from refine.quality.identifiability import reduce_free
 from refine.fitting.objective import LossFn, check_priors, resolve_loss
-from refine.fitting.parameters import BASE_NAMES, REFINABLE, ParameterSpace
+from refine.fitting.background import (
+    BackgroundModel, is_knot, parse_background, plane_background, resolution_background,
+)
+from refine.fitting.parameters import BASE_NAMES, ParameterSpace
+from refine.inputs.selection import resolution_map
 from refine.inputs.problems import Problem
 from refine.solver.stages import Stage, stage_a, with_amplitudes
 from refine.fitting.structure_factors import (
@@ -31,7 +35,7 @@ from refine.fitting.structure_factors import (
 )
 from refine.solver.strategies import AbstractStrategy
 
-__all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values"]
+__all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values", "background_model"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,40 @@ class RunPlan:
     amplitudes: AmplitudeTable | None = None
     amplitude_options: AmplitudeOptions | None = None
     restraint: AmplitudeRestraint | None = None
+    background_model: BackgroundModel | None = None
+
+
+def background_model(sim: Simulator, background, values: Mapping[str, float], observed, valid, spots=None,
+                     half_px: int | None = None) -> BackgroundModel | None:
+    """The :class:`~refine.fitting.background.BackgroundModel` of ``background`` (a model is returned as it is; the
+    text of a kind is checked): ``resolution:K`` from the resolution of the fitted pixels at ``values``' geometry,
+    its knots started from the pixels between ``spots``; ``planes`` from the windows of ``half_px`` around
+    ``spots``; None for ``constant`` and ``planar``.  ``observed``, ``valid``: (slow, fast) photons and fitted
+    pixels (arrays or tensors)."""
+    if isinstance(background, BackgroundModel):
+        return background
+    spec = parse_background(background)
+    if spec.kind in ("constant", "planar"):
+        return None
+    roi = tuple(int(v) for v in sim.setup.roi)
+    obs = observed.detach().cpu().numpy() if isinstance(observed, Tensor) else np.asarray(observed)
+    fit = valid.detach().cpu().numpy() if isinstance(valid, Tensor) else np.asarray(valid, dtype=bool)
+    if spec.kind == "planes":
+        return plane_background(obs, fit, spots, half_px, roi)
+    return resolution_background(resolution_map(sim, roi, values), roi, obs, fit, spec, spots)
+
+
+def _background(sim: Simulator, background, values0: dict, obs: Tensor, valid: Tensor):
+    """``(text, model)`` of the run's ``background`` (:func:`background_model`; ``planes`` must come built, with
+    its spots); the model's starting knots go into ``values0`` unless given."""
+    if not isinstance(background, BackgroundModel) and parse_background(background).kind == "planes":
+        raise InputError("background planes: needs the observed spots; build it with "
+                         "refine.solver.plan.background_model(..., spots=, half_px=) (nbtorch-refine: --spots/--refl)")
+    model = background_model(sim, background, values0, obs, valid)
+    if model is None:
+        return parse_background(background).text, None
+    values0.update({n: v for n, v in (model.start or {}).items() if n not in values0})
+    return model.text, model
 
 
 def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmetry):
@@ -121,7 +159,7 @@ def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[s
     values.update({n: 0.0 for n in ORIENTATION_DELTAS})
     values.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
     for k, v in (start or {}).items():
-        if k not in BASE_NAMES and not is_amplitude(k):  # an amplitude is checked against the run's table
+        if k not in BASE_NAMES and not is_amplitude(k) and not is_knot(k):  # amplitudes: checked against the table
             raise InputError(f"start: unknown parameter {k!r}; valid: {', '.join(BASE_NAMES)}")
         values[k] = float(v)
     return values
@@ -152,7 +190,7 @@ def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str
                            pixel_mm=sim.setup.pixel_m * 1000.0, amplitudes=tuple(amplitudes))
     space.check_start(values0)
     plan = _stage_plan(space, stages, free)
-    names = tuple(n for n in REFINABLE + tuple(amplitudes) if any(n in stage_names for _, stage_names in plan))
+    names = tuple(n for n in space.all_names if any(n in stage_names for _, stage_names in plan))
     return space, plan, names
 
 
@@ -211,7 +249,7 @@ def make_plan(
     mask=None,
     stages: Sequence[Stage] | None = None,
     strategy: str | AbstractStrategy | None = None,
-    background: str = "constant",
+    background: str | BackgroundModel = "constant",
     loss: str | LossFn = "poisson",
     priors: Mapping[str, tuple[float, float]] | None = None,
     time_budget_s: float | None = None,
@@ -237,6 +275,7 @@ def make_plan(
     fixed = tuple(fixed or ())
     obs, valid = observed_pixels(sim, observed, mask)
     values0 = starting_values(sim, obs, valid, start)
+    background, background_model = _background(sim, background, values0, obs, valid)
     stages = tuple(stages) if stages is not None else stage_a(strategy)
     if not stages:
         raise InputError("stages: at least one stage is needed")
@@ -271,4 +310,5 @@ def make_plan(
                    loss_fn=loss_fn, loss_name=loss_name, priors=priors, symmetry=symmetry, background=background,
                    compile_loss=compile_loss, time_budget_s=time_budget_s, fingerprint=fingerprint,
                    hparams=_hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss),
-                   warnings=warnings, amplitudes=table, amplitude_options=structure_factors, restraint=restraint)
+                   warnings=warnings, amplitudes=table, amplitude_options=structure_factors, restraint=restraint,
+                   background_model=background_model)

@@ -162,7 +162,8 @@ def stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: M
     view = make_view(plan.sim, values, plan.valid, stage.roi_fraction, stage.bin, stage.roi_radius)
     refines_n = any(n in ("N", "N_a", "N_b", "N_c") for n in names)
     return ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, 1.0 if refines_n else stage.n_factor,
-                          plan.compile_loss, priors=plan.priors, amplitudes=plan.amplitudes, restraint=plan.restraint)
+                          plan.compile_loss, priors=plan.priors, amplitudes=plan.amplitudes, restraint=plan.restraint,
+                          background_model=plan.background_model)
 
 
 def whole_image_objective(plan: RunPlan) -> tuple[View, ImageObjective]:
@@ -170,7 +171,8 @@ def whole_image_objective(plan: RunPlan) -> tuple[View, ImageObjective]:
     :func:`refine.solver.finalise.finalise` (the esds) use it."""
     view = make_view(plan.sim, plan.start, plan.valid)
     return view, ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, priors=plan.priors,
-                                amplitudes=plan.amplitudes, restraint=plan.restraint)
+                                amplitudes=plan.amplitudes, restraint=plan.restraint,
+                                background_model=plan.background_model)
 
 
 def _amplitude_stage(plan: RunPlan, state: RunState, index: int, names: Sequence[str],
@@ -286,7 +288,7 @@ def refine(
     mask: np.ndarray | Tensor | None = None,
     stages: Sequence[Stage] | None = None,
     strategy: str | AbstractStrategy | None = None,
-    background: str = "constant",
+    background: str | Any = "constant",
     loss: str | LossFn = "poisson",
     callbacks: Sequence[Any] = (),
     progress: bool | None = None,
@@ -317,7 +319,8 @@ def refine(
         symmetry: crystal system (``triclinic`` default, ``monoclinic`` (unique b), ``orthorhombic``,
             ``tetragonal``, ``trigonal``/``hexagonal``, ``rhombohedral``, ``cubic``).
         bounds: name -> (low, high): refine inside the open interval (a sigmoid transform).
-        mask: (slow, fast) bool, True = use the pixel; ``background``: ``"constant"`` or ``"planar"``.
+        mask: (slow, fast) bool, True = use the pixel; ``background``: ``"constant"``, ``"planar"``, ``"resolution:K"``
+            or a :class:`~refine.fitting.background.BackgroundModel` (``planes``).
         stages: the schedule (default :func:`~refine.solver.stages.stage_a` with ``strategy``: ``"lbfgs"``
             (default), ``"adam"`` or a strategy object).
         loss: ``"poisson"`` (half Poisson deviance, default), another :func:`losses.get_loss` name (summed), or
