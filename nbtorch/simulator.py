@@ -34,7 +34,7 @@ from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
 from nbtorch.panels import PanelLayout, resolve_panels, split_panel_parameter
-from nbtorch.physics.detector import DetectorGeometry, detector_geometry, pixel_geometry, stack_geometries
+from nbtorch.physics.detector import DetectorGeometry, detector_geometry, stack_geometries
 from nbtorch.physics.kernel import (
     JACOBIAN_TILE_EVALUATIONS, KernelInputs, KernelOptions, TilePixels, accumulate_pixels, analytic_orientation_sum,
     combine, compiled_jacobian_applies, orientation_sum, tile_pixel_terms,
@@ -569,20 +569,16 @@ class Simulator(nn.Module):
 
     def _panel_tile(self, geom: DetectorGeometry, inp: KernelInputs, slow: Tensor, fast: Tensor,
                     layers: Tensor) -> tuple[TilePixels, KernelInputs]:
-        """A tile of a multi-panel image: each stacked pixel's panel geometry (:func:`pixel_geometry` of the
-        stacked ``geom``), its panel's own slow index, and the kernel inputs of its panel (normal, close
-        distance, pixel size)."""
+        """A tile of a multi-panel image: the stacked panels' ``geom``, each pixel's panel and slow index in it,
+        the panels' pixel sizes (the kernel's first stage gathers each pixel's panel:
+        :meth:`~nbtorch.physics.kernel.TilePixels.per_pixel`)."""
         layout = self.panel_layout
         panel = torch.div(slow, layout.rows, rounding_mode="floor")
         local_slow = slow - panel * layout.rows
-        g = pixel_geometry(geom, panel)
         sizes = layout.pixel_sizes_m()
-        if np.all(sizes == sizes[0]):
-            pixel_m = torch.as_tensor(sizes[0], dtype=self.kernel_dtype, device=self.device)
-        else:
-            pixel_m = torch.as_tensor(sizes, dtype=self.kernel_dtype, device=self.device)[panel]
-        inp = dataclasses.replace(inp, odet=g.odet, close_distance_m=g.close_distance, pixel_m=pixel_m)
-        return TilePixels(g, fast, local_slow, pixel_m, layers, self.setup.oversample), inp
+        pixel_m = torch.as_tensor(sizes[0] if np.all(sizes == sizes[0]) else sizes, dtype=self.kernel_dtype,
+                                  device=self.device)
+        return TilePixels(geom, fast, local_slow, pixel_m, layers, self.setup.oversample, panel_index=panel), inp
 
     # --- compiled / eager kernel ---------------------------------------------------
     def set_compile(self, enabled: bool, reason: str) -> None:

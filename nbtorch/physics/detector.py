@@ -135,8 +135,11 @@ def pixel_geometry(panels: DetectorGeometry, panel_index: Tensor) -> DetectorGeo
     every pixel: vectors (3, P) (contiguous rows per component), scalars (P,).  Differentiable (a gather)."""
     out = {}
     for f in _FIELDS:
-        v = getattr(panels, f).index_select(0, panel_index)
-        out[f] = v.T.contiguous() if v.dim() == 2 else v
+        v = getattr(panels, f)
+        # vectors: one 1-d gather per component, stacked: (3, P) contiguous without a transposed copy of
+        # (P, 3) or a gather along a strided axis (each several times slower on a CPU)
+        out[f] = (torch.stack([v[:, c].contiguous().index_select(0, panel_index) for c in range(3)])
+                  if v.dim() == 2 else v.index_select(0, panel_index))
     return DetectorGeometry(**out)
 
 
