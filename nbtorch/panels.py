@@ -35,7 +35,7 @@ from nbtorch.parameters import names_in_group
 from nbtorch.resolve import DetectorSetup, Setup, resolve
 
 __all__ = ["PANEL_GEOMETRY_NAMES", "PanelSetup", "PanelLayout", "panel_parameter", "split_panel_parameter",
-           "resolve_panels"]
+           "resolve_panels", "check_rigid_group", "group_overrides"]
 
 #: the per-panel geometry names (the ``detector`` group of :mod:`nbtorch.parameters`)
 PANEL_GEOMETRY_NAMES: tuple[str, ...] = names_in_group("detector")
@@ -172,3 +172,37 @@ def resolve_panels(configs: list[SimulationConfig], names: list[str] | None = No
     layout = PanelLayout(panels=panels, rows=max(p.detector.spixels for p in panels),
                          cols=max(p.detector.fpixels for p in panels))
     return setups[0], layout
+
+
+def check_rigid_group(layout: PanelLayout, members: tuple[int, ...], label: str) -> None:
+    """Refuse a group whose panels do not share their axes, pivot, convention and rotations: for such panels the
+    same change of every member's geometry names (:func:`group_overrides`) is not a rigid-body motion."""
+    first = layout.panels[members[0]]
+    for i in members[1:]:
+        p = layout.panels[i]
+        same = (p.detector.convention == first.detector.convention and p.detector.pivot == first.detector.pivot
+                and all(np.allclose(getattr(p.detector, k), getattr(first.detector, k), rtol=0, atol=1e-12)
+                        for k in ("fdet", "sdet", "odet", "twotheta_axis"))
+                and all(p.params[n] == first.params[n]
+                        for n in ("detector_rotx", "detector_roty", "detector_rotz", "twotheta")))
+        if not same:
+            raise InputError(f"panel group {label}: panel {i} ({p.name}) does not share the axes, pivot and rotations "
+                             f"of panel {members[0]} ({first.name}); a group moves as a rigid body only when its "
+                             "panels are parallel and equally oriented")
+
+
+def group_overrides(layout: PanelLayout, groups: list[tuple[int, ...]], start: dict[str, float],
+                    changes: dict) -> dict:
+    """Per-panel overrides for group changes: ``changes[f"{name}_g{k}"]`` (a tensor; mm or deg) is added to the
+    starting ``start[f"{name}_p{i}"]`` of every panel ``i`` of group ``k``.  For a group that passes
+    :func:`check_rigid_group` this moves the group as one rigid body (a shift along its fast and slow axes and
+    its distance, a rotation about the sample)."""
+    out = {}
+    for key, change in changes.items():
+        m = re.match(r"^(?P<base>[a-z_]+)_g(?P<k>[0-9]+)$", key)
+        if m is None or m["base"] not in PANEL_GEOMETRY_NAMES or int(m["k"]) >= len(groups):
+            raise InputError(f"{key}: not a group change <detector name>_g<k> of groups 0..{len(groups) - 1}")
+        for i in groups[int(m["k"])]:
+            name = panel_parameter(m["base"], i)
+            out[name] = start[name] + change
+    return out

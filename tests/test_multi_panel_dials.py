@@ -8,7 +8,6 @@ The panels cover the same pixels, so DIALS' own predictions (``xyzcal``) of the 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -18,53 +17,13 @@ import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.dials_geometry import bragg_positions_px, experiment_flags
+from nbtorch.dials_geometry import bragg_positions_px
 from nbtorch.dials_panels import (
     check_image_panels, hierarchy_groups, panel_flags, panel_lab_frames, panels_simulator, refined_panels_document,
 )
 from nbtorch.errors import InputError
 from nbtorch.io.dials import read_expt, read_refl, write_expt
-
-DATA = Path(__file__).resolve().parent / "data" / "dials"
-STILLS = DATA / "cunir_ssx_indexed"
-COLS, ROWS = (1231, 1232), (631, 631, 631, 634)  # 2463 x 2527 pixels (fast x slow) in 2 x 4 panels
-
-
-def split_document(gap_mm: float = 0.0) -> dict:
-    """The CuNiR still's document with its one panel cut into 8 under a hierarchy (panel 2a+b: column a, row b)."""
-    doc = json.loads(STILLS.with_suffix(".expt").read_text())
-    doc["experiment"] = doc["experiment"][:1]
-    det = doc["detector"][0]
-    big = det["panels"][0]
-    px = big["pixel_size"][0]
-    panels, groups = [], []
-    for a, w in enumerate(COLS):
-        children = []
-        for b, h in enumerate(ROWS):
-            p = copy.deepcopy(big)
-            p.update(name=f"col{a}_row{b}", image_size=[w, h], fast_axis=[1.0, 0.0, 0.0], slow_axis=[0.0, 1.0, 0.0],
-                     origin=[0.0, (b * ROWS[0] * px) + b * gap_mm, 0.0])
-            children.append({"panel": len(panels)})
-            panels.append(p)
-        groups.append({"name": f"col{a}", "type": "", "fast_axis": [1.0, 0.0, 0.0], "slow_axis": [0.0, 1.0, 0.0],
-                       "origin": [a * COLS[0] * px + a * gap_mm, 0.0, 0.0], "children": children})
-    root = {"name": "root", "type": "", "fast_axis": big["fast_axis"], "slow_axis": big["slow_axis"],
-            "origin": big["origin"], "children": groups}
-    doc["detector"][0] = {"panels": panels, "hierarchy": root}
-    return doc
-
-
-def _write(tmp_path: Path, doc: dict, name: str = "split.expt") -> Path:
-    path = tmp_path / name
-    path.write_text(json.dumps(doc))
-    return path
-
-
-def _offset(i: int) -> tuple[int, int]:
-    """(fast, slow) pixel offset of panel i in the original panel."""
-    a, b = divmod(i, 4)
-    return a * COLS[0], b * ROWS[0]
-
+from multi_panel_data import COLS, ROWS, STILLS, offset as _offset, split_document, write_doc as _write
 
 def test_hierarchy_composes_to_the_original_panel(tmp_path: Path) -> None:
     exp = read_expt(_write(tmp_path, split_document()), multi_panel=True)
