@@ -29,13 +29,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbtorch.args import config_from_args
+from nbtorch.beam_centre import ORG_CONVENTIONS, beam_centre_flags, beam_centre_from_offsets_m, detector_offsets_m
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
 from nbtorch.parameters import names_in_group
 from nbtorch.resolve import DetectorSetup, Setup, resolve
 
 __all__ = ["PANEL_GEOMETRY_NAMES", "PanelSetup", "PanelLayout", "panel_parameter", "split_panel_parameter",
-           "resolve_panels", "check_rigid_group", "group_overrides"]
+           "resolve_panels", "check_rigid_group", "group_overrides",
+           "module_configs"]
 
 #: the per-panel geometry names (the ``detector`` group of :mod:`nbtorch.parameters`)
 PANEL_GEOMETRY_NAMES: tuple[str, ...] = names_in_group("detector")
@@ -205,4 +208,26 @@ def group_overrides(layout: PanelLayout, groups: list[tuple[int, ...]], start: d
         for i in groups[int(m["k"])]:
             name = panel_parameter(m["base"], i)
             out[name] = start[name] + change
+    return out
+
+
+def module_configs(argv: list[str], modules: list[tuple[int, int, int, int]]) -> list[SimulationConfig]:
+    """One configuration per module of the single-panel detector of ``argv``: module ``(x0, y0, width,
+    height)`` (pixels; :func:`nbtorch.io.modules.module_grid`) is a panel of ``width x height`` pixels whose
+    first pixel lies where pixel (x0, y0) of the one panel lies (its beam centre moved by the module's offset in
+    the convention's own flags; pivot and everything else as ``argv``)."""
+    one = resolve(config_from_args(list(argv)))
+    d = one.detector
+    fb, sb, fc, sc = detector_offsets_m(d.convention, d.beam_x_m, d.beam_y_m, d.pixel_m, d.detsize_s_m)
+    fast_m, slow_m = (fc, sc) if d.convention in ORG_CONVENTIONS else (fb, sb)
+    out = []
+    for x0, y0, w, h in modules:
+        if x0 < 0 or y0 < 0 or x0 + w > d.fpixels or y0 + h > d.spixels:
+            raise InputError(f"module at ({x0}, {y0}) of {w} x {h} pixels lies outside the {d.fpixels} x "
+                             f"{d.spixels} detector")
+        bx, by = beam_centre_from_offsets_m(d.convention, fast_m - x0 * d.pixel_m, slow_m - y0 * d.pixel_m,
+                                            d.pixel_m, h * d.pixel_m)
+        flags = ["-detpixels_f", str(w), "-detpixels_s", str(h),
+                 *beam_centre_flags(d.convention, bx * 1000.0, by * 1000.0, d.pixel_m * 1000.0), "-pivot", d.pivot]
+        out.append(config_from_args(list(argv) + flags))
     return out
