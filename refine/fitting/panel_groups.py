@@ -12,7 +12,9 @@ name; the others keep their starting geometry and are reported (:attr:`GroupFit.
 
 The fit compares the model with the observed image on the given pixels (spot windows):
 ``sum (model - observed)^2 / sum observed^2``, minimised by LBFGS (strong Wolfe line search) over raw values
-in which one unit is one pixel of shift (``distance``, ``beam_x``, ``beam_y``) or 0.01 deg.
+in which one unit is one pixel of shift (``distance``, ``beam_x``, ``beam_y``) or 0.01 deg.  With
+``nuisance=True`` (a measured image) the model is ``scale * simulated + background``, both fitted too
+(starting from their linear least-squares values on the pixels).
 """
 
 from __future__ import annotations
@@ -42,10 +44,14 @@ class GroupFit:
     evaluations: int
     groups: tuple = ()  # the panels of each group
 
+    start_values: dict = None  # the per-panel values the fit started from (None: the simulator's)
+
     def overrides(self, sim) -> dict:
-        """The per-panel values (``<name>_p<i>``, floats) of the fitted geometry."""
-        return {k: float(v) for k, v in group_overrides(sim.panel_layout, list(self.groups), _panel_start(sim),
-                                                         self.changes).items()}
+        """The per-panel values (``<name>_p<i>``, floats) of the fitted geometry: every panel, moved or not."""
+        start = {k: float(v) for k, v in _panel_start(sim).items()}
+        start.update(self.start_values or {})
+        moved = group_overrides(sim.panel_layout, list(self.groups), start, self.changes)
+        return {**start, **{k: float(v) for k, v in moved.items()}}
 
 
 def _panel_start(sim) -> dict:
@@ -75,6 +81,13 @@ def identifiable_groups(groups: list[tuple[int, ...]], counts: list[int], n_name
     return free, fixed
 
 
+def _linear_start(model: torch.Tensor, obs: torch.Tensor) -> tuple[float, float]:
+    """``(scale, background)`` of the least-squares line ``obs ~ scale * model + background`` (scale > 0)."""
+    a = torch.stack([model, torch.ones_like(model)], dim=1)
+    sol = torch.linalg.lstsq(a, obs[:, None]).solution[:, 0]
+    return max(float(sol[0]), 1e-12), float(sol[1])
+
+
 def _raw_units(sim, groups, names) -> dict[str, float]:
     """One raw unit of each ``<name>_g<k>``: one pixel (mm) of the group's first panel, or 0.01 deg."""
     out = {}
@@ -88,10 +101,12 @@ def _raw_units(sim, groups, names) -> dict[str, float]:
 def fit_panel_groups(sim, observed, pixels: np.ndarray, groups: list[tuple[int, ...]],
                      names: tuple[str, ...] = DEFAULT_NAMES, spots: np.ndarray | None = None,
                      min_spots_per_name: int = 2, max_evaluations: int = 60,
-                     labels: list[str] | None = None) -> GroupFit:
+                     labels: list[str] | None = None, nuisance: bool = False,
+                     start_values: dict | None = None) -> GroupFit:
     """Fit the rigid-body changes ``<name>_g<k>`` of ``groups`` to ``observed`` (the stacked image, (slow, fast))
     on ``pixels`` (bool (slow, fast), e.g. windows around the spots).  ``spots`` ((n, 2), stacked x, y) decide
-    which groups are identifiable (all groups when None).
+    which groups are identifiable (all groups when None).  ``start_values``: per-panel values (``<name>_p<i>``)
+    to start from instead of the simulator's (e.g. a coarser level's fit, :meth:`GroupFit.overrides`).
 
     Raises:
         InputError: not a multi-panel simulator, an unknown name, a group that is not rigid (its panels do not
@@ -117,18 +132,23 @@ def fit_panel_groups(sim, observed, pixels: np.ndarray, groups: list[tuple[int, 
     obs = torch.as_tensor(observed.reshape(-1), dtype=values.dtype)[index]
     norm = float((obs * obs).sum()) or 1.0
     start = _panel_start(sim)
+    start.update({k: torch.as_tensor(float(v), dtype=values.dtype) for k, v in (start_values or {}).items()
+                  if k in start})
     unit = _raw_units(sim, groups, names)
-    raw = torch.zeros(len(keys), dtype=values.dtype, requires_grad=True)
+    scale0, background0 = _linear_start(values.detach(), obs) if nuisance else (1.0, 0.0)
+    raw = torch.zeros(len(keys) + (2 if nuisance else 0), dtype=values.dtype, requires_grad=True)
     calls = [0]
 
     def loss_of(r: torch.Tensor) -> torch.Tensor:
         changes = {key: r[j] * unit[key] for j, key in enumerate(keys)}
         model, _, _ = fit.render_pixels(**group_overrides(layout, list(groups), start, changes))
+        if nuisance:
+            model = scale0 * torch.exp(0.1 * r[-2]) * model + background0 + r[-1]
         return ((model - obs) ** 2).sum() / norm
 
     with torch.no_grad():
         loss_start = float(loss_of(raw))
-    if keys:
+    if raw.numel():
         opt = torch.optim.LBFGS([raw], lr=1.0, max_iter=max_evaluations, max_eval=max_evaluations,
                                 tolerance_grad=1e-12, tolerance_change=1e-14, history_size=20,
                                 line_search_fn="strong_wolfe")
@@ -145,4 +165,5 @@ def fit_panel_groups(sim, observed, pixels: np.ndarray, groups: list[tuple[int, 
         loss_end = float(loss_of(raw))
     changes = {key: float(raw.detach()[j]) * unit[key] for j, key in enumerate(keys)}
     return GroupFit(changes=changes, fixed=tuple(fixed), loss_start=loss_start, loss_end=loss_end,
-                    evaluations=calls[0], groups=tuple(tuple(m) for m in groups))
+                    evaluations=calls[0], groups=tuple(tuple(m) for m in groups),
+                    start_values=dict(start_values) if start_values else None)
