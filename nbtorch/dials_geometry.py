@@ -45,7 +45,9 @@ import numpy as np
 import torch
 
 from nbtorch.errors import InputError
-from nbtorch.io.dials import DialsExperiment, scan_oscillation, updated_document
+from nbtorch.io.dials import (
+    DialsExperiment, hierarchy_walk, local_frame, panel_lab_frames, scan_oscillation, updated_document,
+)
 from nbtorch.physics.crystal import orientation_from_reciprocal
 from nbtorch.physics.rotation import rotation_matrix_axis_angle
 
@@ -166,7 +168,9 @@ def experiment_flags(exp: DialsExperiment, image_index: int = 0, panel: dict | N
             a beam parallel to the polarization normal.
     """
     path, beam = exp.path, exp.beam
-    panel = exp.panel if panel is None else panel
+    if panel is None:  # the one panel in the lab frame: a hierarchy's group frames composed (none: as written)
+        f_lab, s_lab, o_lab = panel_lab_frames(exp.detector)[0]
+        panel = dict(exp.panel, fast_axis=list(f_lab), slow_axis=list(s_lab), origin=list(o_lab))
     pf, ps = (float(v) for v in panel["pixel_size"])
     if not (pf > 0 and abs(pf - ps) <= 1e-12 * pf):
         raise InputError(f"{path}: pixels of {pf:g} x {ps:g} mm are not square; nanoBragg has one -pixel size")
@@ -246,8 +250,11 @@ def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int =
     kahn = float(p["polarization"])
     beam = {"direction": [float(v) for v in dials_from_nb(-b)], "wavelength": float(p["wavelength"]),
             "polarization_fraction": 0.5 * (1.0 + kahn)}
-    panel = {"origin": [float(v) for v in dials_from_nb(pix0_m * 1000.0)],
-             "fast_axis": [float(v) for v in dials_from_nb(f)], "slow_axis": [float(v) for v in dials_from_nb(s)]}
+    f_d, s_d, o_d = dials_from_nb(f), dials_from_nb(s), dials_from_nb(pix0_m * 1000.0)
+    if "hierarchy" in exp.detector:  # written local to the panel's group, as dxtbx reads it
+        f_d, s_d, o_d = local_frame(hierarchy_walk(exp.detector)[0][0], f_d, s_d, o_d)
+    panel = {"origin": [float(v) for v in o_d], "fast_axis": [float(v) for v in f_d],
+             "slow_axis": [float(v) for v in s_d]}
     crystal = {k: [float(v) for v in real_d[i]] for i, k in enumerate(("real_space_a", "real_space_b", "real_space_c"))}
     return updated_document(exp, beam, panel if panels is None else panels, crystal)
 

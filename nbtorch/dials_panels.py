@@ -24,68 +24,11 @@ import torch
 from nbtorch.args import config_from_args
 from nbtorch.dials_geometry import dials_from_nb, experiment_flags, refined_document
 from nbtorch.errors import InputError
-from nbtorch.io.dials import DialsExperiment
+from nbtorch.io.dials import DialsExperiment, hierarchy_walk, local_frame, panel_lab_frames
 from nbtorch.simulator import Simulator
 
 __all__ = ["panel_lab_frames", "local_frame", "hierarchy_groups", "panel_flags", "panels_simulator",
            "refined_panels_document", "check_image_panels"]
-
-
-def _rotation(fast, slow) -> np.ndarray:
-    f, s = np.asarray(fast, dtype=np.float64), np.asarray(slow, dtype=np.float64)
-    n = np.cross(f, s)
-    norm = np.linalg.norm(n)
-    if not norm > 0:
-        raise InputError(f"detector frame with parallel fast and slow axes ({tuple(f)}, {tuple(s)})")
-    return np.stack([f, s, n / norm], axis=1)
-
-
-def _compose(parent: tuple, node: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Lab frame of ``node`` (local fast_axis, slow_axis, origin) under a parent of lab frame ``parent``."""
-    pf, ps, po = parent
-    r = _rotation(pf, ps)
-    f, s, o = (np.asarray(node[k], dtype=np.float64) for k in ("fast_axis", "slow_axis", "origin"))
-    return r @ f, r @ s, po + r @ o
-
-
-def _walk(detector: dict):
-    """``(panel index, parent lab frame or None)`` of every panel leaf, and groups as ``(level, name, frame,
-    [panel indices])``."""
-    leaves, groups = {}, []
-
-    def visit(node: dict, frame: tuple, level: int, name: str) -> list[int]:
-        members = []
-        for j, child in enumerate(node["children"]):
-            if "panel" in child:
-                leaves[int(child["panel"])] = frame
-                members.append(int(child["panel"]))
-            else:
-                child_frame = _compose(frame, child)
-                members += visit(child, child_frame, level + 1, str(child.get("name") or f"{name}/{j}"))
-        groups.append((level, name, frame, sorted(members)))
-        return members
-
-    root = detector["hierarchy"]
-    identity = (np.array([1.0, 0, 0]), np.array([0, 1.0, 0]), np.zeros(3))
-    visit(root, _compose(identity, root), 0, str(root.get("name") or "root"))
-    return leaves, groups
-
-
-def panel_lab_frames(detector: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``(fast, slow, origin)`` of every panel in the DIALS lab frame (mm), the hierarchy composed."""
-    panels = detector["panels"]
-    if "hierarchy" not in detector:
-        return [tuple(np.asarray(p[k], dtype=np.float64) for k in ("fast_axis", "slow_axis", "origin"))
-                for p in panels]
-    leaves, _ = _walk(detector)
-    return [_compose(leaves[i], p) for i, p in enumerate(panels)]
-
-
-def local_frame(parent: tuple, fast, slow, origin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The inverse of the composition: a lab frame written local to a parent of lab frame ``parent``."""
-    pf, ps, po = parent
-    r_inv = np.linalg.inv(_rotation(pf, ps))
-    return r_inv @ np.asarray(fast), r_inv @ np.asarray(slow), r_inv @ (np.asarray(origin) - po)
 
 
 def hierarchy_groups(detector: dict) -> list[list[tuple[str, tuple[int, ...]]]]:
@@ -96,7 +39,7 @@ def hierarchy_groups(detector: dict) -> list[list[tuple[str, tuple[int, ...]]]]:
     singles = [(str(p.get("name") or f"panel{i}"), (i,)) for i, p in enumerate(panels)]
     if "hierarchy" not in detector:
         return [[("detector", tuple(range(len(panels))))], singles]
-    _, groups = _walk(detector)
+    _, groups = hierarchy_walk(detector)
     depth = max(level for level, *_ in groups)
     levels = [[(name, tuple(members)) for level, name, _, members in groups if level == k] for k in range(depth + 1)]
     return levels + [singles]
@@ -133,7 +76,7 @@ def refined_panels_document(exp: DialsExperiment, sim, values: dict, image_index
         p = sim.parameters_dict(**{k: torch.as_tensor(float(v), dtype=sim.dtype, device=sim.device)
                                    for k, v in values.items() if k in names})
         geoms = [sim.geometry(p, panel=i) for i in range(len(exp.panels))]
-    parents = _walk(exp.detector)[0] if "hierarchy" in exp.detector else None
+    parents = hierarchy_walk(exp.detector)[0] if "hierarchy" in exp.detector else None
     fields = []
     for i, g in enumerate(geoms):
         f, s, o = (dials_from_nb(t.detach().cpu().double().numpy() * scale)

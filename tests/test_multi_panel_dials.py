@@ -197,3 +197,38 @@ def test_rendered_spots_on_every_panel_on_dials_predictions(tmp_path: Path) -> N
     off = spot_offsets(sim, {}, np.array(stacked))
     assert off.matched.all()
     assert np.abs(off.offsets).max() < 0.5 and off.rms() < 0.3
+
+
+def test_one_panel_under_a_moved_hierarchy_root(tmp_path: Path) -> None:
+    """A single panel whose hierarchy root is not the lab frame: the flags use the composed lab frame (the same
+    detector as the flattened file), and the refined panel is written back local to the root."""
+    from nbtorch.dials_geometry import refined_document
+
+    doc = json.loads(STILLS.with_suffix(".expt").read_text())
+    doc["experiment"] = doc["experiment"][:1]
+    flat_path = _write(tmp_path, doc, "flat.expt")
+    c, s = np.cos(0.2), np.sin(0.2)
+    root = {"name": "root", "fast_axis": [c, s, 0.0], "slow_axis": [-s, c, 0.0], "origin": [1.0, -2.0, 3.0],
+            "children": [{"panel": 0}]}
+    panel = doc["detector"][0]["panels"][0]
+    lab = tuple(np.asarray(panel[k]) for k in ("fast_axis", "slow_axis", "origin"))
+    r = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    panel.update(fast_axis=list(r.T @ lab[0]), slow_axis=list(r.T @ lab[1]),
+                 origin=list(r.T @ (lab[2] - np.array(root["origin"]))))
+    doc["detector"][0]["hierarchy"] = root
+    moved = read_expt(_write(tmp_path, doc, "moved.expt"))
+    flat = read_expt(flat_path)
+    a = Simulator(config_from_args(experiment_flags_of(moved)))
+    b = Simulator(config_from_args(experiment_flags_of(flat)))
+    ga, gb = a.geometry(a.parameters_dict()), b.geometry(b.parameters_dict())
+    for key in ("pix0", "fdet", "sdet"):
+        assert torch.allclose(getattr(ga, key), getattr(gb, key), rtol=0, atol=1e-12), key
+    out = refined_document(moved, a, {})
+    for key in ("origin", "fast_axis", "slow_axis"):
+        assert np.allclose(out["detector"][0]["panels"][0][key], panel[key], rtol=0, atol=1e-9), key
+
+
+def experiment_flags_of(exp) -> list[str]:
+    from nbtorch.dials_geometry import experiment_flags
+
+    return experiment_flags(exp) + ["-N", "5", "-default_F", "1"]

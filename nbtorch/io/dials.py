@@ -31,7 +31,8 @@ from nbtorch.errors import InputError
 from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation"]
+__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation",
+           "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
 
 #: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
 REFL_TYPES: dict[str, tuple[str, int]] = {
@@ -147,7 +148,7 @@ def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = 
                          "are supported")
     for i, panel in enumerate(panels):
         _check_panel(name, panel, "detector panel" if len(panels) == 1 else _panel_label(i, panel))
-    if multi_panel and "hierarchy" in detector:
+    if "hierarchy" in detector:  # its frames place the panels (panel_lab_frames)
         check_hierarchy(name, detector)
     _vector(name, "beam", beam, "direction")
     wavelength = beam.get("wavelength")
@@ -222,6 +223,63 @@ def _check_group(path: str, node: dict, where: str, n_panels: int, seen: dict, d
             raise InputError(f"{path}: detector panel {idx} appears twice in the hierarchy ({seen[idx]} and {where})")
         seen[idx] = where
 
+
+# --- frames of a hierarchy (dxtbx: every frame in the file is local to its parent group) -----------------------
+def _rotation(fast, slow) -> np.ndarray:
+    f, s = np.asarray(fast, dtype=np.float64), np.asarray(slow, dtype=np.float64)
+    n = np.cross(f, s)
+    norm = np.linalg.norm(n)
+    if not norm > 0:
+        raise InputError(f"detector frame with parallel fast and slow axes ({tuple(f)}, {tuple(s)})")
+    return np.stack([f, s, n / norm], axis=1)
+
+
+def _compose(parent: tuple, node: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lab frame of ``node`` (local fast_axis, slow_axis, origin) under a parent of lab frame ``parent``."""
+    pf, ps, po = parent
+    r = _rotation(pf, ps)
+    f, s, o = (np.asarray(node[k], dtype=np.float64) for k in ("fast_axis", "slow_axis", "origin"))
+    return r @ f, r @ s, po + r @ o
+
+
+def hierarchy_walk(detector: dict):
+    """``({panel index: its parent group's lab frame}, [(level, name, lab frame, [panel indices]) of every group])``
+    of a detector with a (checked, :func:`check_hierarchy`) hierarchy."""
+    leaves, groups = {}, []
+
+    def visit(node: dict, frame: tuple, level: int, name: str) -> list[int]:
+        members = []
+        for j, child in enumerate(node["children"]):
+            if "panel" in child:
+                leaves[int(child["panel"])] = frame
+                members.append(int(child["panel"]))
+            else:
+                child_frame = _compose(frame, child)
+                members += visit(child, child_frame, level + 1, str(child.get("name") or f"{name}/{j}"))
+        groups.append((level, name, frame, sorted(members)))
+        return members
+
+    root = detector["hierarchy"]
+    identity = (np.array([1.0, 0, 0]), np.array([0, 1.0, 0]), np.zeros(3))
+    visit(root, _compose(identity, root), 0, str(root.get("name") or "root"))
+    return leaves, groups
+
+
+def panel_lab_frames(detector: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(fast, slow, origin)`` of every panel in the DIALS lab frame (mm), the hierarchy composed."""
+    panels = detector["panels"]
+    if "hierarchy" not in detector:
+        return [tuple(np.asarray(p[k], dtype=np.float64) for k in ("fast_axis", "slow_axis", "origin"))
+                for p in panels]
+    leaves, _ = hierarchy_walk(detector)
+    return [_compose(leaves[i], p) for i, p in enumerate(panels)]
+
+
+def local_frame(parent: tuple, fast, slow, origin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The inverse of the composition: a lab frame written local to a parent of lab frame ``parent``."""
+    pf, ps, po = parent
+    r_inv = np.linalg.inv(_rotation(pf, ps))
+    return r_inv @ np.asarray(fast), r_inv @ np.asarray(slow), r_inv @ (np.asarray(origin) - po)
 
 def _check_goniometer(path: str, gonio: dict) -> None:
     """A single-axis goniometer (``rotation_axis``) or a multi-axis one (``axes``, ``angles``, one ``scan_axis``)."""
