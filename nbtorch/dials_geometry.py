@@ -45,8 +45,9 @@ import numpy as np
 import torch
 
 from nbtorch.errors import InputError
-from nbtorch.io.dials import DialsExperiment, scan_oscillation, updated_document
-from nbtorch.parameters import SIMULATOR_NAMES
+from nbtorch.io.dials import (
+    DialsExperiment, hierarchy_walk, local_frame, panel_lab_frames, scan_oscillation, updated_document,
+)
 from nbtorch.physics.crystal import orientation_from_reciprocal
 from nbtorch.physics.rotation import rotation_matrix_axis_angle
 
@@ -156,14 +157,20 @@ def _real_vectors_dials(exp: DialsExperiment) -> np.ndarray:
     return np.array([exp.crystal[k] for k in ("real_space_a", "real_space_b", "real_space_c")], dtype=np.float64)
 
 
-def experiment_flags(exp: DialsExperiment, image_index: int = 0) -> list[str]:
+def experiment_flags(exp: DialsExperiment, image_index: int = 0, panel: dict | None = None) -> list[str]:
     """nanoBragg flags (CUSTOM convention, nanoBragg frame) for experiment ``exp`` (see the module docstring).
+
+    ``panel``: the panel to use instead of the detector's one panel (fast_axis, slow_axis, origin in the lab
+    frame, pixel_size, image_size; :mod:`nbtorch.dials_panels` gives each panel of a multi-panel detector).
 
     Raises:
         InputError: non-square pixels, a left-handed crystal basis, a detector facing away from the sample,
             a beam parallel to the polarization normal.
     """
-    path, panel, beam = exp.path, exp.panel, exp.beam
+    path, beam = exp.path, exp.beam
+    if panel is None:  # the one panel in the lab frame: a hierarchy's group frames composed (none: as written)
+        f_lab, s_lab, o_lab = panel_lab_frames(exp.detector)[0]
+        panel = dict(exp.panel, fast_axis=list(f_lab), slow_axis=list(s_lab), origin=list(o_lab))
     pf, ps = (float(v) for v in panel["pixel_size"])
     if not (pf > 0 and abs(pf - ps) <= 1e-12 * pf):
         raise InputError(f"{path}: pixels of {pf:g} x {ps:g} mm are not square; nanoBragg has one -pixel size")
@@ -211,20 +218,24 @@ def _tensor(sim, value) -> torch.Tensor:
 
 def _params(sim, values: dict) -> dict[str, torch.Tensor]:
     # tensors of the simulator's dtype: a Python float would pass through float32 (torch's default dtype)
-    return sim.parameters_dict(**{k: _tensor(sim, float(v)) for k, v in values.items() if k in SIMULATOR_NAMES})
+    names = set(sim.parameter_names())  # the canonical names, and a multi-panel detector's per-panel names
+    return sim.parameters_dict(**{k: _tensor(sim, float(v)) for k, v in values.items() if k in names})
 
 
-def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int = 0) -> dict:
+def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int = 0,
+                     panels: list[dict] | None = None) -> dict:
     """The experiment's document with the geometry of ``sim`` at parameter ``values`` (canonical names; the
     simulator's own values for those left out): beam direction, wavelength and polarization fraction,
     the panel's origin and axes, the crystal's real-space vectors at the goniometer datum.
 
     ``sim`` must have been built from :func:`experiment_flags` of ``exp`` (maybe with more flags);
-    ``image_index`` as given there.
+    ``image_index`` as given there.  ``panels``: the fields of every panel of a multi-panel detector
+    (:func:`nbtorch.dials_panels.refined_panels_document`), written instead of the one panel's.
     """
+    multi = sim.panel_layout is not None
     with torch.no_grad():
         p = _params(sim, values)
-        geom = sim.geometry(p)
+        geom = sim.geometry(p, panel=0) if multi else sim.geometry(p)
         setup = sim.setup
         deg = math.pi / 180.0
         real, _ = sim.crystal_vectors(p)
@@ -239,10 +250,13 @@ def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int =
     kahn = float(p["polarization"])
     beam = {"direction": [float(v) for v in dials_from_nb(-b)], "wavelength": float(p["wavelength"]),
             "polarization_fraction": 0.5 * (1.0 + kahn)}
-    panel = {"origin": [float(v) for v in dials_from_nb(pix0_m * 1000.0)],
-             "fast_axis": [float(v) for v in dials_from_nb(f)], "slow_axis": [float(v) for v in dials_from_nb(s)]}
+    f_d, s_d, o_d = dials_from_nb(f), dials_from_nb(s), dials_from_nb(pix0_m * 1000.0)
+    if "hierarchy" in exp.detector:  # written local to the panel's group, as dxtbx reads it
+        f_d, s_d, o_d = local_frame(hierarchy_walk(exp.detector)[0][0], f_d, s_d, o_d)
+    panel = {"origin": [float(v) for v in o_d], "fast_axis": [float(v) for v in f_d],
+             "slow_axis": [float(v) for v in s_d]}
     crystal = {k: [float(v) for v in real_d[i]] for i, k in enumerate(("real_space_a", "real_space_b", "real_space_c"))}
-    return updated_document(exp, beam, panel, crystal)
+    return updated_document(exp, beam, panel if panels is None else panels, crystal)
 
 
 def still_experiment(sim, image_path: str = "", hall_symbol: str = " P 1") -> DialsExperiment:
@@ -282,7 +296,7 @@ def still_experiment(sim, image_path: str = "", hall_symbol: str = " P 1") -> Di
                            crystal=document["crystal"][0], goniometer=None, scan=None)
 
 
-def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.ndarray:
+def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None, panel: int | None = None) -> np.ndarray:
     """Where the Bragg reflections ``hkl`` (n, 3) hit the detector of ``sim`` at parameter ``values``, with the
     crystal turned to spindle angle ``phi_deg`` (scalar or (n,)) instead of ``phi0``: ``(n, 2)`` pixel
     coordinates (x fast, y slow; pixel centres at ``i + 0.5``, as DIALS' ``xyzcal.px``), NaN where the
@@ -292,10 +306,12 @@ def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.n
     ``pix0`` with normal ``o``; the hit is written in the (maybe skew) fast and slow axes.
     ``delpsi_rad`` (n,) turns each ``S`` about ``unit(S × s0)`` first, as DIALS' stills predictor puts
     the reciprocal-lattice point on the Ewald sphere (its ``delpsical.rad`` column).
+    ``panel``: for a multi-panel simulator, the coordinates in that panel (its pixels; the plane of the panel).
     """
+    pixel_m = sim.setup.pixel_m if panel is None else sim.panel_layout.panels[panel].detector.pixel_m
     with torch.no_grad():
         p = _params(sim, values)
-        geom = sim.geometry(p)
+        geom = sim.geometry(p) if panel is None else sim.geometry(p, panel=panel)
         setup = sim.setup
         deg = math.pi / 180.0
         _, recip = sim.crystal_vectors(p)
@@ -312,6 +328,6 @@ def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None) -> np.n
         t = (geom.pix0 * geom.odet).sum() / (d * geom.odet).sum(-1)
         rel = t[:, None] * d - geom.pix0
         basis = torch.stack([geom.fdet, geom.sdet, geom.odet], dim=1)
-        fs = torch.linalg.solve(basis, rel.T).T[:, :2] / setup.pixel_m
+        fs = torch.linalg.solve(basis, rel.T).T[:, :2] / pixel_m
         fs[t <= 0] = float("nan")
     return fs.cpu().double().numpy()

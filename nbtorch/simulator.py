@@ -8,6 +8,10 @@ missing from the HKL file always follow ``default_F``), and ``orient_x, orient_y
 orient_z`` (deg, default 0) add a small crystal rotation about the lab axes on
 top of the misset orientation (what a refinement of the orientation moves).
 Pixels outside ``-roi`` are zero, as in the C program.
+
+A detector of several panels (:meth:`Simulator.from_panels`, :mod:`nbtorch.panels`) renders all its
+panels in one call, stacked along the slow axis; each panel's geometry has its own canonical names
+(``distance_p3`` ...), and each panel's pixels are those of the single-panel simulator of its config.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from nbtorch.config import SimulationConfig
 from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
-from nbtorch.physics.detector import DetectorGeometry, detector_geometry
+from nbtorch.panels import PanelLayout, resolve_panels, split_panel_parameter
+from nbtorch.physics.detector import DetectorGeometry, detector_geometry, stack_geometries
 from nbtorch.physics.kernel import (
     JACOBIAN_TILE_EVALUATIONS, KernelInputs, KernelOptions, TilePixels, accumulate_pixels, analytic_orientation_sum,
     combine, compiled_jacobian_applies, orientation_sum, tile_pixel_terms,
@@ -170,20 +175,32 @@ class Simulator(nn.Module):
             self.register_buffer("F_present", torch.as_tensor(np.array(s.F_present), device=dev))
         else:
             self.F_present = None
-        self.options = KernelOptions(
-            shape=s.shape,
-            interpolate=s.interpolate,
-            nopolar=config.nopolar,
-            point_pixel=config.point_pixel,
-            curved=config.curved_det,
-            c_parity=s.c_parity,
-            oversample_thick=config.oversample_thick,
-            oversample_polar=config.oversample_polar,
-            oversample_omega=config.oversample_omega,
-            has_thickness=s.has_thickness,
-            has_water=s.water_F2N > 0,
-            use_dmin=s.dmin_A > 0,
-        )
+        self.options = kernel_options(config, s)
+        self.panel_layout: PanelLayout | None = None  # a multi-panel detector (from_panels)
+
+    @classmethod
+    def from_panels(cls, configs, names=None, **kwargs) -> "Simulator":
+        """A simulator of a detector of several flat panels: panel ``i`` is the detector of ``configs[i]`` (a
+        :class:`SimulationConfig`), the crystal, beam and sampling are shared (every config must give the
+        same; :func:`nbtorch.panels.resolve_panels`); ``names`` labels the panels.  ``kwargs`` as the
+        constructor.  The image is the panels stacked along the slow axis (:class:`nbtorch.panels.PanelLayout`),
+        each panel's pixels those of ``Simulator(configs[i])``; the geometry of panel ``i`` is the
+        canonical names ``<detector name>_p<i>`` (``distance_p0``, ``beam_x_p0`` ...)."""
+        configs = list(configs)
+        shared, layout = resolve_panels(configs, names)
+        sim = cls(configs[0], **kwargs)
+        for i, cfg in enumerate(configs[1:], start=1):
+            if kernel_options(cfg, shared) != sim.options:
+                raise InputError(f"panel {i}: its kernel options (polarization, point pixel, oversample_* "
+                                 "flags) differ from panel 0's; the panels share them")
+        rows, cols = layout.shape
+        det = dataclasses.replace(shared.detector, spixels=rows, fpixels=cols, roi=(0, cols - 1, 0, rows - 1))
+        sim._setup = dataclasses.replace(shared, detector=det, pixel_mask=layout.mask)
+        sim._model_mask = sim._setup.pixel_mask
+        sim.panel_layout = layout
+        for name, value in layout.values().items():
+            sim.register_buffer(name, torch.tensor(value, dtype=torch.float64, device=sim.device))
+        return sim
 
     # ------------------------------------------------------------------------------
     @property
@@ -275,29 +292,55 @@ class Simulator(nn.Module):
 
     def parameters_dict(self, **overrides) -> dict[str, Tensor]:
         """Canonical parameters for one call (buffers, replaced by overrides), in self.dtype."""
-        unknown = set(overrides) - set(SIMULATOR_NAMES) - {"F_grid"}
+        names = self.parameter_names()
+        unknown = set(overrides) - set(names) - {"F_grid"}
         if unknown:
-            raise InputError(f"unknown parameter name(s): {', '.join(sorted(unknown))}; expected {', '.join(PARAMETER_NAMES)}")
+            raise InputError(f"unknown parameter name(s): {', '.join(sorted(unknown))}; expected {', '.join(PARAMETER_NAMES)}"
+                             + (" and the per-panel names <detector name>_p<i>" if self.panel_layout else ""))
+        if self.panel_layout is not None:
+            plain = sorted(n for n in overrides if split_panel_parameter(f"{n}_p0") is not None)
+            if plain:
+                raise InputError(f"{', '.join(plain)}: a multi-panel detector has per-panel geometry names "
+                                 f"({plain[0]}_p0, {plain[0]}_p1, ...)")
         out = {}
-        for name in SIMULATOR_NAMES:
+        for name in names:
             v = overrides.get(name, getattr(self, name))
             v = torch.as_tensor(v, device=self.device)
             out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
         return out
 
-    def geometry(self, p: dict[str, Tensor]) -> DetectorGeometry:
-        """Resolved detector geometry for parameters ``p`` (from :meth:`parameters_dict`)."""
-        s = self.setup
+    def parameter_names(self) -> tuple[str, ...]:
+        """Every name :meth:`parameters_dict` holds: the canonical names and, for several panels, the per-panel
+        geometry names (:meth:`nbtorch.panels.PanelLayout.names`)."""
+        return SIMULATOR_NAMES + (self.panel_layout.names() if self.panel_layout is not None else ())
+
+    def geometry(self, p: dict[str, Tensor], panel: int | None = None) -> DetectorGeometry:
+        """Resolved detector geometry for parameters ``p`` (from :meth:`parameters_dict`).
+
+        Several panels: panel ``panel``'s geometry (from its names ``distance_p<i>`` ...), or with ``panel``
+        None all panels stacked on a leading axis (:func:`~nbtorch.physics.detector.stack_geometries`).
+        """
+        layout = self.panel_layout
+        if layout is None:
+            return self._detector_geometry(self.setup.detector, p, "")
+        if panel is not None:
+            return self._detector_geometry(layout.panels[panel].detector, p, f"_p{int(panel)}")
+        return stack_geometries([self._detector_geometry(d.detector, p, f"_p{i}")
+                                 for i, d in enumerate(layout.panels)])
+
+    def _detector_geometry(self, d, p: dict[str, Tensor], suffix: str) -> DetectorGeometry:
+        """:func:`detector_geometry` of detector set-up ``d`` with the geometry names ``<name><suffix>`` of ``p``."""
         t = self._t
         deg = math.pi / 180.0
-        pixel = t(s.pixel_m)
         fb, sb, fc, sc = detector_offsets_m(
-            s.convention, p["beam_x"] / 1000.0, p["beam_y"] / 1000.0, pixel, t(s.detsize_s_m)
+            d.convention, p["beam_x" + suffix] / 1000.0, p["beam_y" + suffix] / 1000.0, t(d.pixel_m),
+            t(d.detsize_s_m)
         )
         return detector_geometry(
-            t(s.fdet), t(s.sdet), t(s.odet), t(s.beam), t(s.twotheta_axis), s.pivot,
-            p["distance"] / 1000.0, fb, sb, fc, sc,
-            p["detector_rotx"] * deg, p["detector_roty"] * deg, p["detector_rotz"] * deg, p["twotheta"] * deg,
+            t(d.fdet), t(d.sdet), t(d.odet), t(d.beam), t(d.twotheta_axis), d.pivot,
+            p["distance" + suffix] / 1000.0, fb, sb, fc, sc,
+            p["detector_rotx" + suffix] * deg, p["detector_roty" + suffix] * deg, p["detector_rotz" + suffix] * deg,
+            p["twotheta" + suffix] * deg,
         )
 
     def crystal_vectors(self, p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -505,9 +548,12 @@ class Simulator(nn.Module):
             if n < tile:  # pad the last tile so every call has the same (static) shape
                 sl = torch.cat([sl, sl[-1:].expand(tile - n)])
                 fa = torch.cat([fa, fa[-1:].expand(tile - n)])
-            pixels = TilePixels(geom, fa, sl, pixel_m, layers, s.oversample)
             first = real_first if start == 0 else None
-            values, diag = self._run_kernel(kernel, pixels, inp, first, want_diag)
+            if self.panel_layout is None:
+                pixels, tile_inp = TilePixels(geom, fa, sl, pixel_m, layers, s.oversample), inp
+            else:
+                pixels, tile_inp = self._panel_tile(geom, inp, sl, fa, layers)
+            values, diag = self._run_kernel(kernel, pixels, tile_inp, first, want_diag)
             if n < tile:
                 values = values[:n]
             pieces.append(values)
@@ -520,6 +566,19 @@ class Simulator(nn.Module):
         merged = _merge_diagnostics(diags, values, want_diag, (y1 - y0 + 1) * (x1 - x0 + 1))
         self.diagnostics.emit(merged)
         return values, where, merged, (x0, x1, y0, y1)
+
+    def _panel_tile(self, geom: DetectorGeometry, inp: KernelInputs, slow: Tensor, fast: Tensor,
+                    layers: Tensor) -> tuple[TilePixels, KernelInputs]:
+        """A tile of a multi-panel image: the stacked panels' ``geom``, each pixel's panel and slow index in it,
+        the panels' pixel sizes (the kernel's first stage gathers each pixel's panel:
+        :meth:`~nbtorch.physics.kernel.TilePixels.per_pixel`)."""
+        layout = self.panel_layout
+        panel = torch.div(slow, layout.rows, rounding_mode="floor")
+        local_slow = slow - panel * layout.rows
+        sizes = layout.pixel_sizes_m()
+        pixel_m = torch.as_tensor(sizes[0] if np.all(sizes == sizes[0]) else sizes, dtype=self.kernel_dtype,
+                                  device=self.device)
+        return TilePixels(geom, fast, local_slow, pixel_m, layers, self.setup.oversample, panel_index=panel), inp
 
     # --- compiled / eager kernel ---------------------------------------------------
     def set_compile(self, enabled: bool, reason: str) -> None:
@@ -534,7 +593,7 @@ class Simulator(nn.Module):
             dev.type, dev.index, str(self.kernel_dtype), self.options, tile, s.thicksteps, s.oversample,
             len(s.incident), s.phisteps, len(s.mosaic_fractions),
             None if s.F_grid is None else tuple(s.F_grid.shape), with_first,
-        )
+        ) + (("panels",) if self.panel_layout is not None else ())
 
     def _kernel_for(self, tile: int, with_first: bool):
         """The compiled kernel: three separately compiled stages, or the whole function for the running-sum quirk."""
@@ -566,7 +625,8 @@ class Simulator(nn.Module):
     def _eager_tile(self, pixels, inp, first, diagnostics: bool = False):
         """One tile eagerly: :func:`accumulate_pixels`, or inside :func:`~nbtorch.physics.kernel.analytic_jvp` with a
         runner, a large tile through the compiled forward-mode kernels (:mod:`nbtorch.physics.jacobian`)."""
-        if first is None and not diagnostics and compiled_jacobian_applies(pixels, inp, self.options):
+        if (first is None and not diagnostics and self.panel_layout is None
+                and compiled_jacobian_applies(pixels, inp, self.options)):
             return tile_image_with_tangents(pixels, inp, self.options), {}
         return accumulate_pixels(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
 
@@ -594,6 +654,24 @@ class Simulator(nn.Module):
         full = roi_image.new_zeros(self.shape)
         full[y0:y1 + 1, x0:x1 + 1] = roi_image
         return full
+
+
+def kernel_options(config: SimulationConfig, s: Setup) -> KernelOptions:
+    """The kernel's static options of a config and its resolved set-up."""
+    return KernelOptions(
+        shape=s.shape,
+        interpolate=s.interpolate,
+        nopolar=config.nopolar,
+        point_pixel=config.point_pixel,
+        curved=config.curved_det,
+        c_parity=s.c_parity,
+        oversample_thick=config.oversample_thick,
+        oversample_polar=config.oversample_polar,
+        oversample_omega=config.oversample_omega,
+        has_thickness=s.has_thickness,
+        has_water=s.water_F2N > 0,
+        use_dmin=s.dmin_A > 0,
+    )
 
 
 def _merge_diagnostics(diags: list[dict[str, Tensor]], image: Tensor, lookups: bool, n_roi: int) -> dict[str, Tensor]:

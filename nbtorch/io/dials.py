@@ -31,7 +31,8 @@ from nbtorch.errors import InputError
 from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation"]
+__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation",
+           "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
 
 #: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
 REFL_TYPES: dict[str, tuple[str, int]] = {
@@ -64,6 +65,11 @@ class DialsExperiment:
     def panel(self) -> dict:
         """The detector's one panel."""
         return self.detector["panels"][0]
+
+    @property
+    def panels(self) -> list[dict]:
+        """The detector's panels (frames local to their hierarchy group when there is a hierarchy)."""
+        return self.detector["panels"]
 
     def n_experiments(self) -> int:
         return len(self.document["experiment"])
@@ -107,12 +113,16 @@ def _vector(path: str, what: str, model: dict, key: str, n: int = 3) -> list[flo
     return vec
 
 
-def read_expt(path: str | os.PathLike[str], index: int = 0) -> DialsExperiment:
+def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = False) -> DialsExperiment:
     """Experiment ``index`` of a DIALS ``.expt`` file (checked: one panel, the vectors and sizes present).
+
+    ``multi_panel``: accept a detector of several panels and its hierarchy (:func:`check_hierarchy`); every
+    panel is checked, and an error names the panel.
 
     Raises:
         InputError: unreadable, not JSON, no experiment, ``index`` out of range, a model missing,
-            a multi-panel detector, a goniometer with more than one scan axis, a field missing or not numbers.
+            a multi-panel detector (unless ``multi_panel``), a malformed hierarchy, a goniometer with more
+            than one scan axis, a field missing or not numbers.
     """
     name = os.fspath(path)
     doc = _load_json(name)
@@ -133,16 +143,13 @@ def read_expt(path: str | os.PathLike[str], index: int = 0) -> DialsExperiment:
     panels = detector.get("panels")
     if not isinstance(panels, list) or not panels:
         raise InputError(f"{name}: the detector has no panels")
-    if len(panels) != 1:
+    if len(panels) != 1 and not multi_panel:
         raise InputError(f"{name}: multi-panel detector ({len(panels)} panels); only single-panel detectors "
-                         "are supported")
-    panel = panels[0]
-    for key in ("fast_axis", "slow_axis", "origin"):
-        _vector(name, "detector panel", panel, key)
-    _vector(name, "detector panel", panel, "pixel_size", 2)
-    size = _vector(name, "detector panel", panel, "image_size", 2)
-    if any(v < 1 or v != int(v) for v in size):
-        raise InputError(f"{name}: detector panel 'image_size' must be two positive integers, got {size}")
+                         "are supported here (several panels: nbtorch.dials_panels from Python, docs/multi-panel.md)")
+    for i, panel in enumerate(panels):
+        _check_panel(name, panel, "detector panel" if len(panels) == 1 else _panel_label(i, panel))
+    if "hierarchy" in detector:  # its frames place the panels (panel_lab_frames)
+        check_hierarchy(name, detector)
     _vector(name, "beam", beam, "direction")
     wavelength = beam.get("wavelength")
     if not isinstance(wavelength, (int, float)) or not wavelength > 0:
@@ -157,6 +164,122 @@ def read_expt(path: str | os.PathLike[str], index: int = 0) -> DialsExperiment:
     return DialsExperiment(path=name, document=doc, index=index, identifier=str(exp.get("identifier", "")),
                            beam=beam, detector=detector, crystal=crystal, goniometer=gonio, scan=scan)
 
+
+def _panel_label(index: int, panel) -> str:
+    label = panel.get("name") if isinstance(panel, dict) else None
+    return f"detector panel {index}" + (f" ({label})" if label else "")
+
+
+def _check_panel(path: str, panel, what: str) -> None:
+    if not isinstance(panel, dict):
+        raise InputError(f"{path}: {what} is not a JSON object")
+    for key in ("fast_axis", "slow_axis", "origin"):
+        _vector(path, what, panel, key)
+    _vector(path, what, panel, "pixel_size", 2)
+    size = _vector(path, what, panel, "image_size", 2)
+    if any(v < 1 or v != int(v) for v in size):
+        raise InputError(f"{path}: {what} 'image_size' must be two positive integers, got {size}")
+
+
+def check_hierarchy(path: str, detector: dict) -> None:
+    """A detector's ``hierarchy`` (dxtbx's): a root group, groups with ``fast_axis``, ``slow_axis``, ``origin``
+    (each frame local to its parent group) and ``children``, leaves ``{"panel": index}``; every panel exactly
+    once.
+
+    Raises:
+        InputError: one line naming the group or panel and the problem.
+    """
+    panels = detector["panels"]
+    root = detector["hierarchy"]
+    if not isinstance(root, dict) or "panel" in root:
+        raise InputError(f"{path}: detector hierarchy: the root must be a group (fast_axis, slow_axis, origin, "
+                         "children), not a panel")
+    seen: dict[int, str] = {}
+    _check_group(path, root, "hierarchy root", len(panels), seen, 0)
+    missing = sorted(set(range(len(panels))) - set(seen))
+    if missing:
+        raise InputError(f"{path}: {_panel_label(missing[0], panels[missing[0]])} is not in the detector hierarchy")
+
+
+def _check_group(path: str, node: dict, where: str, n_panels: int, seen: dict, depth: int) -> None:
+    if depth > 32:
+        raise InputError(f"{path}: detector {where}: the hierarchy is more than 32 levels deep")
+    for key in ("fast_axis", "slow_axis", "origin"):
+        _vector(path, f"detector {where}", node, key)
+    children = node.get("children")
+    if not isinstance(children, list) or not children:
+        raise InputError(f"{path}: detector {where}: 'children' missing, empty or not a list")
+    for j, child in enumerate(children):
+        if not isinstance(child, dict):
+            raise InputError(f"{path}: detector {where} child {j}: not a JSON object")
+        if "panel" not in child:
+            _check_group(path, child, f"group {child.get('name') or j!s} (in {where})", n_panels, seen, depth + 1)
+            continue
+        idx = child["panel"]
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < n_panels:
+            raise InputError(f"{path}: detector {where} child {j}: panel {idx!r} is not a panel index "
+                             f"0..{n_panels - 1}")
+        if idx in seen:
+            raise InputError(f"{path}: detector panel {idx} appears twice in the hierarchy ({seen[idx]} and {where})")
+        seen[idx] = where
+
+
+# --- frames of a hierarchy (dxtbx: every frame in the file is local to its parent group) -----------------------
+def _rotation(fast, slow) -> np.ndarray:
+    f, s = np.asarray(fast, dtype=np.float64), np.asarray(slow, dtype=np.float64)
+    n = np.cross(f, s)
+    norm = np.linalg.norm(n)
+    if not norm > 0:
+        raise InputError(f"detector frame with parallel fast and slow axes ({tuple(f)}, {tuple(s)})")
+    return np.stack([f, s, n / norm], axis=1)
+
+
+def _compose(parent: tuple, node: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lab frame of ``node`` (local fast_axis, slow_axis, origin) under a parent of lab frame ``parent``."""
+    pf, ps, po = parent
+    r = _rotation(pf, ps)
+    f, s, o = (np.asarray(node[k], dtype=np.float64) for k in ("fast_axis", "slow_axis", "origin"))
+    return r @ f, r @ s, po + r @ o
+
+
+def hierarchy_walk(detector: dict):
+    """``({panel index: its parent group's lab frame}, [(level, name, lab frame, [panel indices]) of every group])``
+    of a detector with a (checked, :func:`check_hierarchy`) hierarchy."""
+    leaves, groups = {}, []
+
+    def visit(node: dict, frame: tuple, level: int, name: str) -> list[int]:
+        members = []
+        for j, child in enumerate(node["children"]):
+            if "panel" in child:
+                leaves[int(child["panel"])] = frame
+                members.append(int(child["panel"]))
+            else:
+                child_frame = _compose(frame, child)
+                members += visit(child, child_frame, level + 1, str(child.get("name") or f"{name}/{j}"))
+        groups.append((level, name, frame, sorted(members)))
+        return members
+
+    root = detector["hierarchy"]
+    identity = (np.array([1.0, 0, 0]), np.array([0, 1.0, 0]), np.zeros(3))
+    visit(root, _compose(identity, root), 0, str(root.get("name") or "root"))
+    return leaves, groups
+
+
+def panel_lab_frames(detector: dict) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(fast, slow, origin)`` of every panel in the DIALS lab frame (mm), the hierarchy composed."""
+    panels = detector["panels"]
+    if "hierarchy" not in detector:
+        return [tuple(np.asarray(p[k], dtype=np.float64) for k in ("fast_axis", "slow_axis", "origin"))
+                for p in panels]
+    leaves, _ = hierarchy_walk(detector)
+    return [_compose(leaves[i], p) for i, p in enumerate(panels)]
+
+
+def local_frame(parent: tuple, fast, slow, origin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The inverse of the composition: a lab frame written local to a parent of lab frame ``parent``."""
+    pf, ps, po = parent
+    r_inv = np.linalg.inv(_rotation(pf, ps))
+    return r_inv @ np.asarray(fast), r_inv @ np.asarray(slow), r_inv @ (np.asarray(origin) - po)
 
 def _check_goniometer(path: str, gonio: dict) -> None:
     """A single-axis goniometer (``rotation_axis``) or a multi-axis one (``axes``, ``angles``, one ``scan_axis``)."""
@@ -208,12 +331,13 @@ def write_expt(path: str | os.PathLike[str], document: dict) -> None:
         fh.write(text)
 
 
-def updated_document(experiment: DialsExperiment, beam: dict, detector_panel: dict, crystal: dict) -> dict:
+def updated_document(experiment: DialsExperiment, beam: dict, detector_panel: dict | list[dict], crystal: dict) -> dict:
     """A copy of the experiment's document with fields of its beam, panel and crystal replaced.
 
     A model the experiment shares with others of the file (the stills of a serial experiment usually share
     one beam and one detector) is first copied to the end of its list for this experiment alone, so the
-    other experiments keep their values.  Stale derived crystal fields (``B_covariance``, scan-point
+    other experiments keep their values.  ``detector_panel``: the fields of panel 0, or a list of fields of
+    panels 0, 1, ... (a multi-panel detector).  Stale derived crystal fields (``B_covariance``, scan-point
     matrices) are dropped.
     """
     doc = copy.deepcopy(experiment.document)
@@ -225,7 +349,8 @@ def updated_document(experiment: DialsExperiment, beam: dict, detector_panel: di
             doc[kind].append(copy.deepcopy(doc[kind][exp[kind]]))
             exp[kind] = len(doc[kind]) - 1
     doc["beam"][exp["beam"]].update(beam)
-    doc["detector"][exp["detector"]]["panels"][0].update(detector_panel)
+    for panel, fields in enumerate(detector_panel if isinstance(detector_panel, list) else [detector_panel]):
+        doc["detector"][exp["detector"]]["panels"][panel].update(fields)
     cryst = doc["crystal"][exp["crystal"]]
     cryst.update(crystal)
     for key in ("B_covariance", "A_at_scan_points", "B_at_scan_points", "U_at_scan_points",

@@ -12,6 +12,14 @@ beam along +z; CUSTOM: user vectors).  Lengths in metres, angles in radians.
   from pix0 (BEAM pivot); ``Fclose, Sclose``: the foot of the perpendicular from
   the sample (SAMPLE pivot); ``close_distance``: sample-to-plane distance.
 
+Several panels (``nbtorch.panels``): each panel's geometry is this module's
+:func:`detector_geometry` of its own values; :func:`stack_geometries` puts the N panels'
+geometries on a leading axis ((N, 3) vectors, (N,) scalars) and :func:`pixel_geometry` gathers
+each pixel's panel into the kernel's per-pixel layout: vectors (3, P) (component first, so
+``geom.pix0[c]`` is a (P,) row that broadcasts against the (S, P) sub-pixel offsets exactly as a
+single panel's scalar does), scalars (P,).  The same elementwise operations then give each pixel
+the bits of its single-panel render.
+
 Rotations: the detector is rotated about lab X, Y, Z (``rotx, roty, rotz``)
 and then about the two-theta axis.  BEAM pivot keeps the direct-beam spot
 fixed on the detector; SAMPLE pivot rotates the detector origin with it.
@@ -31,7 +39,11 @@ from nbtorch.physics.rotation import rotate_axis, rotation_matrix_xyz
 
 @dataclass(frozen=True)
 class DetectorGeometry:
-    """Resolved detector geometry (all tensors, metres)."""
+    """Resolved detector geometry (all tensors, metres).
+
+    One panel: the shapes below.  Stacked panels (:func:`stack_geometries`): a leading panel axis,
+    (N, 3) and (N,).  Per pixel (:func:`pixel_geometry`): (3, P) and (P,).
+    """
 
     pix0: Tensor  # (3,) sample -> corner of pixel (0, 0)
     fdet: Tensor  # (3,)
@@ -44,6 +56,9 @@ class DetectorGeometry:
     Sbeam: Tensor  # ()
     Fclose: Tensor  # () foot of the normal along f from pix0
     Sclose: Tensor  # ()
+
+
+_FIELDS = ("pix0", "fdet", "sdet", "odet", "beam", "close_distance", "distance", "Fbeam", "Sbeam", "Fclose", "Sclose")
 
 
 def _unit(v: Tensor) -> Tensor:
@@ -110,14 +125,35 @@ def detector_geometry(
     )
 
 
+def stack_geometries(geoms: list[DetectorGeometry]) -> DetectorGeometry:
+    """The panels' geometries on a leading panel axis: every (3,) field (N, 3), every () field (N,)."""
+    return DetectorGeometry(**{f: torch.stack([getattr(g, f) for g in geoms]) for f in _FIELDS})
+
+
+def pixel_geometry(panels: DetectorGeometry, panel_index: Tensor) -> DetectorGeometry:
+    """Each pixel's panel geometry from stacked panels (:func:`stack_geometries`) and the (P,) panel index of
+    every pixel: vectors (3, P) (contiguous rows per component), scalars (P,).  Differentiable (a gather)."""
+    out = {}
+    for f in _FIELDS:
+        v = getattr(panels, f)
+        # vectors: one 1-d gather per component, stacked: (3, P) contiguous without a transposed copy of
+        # (P, 3) or a gather along a strided axis (each several times slower on a CPU)
+        out[f] = (torch.stack([v[:, c].contiguous().index_select(0, panel_index) for c in range(3)])
+                  if v.dim() == 2 else v.index_select(0, panel_index))
+    return DetectorGeometry(**out)
+
+
 def subpixel_offsets(fast_index: Tensor, slow_index: Tensor, pixel_size: Tensor, oversample: int,
                      like: Tensor) -> tuple[Tensor, Tensor]:
     """Distances (m) along f and s from ``pix0`` to the centre of every sub-pixel.
 
     Returns ``(fd, sd)``, each (P, oversample**2) with ``like``'s dtype and device;
-    sub-pixel order slow-major (subS, subF), the C loop order.
+    sub-pixel order slow-major (subS, subF), the C loop order.  ``pixel_size``: () or, for pixels of
+    panels of different pixel sizes, (P,).
     """
     dtype = like.dtype
+    if pixel_size.dim() == 1:
+        pixel_size = pixel_size[:, None]
     sub = torch.arange(oversample, dtype=dtype, device=like.device)
     sub_size = pixel_size / oversample
     fd = (fast_index.to(dtype)[:, None] * oversample + sub) * sub_size + sub_size / 2  # (P, os)

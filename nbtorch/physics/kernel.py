@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from nbtorch.physics.detector import DetectorGeometry, flat_subpixel_components, subpixel_positions
+from nbtorch.physics.detector import DetectorGeometry, flat_subpixel_components, pixel_geometry, subpixel_positions
 from nbtorch.physics.lattice import lattice_factor_components, miller_indices, nearest_index
 from nbtorch.physics.polarization import kahn_from_projections, polarization_basis
 from nbtorch.physics.square_sum import square_orientation_sum, square_sum_backward
@@ -114,6 +114,11 @@ class TilePixels:
     frame), the (P,) integer ``fast_index``/``slow_index``, the pixel edge
     ``pixel_m``, the (T,) sensor-layer depths ``layers_m`` and ``oversample``
     (sub-pixels per edge, static).
+
+    Several panels (``nbtorch.panels``): ``panel_index`` (P,) gives each pixel's panel, ``geom`` holds the
+    panels stacked (:func:`~nbtorch.physics.detector.stack_geometries`), ``slow_index`` is the slow index in
+    the pixel's own panel and ``pixel_m`` is () or (N,) per panel; :meth:`per_pixel` gathers each pixel's
+    panel inside the first stage (so a compiled stage fuses the gather into its loads).
     """
 
     geom: DetectorGeometry
@@ -122,6 +127,16 @@ class TilePixels:
     pixel_m: Tensor
     layers_m: Tensor
     oversample: int
+    panel_index: Tensor | None = None
+
+    def per_pixel(self, inp: "KernelInputs") -> tuple["TilePixels", "KernelInputs"]:
+        """A tile of several panels as a tile of one-pixel panels: the geometry of each pixel's panel
+        (:func:`~nbtorch.physics.detector.pixel_geometry`) and the kernel inputs that follow the panel (normal,
+        close distance, pixel size) per pixel."""
+        g = pixel_geometry(self.geom, self.panel_index)
+        pixel_m = self.pixel_m if self.pixel_m.dim() == 0 else self.pixel_m.index_select(0, self.panel_index)
+        tile = TilePixels(g, self.fast_index, self.slow_index, pixel_m, self.layers_m, self.oversample)
+        return tile, replace(inp, odet=g.odet, close_distance_m=g.close_distance, pixel_m=pixel_m)
 
     def positions_m(self, opt: "KernelOptions") -> Tensor:
         """(P, T, S, 3) sub-pixel positions (m) from the sample (:func:`subpixel_positions`)."""
@@ -216,6 +231,8 @@ def pixel_terms(pos_m: tuple[Tensor, Tensor, Tensor], inp: KernelInputs, opt: Ke
 
 def tile_pixel_terms(pixels: TilePixels, inp: KernelInputs, opt: KernelOptions) -> PixelTerms:
     """:func:`pixel_terms` of a tile's sub-pixel positions (the first stage, positions included)."""
+    if pixels.panel_index is not None:
+        pixels, inp = pixels.per_pixel(inp)
     return pixel_terms(pixels.components_m(opt), inp, opt)
 
 

@@ -17,6 +17,11 @@ median of ``max(3, iterations)`` warm runs; ``grad_min_s``) with ``--grad``,
 arguments and thread count (``c_s``), ``speedup_vs_c`` and ``corr_vs_c``.  Ratios come from one run on one machine; nothing here is a
 unit-test assertion.
 
+``--panels N`` renders each size as N panels of ``size/N`` rows (:meth:`nbtorch.Simulator.from_panels`), placed
+where those rows of the one panel lie, so the image is the one panel's: the record adds ``panels``,
+``single_warm_s`` (the one panel, timed the same way in the same run), ``panels_over_single`` (warm time ratio)
+and ``max_abs_diff_vs_single``.
+
 ``--disable-compile`` runs eager: :func:`compile_env` sets ``NANOBRAGG_DISABLE_COMPILE=1`` only while a size is
 measured and then restores the caller's environment exactly (set or unset); every record says what ran
 (``compile_mode``, ``compile_reason``), so a shell that already sets the variable shows up as ``eager`` there.
@@ -108,6 +113,40 @@ def profile_forward(sim, evaluations: int, device: str) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
 
 
+def panel_simulator(args: list[str], size: int, panels: int, **kwargs):
+    """The ``size`` x ``size`` detector of ``args`` as ``panels`` panels of ``size / panels`` rows, each placed where
+    its rows of the one panel lie (the slow beam-centre offset shifted by the rows above it)."""
+    from nbtorch import Simulator, config_from_args
+
+    if size % panels:
+        raise ValueError(f"--panels {panels} does not divide size {size}")
+    one = Simulator(config_from_args(args))
+    rows, pixel_mm = size // panels, one.setup.pixel_m * 1000.0
+    if one.setup.convention != "mosflm":
+        raise ValueError("--panels needs the MOSFLM convention of the cases")
+    bx, by = float(one.beam_x), float(one.beam_y)  # MOSFLM: beam_x along slow, beam_y along fast (mm)
+    cfgs = [config_from_args(args + ["-detpixels_s", str(rows), "-Xbeam", repr(bx - i * rows * pixel_mm),
+                                     "-Ybeam", repr(by)]) for i in range(panels)]
+    return Simulator.from_panels(cfgs, **kwargs)
+
+
+def _time_forward(sim, ns) -> tuple[float, list[float], torch.Tensor]:
+    """``(cold s, warm s of each iteration, image)`` of forward calls without gradient."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        img = sim()
+    _sync(ns.device)
+    cold = time.perf_counter() - t0
+    times = []
+    for _ in range(ns.iterations):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            img = sim()
+        _sync(ns.device)
+        times.append(time.perf_counter() - t0)
+    return cold, times, img
+
+
 def bench_size(ns, size: int) -> dict:
     from nbtorch import Simulator, config_from_args
 
@@ -116,20 +155,18 @@ def bench_size(ns, size: int) -> dict:
     cfg = config_from_args(args)
     rec: dict = {"size": size, "case": ns.case, "dtype": ns.dtype, "device": ns.device}
     with compile_env(ns.disable_compile):
-        t0 = time.perf_counter()
-        sim = Simulator(cfg, dtype=dtype, device=ns.device)
-        with torch.no_grad():
-            img = sim()
-        _sync(ns.device)
-        rec["cold_s"] = time.perf_counter() - t0
-        times = []
-        for _ in range(ns.iterations):
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                img = sim()
-            _sync(ns.device)
-            times.append(time.perf_counter() - t0)
+        if ns.panels > 1:
+            single = Simulator(cfg, dtype=dtype, device=ns.device)
+            _, single_times, single_img = _time_forward(single, ns)
+            sim = panel_simulator(args, size, ns.panels, dtype=dtype, device=ns.device)
+        else:
+            sim = Simulator(cfg, dtype=dtype, device=ns.device)
+        rec["cold_s"], times, img = _time_forward(sim, ns)
         rec.update(warm_s=statistics.median(times), warm_min_s=min(times), warm_max_s=max(times))
+        if ns.panels > 1:
+            rec.update(panels=ns.panels, single_warm_s=statistics.median(single_times),
+                       panels_over_single=statistics.median(times) / statistics.median(single_times),
+                       max_abs_diff_vs_single=float((img - single_img).abs().max()))
         rec["compile_mode"] = sim.compile_mode
         rec["compile_reason"] = sim.compile_reason
         t0 = time.perf_counter()
@@ -183,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the torch profiler's table of N forward evaluations of each size")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: torch's)")
+    ap.add_argument("--panels", type=int, default=1, metavar="N",
+                    help="render each size as N panels (size/N rows each) and compare with the one panel")
     ap.add_argument("--json", default=None, help="also write every record to this file")
     return ap
 
@@ -195,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         print(f"bench: --sizes must be comma-separated positive integers, got {ns.sizes!r}", file=sys.stderr)
+        return 2
+    if ns.panels < 1 or any(s % ns.panels for s in sizes):
+        print(f"bench: --panels must be >= 1 and divide every size, got {ns.panels}", file=sys.stderr)
         return 2
     if ns.iterations < 1 or ns.profile < 0 or ns.threads < 1:
         print("bench: --iterations and --threads must be >= 1, --profile >= 0", file=sys.stderr)

@@ -31,8 +31,6 @@ import torch
 
 from nbtorch.errors import InputError
 from nbtorch.io.raw import read_text_lines
-from nbtorch.parameters import PARAMETER_NAMES
-from nbtorch.simulator import ORIENTATION_DELTAS
 
 __all__ = ["read_spot_list", "find_spots", "window_mask", "model_centroids", "spot_offsets", "SpotOffsets",
            "render_pixels"]
@@ -320,7 +318,7 @@ def render_pixels(sim, values: Mapping[str, float], pixels: np.ndarray) -> np.nd
         return np.zeros(pixels.shape)
     roi = (int(xs.min()), int(xs.max()), int(ys.min()), int(ys.max()))
     overrides = {n: torch.tensor(float(values[n]), dtype=torch.float64)
-                 for n in PARAMETER_NAMES + ORIENTATION_DELTAS if n in values}
+                 for n in sim.parameter_names() if n in values}  # a multi-panel detector's names too
     with torch.no_grad():
         img, _ = sim.restricted(pixels).render(roi=roi, **overrides)
     out = np.zeros(pixels.shape)
