@@ -182,5 +182,5 @@ def test_multi_panel_group_changes_in_the_parameter_space() -> None:
         step[j] = 1e-4
         with torch.no_grad():
             fd = (total(raw + step) - total(raw - step)) / 2e-4
-        assert float(grad[j]) == pytest.approx(float(fd), rel=1e-4, abs=1e-9 * abs(float(value)))
+        assert float(grad[j]) == pytest.approx(float(fd), rel=1e-4, abs=1e-9 * abs(float(value.detach())))
         assert abs(float(grad[j])) > 0
