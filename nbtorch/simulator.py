@@ -110,6 +110,14 @@ def tile_pixels(n_pix: int, most: int, bucket: bool) -> int:
     return -(-n // 16) * 16
 
 
+
+def _same_value(value, buffer) -> bool:
+    """True when an override equals the simulator's own value (to float32 rounding): a multi-panel simulator
+    ignores such a plain detector name (a caller passing every canonical name at its start)."""
+    a, b = float(torch.as_tensor(value).detach()), float(torch.as_tensor(buffer).detach())
+    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
 class Simulator(nn.Module):
     """nanoBragg as a differentiable module.
 
@@ -298,7 +306,8 @@ class Simulator(nn.Module):
             raise InputError(f"unknown parameter name(s): {', '.join(sorted(unknown))}; expected {', '.join(PARAMETER_NAMES)}"
                              + (" and the per-panel names <detector name>_p<i>" if self.panel_layout else ""))
         if self.panel_layout is not None:
-            plain = sorted(n for n in overrides if split_panel_parameter(f"{n}_p0") is not None)
+            plain = sorted(n for n in overrides if split_panel_parameter(f"{n}_p0") is not None
+                           and not _same_value(overrides[n], getattr(self, n)))
             if plain:
                 raise InputError(f"{', '.join(plain)}: a multi-panel detector has per-panel geometry names "
                                  f"({plain[0]}_p0, {plain[0]}_p1, ...)")

@@ -9,7 +9,7 @@ group              options
 =================  =============================================================================
 ``image``          the measured image, its mask and counts: ``--image --frame --shape --gain ...``
 ``model``          the starting model: ``--model --f-column --problem --size --config``
-``dials``          DIALS files: ``--expt --expt-index --expt-image --refl --expt-out``
+``dials``          DIALS files: ``--expt --expt-index --expt-image --refl --panel-groups --expt-out``
 ``many``           many images: ``--images --out-dir --redo --joint --shared --per-image ...``
 ``fit``            what to refine: ``--refine --stages --fix --start --symmetry --background ...``
 ``amplitudes``     structure factors: ``--structure-factors --space-group --f-start ...``
@@ -94,6 +94,7 @@ class DialsOptions:
     expt_image: int = 0
     refl: str | None = None
     expt_out: str | None = None
+    panel_groups: int | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ from refine.fitting.background import AUTO, parse_background, resolve_auto
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.inputs.problems import make_problem
+from refine.inputs.panels import (panel_configs, panel_count, panel_groups, refl_panel_spots, stacked_image,
+                                  write_panels_expt)
+from nbtorch.panels import resolve_panels
 from refine.output.report import ESD_NOTE, misfit_lines, results_table, write_outputs
 from refine.solver.plan import background_model
 from refine.solver.runner import refine
@@ -89,6 +92,7 @@ class Inputs:
     fixed: tuple
     truth: dict | None = None
     extra: dict = field(default_factory=dict)
+    panels: tuple | None = None  # a multi-panel --expt: (configs, names, groups, group labels)
 
 
 class _EagerForEsds:
@@ -260,8 +264,14 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     _say_below_offset(say, below, counts)
     if not mask.any():
         raise InputError(f"{obs.path}: every pixel is masked after the ADC offset {counts.adc_offset:g} is taken off")
-    roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
-    cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax)
+    panels = _multi_panel_model(args, say) if args.dials.expt and panel_count(args) > 1 else None
+    if panels is not None:
+        photons, mask = stacked_image(args, resolve_panels(panels[0], panels[1])[1], photons, mask)
+        cfg, tokens, notes = panels[0][0], list(panels[4]), []
+        panels = panels[:4]
+    else:
+        roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
+        cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax)
     for note in notes:
         say(f"  {note}")
     # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
@@ -275,10 +285,22 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
         say(f"  symmetry {symmetry} from the experiment's space group (--symmetry)")
     masked = {**obs.masked, **({"below_offset": below} if below else {})}
     return Inputs(observed=photons, mask=mask, cfg=cfg, start=dict(checked.start), symmetry=symmetry,
-                  free_default=None, fixed=fixed,
+                  free_default=None, fixed=fixed, panels=panels,
                   extra={"input": {"image": obs.path, "format": obs.format, "frame": args.image.frame,
                                    "geometry": obs.geometry, "masked": masked, "model": tokens},
                          "detector_counts": counts.as_dict()})
+
+
+def _multi_panel_model(args: Options, say) -> tuple:
+    """A multi-panel ``--expt``: ``(configs, names, groups, group labels, panel 0's flags)`` (:mod:`refine.inputs.panels`)."""
+    if args.pixels.roi:
+        raise InputError("--roi: not with a multi-panel --expt detector (fit spot windows: --refl, --spot-window)")
+    tokens = list(model_tokens(args, say, multi_panel=True))
+    configs, names = panel_configs(args, tokens, args.compute.dtype)
+    groups, labels = panel_groups(args, args.dials.panel_groups)
+    say(f"  {len(configs)} detector panels; {len(groups)} rigid panel group{'s' if len(groups) > 1 else ''} "
+        f"(--panel-groups {args.dials.panel_groups or 0}): " + ", ".join(f"{k} {label}" for k, label in enumerate(labels)))
+    return configs, names, groups, labels, tokens
 
 
 def load_inputs(args: Options, checked: Checked, say) -> Inputs:
@@ -305,9 +327,10 @@ def tile_evaluations(device: str | torch.device) -> int:
 def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
     """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
     the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
-    sim = Simulator(inputs.cfg, dtype=checked.dtype, device=args.compute.device, compile=False,
-                    max_evals_per_tile=tile_evaluations(args.compute.device),
-                    kernel_dtype=args.compute.kernel_dtype)
+    kwargs = dict(dtype=checked.dtype, device=args.compute.device, compile=False,
+                  max_evals_per_tile=tile_evaluations(args.compute.device), kernel_dtype=args.compute.kernel_dtype)
+    sim = (Simulator.from_panels(inputs.panels[0], names=inputs.panels[1], **kwargs) if inputs.panels
+           else Simulator(inputs.cfg, **kwargs))
     shape = inputs.observed.shape
     if tuple(sim.shape) != tuple(shape):
         raise InputError(f"{args.image.image}: image is {shape[1]} x {shape[0]} pixels (fast x slow) but "
@@ -316,7 +339,9 @@ def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
     if inputs.symmetry is not None:  # tie the starting cell to the crystal system (e.g. cell_b = cell_a)
         inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
     space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=resolve_auto(args.fit.background, False, False),
-                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)))
+                           anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)),
+                           panel_groups=tuple(inputs.panels[2]) if inputs.panels else (),
+                           n_panels=len(inputs.panels[0]) if inputs.panels else 0)
     for label, names in (("--refine", args.fit.refine), ("--fix", inputs.fixed), ("--esd-extra", args.output.esd_extra),
                          ("--prior", list(checked.priors))):
         if names:
@@ -464,7 +489,7 @@ def prepare(args: Options, say) -> Prepared:
     spots = (read_spot_list(args.pixels.spots, args.pixels.spot_columns, inputs.observed.shape) if args.pixels.spots and args.pixels.spots != "find"
              else args.pixels.spots)
     if args.dials.refl:
-        spots = refl_spots(args)
+        spots = refl_panel_spots(args, sim.panel_layout) if sim.panel_layout is not None else refl_spots(args)
     window = spot_window(args, say)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
                            spot_window_px=window, subsample=args.pixels.subsample, seed=args.pixels.seed,
@@ -516,7 +541,8 @@ def plan_arguments(args: Options, p: Prepared) -> dict:
                 symmetry=p.inputs.symmetry, bounds=p.checked.bounds, mask=p.choice.mask, stages=p.checked.stages,
                 strategy=args.optimiser.optimizer, background=p.background, loss=args.optimiser.loss, priors=p.checked.priors,
                 n_spots=None if p.choice.spots is None else len(p.choice.spots), too_few_spots=args.pixels.too_few_spots,
-                time_budget_s=args.optimiser.time_budget, structure_factors=p.checked.amplitudes)
+                time_budget_s=args.optimiser.time_budget, structure_factors=p.checked.amplitudes,
+                **({"panel_groups": p.inputs.panels[2]} if p.inputs.panels else {}))
 
 
 def run(args: Options) -> int:
@@ -549,7 +575,7 @@ def run(args: Options) -> int:
     if args.output.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args, p.background)
     if args.dials.expt_out:
-        write_expt_out(args, sim, result.params)
+        (write_panels_expt if sim.panel_layout is not None else write_expt_out)(args, sim, result.params)
         say(f"  wrote the refined DIALS experiment {args.dials.expt_out}")
     write_and_report(args, checked, inputs, result, say, t0)
     return 0 if result.status.ok else 1

@@ -148,10 +148,12 @@ class View:
 
 
 def beam_pixel(sim: Simulator, values: Mapping[str, float]) -> tuple[float, float]:
-    """(fast, slow) pixel coordinates of the direct beam for ``values`` (pixel centres at integers)."""
+    """(fast, slow) pixel coordinates of the direct beam for ``values`` (pixel centres at integers; a multi-panel
+    detector: in panel 0's pixels, i.e. in the stacked image)."""
     with torch.no_grad():
-        p = sim.parameters_dict(**{n: float(values[n]) for n in PARAMETER_NAMES})
-        geom = sim.geometry(p)
+        names = PARAMETER_NAMES + (sim.panel_layout.names() if sim.panel_layout is not None else ())
+        p = sim.parameters_dict(**{n: float(values[n]) for n in names if n in values})
+        geom = sim.geometry(p, panel=0 if sim.panel_layout is not None else None)
         pix = sim.setup.pixel_m
         return float(geom.Fbeam) / pix - 0.5, float(geom.Sbeam) / pix - 0.5
 
@@ -387,6 +389,8 @@ class ImageObjective:
         """The Simulator's ``render`` keyword arguments of this stage at ``values`` (size factor and amplitude
         grid applied)."""
         overrides = {n: values[n] for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
+        if self.sim.panel_layout is not None:  # every panel's geometry (its group's change included)
+            overrides.update({n: values[n] for n in self.sim.panel_layout.names()})
         if self.n_factor != 1.0:
             for n in ("N_a", "N_b", "N_c"):
                 overrides[n] = overrides[n] * self.n_factor

@@ -56,6 +56,7 @@ user bound ``(lo, hi)`` gives ``Bounded(lo, hi)``; an amplitude ``F_h_k_l`` is
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -71,13 +72,15 @@ from nbtorch.resolve import check_cell
 from refine.fitting.background import is_knot, parse_background
 from refine.fitting.structure_factors import is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
+from nbtorch.panels import split_panel_parameter
 
 
 __all__ = [
     "REFINE_TABLE", "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
     "ParameterSpace", "ParameterMap", "constrained_cell", "misset_after_rotation", "canonical_values",
-    "misset_rotation", "misset_from_rotation", "units_of",
+    "misset_rotation", "misset_from_rotation", "units_of", "is_panel_name", "split_group_change", "PANEL_SHIFTS",
 ]
+_GROUP_CHANGE = re.compile(r"^(?P<base>[a-z_]+)_g(?P<k>0|[1-9][0-9]*)$")
 
 #: refine's own rows of the parameter table (:class:`nbtorch.parameters.Parameter`): the
 #: isotropic crystal size ``N`` and the nuisance parameters of the image model
@@ -102,9 +105,14 @@ UNITS = {n: _ROWS[n].unit for n in REFINABLE}
 
 
 def units_of(names: Iterable[str]) -> dict[str, str]:
-    """``name -> unit`` (:data:`UNITS`; a background knot: photons/pixel) for each name that has one, in first-seen
-    order (result files)."""
-    return {n: UNITS[n] if n in UNITS else "photons/pixel" for n in names if n in UNITS or is_knot(n)}
+    """``name -> unit`` (:data:`UNITS`; a background knot: photons/pixel; a per-panel name or panel-group change:
+    its detector name's) for each name that has one, in first-seen order (result files)."""
+    out = {}
+    for n in names:
+        base = (split_panel_parameter(n) or split_group_change(n) or (None,))[0]
+        if n in UNITS or is_knot(n) or base is not None:
+            out[n] = UNITS[n] if n in UNITS else UNITS[base] if base is not None else "photons/pixel"
+    return out
 
 
 #: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
@@ -129,7 +137,10 @@ GROUPS = {
     "scale": ("scale",),
     "background": None,  # background (+ background_x, background_y when planar)
     "structure_factors": None,  # the amplitudes of the run's table (ParameterSpace.amplitudes)
+    "panels": None,  # a multi-panel detector: distance_g<k> beam_x_g<k> beam_y_g<k> of every panel group
 }
+#: the names a group ``panels`` frees for each panel group (a rigid shift of the group along its axes and normal)
+PANEL_SHIFTS = ("distance", "beam_x", "beam_y")
 
 #: (kind, step): "mul" = Multiplicative(v, step) (relative step), "add" = Identity(step, v), from the table's
 #: step columns; ``polarization`` is always ``Bounded(-1, 1)`` and has none
@@ -209,7 +220,19 @@ def canonical_values(values: Mapping[str, float]) -> dict[str, float]:
         if n in values:
             out[n] = float(values[n])
     out.update({n: float(v) for n, v in values.items() if is_knot(n)})  # a resolution background's knots
+    out.update({n: float(v) for n, v in values.items() if is_panel_name(n)})  # a multi-panel detector's geometry
     return out
+
+
+def is_panel_name(name: str) -> bool:
+    """A multi-panel detector's per-panel geometry name ``<name>_p<i>`` or panel-group change ``<name>_g<k>``."""
+    return split_panel_parameter(name) is not None or split_group_change(name) is not None
+
+
+def split_group_change(name: str) -> tuple[str, int] | None:
+    """``(detector name, group)`` of a panel-group change ``<name>_g<k>`` (``beam_x_g1`` -> ``("beam_x", 1)``)."""
+    m = _GROUP_CHANGE.match(name)
+    return (m["base"], int(m["k"])) if m is not None and m["base"] in GROUPS["detector"] else None
 
 
 @dataclass(frozen=True)
@@ -226,6 +249,11 @@ class ParameterSpace:
         pixel_mm: pixel size; one raw unit of ``beam_x``/``beam_y`` is one pixel.
         amplitudes: the refinable amplitudes' names (``F_h_k_l``, :mod:`refine.fitting.structure_factors`): the group
             ``structure_factors``; none without a table.
+        panel_groups: a multi-panel detector's panel groups (panel indices; empty for one panel): the detector
+            names (``distance``, ``beam_x`` ... and the groups ``detector``, ``beam_centre``, ``panels``) then
+            stand for the rigid-body changes ``<name>_g<k>`` of every group ``k`` (mm or deg, starting at 0),
+            added to the per-panel values ``<name>_p<i>`` of its panels (:class:`ParameterMap`).
+        n_panels: the detector's panels (their per-panel values are carried in every state).
     """
 
     symmetry: str = "triclinic"
@@ -235,6 +263,18 @@ class ParameterSpace:
     fixed: tuple[str, ...] = ()
     pixel_mm: float = 0.1
     amplitudes: tuple[str, ...] = ()
+    panel_groups: tuple[tuple[int, ...], ...] = ()
+    n_panels: int = 0
+
+    @property
+    def group_changes(self) -> tuple[str, ...]:
+        """Every panel-group change name ``<name>_g<k>``, group by group (none for one panel)."""
+        return tuple(f"{n}_g{k}" for k in range(len(self.panel_groups)) for n in GROUPS["detector"])
+
+    @property
+    def panel_values(self) -> tuple[str, ...]:
+        """Every per-panel geometry name ``<name>_p<i>`` (none for one panel)."""
+        return tuple(f"{n}_p{i}" for i in range(self.n_panels) for n in GROUPS["detector"])
 
     def __post_init__(self) -> None:
         if self.symmetry not in SYMMETRIES:
@@ -261,6 +301,11 @@ class ParameterSpace:
             return ("background",) + (("background_x", "background_y") if self.background == "planar" else ())
         if name == "structure_factors":
             return tuple(self.amplitudes)
+        if name == "panels":
+            if not self.panel_groups:
+                raise InputError("panels: the panel-group changes of a multi-panel detector; this detector has one "
+                                 "panel (refine detector or its names)")
+            return PANEL_SHIFTS
         return GROUPS[name]
 
     def _expand_raw(self, items: Iterable[str], check_cell: bool = True) -> list[str]:
@@ -271,6 +316,8 @@ class ParameterSpace:
             if item in GROUPS:
                 names = self.group(item)
             elif item in REFINABLE or item in self.amplitudes or item in self.knots:  # type: ignore[attr-defined]
+                names = (item,)
+            elif item in self.group_changes:
                 names = (item,)
             elif is_amplitude(item):
                 raise InputError(f"{item}: not a refinable amplitude of this run (refine the group structure_factors "
@@ -288,6 +335,8 @@ class ParameterSpace:
                     n_list = ("N",)
                 elif n in ("misset_x", "misset_y", "misset_z"):
                     n_list = ORIENTATION_DELTAS  # the misset is refined as a small rotation on top
+                elif self.panel_groups and n in GROUPS["detector"]:  # every group's change of the name
+                    n_list = tuple(f"{n}_g{k}" for k in range(len(self.panel_groups)))
                 else:
                     n_list = (n,)
                 out.extend(x for x in n_list if x not in out)
@@ -302,7 +351,7 @@ class ParameterSpace:
     @property
     def all_names(self) -> tuple[str, ...]:
         """Every name this space may refine, in order: :data:`REFINABLE`, the background's knots, the amplitudes."""
-        return REFINABLE + self.knots + tuple(self.amplitudes)  # type: ignore[attr-defined]
+        return REFINABLE + self.knots + self.group_changes + tuple(self.amplitudes)  # type: ignore[attr-defined]
 
     def check_start(self, values: Mapping[str, float]) -> None:
         """Raise if the starting cell breaks the crystal system, or a value cannot start a refinement."""
@@ -330,6 +379,10 @@ class ParameterSpace:
             return Bounded(lo, hi)
         if is_knot(name):  # photons/pixel, positive like the flat background
             return Positive(max(abs(v), 1.0))
+        group_change = split_group_change(name)
+        if group_change is not None:  # one raw unit: one pixel of shift, or the rotation's step
+            base = group_change[0]
+            return Identity(self.pixel_mm if base in PANEL_SHIFTS else STEPS[base][1], v)
         if name == "polarization":
             if not -1.0 < v < 1.0:
                 raise InputError(f"start: polarization must be inside (-1, 1) to be refined, got {v:g}")
@@ -362,7 +415,7 @@ class ParameterMap:
     """
 
     def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str]) -> None:
-        extra = space.knots + tuple(space.amplitudes)  # type: ignore[attr-defined]
+        extra = space.knots + tuple(space.amplitudes) + space.group_changes + space.panel_values  # type: ignore[attr-defined]
         missing = [n for n in BASE_NAMES + extra if n not in values]
         if missing:
             raise InputError(f"values: missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
@@ -371,6 +424,9 @@ class ParameterMap:
         self.names = tuple(names)
         self.n0 = (self.values["N_a"] * self.values["N_b"] * self.values["N_c"]) ** (1.0 / 3.0)
         self.transforms = [space.transform(n, self.start_value(n)) for n in self.names]
+        # each panel's value less its group's change: a state's per-panel values always include the changes
+        self.panel_base = {f"{n}_p{i}": (k, self.values[f"{n}_p{i}"] - self.values[f"{n}_g{k}"])
+                           for k, members in enumerate(space.panel_groups) for i in members for n in GROUPS["detector"]}
 
     def start_value(self, name: str) -> float:
         """Physical value of refinable ``name`` where the stage starts (``raw0``)."""
@@ -404,6 +460,8 @@ class ParameterMap:
             else:
                 out[n] = v
         out.update(constrained_cell(self.space.symmetry, out))
+        for name, (k, base) in self.panel_base.items():
+            out[name] = base + out[f"{name.rsplit('_p', 1)[0]}_g{k}"]
         return out
 
     def values_at(self, raw: Tensor) -> dict[str, float]:

@@ -28,7 +28,7 @@ from nbtorch.errors import InputError
 if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
 
-__all__ = ["add_options", "check_dials_options", "model_tokens", "refl_spots", "write_expt_out"]
+__all__ = ["add_options", "check_dials_options", "model_tokens", "refl_spots", "write_expt_out", "observed_rows"]
 
 
 def add_options(group) -> None:
@@ -42,6 +42,10 @@ def add_options(group) -> None:
                                   "image's file name and the experiment's template, else 0)")
     group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
                                             "spot list (as --spots)")
+    group.add_argument("--panel-groups", type=int, default=None, metavar="LEVEL",
+                       help="a multi-panel --expt: the level of its hierarchy whose groups move as rigid bodies "
+                            "(0 the whole detector, the last each panel; default 0); the detector names refine "
+                            "each group's changes <name>_g<k>")
     group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
                                                  "document with the refined values, or without --expt a new still "
                                                  "experiment (space group from --symmetry when it names one)")
@@ -53,17 +57,21 @@ def check_dials_options(args: Options) -> None:
         raise InputError("--expt-out: writes the refined model of a measured image; give --image (or --expt)")
     if args.dials.refl and args.pixels.spots:
         raise InputError("--refl and --spots both give the observed spots; drop one")
-    for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image)):
+    if args.dials.panel_groups is not None and not args.dials.expt:
+        raise InputError("--panel-groups: the groups of a multi-panel --expt detector; give --expt")
+    for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image),
+                        ("--panel-groups", args.dials.panel_groups)):
         if value is not None and value < 0:
             raise InputError(f"{flag}: must be >= 0, got {value}")
 
 
 def read_experiment(args: Options):
-    """Experiment ``--expt-index`` of ``--expt`` (:func:`nbtorch.io.dials.read_expt`; errors name ``--expt``)."""
+    """Experiment ``--expt-index`` of ``--expt`` (:func:`nbtorch.io.dials.read_expt`, multi-panel detectors
+    read too: :func:`model_tokens` refuses them where they are not taken; errors name ``--expt``)."""
     from nbtorch.io.dials import read_expt
 
     try:
-        return read_expt(args.dials.expt, args.dials.expt_index)
+        return read_expt(args.dials.expt, args.dials.expt_index, multi_panel=True)
     except InputError as exc:
         raise InputError(f"--expt {exc}") from None
 
@@ -217,9 +225,17 @@ def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | No
                         sigma_m_deg=float(profile["sigma_m"]), spot_px=sb * _panel_distance_mm(exp) / _pixel_mm(exp))
 
 
+def _lab_panel(exp) -> dict:
+    """Panel 0 with its frame in the lab (a hierarchy's frames composed)."""
+    from nbtorch.io.dials import panel_lab_frames
+
+    f, s, o = panel_lab_frames(exp.detector)[0]
+    return dict(exp.panel, fast_axis=list(f), slow_axis=list(s), origin=list(o))
+
+
 def _panel_distance_mm(exp) -> float:
-    """The panel's distance from the sample along its normal (mm)."""
-    panel = exp.panel
+    """The panel's distance from the sample along its normal (mm; a multi-panel detector: panel 0's)."""
+    panel = _lab_panel(exp)
     normal = np.cross(panel["fast_axis"], panel["slow_axis"])
     return abs(float(np.dot(panel["origin"], normal / np.linalg.norm(normal))))
 
@@ -241,7 +257,7 @@ def _typical_dstar(args: Options, exp) -> float:
         d = d[np.isfinite(d) & (d > 0)]
         if len(d):
             return float(np.median(1.0 / d))
-    panel = exp.panel
+    panel = _lab_panel(exp)
     nf, ns = (int(v) for v in panel["image_size"])
     px = float(panel["pixel_size"][0])
     u, v = np.meshgrid(np.linspace(0, nf, 17), np.linspace(0, ns, 17))
@@ -252,10 +268,12 @@ def _typical_dstar(args: Options, exp) -> float:
     return float(np.median(2.0 * np.sin(np.arccos(np.clip(cos2t, -1, 1)) / 2.0))) / float(exp.beam["wavelength"])
 
 
-def model_tokens(args: Options, say=None) -> str | list[str] | None:
+def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | list[str] | None:
     """The starting model for :func:`refine.inputs.start_model.model_config`: ``--model`` alone, or the ``--expt`` flags
     (geometry, crystal, the scan's rotation of the image; the crystal model of the profile, :func:`profile_model`)
-    followed by the ``--model`` tokens, whose flags replace the profile's.  ``say``: where the profile's note goes."""
+    followed by the ``--model`` tokens, whose flags replace the profile's.  ``say``: where the profile's note goes.
+    ``multi_panel``: a detector of several panels is taken (the flags are panel 0's; :mod:`refine.inputs.panels`
+    gives every panel's), else refused."""
     if not args.dials.expt:
         return args.model.model
     from nbtorch.dials_geometry import experiment_flags
@@ -263,8 +281,16 @@ def model_tokens(args: Options, say=None) -> str | list[str] | None:
     from refine.inputs.start_model import expand_model_args
 
     exp = read_experiment(args)
+    if len(exp.panels) > 1 and not multi_panel:
+        raise InputError(f"--expt {exp.path}: multi-panel detector ({len(exp.panels)} panels); nbtorch-refine takes "
+                         "one on a single --image (not in joint runs)")
     try:
-        flags = experiment_flags(exp, image_index(args))
+        if len(exp.panels) > 1:
+            from nbtorch.dials_panels import panel_flags
+
+            flags = panel_flags(exp, image_index(args))[0]
+        else:
+            flags = experiment_flags(exp, image_index(args))
     except InputError as exc:
         raise InputError(exc if str(exc).startswith("--expt") else f"--expt {exc}") from None
     user = expand_model_args(args.model.model) if args.model.model else []
@@ -365,7 +391,7 @@ def spot_window(args: Options, say=None) -> int | None:
 STRONG, CENTROID_OUTLIER = 1 << 5, 1 << 17
 
 
-def _observed_rows(path: str, cols: dict) -> np.ndarray:
+def observed_rows(path: str, cols: dict) -> np.ndarray:
     """The rows of a ``.refl`` whose ``xyzobs.px.value`` is an observed centroid: never a zero or non-finite
     position; with a ``flags`` column that marks spots found by the spot finder (``strong``, what DIALS refines
     against), those not flagged as centroid outliers (an integrated table's other rows hold the centres of
@@ -384,7 +410,7 @@ WINDOWS = "all"
 
 
 def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
-    """``(n, 3)`` observed spots of ``--refl`` (x fast, y slow in pixels, z in frames; :func:`_observed_rows`).
+    """``(n, 3)`` observed spots of ``--refl`` (x fast, y slow in pixels, z in frames; :func:`observed_rows`).
 
     For a rotation scan (``--expt`` with a scan) those of the image: the spots whose centroid frame ``z`` lies on it
     (``z`` in ``[f + k, f + k + 1)`` for image ``k``, ``f`` the scan's first image number less 1, as DIALS counts
@@ -402,7 +428,7 @@ def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
                          optional=("flags", "bbox", "xyzcal.px"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
-    observed = _observed_rows(path, cols)
+    observed = observed_rows(path, cols)
     xyz = cols["xyzobs.px.value"]
     exp = read_experiment(args) if args.dials.expt else None
     index = image_index(args)
@@ -428,7 +454,7 @@ def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
 
 def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The indexed observed spots of ``--refl`` on the ``--expt`` scan: ``(hkl (n, 3), xyz (n, 3) x, y px and z frames,
-    phi (n,) the scan angle of each spot's frame in deg)`` (:func:`_observed_rows` with a non-zero ``miller_index``),
+    phi (n,) the scan angle of each spot's frame in deg)`` (:func:`observed_rows` with a non-zero ``miller_index``),
     None without a scan or Miller indices."""
     from nbtorch.io.dials import read_refl, scan_oscillation
 
@@ -442,7 +468,7 @@ def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
         raise InputError(f"--refl {exc}") from None
     if "miller_index" not in cols:
         return None
-    keep = _observed_rows(args.dials.refl, cols) & np.any(cols["miller_index"] != 0, axis=1)
+    keep = observed_rows(args.dials.refl, cols) & np.any(cols["miller_index"] != 0, axis=1)
     xyz = cols["xyzobs.px.value"][keep]
     start, width = scan_oscillation(exp.scan, exp.path)
     phi = start + (xyz[:, 2] - (float(exp.scan["image_range"][0]) - 1.0)) * width

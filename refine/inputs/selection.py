@@ -56,20 +56,33 @@ def resolution_map(sim, roi: Sequence[int] | None = None, values: Mapping[str, f
     """Resolution ``d`` (Å) at every pixel centre of the starting geometry, (slow, fast) (inf at the direct beam).
 
     Only the rectangle ``roi`` is computed (NaN outside) when given; ``values``: canonical parameters to use instead
-    of the simulator's (e.g. the refined ones; other names are ignored).
+    of the simulator's (e.g. the refined ones; other names are ignored).  A multi-panel detector: each panel's
+    block of the stacked image from its own geometry (per-panel names of ``values`` used).
     """
-    overrides = {n: float(v) for n, v in (values or {}).items() if n in PARAMETER_NAMES}
-    with torch.no_grad():
-        p = sim.parameters_dict(**overrides)
-        g = sim.geometry(p)
-        pix0, f, s, b = (getattr(g, k).double().cpu().numpy() for k in ("pix0", "fdet", "sdet", "beam"))
-        lam = float(p["wavelength"])
+    layout = sim.panel_layout
+    names = set(PARAMETER_NAMES + (layout.names() if layout is not None else ()))
+    overrides = {n: float(v) for n, v in (values or {}).items() if n in names}
     ny, nx = sim.shape
     x0, x1, y0, y1 = roi if roi is not None else (0, nx - 1, 0, ny - 1)
-    px = sim.setup.pixel_m
-    fi = (np.arange(x0, x1 + 1) + 0.5) * px
-    sj = (np.arange(y0, y1 + 1) + 0.5) * px
     out = np.full((ny, nx), np.nan)
+    blocks = [(None, 0, ny, sim.setup.pixel_m)] if layout is None else [
+        (i, i * layout.rows, (i + 1) * layout.rows, p.detector.pixel_m) for i, p in enumerate(layout.panels)]
+    with torch.no_grad():
+        p = sim.parameters_dict(**overrides)
+        lam = float(p["wavelength"])
+        for panel, r0, r1, px in blocks:
+            a, b = max(y0, r0), min(y1, r1 - 1)
+            if a > b:
+                continue
+            g = sim.geometry(p, panel=panel)
+            frame = [getattr(g, k).double().cpu().numpy() for k in ("pix0", "fdet", "sdet", "beam")]
+            out[a:b + 1, x0:x1 + 1] = _d_of_pixels(*frame, lam, (np.arange(x0, x1 + 1) + 0.5) * px,
+                                                   (np.arange(a - r0, b - r0 + 1) + 0.5) * px)
+    return out
+
+
+def _d_of_pixels(pix0, f, s, b, lam: float, fi: np.ndarray, sj: np.ndarray) -> np.ndarray:
+    """``d`` (Å) at the pixel centres ``pix0 + fi f + sj s`` (m) of one flat panel, (len(sj), len(fi))."""
     b = b / np.linalg.norm(b)
     # r = pix0 + fi f + sj s; cos 2theta = r.b / |r|, computed component by component to save memory
     rb = float(pix0 @ b) + fi[None, :] * float(f @ b) + sj[:, None] * float(s @ b)
@@ -79,8 +92,7 @@ def resolution_map(sim, roi: Sequence[int] | None = None, values: Mapping[str, f
     cos2t = np.clip(rb / np.sqrt(r2), -1.0, 1.0)
     sin_t = np.sqrt((1.0 - cos2t) / 2.0)
     with np.errstate(divide="ignore"):
-        out[y0:y1 + 1, x0:x1 + 1] = np.where(sin_t > 0, lam / (2.0 * np.maximum(sin_t, 1e-300)), math.inf)
-    return out
+        return np.where(sin_t > 0, lam / (2.0 * np.maximum(sin_t, 1e-300)), math.inf)
 
 
 def resolution_mask(sim, dmin: float | None = None, dmax: float | None = None,

@@ -20,7 +20,7 @@ from nbtorch.io.atomic import atomic_output_path, atomic_write
 from nbtorch.io.hkl import write_hkl
 from nbtorch.parameters import PARAMETER_NAMES
 from refine.fitting.background import is_knot
-from refine.fitting.parameters import NUISANCE
+from refine.fitting.parameters import NUISANCE, is_panel_name
 from refine.output.results import jsonable, save_h5
 
 __all__ = ["results_table", "parameter_rows", "write_outputs", "ESD_NOTE", "misfit_lines"]
@@ -57,7 +57,7 @@ def parameter_rows(result, truth: dict | None = None) -> tuple[list[str], list[l
     rows = []
     changed = {n for n in result.params if n in result.initial_params
                and result.params[n] != result.initial_params[n]}
-    for n in PARAMETER_NAMES + NUISANCE + tuple(k for k in result.params if is_knot(k)):
+    for n in PARAMETER_NAMES + NUISANCE + tuple(k for k in result.params if is_knot(k) or is_panel_name(k)):
         if n in result.params and (n in result.esds or n in result.free or n in changed):
             rows.append(n)
     fisher = (getattr(result, "esd_kinds", None) or {}).get("fisher")

@@ -329,9 +329,10 @@ def background_by_resolution(observed: np.ndarray, model: np.ndarray, bragg: np.
 def direct_beam_px(sim, values: Mapping[str, float] | None = None) -> tuple[float, float]:
     """Where the direct beam meets the detector plane (x fast, y slow; px from the corner of pixel (0, 0)) for the
     canonical ``values`` (the simulator's own where absent), from :meth:`nbtorch.Simulator.geometry`."""
-    overrides = {n: float(v) for n, v in (values or {}).items() if n in PARAMETER_NAMES}
-    with torch.no_grad():
-        g = sim.geometry(sim.parameters_dict(**overrides))
+    names = set(PARAMETER_NAMES + (sim.panel_layout.names() if sim.panel_layout is not None else ()))
+    overrides = {n: float(v) for n, v in (values or {}).items() if n in names}
+    with torch.no_grad():  # a multi-panel detector: panel 0's plane, i.e. the stacked image's pixels
+        g = sim.geometry(sim.parameters_dict(**overrides), panel=0 if sim.panel_layout is not None else None)
     pixel_m = float(sim.setup.pixel_m)
     return float(g.Fbeam) / pixel_m, float(g.Sbeam) / pixel_m
 

@@ -26,7 +26,8 @@ from refine.fitting.objective import LossFn, check_priors, resolve_loss
 from refine.fitting.background import (
     BackgroundModel, is_knot, parse_background, plane_background, resolution_background,
 )
-from refine.fitting.parameters import BASE_NAMES, ParameterSpace
+from refine.fitting.parameters import BASE_NAMES, ParameterSpace, is_panel_name
+from nbtorch.panels import check_rigid_group
 from refine.inputs.selection import resolution_map
 from refine.inputs.problems import Problem
 from refine.solver.stages import Stage, stage_a, with_amplitudes
@@ -35,7 +36,7 @@ from refine.fitting.structure_factors import (
 )
 from refine.solver.strategies import AbstractStrategy
 
-__all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values", "background_model"]
+__all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values", "background_model", "panel_space"]
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +153,38 @@ def observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
     return torch.where(valid, obs, torch.zeros((), dtype=obs.dtype, device=obs.device)), valid
 
 
-def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None) -> dict:
-    """The simulator's parameters, no rotation, scale 1, the median observed pixel as background, then
-    ``start`` over them (names checked)."""
+def panel_space(sim: Simulator, panel_groups=None) -> dict:
+    """The :class:`ParameterSpace` arguments of a multi-panel simulator's panels (``panel_groups``: the panels of
+    each rigid group; default one group, the whole detector); none for one panel."""
+    layout = sim.panel_layout
+    if layout is None:
+        if panel_groups:
+            raise InputError("panel_groups: the simulator has one panel")
+        return ParameterSpace()
+    n = len(layout.panels)
+    groups = tuple(tuple(int(i) for i in g) for g in panel_groups) if panel_groups else (tuple(range(n)),)
+    seen = sorted(i for g in groups for i in g)
+    if seen != list(range(n)):
+        raise InputError(f"panel_groups: every panel 0..{n - 1} must be in exactly one group, got {list(groups)}")
+    for k, members in enumerate(groups):
+        check_rigid_group(layout, members, str(k))
+    return ParameterSpace(panel_groups=groups, n_panels=n)
+
+
+def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None,
+                    panel_groups=None) -> dict:
+    """The simulator's parameters, no rotation, scale 1, the median observed pixel as background (a multi-panel
+    detector: its per-panel values and group changes 0), then ``start`` over them (names checked)."""
     values = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
     values.update({n: 0.0 for n in ORIENTATION_DELTAS})
     values.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
+    if sim.panel_layout is not None:  # every panel's geometry, and each group's change (0 at the start)
+        values.update(sim.panel_layout.values())
+        values.update({n: 0.0 for n in panel_space(sim, panel_groups).group_changes})
     for k, v in (start or {}).items():
+        if k in values and is_panel_name(k):
+            values[k] = float(v)
+            continue
         if k not in BASE_NAMES and not is_amplitude(k) and not is_knot(k):  # amplitudes: checked against the table
             raise InputError(f"start: unknown parameter {k!r}; valid: {', '.join(BASE_NAMES)}")
         values[k] = float(v)
@@ -183,11 +209,14 @@ def _stage_plan(space: ParameterSpace, stages: Sequence[Stage], free) -> tuple[t
 
 
 def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str, bounds, fixed: tuple,
-                      values0: dict, stages: Sequence[Stage], free, amplitudes: tuple[str, ...] = ()):
+                      values0: dict, stages: Sequence[Stage], free, amplitudes: tuple[str, ...] = (),
+                      panel_groups=None):
     """The parameter space (start checked against it), each stage's names and every name refined."""
+    panels = panel_space(sim, panel_groups)
     space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
                            background=background, bounds=dict(bounds or {}), fixed=fixed,
-                           pixel_mm=sim.setup.pixel_m * 1000.0, amplitudes=tuple(amplitudes))
+                           pixel_mm=sim.setup.pixel_m * 1000.0, amplitudes=tuple(amplitudes),
+                           panel_groups=panels.panel_groups, n_panels=panels.n_panels)
     space.check_start(values0)
     plan = _stage_plan(space, stages, free)
     names = tuple(n for n in space.all_names if any(n in stage_names for _, stage_names in plan))
@@ -257,13 +286,15 @@ def make_plan(
     n_spots: int | None = None,
     too_few_spots: str = "fix",
     structure_factors: AmplitudeOptions | None = None,
+    panel_groups: Sequence[Sequence[int]] | None = None,
 ) -> RunPlan:
     """Check the arguments of :func:`refine.refine` (same meaning) and return the run's plan.
 
     With ``n_spots`` (observed spots in the fitted region), too few spots for the names refined are
     handled by ``too_few_spots`` (:func:`refine.quality.identifiability.reduce_free`: fix, warn or fail).
     With ``structure_factors`` the amplitudes of the visible reflections are refined in a last stage
-    (:mod:`refine.fitting.structure_factors`).
+    (:mod:`refine.fitting.structure_factors`).  ``panel_groups``: a multi-panel simulator's rigid panel groups
+    (:func:`panel_space`; default the whole detector).
 
     Raises:
         InputError: unknown names, a start breaking the symmetry, a shape mismatch, no usable pixel,
@@ -274,7 +305,7 @@ def make_plan(
     symmetry = symmetry or "triclinic"
     fixed = tuple(fixed or ())
     obs, valid = observed_pixels(sim, observed, mask)
-    values0 = starting_values(sim, obs, valid, start)
+    values0 = starting_values(sim, obs, valid, start, panel_groups)
     background, background_model = _background(sim, background, values0, obs, valid)
     stages = tuple(stages) if stages is not None else stage_a(strategy)
     if not stages:
@@ -285,14 +316,14 @@ def make_plan(
         free = tuple(free) + ("structure_factors",)
     amps = table.names if table is not None else ()
     space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed, values0, stages, free,
-                                           amps)
+                                           amps, panel_groups)
     warnings: tuple[str, ...] = ()
     if n_spots is not None:
         more_fixed, warning = reduce_free(names, n_spots, too_few_spots)
         warnings = (warning,) if warning else ()
         if more_fixed:
             space, plan, names = _space_and_stages(sim, symmetry, named, background, bounds, fixed + more_fixed,
-                                                   values0, stages, free, amps)
+                                                   values0, stages, free, amps, panel_groups)
     loss_fn = resolve_loss(loss)
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     priors = check_priors(priors)

@@ -276,6 +276,12 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     return res
 
 
+#: the arguments of :func:`refine` that :func:`refine.solver.plan.make_plan` takes
+_PLAN_ARGUMENTS = ("start", "free", "fixed", "symmetry", "bounds", "mask", "stages", "strategy", "background", "loss",
+                   "priors", "time_budget_s", "compile_loss", "n_spots", "too_few_spots", "structure_factors",
+                   "panel_groups")
+
+
 def refine(
     problem_or_simulator: Problem | Simulator,
     observed: np.ndarray | Tensor | None = None,
@@ -302,6 +308,7 @@ def refine(
     n_spots: int | None = None,
     too_few_spots: str = "fix",
     structure_factors: AmplitudeOptions | None = None,
+    panel_groups: Sequence[Sequence[int]] | None = None,
 ) -> RefinementResult:
     """Refine simulator parameters against an observed image: a :class:`~refine.output.results.RefinementResult`.
 
@@ -329,8 +336,7 @@ def refine(
             stderr is a terminal; False: quiet).  ``time_budget_s``: wall-clock budget of the whole run (s).
         checkpoint: HDF5 path written every ``checkpoint_every`` steps, at each stage end and on Ctrl-C;
             ``resume``: a checkpoint to continue from (same problem and plan).
-        esds: estimate esds at the end (:mod:`refine.quality.uncertainty`); ``compile_loss``: ``torch.compile``
-            the loss (``fullgraph=True``).
+        esds: estimate esds at the end (:mod:`refine.quality.uncertainty`); ``compile_loss``: ``torch.compile`` the loss.
         priors: name -> (mean, sigma): Gaussian priors on base names (in their units): ``0.5 ((value - mean) /
             sigma)^2`` added to the loss, ``1 / sigma^2`` to the esds' Fisher information.
         n_spots: observed spots in the fitted region (None: no check); below
@@ -338,16 +344,14 @@ def refine(
             ``"fix"`` (default: the least determined names), ``"warn"``, ``"fail"`` (:mod:`refine.quality.identifiability`).
         structure_factors: :class:`~refine.fitting.structure_factors.AmplitudeOptions`: refine one amplitude per
             visible symmetry-unique reflection in a last stage (``F_h_k_l`` in the result's ``refined``, ``esds``).
+        panel_groups: a multi-panel simulator's rigid groups of panels (default one): ``<name>_g<k>``, multi-panel.md.
 
     Raises:
         InputError: bad arguments (unknown names, a start breaking the symmetry, shape mismatch, a checkpoint
             from another problem).
         RefinementInterrupted: Ctrl-C (a ``KeyboardInterrupt``), after writing the checkpoint.
     """
-    plan = make_plan(problem_or_simulator, observed, start=start, free=free, fixed=fixed, symmetry=symmetry,
-                     bounds=bounds, mask=mask, stages=stages, strategy=strategy, background=background, loss=loss,
-                     priors=priors, time_budget_s=time_budget_s, compile_loss=compile_loss, n_spots=n_spots,
-                     too_few_spots=too_few_spots, structure_factors=structure_factors)
+    plan = make_plan(problem_or_simulator, observed, **{k: v for k, v in locals().items() if k in _PLAN_ARGUMENTS})
     cb = _callback_list(callbacks, progress)
     full_view, full_objective = whole_image_objective(plan)
     state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
