@@ -277,7 +277,8 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this process; shared: "
-        f"{', '.join(shared)}; per image: {', '.join(per_image)}; results in {out_dir}/")
+        f"{', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; every other parameter "
+        f"(distance, beam, detector) held; results in {out_dir}/")
     sims, pixels, starts, spots = _load_images(args, images, indices, out_dir, say)
     try:
         conv = DEFAULT_CONVERGENCE if args.optimiser.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.optimiser.max_steps)

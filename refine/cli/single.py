@@ -277,7 +277,7 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
     # correlation: --esd-extra distance); a --refine list or [[stages]] tables say themselves what is refined
     default_fix = args.fit.fix is None and args.fit.refine is None and not args.fit.stage_tables
-    if default_fix and not args.many.joint:  # joint mode: --shared/--per-image say what is refined
+    if default_fix and not (args.many.joint or args.many.rotation_series):  # a joint run's names: --shared/--per-image
         say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
     fixed = ("distance",) if default_fix else tuple(n for n in (args.fit.fix or ()) if n != "none")
     symmetry = checked.symmetry or experiment_symmetry(args)

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,7 @@ from nbtorch.dials_geometry import bragg_positions_px, experiment_flags, goniome
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
 from refine.inputs.dials import profile_model
+from refine.many.image_reports import model_warning
 
 REAL = Path("/work/shared/real/lcysteine_i19_sweep2")
 #: the synthetic sweep: a tetragonal crystal turning about omega with phi held at 30 deg about a tilted axis
@@ -190,6 +195,8 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
                    "--expt-out", "refined.expt")
     assert r.code == 0, r.err
     assert "symmetry tetragonal from the experiment's space group" in r.out
+    # the shared names are the joint run's, decided by all images, not a single image's default schedule
+    assert "distance fixed" not in r.out and "shared: cell, orientation (decided by all images)" in r.out
     doc = json.loads((r.tmp / "sweep" / "joint.json").read_text())
     assert doc["status"] == "converged", doc["message"]
     for k, image in enumerate(doc["images"]):  # the scan's angle (the headers have none), the .refl's spots
@@ -228,6 +235,46 @@ def test_sweep_from_a_start_one_percent_off_begins_at_the_indexed_spots(refine_c
     assert abs(shared["cell_a"] / CELL[0] - 1) < 1e-3 and abs(shared["cell_c"] / CELL[2] - 1) < 2.5e-3, shared
 
 
+def test_per_image_spot_reports_under_two_torchrun_processes(refine_cli, sweep, tmp_path):
+    """torchrun --nproc-per-node 2 (gloo on loopback): each process measures the spots of its own images
+    (refine.many.distributed.image_shard) and process 0 gathers them; every image's spot report and the pooled one
+    equal the one-process run's."""
+    folder, spots_per_image = sweep
+    argv = ["--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
+            str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--max-steps", "5", "--no-esds"]
+    one = refine_cli(*argv, "--out-dir", "one")
+    assert one.code == 0, one.err
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(port), "-m", "refine.cli", *argv, "--out-dir",
+                           str(tmp_path / "two")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = json.loads((one.tmp / "one" / "joint.json").read_text())
+    b = json.loads((tmp_path / "two" / "joint.json").read_text())
+    assert a["world_size"] == 1 and b["world_size"] == 2
+    assert [im["spots"]["n"] for im in b["images"]] == spots_per_image and b["spots"]["n"] == sum(spots_per_image)
+    for x, y in zip([a["spots"]] + [im["spots"] for im in a["images"]], [b["spots"]] + [im["spots"] for im in b["images"]]):
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key] == pytest.approx(y[key], rel=1e-9, abs=1e-12, nan_ok=True), key
+    assert a["warnings"] == b["warnings"]
+
+
+def test_a_poor_crystal_model_is_warned_of():
+    """The joint run's warning of a crystal model that fits neither the pixels nor the spots (the real sweep with the
+    profile's model held: 4.8x shot noise, 0.54 px); either alone, or a good model, gives none."""
+    text = model_warning(4.8, 0.54, ("cell", "orientation"))
+    assert "fit 4.8x shot noise" in text and "rms 0.54 px" in text and "--shared ...,mosaic" in text
+    assert "--shared" not in model_warning(4.8, 0.54, ("cell", "orientation", "mosaic"))
+    assert model_warning(4.8, 0.45, ("cell",)) is None and model_warning(2.5, 0.9, ("cell",)) is None
+    assert model_warning(math.nan, 0.9, ("cell",)) is None
+
+
 @pytest.mark.parametrize("case,message", [
     ("size", "sweep_00002.cbf: image is 40 x 40 pixels (fast x slow) but the experiment's detector is 48 x 48"),
     ("angle", "sweep_00002.cbf: its header's rotation (11 deg, width 0.5) is off the experiment's scan, which has "
@@ -259,11 +306,13 @@ def test_real_lcysteine_sweep(refine_cli):
     1 % off in the cell and 0.3 deg in orientation: both converge (not the step limit) to the same cell and spots.
 
     Measured (docs/many-images.md, 2026-11-27): a +0.26 %, b +0.09 %, c +0.15 % from the full-data cell (DIALS's own
-    wedge cell: +0.46, +0.07, +0.15 %), spot rms 0.54 px against DIALS's observed centroids.  The issue's goal
-    (0.1 %, 0.5 px) is not reached: the cell's esds are 0.09, 0.02, 0.006 %, and the geometry DIALS refined from the
-    same 1 deg wedge, held fixed, moves the cell by 0.1-0.2 % (a 1-pixel beam centre, the detector's tilt); the
-    assertions hold what is reached."""
+    wedge cell: +0.46, +0.07, +0.15 %), spot rms 0.54 px against DIALS's observed centroids, fit 4.8x shot noise.
+    The issue's goal (0.1 % on every axis, 0.5 px) is NOT reached: no domain size, mosaic spread, phi steps, window size or window
+    set tried moved b or c by more than 0.02 % (docs/many-images.md's table), so the run warns that its crystal
+    model is poor.  The bounds below are the measured values plus a few hundredths of a per cent: a change that
+    moves the cell or the spots by more fails here."""
     reference = {"cell_a": 5.428, "cell_b": 8.141, "cell_c": 12.038}
+    measured = {"cell_a": 0.26e-2, "cell_b": 0.09e-2, "cell_c": 0.15e-2}
     # DIALS's cell (5.4529, 8.1468, 12.0555) + 1 %, the crystal turned by 0.3 deg (orient: a small lab rotation)
     off = ["--start", "cell_a=5.5074,cell_b=8.2283,cell_c=12.1761,orient_x=0.2,orient_y=0.2,orient_z=0.1"]
     docs = []
@@ -274,8 +323,10 @@ def test_real_lcysteine_sweep(refine_cli):
         doc = json.loads((r.tmp / name / "joint.json").read_text())
         assert doc["status"] == "converged", doc["message"]
         for key, value in reference.items():
-            assert abs(doc["shared"][key] / value - 1) <= 3e-3, (key, doc["shared"][key])
-        assert doc["spots"]["n"] >= 15 and doc["spots"]["rms_px_final_common"] <= 0.6
+            assert abs(doc["shared"][key] / value - 1 - measured[key]) <= 0.03e-2, (key, doc["shared"][key])
+        assert doc["spots"]["n"] == 17 and doc["spots"]["rms_px_final_common"] <= 0.56
+        assert doc["fit"]["excess"] < 5.5
+        assert any("the crystal model reproduces neither the pixels" in w for w in doc["warnings"]), doc["warnings"]
         docs.append(doc)
     for key in reference:  # from 1 % off, the same minimum
         assert docs[1]["shared"][key] == pytest.approx(docs[0]["shared"][key], rel=1e-5)

@@ -48,7 +48,7 @@ def test_rotation_series_refines_one_crystal_better_than_single_images(refine_cl
     r = refine_cli("--images", str(wedge / "img_*.cbf"), "--rotation-series", "--model", START, "--symmetry",
                    "tetragonal", "--max-steps", "60", "--out-dir", "sweep")
     assert r.code == 0, r.err
-    assert "shared: cell, orientation; per image: scale, background" in r.out
+    assert "shared: cell, orientation (decided by all images); per image: scale, background" in r.out
     for k in range(N_IMAGES):  # every image's rotation from its own header
         assert f"Start_angle {PHI0 + k * OSC:g} deg, Angle_increment 0.1 deg from the header" in r.out
     doc = json.loads((r.tmp / "sweep" / "joint.json").read_text())
