@@ -251,6 +251,9 @@ def _check_modes(args: argparse.Namespace) -> None:
     for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
         if value and not args.images:
             raise InputError(f"{flag}: only with --images (independent mode)")
+    if args.images and (args.out != "result.h5" or args.json):
+        flag = "--out" if args.out != "result.h5" else "--json"
+        raise InputError(f"{flag}: with --images the results go to a folder per image under --out-dir, not to one file")
     if args.rotation_series:
         if not args.images:
             raise InputError("--rotation-series: only with --images (the rotation images of the sweep)")

@@ -519,7 +519,9 @@ def prepare(args: Options, say) -> Prepared:
 def _background(args: Options, sim: Simulator, inputs, choice, start: dict, window: int | None, say):
     """``--background`` as :func:`refine.refine` takes it: the text of ``constant`` and ``planar``, or the model
     of ``resolution:K`` (knots started between the observed spots) and ``planes`` (one held plane per window)."""
-    text = resolve_auto(args.fit.background, bool(args.image.image), choice.spots is not None and window is not None)
+    one_image = bool(args.image.image) and not (args.many.joint or args.many.rotation_series)  # joint: constant
+    windows = choice.spots is not None and len(choice.spots) > 0 and window is not None
+    text = resolve_auto(args.fit.background, one_image, windows)
     model = background_model(sim, text, model_values(sim, start), inputs.observed, choice.mask,
                              spots=choice.spots, half_px=window)
     if model is None:

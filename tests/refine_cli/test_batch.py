@@ -134,3 +134,12 @@ def test_torchrun_shards_images_over_two_processes(tmp_path):
 def test_batch_options_need_images(refine_cli):
     r = refine_cli("--problem", "cubic_mosflm", "--out-dir", "x")
     assert r.code == 2 and r.err.strip() == "nbtorch-refine: error: --out-dir: only with --images (independent mode)"
+
+
+@pytest.mark.parametrize("flag", ["--out", "--json"])
+def test_images_refuse_one_result_file(refine_cli, tmp_path, flag):
+    """With --images the results are a folder per image: a single --out/--json would be silently ignored."""
+    r = refine_cli("--images", "a.cbf", "b.cbf", flag, str(tmp_path / "r.json"))
+    assert r.code == 2 and r.err.strip() == (f"nbtorch-refine: error: {flag}: with --images the results go to a "
+                                             "folder per image under --out-dir, not to one file")
+    assert not (tmp_path / "r.json").exists()

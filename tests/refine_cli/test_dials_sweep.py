@@ -197,6 +197,7 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
     assert "symmetry tetragonal from the experiment's space group" in r.out
     # the shared names are the joint run's, decided by all images, not a single image's default schedule
     assert "distance fixed" not in r.out and "shared: cell, orientation (decided by all images)" in r.out
+    assert "a plane held" not in r.out  # --background auto: a joint run keeps the flat background per image
     doc = json.loads((r.tmp / "sweep" / "joint.json").read_text())
     assert doc["status"] == "converged", doc["message"]
     for k, image in enumerate(doc["images"]):  # the scan's angle (the headers have none), the .refl's spots
