@@ -110,7 +110,7 @@ def arrowhead_factors(F: Tensor, S: int, held: int | None = None) -> tuple[Tenso
     K = F.shape[0] - S
     D, B = F[S:, S:], F[:S, S:]
     W = preconditioner_from_fisher("full", D, torch.zeros(K, dtype=F.dtype)).A
-    G = torch.linalg.lstsq(D, B.T).solution if K else D.new_zeros(0, S)
+    G = W @ (W.T @ B.T)  # D^-1 B' = W W' B' (W' D W = I); matrix products only: the same bits in any process
     return W, G, F[:S, :S] - B @ G
 
 
