@@ -8,7 +8,8 @@ or several under torchrun.
 
 Every process draws the whole set from ``--seed`` (the same bits in each) and hands every image to
 :func:`refine.many.serial.refine_serial` (the joint runs simulate only the process's share).  Process 0 writes
-``--out``: wall seconds (generation and refinement apart), the peak resident memory of every process (MiB), the
+``--out``: wall seconds (generation and refinement apart), the peak resident memory (MiB) and CPU seconds (the
+whole process: generation included) of every process, the
 load average before and after, the shared cell, its esds and error against the truth, the rounds, the images
 dropped (with their reasons) against the bad images of the set, and every image's final values (for comparing
 1 and 2 processes bit for bit); ``--h5``: the serial result file (:func:`refine.many.serial_file.save_serial_h5`).
@@ -51,10 +52,13 @@ def measure(n: int, seed: int, bad_fraction: float, h5: str | None = None) -> di
     t2 = time.monotonic()
     comm = Comm()
     peaks = comm.gather({comm.rank: torch.tensor([_peak_mib()])}, comm.world, (1,), torch.float64)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = comm.gather({comm.rank: torch.tensor([usage.ru_utime + usage.ru_stime])}, comm.world, (1,), torch.float64)
     truth = ds.shared_truth
     names = [k for k in result.joint.shared_names]
     doc = {"n": n, "seed": seed, "bad_fraction": bad_fraction, "world_size": comm.world,
            "generate_s": t1 - t0, "refine_s": t2 - t1, "peak_mib": peaks.reshape(-1).tolist(),
+           "cpu_s": cpu.reshape(-1).tolist(),
            "load_before": load0, "load_after": os.getloadavg(), "threads": torch.get_num_threads(),
            "truth": {k: truth[k] for k in names}, "shared": result.shared, "shared_esds": result.shared_esds,
            "fisher_esds": result.joint.esds_by_kind.get("fisher", {}).get("shared", {}),
