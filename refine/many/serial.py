@@ -137,6 +137,8 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
         raise InputError(f"observed_images: expected one image per simulator ({n}), got {len(observed_images)}")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 2:
         raise InputError(f"max_rounds: expected an integer >= 2, got {max_rounds!r}")
+    if isinstance(screen_steps, bool) or not isinstance(screen_steps, int) or screen_steps < 1:
+        raise InputError(f"screen_steps: expected an integer >= 1, got {screen_steps!r}")
     shared0, prev_starts, dropped, n_previous = _previous(previous, n)
     dropped = {i: {**d, "reason": d["reason"] if d["reason"].startswith("dropped before")
                    else f"dropped before: {d['reason']}"} for i, d in dropped.items()}

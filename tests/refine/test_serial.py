@@ -99,3 +99,16 @@ def test_more_images_continue_from_the_finished_run(run):
     with pytest.raises(InputError, match="more than the 3 given"):
         refine_serial(ds.simulators()[:3], ds.observed()[:3], image_starts=ds.image_starts()[:3], previous=path,
                       symmetry=ds.symmetry)
+
+
+def test_bad_arguments_are_refused_in_one_line(run):
+    ds = run[0]
+    args = (ds.simulators()[:2], ds.observed()[:2])
+    with pytest.raises(InputError, match="max_rounds: expected an integer >= 2"):
+        refine_serial(*args, max_rounds=1)
+    with pytest.raises(InputError, match="screen_steps: expected an integer >= 1"):
+        refine_serial(*args, screen_steps=0)
+    with pytest.raises(InputError, match="observed_images: expected one image per simulator"):
+        refine_serial(ds.simulators()[:2], ds.observed()[:3])
+    with pytest.raises(InputError, match="is not a serial result|not a readable HDF5"):
+        refine_serial(*args, previous=__file__)
