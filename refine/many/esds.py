@@ -39,6 +39,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from refine.many.schur import eliminate, own_covariances
 from refine.quality.uncertainty import mark_blind, pseudo_inverse
 
 #: raw parameters of a joint refinement above which its matrices are not built densely
@@ -103,48 +104,32 @@ def _dense(F_blocks: Tensor, M_blocks: Tensor, S: int, R: Tensor | None,
 
 def _blocked(F_blocks: Tensor, M_blocks: Tensor, S: int, R: Tensor | None,
              held: Sequence[int]) -> tuple[JointCovariances, JointCovariances, float]:
+    """The Schur-complement path, image by image (:mod:`refine.many.schur`; :func:`refine.many.joint` runs the
+    same steps with each image's elimination on the process that holds it)."""
     n, q = F_blocks.shape[0], F_blocks.shape[1]
     K = q - S
-    dt = F_blocks.dtype
     held_own = {(h - S) // K: (h - S) % K for h in held}
-    A = F_blocks[:, :S, :S].sum(0)
-    if R is not None:
-        A = A + R
-    conds = []
-    parts = []  # per image: kept own positions, D_i^-1, its blind ones, B_i, M_i over [shared, kept own]
-    schur = A.clone()
-    for i in range(n):
-        keep = torch.tensor([k for k in range(K) if held_own.get(i) != k], dtype=torch.long)
-        D = F_blocks[i, S:, S:][keep[:, None], keep[None, :]]
-        Di, blind, c = pseudo_inverse(D) if keep.numel() else (D.new_zeros(0, 0), torch.zeros(0, dtype=torch.bool), 1.0)
-        Bi = F_blocks[i, :S, S:][:, keep]
-        idx = torch.cat([torch.arange(S), S + keep])
-        parts.append((keep, Di, blind, Bi, M_blocks[i][idx[:, None], idx[None, :]]))
-        schur -= Bi @ Di @ Bi.T
-        conds.append(c)
-    C_ss, blind_s, c_s = pseudo_inverse(0.5 * (schur + schur.T))
-    conds.append(c_s)
-    Q = R.clone() if R is not None else torch.zeros(S, S, dtype=dt)
-    Ts = []
-    for keep, Di, _, Bi, Mi in parts:
-        T = torch.cat([torch.eye(S, dtype=dt), -Bi @ Di], 1)  # (S, S + k)
-        Q += T @ Mi @ T.T
-        Ts.append(T)
-    fisher_own = torch.zeros(n, K, K, dtype=dt)
-    sandwich_own = torch.zeros(n, K, K, dtype=dt)
-    for i, ((keep, Di, blind, Bi, Mi), T) in enumerate(zip(parts, Ts)):
-        U = -Di @ Bi.T @ C_ss
-        Cf = Di - U @ Bi @ Di
-        E = torch.cat([torch.zeros(keep.numel(), S, dtype=dt), Di], 1)
-        UT = U @ T
-        Cs = U @ Q @ U.T + E @ Mi @ E.T + UT @ Mi @ E.T + E @ Mi @ UT.T
-        sel = (keep[:, None], keep[None, :])
-        fisher_own[i][sel] = mark_blind(0.5 * (Cf + Cf.T), blind)
-        sandwich_own[i][sel] = mark_blind(0.5 * (Cs + Cs.T), blind)
+    parts = [eliminate(F_blocks[i], M_blocks[i], S, held_own.get(i)) for i in range(n)]
+    C_ss, blind_s, Q, cond = shared_covariance(torch.stack([e.schur for e in parts]) if n else F_blocks.new_zeros(0, S, S),
+                                               torch.stack([e.meat for e in parts]) if n else F_blocks.new_zeros(0, S, S),
+                                               R)
+    own = [own_covariances(e, C_ss, Q, K) for e in parts]
+    fisher_own = torch.stack([f for f, _ in own]) if n else F_blocks.new_zeros(0, K, K)
+    sandwich_own = torch.stack([s for _, s in own]) if n else F_blocks.new_zeros(0, K, K)
     S_ss = C_ss @ Q @ C_ss
     return (JointCovariances(mark_blind(C_ss, blind_s), fisher_own),
             JointCovariances(mark_blind(0.5 * (S_ss + S_ss.T), blind_s), sandwich_own),
-            max(conds))
+            max([cond] + [e.condition for e in parts]))
+
+
+def shared_covariance(schur: Tensor, meat: Tensor, R: Tensor | None) -> tuple[Tensor, Tensor, Tensor, float]:
+    """``(C_ss, blind, Q, condition)`` from the images' Schur contributions and projected meats (n, S, S), summed
+    in image order, plus a restraint's curvature ``R`` once in each."""
+    Sc, Q = schur.sum(0), meat.sum(0)
+    if R is not None:
+        Sc, Q = Sc + R, Q + R
+    C_ss, blind, cond = pseudo_inverse(0.5 * (Sc + Sc.T))
+    return C_ss, blind, Q, cond
 
 
 def joint_covariances(F_blocks: Tensor, M_blocks: Tensor, S: int, R: Tensor | None = None,

@@ -50,8 +50,12 @@ those of the combined data with every image's nuisance parameters estimated too:
 ``1 / esd_shared^2`` is the sum over images of each image's own ``1 / esd^2`` of the shared name with its
 own nuisances profiled out (the Schur complement).  Up to :data:`MAX_DENSE` raw parameters the joint
 matrices are built densely, ``(S + n K)^2`` for ``S`` shared and ``K`` per-image names of ``n`` images; above
-it (16 000 images of 5 names would be 80 000^2 doubles) the esds come from the blocks, in memory and time
-linear in ``n`` (:mod:`refine.many.esds`), and the preconditioner is the Fisher matrix's diagonal.
+it (16 000 images of 5 names would be 80 000^2 doubles) the esds and the ``"full"`` preconditioner come from the
+arrowhead's blocks, in memory and time linear in ``n`` (:mod:`refine.many.schur`, :mod:`refine.many.esds`): each
+image's own block is eliminated on the process that holds it, and only ``S x S`` and ``K x K`` rows per image
+are gathered.  Each image's Fisher block for the preconditioner comes from the esds' Jacobian
+(:func:`~refine.quality.uncertainty.image_information`, scaled to raw units).  Many stills with bad ones among
+them: :mod:`refine.many.serial`.
 
 **What a single run shares with it.**  Each image's objective, its Fisher block in raw units
 (:func:`refine.solver.precondition.raw_fisher_information`) and its esd matrices are a single run's; the esds
@@ -88,14 +92,18 @@ from refine.many.batch import restart_count
 from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
                                     read_joint_checkpoint, write_joint_checkpoint)
 from refine.many.distributed import Comm, image_shard
-from refine.many.esds import MAX_DENSE, assemble, joint_covariances
+import refine.many.esds as esds_module
+from refine.many.esds import MAX_DENSE, JointCovariances, assemble, joint_covariances, shared_covariance
+from refine.many.schur import (ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner, eliminate,
+                               own_covariances)
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.output.results import JointResult, load_joint_h5, reported_values, save_joint_h5, save_joint_json
 from refine.quality.fit_quality import FitQuality, assess_poisson_fit
-from refine.quality.uncertainty import correlation_matrix, image_information, named_esds
+from refine.quality.uncertainty import correlation_matrix, image_information, mark_blind, named_esds
 from refine.solver.loop import Convergence, LoopAborted, LoopResult, LoopState, Status, minimise
 from refine.solver.plan import observed_pixels, starting_values
-from refine.solver.precondition import LinearPreconditioner, preconditioner_from_fisher, raw_fisher_information
+from refine.solver.precondition import (LinearPreconditioner, physical_per_raw, preconditioner_from_fisher,
+                                       raw_fisher_information)
 from refine.solver.runner import RunClock, checkpoint_on_interrupt
 from refine.solver.strategies import AbstractStrategy, get_strategy
 
@@ -318,13 +326,13 @@ def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPrec
     if kind is None:
         return LinearPreconditioner.identity(raw0)
     q = joint.S + joint.K
-    local = {im.index: raw_fisher_information(im.objective, im.pmap, joint.image_raw(raw0, im.index), fitted_only=True)
-             for im in joint.images}
-    blocks = joint.comm.gather(local, joint.n, (q, q), raw0.dtype)
-    if kind == "full" and raw0.numel() > MAX_DENSE:
-        log.warning("joint: %d raw parameters > %d: diagonal preconditioning", raw0.numel(), MAX_DENSE)
-        kind = "diagonal"
+    local = {im.index: _raw_fisher(im, joint.image_raw(raw0, im.index)) for im in joint.images}
     extra = joint.curvature(raw0[:joint.S], True) if joint.curvature is not None else None
+    if kind == "full" and raw0.numel() > MAX_DENSE:
+        log.info("joint: %d raw parameters > %d: arrowhead (Schur complement) preconditioning", raw0.numel(),
+                 MAX_DENSE)
+        return _arrowhead(joint, local, raw0, extra)
+    blocks = joint.comm.gather(local, joint.n, (q, q), raw0.dtype)
     if kind == "diagonal":
         diag = torch.cat([torch.diagonal(blocks[:, :joint.S, :joint.S], dim1=1, dim2=2).sum(0),
                           torch.diagonal(blocks[:, joint.S:, joint.S:], dim1=1, dim2=2).reshape(-1)])
@@ -342,20 +350,65 @@ def _preconditioner(kind: str | None, joint: _Joint, raw0: Tensor) -> LinearPrec
 
 
 
+def _raw_fisher(im: _Image, raw: Tensor) -> Tensor:
+    """The image's Fisher block in raw units of ``[shared, own]`` on its fitted pixels: from the esds' Jacobian
+    (:func:`~refine.quality.uncertainty.image_information`, ``D F D`` with ``D = d physical / d raw``; the same
+    matrix as :func:`raw_fisher_information`'s forward-mode one to rounding, about 10x faster on a 64 x 64 still);
+    with amplitudes among the names, :func:`raw_fisher_information` (their restraint)."""
+    if any(is_amplitude(n) for n in im.pmap.names):
+        return raw_fisher_information(im.objective, im.pmap, raw, fitted_only=True)
+    _, F, _ = image_information(im.objective, im.pmap, raw)
+    d = physical_per_raw(im.pmap, raw)
+    return d[:, None] * F.to(raw.dtype) * d[None, :]
+
+
+def _arrowhead(joint: _Joint, local: Mapping[int, Tensor], raw0: Tensor,
+               extra: Tensor | None) -> ArrowheadPreconditioner:
+    """The arrowhead preconditioner (:mod:`refine.many.schur`): each image's own block eliminated on its
+    process, the ``(K, K)``, ``(K, S)`` and ``(S, S)`` factors gathered exactly and summed in image order."""
+    S, K, n = joint.S, joint.K, joint.n
+    held = {(h - S) // K: (h - S) % K for h in joint.held}
+    parts = {i: arrowhead_factors(F, S, held.get(i)) for i, F in local.items()}
+    W = joint.comm.gather({i: p[0] for i, p in parts.items()}, n, (K, K), raw0.dtype)
+    G = joint.comm.gather({i: p[1] for i, p in parts.items()}, n, (K, S), raw0.dtype)
+    schur = joint.comm.gather({i: p[2] for i, p in parts.items()}, n, (S, S), raw0.dtype)
+    return arrowhead_preconditioner(raw0, (W, G, schur), extra)
+
+
+def _blocked_covariances(joint: _Joint, info: Mapping[int, tuple], R: Tensor | None):
+    """``(fisher, sandwich, condition)`` by the Schur complement with each image's own block eliminated on the
+    process that holds it: only ``(S, S)`` and ``(K, K)`` rows per image are gathered (:mod:`refine.many.schur`)."""
+    S, K, n = joint.S, joint.K, joint.n
+    held = {(h - S) // K: (h - S) % K for h in joint.held}
+    parts = {i: eliminate(F, M, S, held.get(i)) for i, (_, F, M) in info.items()}
+    schur = joint.comm.gather({i: e.schur for i, e in parts.items()}, n, (S, S), torch.float64)
+    meat = joint.comm.gather({i: e.meat for i, e in parts.items()}, n, (S, S), torch.float64)
+    conds = joint.comm.gather({i: torch.tensor([e.condition]) for i, e in parts.items()}, n, (1,), torch.float64)
+    C_ss, blind, Q, cond = shared_covariance(schur, meat, R)
+    own = {i: own_covariances(e, C_ss, Q, K) for i, e in parts.items()}
+    fisher_own = joint.comm.gather({i: o[0] for i, o in own.items()}, n, (K, K), torch.float64)
+    sandwich_own = joint.comm.gather({i: o[1] for i, o in own.items()}, n, (K, K), torch.float64)
+    S_ss = C_ss @ Q @ C_ss
+    return (JointCovariances(mark_blind(C_ss, blind), fisher_own),
+            JointCovariances(mark_blind(0.5 * (S_ss + S_ss.T), blind), sandwich_own),
+            max([cond] + conds.reshape(-1).tolist()))
+
+
 def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
           starts: Sequence[dict]) -> tuple[dict, float, np.ndarray]:
-    """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices."""
+    """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices:
+    dense up to :data:`MAX_DENSE` raw parameters, else by the distributed Schur complement."""
     S, K, n = joint.S, joint.K, joint.n
     q = S + K
-    th, Fs, Bs = {}, {}, {}
-    for im in joint.images:
-        theta, F, B = image_information(im.objective, im.pmap, joint.image_raw(raw, im.index))
-        th[im.index], Fs[im.index], Bs[im.index] = theta, F, B
-    thetas = joint.comm.gather(th, n, (q,), torch.float64)
-    F_blocks = joint.comm.gather(Fs, n, (q, q), torch.float64)
-    M_blocks = joint.comm.gather(Bs, n, (q, q), torch.float64)
+    info = {im.index: image_information(im.objective, im.pmap, joint.image_raw(raw, im.index)) for im in joint.images}
+    thetas = joint.comm.gather({i: v[0] for i, v in info.items()}, n, (q,), torch.float64)
     R = joint.curvature(raw[:S], False).to(torch.float64) if joint.curvature is not None else None
-    fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held)
+    if S + n * K > esds_module.MAX_DENSE:
+        fisher, sandwich, cond = _blocked_covariances(joint, info, R)
+    else:
+        F_blocks = joint.comm.gather({i: v[1] for i, v in info.items()}, n, (q, q), torch.float64)
+        M_blocks = joint.comm.gather({i: v[2] for i, v in info.items()}, n, (q, q), torch.float64)
+        fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held, blocked=False)
     shared_map = ParameterMap(space, starts[0], shared_names)
     own_maps = [ParameterMap(space, starts[i], per_names) for i in range(n)] if K else []
     out: dict[str, dict] = {}
@@ -545,7 +598,7 @@ def _start_or_resume(problem: _Problem, step_rule: AbstractStrategy, preconditio
     saver = _Checkpoints(checkpoint, checkpoint_every, p.comm, fingerprint, on_checkpoint, t0)
     resumed = _resume_point(p.comm, checkpoint, resume, fingerprint)
     saver.pre = (_preconditioner(precondition, p.joint, p.raw0) if resumed is None
-                 else LinearPreconditioner(resumed.precond["raw0"], resumed.precond["A"]))
+                 else _precond_from_state(resumed.precond))
     saver.clock.before_s = resumed.elapsed_s if resumed is not None else 0.0
     return saver, resumed
 
@@ -704,7 +757,7 @@ class _Checkpoints:
         if self.comm.rank == 0:
             losses = state.aux.detach().clone() if isinstance(state.aux, Tensor) else None
             write_joint_checkpoint(self.path, JointCheckpoint(
-                loop=state.to_dict(), image_losses=losses, precond={"raw0": self.pre.raw0, "A": self.pre.A},
+                loop=state.to_dict(), image_losses=losses, precond=_precond_state(self.pre),
                 status=None if status is None else status.value, message=message, elapsed_s=self.clock.elapsed(),
                 fingerprint=self.fingerprint, world_size=self.comm.world))
             log.info("joint: checkpoint at step %d written to %s", state.step, self.path)
@@ -748,6 +801,18 @@ def _resume_point(comm: Comm, checkpoint: str | Path | None, resume: str | Path 
         return ckpt
 
     return comm.on_rank0(read)
+
+
+def _precond_state(pre) -> dict:
+    """A checkpoint's record of the loop's preconditioner (dense ``A`` or the arrowhead's factors)."""
+    return pre.to_dict() if isinstance(pre, ArrowheadPreconditioner) else {"raw0": pre.raw0, "A": pre.A}
+
+
+def _precond_from_state(state: Mapping[str, Tensor]):
+    """The preconditioner a checkpoint recorded (:func:`_precond_state`)."""
+    if state.get("kind") == "arrowhead":
+        return ArrowheadPreconditioner(state["raw0"], state["Ws"], state["W"], state["G"])
+    return LinearPreconditioner(state["raw0"], state["A"])
 
 
 def _run_loop(joint: _Joint, pre: LinearPreconditioner, strategy: AbstractStrategy, conv: Convergence,
