@@ -32,17 +32,18 @@ def _model(args: tuple, start: dict) -> str:
 
 
 SIZE = 32
+FIRST = 6  # the stills of the first run
 
 
 @pytest.fixture(scope="module")
 def serial_set():
-    """10 stills of SIZE x SIZE px: images 0-7 with two bad ones (another crystal form: its spots miss the start,
-    no lattice: blobs and a streak), 8-9 good."""
+    """8 stills of SIZE x SIZE px: images 0-5 with two bad ones (another crystal form: its spots miss the start;
+    no lattice: blobs and a streak), 6-7 good."""
     ds = make_serial(12, np.random.default_rng(5), size=SIZE, bad_fraction=0.17)
     bad = [i for i, im in enumerate(ds.images) if im.kind in ("wrong_crystal", "garbage")]
     good = [i for i, im in enumerate(ds.images) if im.kind == "good"]
     assert len(bad) == 2 and len(good) == 10
-    order = good[:3] + bad[:1] + good[3:5] + bad[1:] + good[5:8]
+    order = good[:2] + bad[:1] + good[2:4] + bad[1:] + good[4:6]
     return ds.subset(order)
 
 
@@ -63,14 +64,15 @@ def _write(ds, directory) -> tuple[list[str], str]:
 def test_screened_run_drops_the_bad_stills_and_takes_more_later(refine_cli, tmp_path, serial_set):
     names, start = _write(serial_set, tmp_path)
     bad = {names[i] for i in serial_set.bad()}
-    common = ("--model", "@{stem}.txt", "--joint", "--symmetry", "cubic", "--start", start)
-    r = refine_cli("--images", *names[:8], *common, "--screen", "--out-dir", "run1")
+    # at most 6 steps a round (a default run's round 1 takes 12, round 2 converges): the test stays short
+    common = ("--model", "@{stem}.txt", "--joint", "--symmetry", "cubic", "--start", start, "--max-steps", "6")
+    r = refine_cli("--images", *names[:FIRST], *common, "--screen", "--out-dir", "run1")
     assert r.code == 0, r.err
     doc = json.loads((r.tmp / "run1" / "joint.json").read_text())
     serial = doc["serial"]
     # the bad stills dropped, each with its reason, in the printed summary and joint.json; the run went on
-    assert {d["image"] for d in serial["dropped"]} == bad and serial["n_used"] == 6 and doc["n_images"] == 6
-    assert "8 images: 6 used, 2 dropped (" in r.out
+    assert {d["image"] for d in serial["dropped"]} == bad and serial["n_used"] == 4 and doc["n_images"] == 4
+    assert "6 images: 4 used, 2 dropped (" in r.out
     for d in serial["dropped"]:
         assert d["reason"].startswith(("fit far worse than the others", "failed start", "no diffraction"))
         assert f"{d['image']}: dropped in round {d['round']}: {d['reason']}" in r.out
@@ -80,24 +82,51 @@ def test_screened_run_drops_the_bad_stills_and_takes_more_later(refine_cli, tmp_
     # joint.h5: one row per still with its file name and reason
     with h5py.File(r.tmp / "run1" / "joint.h5", "r") as h5:
         g = h5["serial"]
-        assert json.loads(g.attrs["sources"]) == names[:8] and g.attrs["n_dropped"] == 2
-        assert [names[i] for i in range(8) if not g["used"][i]] == sorted(bad)
-        assert all(g["reason"][i] for i in range(8) if not g["used"][i])
+        assert json.loads(g.attrs["sources"]) == names[:FIRST] and g.attrs["n_dropped"] == 2
+        assert [names[i] for i in range(FIRST) if not g["used"][i]] == sorted(bad)
+        assert all(g["reason"][i] for i in range(FIRST) if not g["used"][i])
 
-    # two more stills added to the finished run: the earlier ones continue from their refined values
-    r2 = refine_cli("--images", *names, *common, "--add-to", "run1/joint.h5", "--out-dir", "run2")
+    # two more stills added to the finished run (and a third whose model file is missing: it cannot be prepared, is
+    # left out as a failed start and the run goes on): the earlier ones continue from their refined values
+    (tmp_path / "run7_99.cbf").write_bytes((tmp_path / names[0]).read_bytes())
+    r2 = refine_cli("--images", *names, "run7_99.cbf", *common, "--add-to", "run1/joint.h5", "--out-dir", "run2")
     assert r2.code == 0, r2.err
-    assert "the first 8 continue from run1/joint.h5" in r2.out
+    assert "the first 6 continue from run1/joint.h5" in r2.out
     doc2 = json.loads((r2.tmp / "run2" / "joint.json").read_text())
     s2 = doc2["serial"]
-    assert s2["n_images"] == 10 and s2["used"] == [n for n in names if n not in bad]
-    assert s2["previous_images"] == 8 and "10 images: 8 used, 2 dropped (" in r2.out
-    assert all(d["reason"].startswith(("dropped before: ", "failed start")) for d in s2["dropped"])
-    # round 1 starts the six earlier stills at their refined values: it converges before the 12 screening steps
-    # that the first run needed, and leaves them where they were
-    assert serial["rounds"][0]["steps"] == 12 and s2["rounds"][0]["steps"] < 12
-    for before, after in zip(doc["images"], doc2["images"][:6]):
+    assert s2["n_images"] == 9 and s2["used"] == [n for n in names if n not in bad]
+    assert s2["previous_images"] == 6 and "9 images: 6 used, 3 dropped (" in r2.out and "failed start: 1" in r2.out
+    failed = s2["dropped"][-1]
+    assert failed["image"] == "run7_99.cbf" and failed["round"] == 0 and failed["reason"].startswith("failed start (")
+    assert f"run7_99.cbf: dropped in round 0: {failed['reason']}" in r2.out
+    assert all(d["reason"].startswith("dropped before: ") for d in s2["dropped"][:2])
+    # round 1 starts the four earlier stills at their refined values and leaves them where they were
+    for before, after in zip(doc["images"], doc2["images"][:4]):
         for name in ("scale", "misset_x", "misset_y", "misset_z"):
             assert after["initial_params"][name] == pytest.approx(before["params"][name], rel=1e-4, abs=1e-4)
     assert abs(doc2["shared"]["cell_a"] - 48.0) < max(4 * doc2["shared_esds"]["cell_a"], 0.005)
     print(serial["rounds"], s2["rounds"], doc["shared"]["cell_a"], esd, doc2["shared"]["cell_a"])
+
+    # bad values: one line, exit 2, nothing written
+    for argv, message in (
+            (("--images", *names[:3], *common, "--add-to", "run1/joint.h5"), "--add-to: run1/joint.h5 has 6 images, "
+                                                                             "more than the 3 given now"),
+            (("--images", *names[::-1], *common, "--add-to", "run1/joint.h5"), "--add-to: run1/joint.h5 was refined "
+                                                                               f"with {names[0]} as image 1, now {names[-1]}"),
+            (("--images", *names, *common, "--per-image", "scale,background", "--add-to", "run1/joint.h5"),
+             "--add-to: run1/joint.h5 was written for another joint problem (differs: per-image names)"),
+            (("--images", *names, *common, "--add-to", "run1/nothing.h5"), "--add-to: run1/nothing.h5 not found"),
+            (("--images", *names, *common, "--add-to", "run7_00.txt"), "--add-to: run7_00.txt is not a readable HDF5"),
+            (("--images", *names, *common, "--screen", "--resume"), "--resume: not with --screen")):
+        r = refine_cli(*argv, "--out-dir", "refused")
+        assert r.code == 2 and message in r.err and r.err.count("\n") == 1, r.err
+        assert not (r.tmp / "refused").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--images", "a.cbf", "--screen"), "--screen: only with --images and --joint"),
+    (("--problem", "cubic_mosflm", "--add-to", "x/joint.h5"), "--add-to: only with --images and --joint"),
+])
+def test_serial_options_need_joint(refine_cli, argv, message):
+    r = refine_cli(*argv)
+    assert r.code == 2 and message in r.err and r.err.count("\n") == 1
