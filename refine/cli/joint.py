@@ -32,6 +32,8 @@ from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`
 ``--f-restraint`` as for a single run) refines one amplitude table shared by all images
 (:mod:`refine.many.amplitudes`); process 0 also writes it as a nanoBragg ``-hkl`` file, ``--hkl-out`` (default
 ``OUT_DIR/joint.hkl``).
+``--screen`` runs the images through :func:`refine.many.serial.refine_serial` (rounds, the images that do not
+fit dropped and listed with their reasons) and ``--add-to`` continues a finished screened run (:mod:`refine.cli.serial`).
 The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
 """
 
