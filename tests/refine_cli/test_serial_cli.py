@@ -5,6 +5,10 @@ finished run; the options' checks."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -61,6 +65,21 @@ def _write(ds, directory) -> tuple[list[str], str]:
     return names, ",".join(f"{k}={v!r}" for k, v in known.items())
 
 
+def _torchrun(directory: Path, argv: list[str]) -> dict:
+    """``nbtorch-refine argv`` under ``torchrun --nproc-per-node 2`` in ``directory`` (through a script: torchrun
+    would take ``--start`` for its own ``--start-method``); the joint.json written."""
+    (directory / "run_cli.py").write_text("import sys\nfrom refine.cli.main import main\n"
+                                          f"sys.exit(main({argv!r}))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(29700 + os.getpid() % 1000), "run_cli.py"]
+    done = subprocess.run(cmd, cwd=directory, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((directory / argv[argv.index("--out-dir") + 1] / "joint.json").read_text())
+
+
 def test_screened_run_drops_the_bad_stills_and_takes_more_later(refine_cli, tmp_path, serial_set):
     names, start = _write(serial_set, tmp_path)
     bad = {names[i] for i in serial_set.bad()}
@@ -85,6 +104,13 @@ def test_screened_run_drops_the_bad_stills_and_takes_more_later(refine_cli, tmp_
         assert json.loads(g.attrs["sources"]) == names[:FIRST] and g.attrs["n_dropped"] == 2
         assert [names[i] for i in range(FIRST) if not g["used"][i]] == sorted(bad)
         assert all(g["reason"][i] for i in range(FIRST) if not g["used"][i])
+
+    # the same run under torchrun --nproc-per-node 2 (every process loads every still): the same bits
+    two = _torchrun(tmp_path, ["--images", *names[:FIRST], *common, "--screen", "--out-dir", "run1_2p"])
+    assert two["world_size"] == 2 and two["serial"]["dropped"] == serial["dropped"]
+    for key in ("shared", "shared_esds"):
+        assert two[key] == doc[key], key
+    assert [im["params"] for im in two["images"]] == [im["params"] for im in doc["images"]]
 
     # two more stills added to the finished run (and a third whose model file is missing: it cannot be prepared, is
     # left out as a failed start and the run goes on): the earlier ones continue from their refined values
