@@ -32,11 +32,14 @@ from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`
 ``--f-restraint`` as for a single run) refines one amplitude table shared by all images
 (:mod:`refine.many.amplitudes`); process 0 also writes it as a nanoBragg ``-hkl`` file, ``--hkl-out`` (default
 ``OUT_DIR/joint.hkl``).
+``--screen`` runs the images through :func:`refine.many.serial.refine_serial` (rounds, the images that do not
+fit dropped and listed with their reasons) and ``--add-to`` continues a finished screened run (:mod:`refine.cli.serial`).
 The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -63,6 +66,8 @@ from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
 from refine.many.image_reports import spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
+from refine.many.serial import SerialResult
+from refine.cli.serial import FAILED_START, dropped_lines, previous_run, refine_screened, write_serial
 from refine.output.results import save_h5, save_json
 from refine.many.amplitudes import check_options
 from refine.fitting.space_groups import crystal_system
@@ -163,16 +168,27 @@ def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path 
     return path
 
 
-def _load_images(args: Options, images: list[str], indices: list, out_dir: Path, say) -> tuple[list, list, list, list]:
+def _load_images(args: Options, images: list[str], indices: list, out_dir: Path, say
+                 ) -> tuple[list, list, list, list, dict]:
     """This process's images loaded (:func:`_load`): simulators, fitted pixels (held, or stored beyond
-    ``--pixel-memory``), starts and observed spots, None for the other processes' images."""
+    ``--pixel-memory``), starts and observed spots, None for the other processes' images (with ``--screen`` every
+    process loads every image: a later round may give it others, and an image that cannot be prepared is left out:
+    ``{index: its error}``, the last item)."""
     n = len(images)
     sims, pixels, starts, spots = [None] * n, [None] * n, [None] * n, [None] * n
     budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
-    shard = image_shard(n)
+    shard = range(n) if args.many.screen else image_shard(n)
+    failed: dict[int, str] = {}
     try:
         for i in shard:
-            sims[i], px, starts[i], spots[i] = _load(args, images[i], out_dir, say, indices[i])
+            try:
+                sims[i], px, starts[i], spots[i] = _load(args, images[i], out_dir, say, indices[i])
+            except InputError as exc:
+                if not args.many.screen:
+                    raise
+                failed[i] = str(exc)
+                say(f"  {images[i]}: left out ({FAILED_START}): {exc}")
+                continue
             pixels[i] = _keep_or_store(px, i, held, budget, folder)
     except BaseException:
         _drop_stored(pixels)
@@ -182,8 +198,8 @@ def _load_images(args: Options, images: list[str], indices: list, out_dir: Path,
         f"; the pixels of {len(stored)} images read from {folder}/ at each evaluation (--pixel-memory {budget / 1e6:g} MB)"
         if stored else ""))
     if args.many.rotation_series:
-        _check_distinct_rotations(images, sims, shard)
-    return sims, pixels, starts, spots
+        _check_distinct_rotations(images, sims, [i for i in shard if sims[i] is not None])
+    return sims, pixels, starts, spots, failed
 
 
 def _drop_stored(pixels: list) -> None:
@@ -274,27 +290,45 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         check_options(amplitudes, shared, per_image)
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
     indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
+    previous = None if args.many.add_to is None else previous_run(
+        args.many.add_to, images, ParameterSpace(symmetry=symmetry).expand(tuple(x for x in shared if x != "structure_factors")),
+        ParameterSpace(symmetry=symmetry).expand(per_image), symmetry)
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
-    say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this process; shared: "
-        f"{', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; every other parameter "
-        f"(distance, beam, detector) held; results in {out_dir}/")
-    sims, pixels, starts, spots = _load_images(args, images, indices, out_dir, say)
+    say(f"nbtorch-refine: joint refinement of {n} images, {n if args.many.screen else len(image_shard(n))} in this "
+        f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; every "
+        f"other parameter (distance, beam, detector) held; results in {out_dir}/"
+        + ("; in rounds, the images that do not fit dropped (--screen)" if args.many.screen else "")
+        + (f"; the first {previous['n_images']} continue from {args.many.add_to}" if previous else ""))
+    sims, pixels, starts, spots, failed = _load_images(args, images, indices, out_dir, say)
     try:
         conv = DEFAULT_CONVERGENCE if args.optimiser.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=args.optimiser.max_steps)
-        result = refine_joint(sims, pixels, shared=shared, per_image=per_image,
-                              symmetry=symmetry, image_starts=starts,
-                              strategy=args.optimiser.optimizer, convergence=conv, background=background,
-                              loss=args.optimiser.loss, esds=not args.output.no_esds,
-                              checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,
-                              resume=checkpoint if args.output.resume else None, structure_factors=amplitudes)
+        kw = dict(shared=shared, per_image=per_image, symmetry=symmetry, image_starts=starts,
+                  strategy=args.optimiser.optimizer, convergence=conv, background=background, loss=args.optimiser.loss,
+                  esds=not args.output.no_esds, checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,
+                  structure_factors=amplitudes)
+        if args.many.screen:
+            kw.pop("image_starts")
+            result = refine_screened(sims, pixels, starts, failed, previous, **kw)
+        else:
+            result = refine_joint(sims, pixels, resume=checkpoint if args.output.resume else None, **kw)
     finally:
         _drop_stored(pixels)
     if args.pixels.spots or args.dials.refl:  # every process measures its own images
-        result = with_spot_report(result, spot_rows(sims, spots, result, image_shard(n)))
+        result = _with_spots(result, sims, spots)
     if Comm().rank == 0:  # the process group refine_joint used
-        _write_and_say(args, result, images, out_dir, hkl, sims[0], say, t0)
-    return 0 if result.status.ok else 1
+        _write_and_say(args, result, images, out_dir, hkl, sims, say, t0)
+    joint = result.joint if isinstance(result, SerialResult) else result
+    return 0 if joint.status.ok else 1
+
+
+def _with_spots(result, sims: list, spots: list):
+    """The joint result (of a serial run: its last round's, over the images used) with its spot report."""
+    if not isinstance(result, SerialResult):
+        return with_spot_report(result, spot_rows(sims, spots, result, image_shard(len(sims))))
+    used = list(result.used)
+    rows = spot_rows([sims[i] for i in used], [spots[i] for i in used], result.joint, image_shard(len(used)))
+    return dataclasses.replace(result, joint=with_spot_report(result.joint, rows))
 
 
 def _image_line(image: str, params: dict, fit: dict | None, spots: dict | None) -> str:
@@ -308,11 +342,18 @@ def _image_line(image: str, params: dict, fit: dict | None, spots: dict | None) 
     return ", ".join(parts)
 
 
-def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl: Path | None, sim0, say, t0: float) -> None:
-    """Process 0: ``joint.json``, ``joint.h5`` (and the amplitudes, ``--expt-out``, ``--report``), then the summary."""
-    json_path = save_json(result, out_dir / "joint.json")
-    h5_path = save_h5(result, out_dir / "joint.h5")
-    written = [str(json_path), str(h5_path)]
+def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl: Path | None, sims: list, say,
+                   t0: float) -> None:
+    """Process 0: ``joint.json``, ``joint.h5`` (and the amplitudes, ``--expt-out``, ``--report``), then the summary
+    (of a serial run: also the images dropped, with their reasons)."""
+    serial, all_images = (result if isinstance(result, SerialResult) else None), images
+    if serial is not None:
+        written = write_serial(serial, images, out_dir, args.many.add_to)
+        result, images = serial.joint, [images[i] for i in serial.used]
+        sim0 = sims[serial.used[0]]
+    else:
+        written = [str(save_json(result, out_dir / "joint.json")), str(save_h5(result, out_dir / "joint.h5"))]
+        sim0 = sims[0]
     if hkl is not None:
         write_hkl(hkl, result.hkl_table())
         written.append(str(hkl))
@@ -326,5 +367,7 @@ def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl:
     for i, image in enumerate(images):
         say(_image_line(image, result.images[i], result.image_fit[i] if result.image_fit else None,
                         result.image_spots[i] if result.image_spots else None))
+    for line in dropped_lines(serial, all_images) if serial is not None else ():
+        say(line)
     say(result.summary())
     say(f"{time.monotonic() - t0:.1f} s; results: {', '.join(written)}")

@@ -10,7 +10,7 @@ group              options
 ``image``          the measured image, its mask and counts: ``--image --frame --shape --gain ...``
 ``model``          the starting model: ``--model --f-column --problem --size --config``
 ``dials``          DIALS files: ``--expt --expt-index --expt-image --refl --panel-groups --expt-out``
-``many``           many images: ``--images --out-dir --redo --joint --shared --per-image ...``
+``many``           many images: ``--images --out-dir --redo --joint --shared --per-image --screen ...``
 ``fit``            what to refine: ``--refine --stages --fix --start --symmetry --background ...``
 ``amplitudes``     structure factors: ``--structure-factors --space-group --f-start ...``
 ``optimiser``      the step rule and its schedule: ``--optimizer --lr --loss --max-steps ...``
@@ -109,6 +109,8 @@ class ManyOptions:
     per_image: str | None = None
     rotation_series: bool = False
     pixel_memory: float | None = None
+    screen: bool = False
+    add_to: str | None = None
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--pixel-memory", type=float, metavar="MB", help="joint mode: megabytes of fitted pixels each "
                    "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
+    g.add_argument("--screen", action="store_true", help="joint mode for serial data: refine in rounds and drop the "
+                   "images that do not fit (a NaN loss, a fit far worse than the others, no diffraction), each listed "
+                   "with its reason in the summary, joint.json and joint.h5; the run goes on (docs/many-images.md)")
+    g.add_argument("--add-to", metavar="JOINT_H5", help="joint mode: add images to a finished --screen run (its "
+                   "OUT_DIR/joint.h5), whose images come first in --images, in the same order: they continue from "
+                   "their refined values, the new ones are added (implies --screen)")
     g = p.add_argument_group(GROUP_TITLES["fit"])
     g.add_argument("--refine", type=csv_names, help="one stage refining these canonical names and groups (comma-separated): "
                                                "cell orientation mosaic detector beam_centre wavelength scale "
@@ -259,9 +265,15 @@ def _check_modes(args: argparse.Namespace) -> None:
             raise InputError("--rotation-series: only with --images (the rotation images of the sweep)")
         args.joint = True
     for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image),
-                        ("--pixel-memory", args.pixel_memory is not None)):
+                        ("--pixel-memory", args.pixel_memory is not None), ("--screen", args.screen),
+                        ("--add-to", args.add_to is not None)):
         if value and not (args.images and args.joint):
             raise InputError(f"{flag}: only with --images and --joint (joint mode)")
+    if args.add_to is not None:
+        args.screen = True
+    if args.screen and args.resume:
+        raise InputError("--resume: not with --screen (a screened run restarts its rounds; --add-to continues a "
+                         "finished one)")
     if args.pixel_memory is not None and not (args.pixel_memory >= 0 and math.isfinite(args.pixel_memory)):
         raise InputError(f"--pixel-memory: expected megabytes >= 0, got {args.pixel_memory:g}")
     if args.f_column is not None:

@@ -5,7 +5,8 @@ The file is the last round's joint result (:func:`refine.output.results.save_h5`
 
 ======================  =====================================================================================
 ``serial`` attrs        ``n_images``, ``n_used``, ``n_dropped``, ``rule`` (the screening rule in words),
-                        ``summary`` (:meth:`SerialResult.summary`), ``rounds`` (JSON), ``wall_s``
+                        ``summary`` (:meth:`SerialResult.summary`), ``rounds`` (JSON), ``wall_s``,
+                        ``sources`` (JSON list of the images' names, when given)
 ``serial/index``        (n,) image index (the position in the run's list of images)
 ``serial/used``         (n,) 1 used, 0 dropped
 ``serial/reason``       (n,) why the image was dropped ("" when used)
@@ -54,8 +55,9 @@ def serial_rows(result) -> dict:
     return cols
 
 
-def save_serial_h5(result, path: str | Path) -> Path:
-    """Write ``result`` (a :class:`~refine.many.serial.SerialResult`) to ``path`` atomically."""
+def save_serial_h5(result, path: str | Path, sources=None) -> Path:
+    """Write ``result`` (a :class:`~refine.many.serial.SerialResult`) to ``path`` atomically; ``sources``: the
+    images' names (file names), one per image, kept as the attribute ``sources`` (JSON)."""
     import h5py
 
     path = Path(path)
@@ -66,6 +68,8 @@ def save_serial_h5(result, path: str | Path) -> Path:
         g.attrs.update({"n_images": result.n_images, "n_used": len(result.used), "n_dropped": len(result.dropped),
                         "rule": result.rule, "summary": result.summary(), "wall_s": result.wall_s,
                         "rounds": json.dumps(list(result.rounds))})
+        if sources is not None:
+            g.attrs["sources"] = json.dumps([str(x) for x in sources])
         for k, col in serial_rows(result).items():
             if col.dtype == object:
                 g.create_dataset(k, data=np.array([s.encode() for s in col], dtype=h5py.string_dtype()))
@@ -93,6 +97,7 @@ def load_serial_h5(path: str | Path) -> dict:
         g.visititems(lambda name, obj: rows.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
         doc = json.loads(h5["result_json"][()])
         summary, n = str(g.attrs["summary"]), int(g.attrs["n_images"])
+        sources = json.loads(g.attrs["sources"]) if "sources" in g.attrs else None
     rows["reason"] = [r.decode() if isinstance(r, bytes) else str(r) for r in rows["reason"]]
     value_names = [k.split("/", 1)[1] for k in rows if k.startswith("values/")]
 
@@ -102,4 +107,5 @@ def load_serial_h5(path: str | Path) -> dict:
     dropped = {i: {"reason": rows["reason"][i], "round": int(rows["round"][i]), "values": values(i)}
                for i in range(n) if not rows["used"][i]}
     return {"n_images": n, "shared": doc["shared"], "images": images, "dropped": dropped, "summary": summary,
-            "rows": rows}
+            "rows": rows, "sources": sources, "shared_names": list(doc.get("shared_names", [])),
+            "per_image_names": list(doc.get("per_image_names", [])), "symmetry": doc.get("symmetry")}
