@@ -290,6 +290,9 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         check_options(amplitudes, shared, per_image)
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
     indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
+    if args.many.add_to is not None and Path(args.many.add_to).resolve() == (out_dir / "joint.h5").resolve():
+        raise InputError(f"--add-to {args.many.add_to}: is this run's own output (--out-dir {out_dir}), which "
+                         "it would replace; give the new run another --out-dir")
     previous = None if args.many.add_to is None else previous_run(
         args.many.add_to, images, ParameterSpace(symmetry=symmetry).expand(tuple(x for x in shared if x != "structure_factors")),
         ParameterSpace(symmetry=symmetry).expand(per_image), symmetry)

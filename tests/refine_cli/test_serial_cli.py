@@ -147,6 +147,10 @@ def test_screened_run_drops_the_bad_stills_and_takes_more_later(refine_cli, tmp_
         r = refine_cli(*argv, "--out-dir", "refused")
         assert r.code == 2 and message in r.err and r.err.count("\n") == 1, r.err
         assert not (r.tmp / "refused").exists()
+    before = (tmp_path / "run1" / "joint.h5").read_bytes()
+    r = refine_cli("--images", *names, *common, "--add-to", "run1/joint.h5", "--out-dir", "run1")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--add-to run1/joint.h5: is this run's own output" in r.err, r.err
+    assert (tmp_path / "run1" / "joint.h5").read_bytes() == before  # the earlier result is kept
 
 
 @pytest.mark.parametrize("argv, message", [
