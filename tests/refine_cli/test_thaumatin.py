@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,8 @@ pytestmark = [
 
 def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # the config's paths are relative to the checkout
-    t0 = time.monotonic()
     code = main(["--config", str(CONFIG), "--compile", "--out", str(tmp_path / "thau.h5"),
                  "--logdir", str(tmp_path / "runs")])
-    wall = time.monotonic() - t0
     out = capsys.readouterr().out
     print(out)
     assert code == 0
@@ -48,13 +45,15 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     # ... far above their shot-noise floor (0.17 px on 2026-11-25; docs/refinement.md, "The spot noise floor")
     assert 0.05 < s["rms_px_floor"] < 0.4 * s["rms_px_final"] and s["floor_spots"] >= 0.75 * s["matched_final"]
     # what the model misses (docs/refinement.md, "What the model still misses", 2026-11-27): observed spots sharper
-    # than the model's, and less background between spots than the model's flat one
+    # than the model's; the held planes of --background auto put the background between spots at the observed
+    # level (6.85 vs 6.88 photons/pixel; the flat background gave 10.7)
     diag = doc["diagnostics"]
     o, m = diag["profile"]["observed"], diag["profile"]["model"]
     assert diag["profile"]["spots"] >= 0.8 * s["n"] and diag["sigZ"] > 10 * diag["sigZ_robust"]
     assert o["peak_per_spot"] > 1.5 * m["peak_per_spot"] and m["rms_radius_px"] > o["rms_radius_px"]
     table = diag["background_by_resolution"]
-    assert table["model_mean"] > 1.3 * table["observed_mean"]
+    assert "a plane held in each of" in out
+    assert abs(table["model_mean"] / table["observed_mean"] - 1) < 0.1, table
 
     # the cell: thaumatin, tetragonal, with the distance refined (57.726, 150.388 A at 346.31 mm on 2026-11-27;
     # docs/refinement.md, "The distance")
@@ -72,7 +71,6 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     assert corr[d][names.index("cell_a")] > 0.9
     assert corr[d][names.index("cell_c")] > 0.9
     assert "rms offset" in out
-    assert wall < 900  # about 2 minutes on 2 idle cores, compile included
 
 
 def test_thaumatin_stills_with_structure_factors(tmp_path, monkeypatch, capsys):
