@@ -75,9 +75,9 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
 
 def test_thaumatin_stills_with_structure_factors(tmp_path, monkeypatch, capsys):
     """Both stills, same settings, one F for all and with the amplitudes refined (docs/refinement.md, "Measured on
-    the two thaumatin stills"): the amplitudes lower the fit excess by at least a fifth on each still, the cell
-    moves by less than two esds, and the two stills' cells do not drift further apart.  The issue's thresholds
-    (spot rms <= 0.7 px, fit <= 3x, cells within 3 combined esds) are not reached: the spot shape limits them."""
+    the two thaumatin stills"): the amplitudes lower the fit excess by at least a fifth on each still, the cell over
+    the distance stays, and the two stills' cells agree within 3 combined esds.  The issue's thresholds
+    (spot rms <= 0.7 px, fit <= 3x) are not reached: the spot shape limits them."""
     monkeypatch.chdir(ROOT)
     docs = {}
     for still in ("0003", "0004"):
@@ -93,9 +93,14 @@ def test_thaumatin_stills_with_structure_factors(tmp_path, monkeypatch, capsys):
         one, amp = docs[still, "one"], docs[still, "amplitudes"]
         assert amp["fit"]["excess"] < 0.8 * one["fit"]["excess"], (one["fit"], amp["fit"])
         assert amp["structure_factors"]["n_free"] > 300 and amp["structure_factors"]["space_group"] == "P 41 21 2"
-        assert abs(amp["params"]["cell_a"] - one["params"]["cell_a"]) < 2 * amp["esds"]["cell_a"]
+        # with the distance refined the amplitudes move cell and distance together along their +0.99 correlation
+        # (2026-11-27: a by -3.3 / -1.6 esds, the distance by -0.9 / -0.4 mm), while the cell over the distance, what
+        # one still measures, stays (a/D by 1.4e-4 / 0.8e-4)
+        ratio = (amp["params"]["cell_a"] / amp["params"]["distance"]) / (one["params"]["cell_a"] / one["params"]["distance"])
+        assert abs(ratio - 1) < 3e-4, ratio
+        assert abs(amp["params"]["cell_a"] - one["params"]["cell_a"]) < 4 * amp["esds"]["cell_a"]
         assert amp["spots"]["matched_final"] >= 0.9 * amp["spots"]["n"]
     a3, a4 = docs["0003", "amplitudes"], docs["0004", "amplitudes"]
     combined = math.hypot(a3["esds"]["cell_a"], a4["esds"]["cell_a"])
     apart = abs(a3["params"]["cell_a"] - a4["params"]["cell_a"])
-    assert apart / combined < 5.0, (apart, combined)  # 3.9 on 2026-11-25 (the issue asks for 3)
+    assert apart / combined < 3.0, (apart, combined)  # 1.06 on 2026-11-27 (distance refined, held planes); was 3.9
