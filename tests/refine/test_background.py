@@ -75,14 +75,21 @@ def test_plane_photons_gradient():
     assert gradcheck(lambda c: plane_photons(c, window, dx, dy), (coefficients,), eps=1e-6, atol=1e-9)
 
 
-def _objective_and_values(problem_cache, sparse: bool):
+def _tetragonal_start(problem_cache, background: float):
+    """The 32-pixel tetragonal problem: simulator, observed photons, all-valid mask and starting values (scale 1.1,
+    a flat ``background``)."""
     problem = problem_cache("tetragonal_mosflm", 32)
     sim = problem.simulator()
     obs = torch.as_tensor(problem.observed, dtype=F64)
     valid = torch.ones(sim.shape, dtype=torch.bool)
     values = {n: float(v) for n, v in sim.setup.params.items()}
-    values.update(orient_x=0.0, orient_y=0.0, orient_z=0.0, scale=1.1, background=3.0, background_x=0.0,
+    values.update(orient_x=0.0, orient_y=0.0, orient_z=0.0, scale=1.1, background=background, background_x=0.0,
                   background_y=0.0)
+    return sim, obs, valid, values
+
+
+def _objective_and_values(problem_cache, sparse: bool):
+    sim, obs, valid, values = _tetragonal_start(problem_cache, 3.0)
     model = background_model(sim, "resolution:4", values, obs, valid)
     values.update(model.start)
     view = make_view(sim, values, valid)
@@ -191,13 +198,7 @@ def test_refine_with_a_resolution_background_recovers_a_radial_one(problem_cache
 def test_planes_objective_gradient_of_the_flat_background_outside_the_windows(problem_cache):
     """With held planes the flat ``background`` acts only outside the windows: its derivative (and the scale's)
     against central differences, and the held pixels do not depend on it."""
-    problem = problem_cache("tetragonal_mosflm", 32)
-    sim = problem.simulator()
-    obs = torch.as_tensor(problem.observed, dtype=F64)
-    valid = torch.ones(sim.shape, dtype=torch.bool)
-    values = {n: float(v) for n, v in sim.setup.params.items()}
-    values.update(orient_x=0.0, orient_y=0.0, orient_z=0.0, scale=1.1, background=30.0, background_x=0.0,
-                  background_y=0.0)
+    sim, obs, valid, values = _tetragonal_start(problem_cache, 30.0)
     spots = np.array([[8.5, 8.5], [20.5, 12.5]])
     model = background_model(sim, "planes", values, obs, valid, spots=spots, half_px=3)
     assert model.windows == 2
