@@ -293,9 +293,10 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     if args.many.add_to is not None and Path(args.many.add_to).resolve() == (out_dir / "joint.h5").resolve():
         raise InputError(f"--add-to {args.many.add_to}: is this run's own output (--out-dir {out_dir}), which "
                          "it would replace; give the new run another --out-dir")
+    space = ParameterSpace(symmetry=symmetry)
     previous = None if args.many.add_to is None else previous_run(
-        args.many.add_to, images, ParameterSpace(symmetry=symmetry).expand(tuple(x for x in shared if x != "structure_factors")),
-        ParameterSpace(symmetry=symmetry).expand(per_image), symmetry)
+        args.many.add_to, images, space.expand(tuple(x for x in shared if x != "structure_factors")),
+        space.expand(per_image), symmetry)
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {n if args.many.screen else len(image_shard(n))} in this "
