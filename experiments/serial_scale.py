@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from experiments.serial_data import make_serial
+from refine.many.batch import end_process_group
 from refine.many.distributed import Comm
 from refine.many.serial import refine_serial
 from refine.many.serial_file import save_serial_h5
@@ -98,9 +99,7 @@ def main(argv=None) -> int:
         print(doc["summary"])
         print(f"n {a.stills}, {comm.world} processes: generate {doc['generate_s']:.1f} s, refine {doc['refine_s']:.1f} s, "
               f"peak {max(doc['peak_mib']):.0f} MiB per process, load {doc['load_before'][0]:.1f}")
-    if comm.dist is not None:
-        comm.barrier()
-        comm.dist.destroy_process_group()
+    end_process_group()
     return 0
 
 

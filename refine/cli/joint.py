@@ -52,7 +52,7 @@ from refine.fitting.background import parse_background, resolve_auto
 from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
-from refine.many.batch import expand_image_list, per_image_args
+from refine.many.batch import end_process_group, expand_image_list, per_image_args
 from refine.cli.single import amplitude_options, prepare
 from nbtorch import Simulator, config_from_args
 from nbtorch.io.dials import scan_oscillation
@@ -244,11 +244,14 @@ def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     made = not out_dir.exists()
     try:
-        return _run_joint(args, images, out_dir, say)
+        code = _run_joint(args, images, out_dir, say)
     except InputError:
         if made and Comm().rank == 0:
             shutil.rmtree(out_dir, ignore_errors=True)
+        end_process_group(wait=False)
         raise
+    end_process_group()
+    return code
 
 
 def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:

@@ -230,6 +230,23 @@ def process_group():
     return dist.get_rank(), dist.get_world_size(), dist
 
 
+def end_process_group(wait: bool = True) -> None:
+    """Leave the gloo group of :func:`process_group` if this process joined one (after a barrier when ``wait``):
+    a group left to the interpreter's exit can abort the process ("terminate called without an active exception")
+    while gloo's threads are torn down."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed
+        return
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if wait:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def run_batch(args: Options, run_one: Callable[[Options], int],
               say: Callable[[str], None] = print) -> int:
     """Refine every image of ``args.many.images`` with ``run_one`` (``refine.cli.single.run``); returns the exit status."""
@@ -276,7 +293,5 @@ def run_batch(args: Options, run_one: Callable[[Options], int],
             f"({time.monotonic() - t0:.1f} s); summary: {csv_path} and {h5_path}")
         for r in failed:
             say(f"  failed: {r['image']}: {r['status']}: {r['reason']}")
-    if dist is not None:
-        dist.barrier()
-        dist.destroy_process_group()
+    end_process_group()
     return 1 if failed else 0
