@@ -49,11 +49,11 @@ from nbtorch.io.dials import (
     DialsExperiment, hierarchy_walk, local_frame, panel_lab_frames, scan_oscillation, updated_document,
 )
 from nbtorch.physics.crystal import orientation_from_reciprocal
-from nbtorch.physics.rotation import rotation_matrix_axis_angle
+from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 
 __all__ = ["NB_FROM_DIALS", "nb_from_dials", "dials_from_nb", "dials_origin_mm", "experiment_flags", "nominal_phi_deg",
            "misset_from_rotation_deg", "refined_document", "still_experiment", "bragg_positions_px",
-           "goniometer_rotations"]
+           "goniometer_rotations", "stills_delpsi_rad", "ewald_orientation_deg"]
 
 #: v_nb = NB_FROM_DIALS @ v_dials (a proper rotation; its transpose goes back)
 NB_FROM_DIALS = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -331,3 +331,45 @@ def bragg_positions_px(sim, values: dict, hkl, phi_deg, delpsi_rad=None, panel: 
         fs = torch.linalg.solve(basis, rel.T).T[:, :2] / pixel_m
         fs[t <= 0] = float("nan")
     return fs.cpu().double().numpy()
+
+
+def _beam_geometry(sim, p):
+    return sim.geometry(p, panel=0) if sim.panel_layout is not None else sim.geometry(p)  # panels share the beam
+
+
+def stills_delpsi_rad(sim, values: dict, hkl) -> np.ndarray:
+    """DIALS's Ewald offset of a still (its ``delpsical.rad``): for each reflection ``hkl`` (n, 3) the angle
+    (rad) that turns its reciprocal-lattice vector ``q`` about ``e1 = unit(q × s0)`` onto the Ewald sphere, the
+    crystal at parameter ``values`` (phi 0, no mosaic).  Rotating about ``q × s0`` keeps ``|q|`` and tilts ``q``
+    towards ``s0``; on the sphere ``angle(q', s0) = acos(-|q| / (2|s0|))``, so ``delpsi = angle(q, s0) -
+    acos(-|q| / (2|s0|))`` (the smaller of the two turns; NaN where ``|q| > 2|s0|``).  With it,
+    :func:`bragg_positions_px` gives DIALS's stills prediction (``xyzcal``)."""
+    with torch.no_grad():
+        p = _params(sim, values)
+        geom = _beam_geometry(sim, p)
+        _, recip = sim.crystal_vectors(p)
+        q = _tensor(sim, np.asarray(hkl, dtype=np.float64)).reshape(-1, 3) @ recip
+        s0 = geom.beam / p["wavelength"]
+        q_len, s0_len = torch.linalg.vector_norm(q, dim=-1), torch.linalg.vector_norm(s0)
+        angle = torch.arccos(torch.clamp((q @ s0) / (q_len * s0_len), -1.0, 1.0))
+        on_sphere = torch.arccos(-q_len / (2.0 * s0_len))
+    return (angle - on_sphere).cpu().double().numpy()
+
+
+def ewald_orientation_deg(sim, values: dict, hkl, delpsi_rad) -> np.ndarray:
+    """``(n, 3)`` values of ``orient_x, orient_y, orient_z`` (deg) that turn the crystal of ``sim`` at ``values``
+    by each reflection's ``delpsi_rad`` about its ``unit(q × s0)`` (as :func:`stills_delpsi_rad`), composed
+    with the orientation deltas already in ``values``: rendered so, reflection ``j`` lies on the Ewald
+    sphere and its spot sits where DIALS's stills predictor puts it."""
+    with torch.no_grad():
+        p = _params(sim, values)
+        geom = _beam_geometry(sim, p)
+        _, recip = sim.crystal_vectors(p)
+        q = _tensor(sim, np.asarray(hkl, dtype=np.float64)).reshape(-1, 3) @ recip
+        axis = torch.linalg.cross(q, (geom.beam / p["wavelength"]).expand_as(q), dim=-1)
+        axis = axis / torch.linalg.vector_norm(axis, dim=-1, keepdim=True)
+        turn = rotation_matrix_axis_angle(axis, _tensor(sim, np.asarray(delpsi_rad, dtype=np.float64)))
+        deg = math.pi / 180.0
+        now = rotation_matrix_xyz(p["orient_x"] * deg, p["orient_y"] * deg, p["orient_z"] * deg)
+        total = (turn @ now).cpu().double().numpy()
+    return np.array([misset_from_rotation_deg(m) for m in total])

@@ -13,6 +13,7 @@ Modules:
 - :mod:`nbtorch.io.hdf5` -- NeXus NXmx-style HDF5 images and Eiger masters (hdf5plugin's filters when installed).
 - :mod:`nbtorch.io.nexus` -- detector two-theta and the rotation of a frame from NXmx NXtransformations.
 - :mod:`nbtorch.io.fabio_formats` -- TIFF, Pilatus TIFF, MarCCD/Rayonix and mar345 through fabio (optional).
+- :mod:`nbtorch.io.panel_images` -- multi-panel image files: NXmx detector modules, multi-array (imgCIF) CBF.
 
 Images are always numpy arrays indexed (slow, fast).  Every problem with an
 input file raises :class:`nbtorch.errors.InputError` with a one-line message

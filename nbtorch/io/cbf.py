@@ -53,11 +53,12 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from nbtorch.io.raw import read_file_bytes
 
-__all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines"]
+__all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines", "binary_headers",
+           "binary_int", "decompress_cbf", "BINARY_MARKER"]
 
 log = logging.getLogger(__name__)
 
-_MARKER = b"\x0c\x1a\x04\xd5"
+BINARY_MARKER = _MARKER = b"\x0c\x1a\x04\xd5"  # start of a binary section's data
 _PADDING = 4095
 # Pilatus line key -> (header key, factor to our unit, unit written by write_cbf)
 _SIMPLE_FIELDS = {
@@ -167,7 +168,8 @@ def encode_byte_offset(values: np.ndarray) -> bytes:
 # ----------------------------------------------------------------------------- reading
 
 
-def _decompress(path: str, data: bytes) -> bytes:
+def decompress_cbf(path: str, data: bytes) -> bytes:
+    """The bytes of a CBF file, bz2 or gzip compressed or not."""
     try:
         if data.startswith(b"BZh"):
             return bz2.decompress(data)
@@ -237,7 +239,8 @@ def parse_pilatus_lines(path: str, text: str) -> dict[str, Any]:
     return header
 
 
-def _binary_headers(path: str, text: str) -> dict[str, str]:
+def binary_headers(path: str, text: str) -> dict[str, str]:
+    """The MIME fields (``X-Binary-Size`` ...) of the last binary section header in ``text``."""
     start = text.rfind("--CIF-BINARY-FORMAT-SECTION--")
     if start < 0:
         raise InputError(f"{path}: no binary section (--CIF-BINARY-FORMAT-SECTION--) found")
@@ -256,7 +259,8 @@ def _binary_headers(path: str, text: str) -> dict[str, str]:
     return fields
 
 
-def _binary_int(path: str, fields: Mapping[str, str], key: str) -> int:
+def binary_int(path: str, fields: Mapping[str, str], key: str) -> int:
+    """The non-negative integer MIME field ``key`` of :func:`binary_headers`."""
     if key not in fields:
         raise InputError(f"{path}: binary section has no {key}")
     try:
@@ -271,14 +275,14 @@ def _binary_int(path: str, fields: Mapping[str, str], key: str) -> int:
 def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
     """Read a (possibly .bz2/.gz compressed) Pilatus mini-CBF; return ``(int32 image (slow, fast), header)``."""
     name = str(path)
-    data = _decompress(name, read_file_bytes(path, "CBF file"))
+    data = decompress_cbf(name, read_file_bytes(path, "CBF file"))
     mark = data.find(_MARKER)
     if mark < 0:
         raise InputError(f"{name}: not a CBF file (no binary data marker found)")
     text = data[:mark].decode("latin-1")
     if "CBF" not in text[:200] and "_array_data" not in text:
         raise InputError(f"{name}: not a CBF file")
-    fields = _binary_headers(name, text)
+    fields = binary_headers(name, text)
     conversion = fields.get("Content-Type", "") + " " + fields.get("conversions", "")
     if "x-CBF_BYTE_OFFSET" not in conversion:
         raise InputError(f"{name}: unsupported CBF compression (only x-CBF_BYTE_OFFSET): {conversion.strip()!r}")
@@ -287,10 +291,10 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
         raise InputError(f"{name}: unsupported element type {etype!r} (only signed 32-bit integer)")
     if fields.get("X-Binary-Element-Byte-Order", "LITTLE_ENDIAN") != "LITTLE_ENDIAN":
         raise InputError(f"{name}: unsupported byte order {fields['X-Binary-Element-Byte-Order']!r}")
-    nbytes = _binary_int(name, fields, "X-Binary-Size")
-    count = _binary_int(name, fields, "X-Binary-Number-of-Elements")
-    fast = _binary_int(name, fields, "X-Binary-Size-Fastest-Dimension")
-    slow = _binary_int(name, fields, "X-Binary-Size-Second-Dimension")
+    nbytes = binary_int(name, fields, "X-Binary-Size")
+    count = binary_int(name, fields, "X-Binary-Number-of-Elements")
+    fast = binary_int(name, fields, "X-Binary-Size-Fastest-Dimension")
+    slow = binary_int(name, fields, "X-Binary-Size-Second-Dimension")
     if fast * slow != count or count == 0:
         raise InputError(f"{name}: dimensions {fast}x{slow} do not match {count} elements")
     start = mark + len(_MARKER)

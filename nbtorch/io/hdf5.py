@@ -50,6 +50,7 @@ import numpy as np
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_output_path
 from nbtorch.io.nexus import beam_polarization, nexus_goniometry, nexus_rest
+from nbtorch.io.panel_images import read_nexus_panels
 
 __all__ = ["write_h5", "h5_writer", "read_h5_image"]
 
@@ -319,8 +320,15 @@ def read_h5_image(
             nodes = _image_datasets(h5py, f, name, dataset)
             for node in nodes:
                 _check_filters(h5py, name, node)
-            image, shape, index, frames = _one_frame(name, dataset, nodes, frame)
+            panelled = read_nexus_panels(h5py, f, name, nodes[0], frame) if len(nodes) == 1 else None
+            if panelled is None:
+                image, shape, index, frames = _one_frame(name, dataset, nodes, frame)
+            else:  # an NXmx detector of several modules (nbtorch.io.panel_images)
+                image, boxes, frames = panelled
+                shape, index = tuple(nodes[0].shape), (frame or 0) % frames
             meta: dict[str, Any] = {"dataset": dataset, "shape": shape, "frame": index, "frames": frames}
+            if panelled is not None:
+                meta["panel_boxes"] = boxes
             meta.update(_detector_meta(name, f))
             for more in (nexus_goniometry(h5py, f, name, index, "distance_mm" in meta),
                          beam_polarization(h5py, f, name, index)):

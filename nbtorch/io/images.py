@@ -48,6 +48,12 @@ raw         anything else, with ``shape`` given         none
             default little-endian float32)
 ==========  ==========================================  =====================================
 
+Multi-panel files (:mod:`nbtorch.io.panel_images`): a CBF of several arrays or array sections (imgCIF, e.g. a
+CSPAD) and an NXmx detector of several ``NXdetector_module`` groups come with ``header["panel_boxes"]``, one
+``(name, y0, x0, height, width)`` per panel of the image returned: the panels stacked along the slow axis
+(CBF; NXmx modules that are slabs of a ``module x slow x fast`` dataset) or the whole 2-D image (NXmx modules
+that are boxes of it).
+
 Every problem is an :class:`~nbtorch.errors.InputError` with a one-line message naming the file.
 """
 
@@ -61,11 +67,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from nbtorch.errors import InputError
-from nbtorch.io.cbf import read_cbf
+from nbtorch.io.cbf import decompress_cbf, read_cbf
 from nbtorch.io.fabio_formats import (COMPRESSED_NAMES, MAR345_NAMES, MARCCD_NAMES, TIFF_NAMES, compression,
                                       decompressed_head, is_mar345, read_mar345, read_marccd, read_tiff, tiff_kind)
 from nbtorch.io.hdf5 import DEFAULT_DATASET, read_h5_image
-from nbtorch.io.raw import read_raw_float
+from nbtorch.io.panel_images import is_multi_array_cbf, read_cbf_panels
+from nbtorch.io.raw import read_file_bytes, read_raw_float
 from nbtorch.io.smv import read_smv
 
 __all__ = ["FORMATS", "ImageFile", "detect_format", "read_image_file", "finite_float"]
@@ -217,7 +224,16 @@ def _read(path: str, fmt: str, frame: int | None, shape: Sequence[int] | None, d
     if fmt == "smv":
         image, header = read_smv(path)
     elif fmt == "cbf":
-        image, header = read_cbf(path)
+        data = decompress_cbf(path, read_file_bytes(path, "CBF file"))
+        if not is_multi_array_cbf(data):
+            image, header = read_cbf(path)
+        else:  # several arrays or array sections: the panels stacked, the padding of smaller panels masked
+            image, boxes, header = read_cbf_panels(path, data)
+            header["panel_boxes"] = boxes
+            valid = np.zeros(image.shape, dtype=bool)
+            for _, y0, x0, h, w in boxes:
+                valid[y0:y0 + h, x0:x0 + w] = True
+            return image, header, None if valid.all() else valid
     elif fmt == "hdf5":
         image, header = read_h5_image(path, dataset=dataset, frame=frame)
         return image, header, _hdf5_detector_extras(path, header, image.shape)

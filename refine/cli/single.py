@@ -266,7 +266,8 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
         raise InputError(f"{obs.path}: every pixel is masked after the ADC offset {counts.adc_offset:g} is taken off")
     panels = _multi_panel_model(args, say) if args.dials.expt and panel_count(args) > 1 else None
     if panels is not None:
-        photons, mask = stacked_image(args, resolve_panels(panels[0], panels[1])[1], photons, mask)
+        photons, mask = stacked_image(args, resolve_panels(panels[0], panels[1])[1], photons, mask,
+                                      boxes=obs.header.get("panel_boxes"))
         cfg, tokens, notes = panels[0][0], list(panels[4]), []
         panels = panels[:4]
     else:

@@ -8,6 +8,8 @@ Stacked layout (:class:`nbtorch.panels.PanelLayout`): panel ``i``'s pixel (slow 
 * ``N`` equal blocks along the slow axis (checked panel by panel next),
 * a whole Pilatus or Eiger detector (modules and gaps, :mod:`nbtorch.io.modules`) cut into its modules row by
   row, when the detector has one panel per module,
+* the file's own panels, in the file's order: the arrays or array sections of a multi-array CBF, the
+  ``NXdetector_module`` groups of an NXmx file (:mod:`nbtorch.io.panel_images`),
 
 and each panel's size is checked against the detector's (:func:`nbtorch.dials_panels.check_image_panels`).
 The ``.refl`` positions ``xyzobs.px.value`` are panel pixels; its ``panel`` column says which panel.
@@ -62,10 +64,12 @@ def panel_configs(args: Options, tokens: list[str], dtype: str):
     return configs, [str(p.get("name") or f"panel{i}") for i, p in enumerate(exp.panels)]
 
 
-def _panels_of(image: np.ndarray, layout) -> list[np.ndarray]:
+def _panels_of(image: np.ndarray, layout, boxes=None) -> list[np.ndarray]:
     """The image's panels (see the module docstring), not yet checked against the detector."""
     from nbtorch.io.modules import module_grid
 
+    if boxes:  # the file's own panels (multi-array CBF, NXmx modules)
+        return [image[y0:y0 + h, x0:x0 + w] for _, y0, x0, h, w in boxes]
     n, rows = len(layout.panels), layout.rows
     if image.shape == layout.shape:
         return [layout.panel_image(image, i) for i in range(n)]
@@ -81,9 +85,12 @@ def _panels_of(image: np.ndarray, layout) -> list[np.ndarray]:
     return [image]
 
 
-def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
+                  boxes=None) -> tuple[np.ndarray, np.ndarray]:
     """``(image, mask)`` of ``--image`` in the stacked ``layout`` (:class:`nbtorch.panels.PanelLayout`; block
-    pixels outside a panel: 0 and masked).
+    pixels outside a panel: 0 and masked).  ``boxes``: the file's own panels, ``(name, y0, x0, height,
+    width)`` each (``header["panel_boxes"]`` of a multi-array CBF or an NXmx file of modules,
+    :mod:`nbtorch.io.panel_images`), matched to the detector's panels in order.
 
     Raises:
         InputError: the image's panels do not match the detector's (one line naming the panel and the sizes).
@@ -91,7 +98,7 @@ def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray) ->
     from nbtorch.dials_panels import check_image_panels
 
     exp = _experiment(args)
-    parts, masks = _panels_of(np.asarray(image), layout), _panels_of(np.asarray(mask), layout)
+    parts, masks = _panels_of(np.asarray(image), layout, boxes), _panels_of(np.asarray(mask), layout, boxes)
     try:
         check_image_panels(exp, [tuple(p.shape) for p in parts], what=f"--image {args.image.image}")
     except InputError as exc:
