@@ -195,3 +195,20 @@ def test_real_cspad_expt_out_round_trips(tmp_path: Path) -> None:
     moved = np.linalg.norm(back[37][2] - before[37][2])
     assert moved == pytest.approx(0.11, abs=1e-9)
     assert all(np.allclose(back[i][2], before[i][2], atol=1e-9) for i in range(64) if i != 37)
+
+
+def test_ewald_orientation_puts_each_reflection_on_the_sphere() -> None:
+    """Turned by ``ewald_orientation_deg`` (composed with orientation deltas already set), reflection j has no
+    Ewald offset left (1e-12 rad) while the others keep theirs."""
+    exp = _experiment()
+    sim = panels_simulator(exp, extra_flags=MODEL, dtype=torch.float64)
+    hkl = _reflections()["miller_index"][:6]
+    start = {"orient_x": 0.3, "orient_y": -0.2, "orient_z": 0.1}
+    delpsi = stills_delpsi_rad(sim, start, hkl)
+    assert np.abs(delpsi).max() > 1e-3
+    angles = ewald_orientation_deg(sim, start, hkl, delpsi)
+    for j in range(len(hkl)):
+        turned = dict(zip(("orient_x", "orient_y", "orient_z"), angles[j]))
+        left = stills_delpsi_rad(sim, turned, hkl)
+        assert abs(left[j]) < 1e-12
+        assert np.abs(np.delete(left, j)).max() > 1e-4

@@ -46,7 +46,7 @@ def test_nexus_module_slabs_are_stacked(tmp_path: Path) -> None:
     data = rng.integers(0, 1000, size=(2, 4, 20, 24)).astype(np.int32)  # frames x modules x slow x fast
     path = _nexus(tmp_path / "slabs.nxs", data, [([k, 0, 0], [1, 20, 24]) for k in range(4)])
     got = read_image_file(path, frame=1)
-    assert got.image.shape == (80, 24)
+    assert got.image.shape == (80, 24) and got.header["panels_stacked"]
     assert [b[0] for b in got.header["panel_boxes"]] == [f"module_{k:02d}" for k in range(4)]
     for k, (_, y0, x0, h, w) in enumerate(got.header["panel_boxes"]):
         assert (y0, x0, h, w) == (20 * k, 0, 20, 24)
@@ -59,7 +59,7 @@ def test_nexus_module_boxes_of_one_image(tmp_path: Path) -> None:
     data = np.arange(50 * 30, dtype=np.int32).reshape(1, 50, 30)
     path = _nexus(tmp_path / "boxes.nxs", data, [([0, 0], [24, 30]), ([26, 0], [24, 30])])  # a 2-row gap
     got = read_image_file(path)
-    assert got.image.shape == (50, 30)
+    assert got.image.shape == (50, 30) and not got.header["panels_stacked"]
     assert [b[1:] for b in got.header["panel_boxes"]] == [(0, 0, 24, 30), (26, 0, 24, 30)]
 
 
@@ -208,6 +208,11 @@ def test_refine_cli_refuses_a_file_of_other_panels(tmp_path: Path) -> None:
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "the detector has 8 panels but --image" in lines[0] and "has 7" in lines[0], run.stderr
+    assert not (tmp_path / "out").exists()
+    run = _cli("--image", str(image), "--model", MODEL, "--out", str(tmp_path / "out" / "result.h5"), cwd=tmp_path)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert "the file holds 7 detector panels (stacked); give their geometry with a multi-panel --expt" in lines[0]
     assert not (tmp_path / "out").exists()
 
 

@@ -324,11 +324,12 @@ def read_h5_image(
             if panelled is None:
                 image, shape, index, frames = _one_frame(name, dataset, nodes, frame)
             else:  # an NXmx detector of several modules (nbtorch.io.panel_images)
-                image, boxes, frames = panelled
+                image, boxes, frames, stacked = panelled
                 shape, index = tuple(nodes[0].shape), (frame or 0) % frames
             meta: dict[str, Any] = {"dataset": dataset, "shape": shape, "frame": index, "frames": frames}
             if panelled is not None:
                 meta["panel_boxes"] = boxes
+                meta["panels_stacked"] = stacked
             meta.update(_detector_meta(name, f))
             for more in (nexus_goniometry(h5py, f, name, index, "distance_mm" in meta),
                          beam_polarization(h5py, f, name, index)):

@@ -52,7 +52,7 @@ Multi-panel files (:mod:`nbtorch.io.panel_images`): a CBF of several arrays or a
 CSPAD) and an NXmx detector of several ``NXdetector_module`` groups come with ``header["panel_boxes"]``, one
 ``(name, y0, x0, height, width)`` per panel of the image returned: the panels stacked along the slow axis
 (CBF; NXmx modules that are slabs of a ``module x slow x fast`` dataset) or the whole 2-D image (NXmx modules
-that are boxes of it).
+that are boxes of it); ``header["panels_stacked"]`` says which.
 
 Every problem is an :class:`~nbtorch.errors.InputError` with a one-line message naming the file.
 """
@@ -229,7 +229,7 @@ def _read(path: str, fmt: str, frame: int | None, shape: Sequence[int] | None, d
             image, header = read_cbf(path)
         else:  # several arrays or array sections: the panels stacked, the padding of smaller panels masked
             image, boxes, header = read_cbf_panels(path, data)
-            header["panel_boxes"] = boxes
+            header["panel_boxes"], header["panels_stacked"] = boxes, True
             valid = np.zeros(image.shape, dtype=bool)
             for _, y0, x0, h, w in boxes:
                 valid[y0:y0 + h, x0:x0 + w] = True

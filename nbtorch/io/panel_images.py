@@ -116,10 +116,11 @@ def _frame_of(name: str, node: Any, rank: int, frame: int | None) -> np.ndarray:
 
 
 def read_nexus_panels(h5py: Any, f: Any, name: str, node: Any,
-                      frame: int | None) -> tuple[np.ndarray, list[Box], int] | None:
-    """``(image, boxes, frames in the dataset)`` of an open NXmx file's image dataset ``node`` cut by its modules (module docstring);
-    None when the detector has fewer than two modules.  Three-index modules: the image is the stacked panels
-    (:func:`stack_panels`); two-index modules: the frame's 2-D image with the module boxes."""
+                      frame: int | None) -> tuple[np.ndarray, list[Box], int, bool] | None:
+    """``(image, boxes, frames in the dataset, stacked)`` of an open NXmx file's image dataset ``node`` cut by
+    its modules (module docstring); None when the detector has fewer than two modules.  Three-index modules:
+    the image is the stacked panels (:func:`stack_panels`); two-index modules: the frame's 2-D image with the
+    module boxes."""
     boxes = nexus_module_boxes(h5py, f, name, tuple(node.shape))
     if len(boxes) < 2:
         return None
@@ -127,15 +128,16 @@ def read_nexus_panels(h5py: Any, f: Any, name: str, node: Any,
     data = np.asarray(_frame_of(name, node, rank, frame))
     frames = int(node.shape[0]) if len(node.shape) == rank + 1 else 1
     if rank == 2:
-        return data, [(key, o[0], o[1], s[0], s[1]) for key, o, s in boxes], frames
+        return data, [(key, o[0], o[1], s[0], s[1]) for key, o, s in boxes], frames, False
     panels = []
     for key, o, s in boxes:
         part = data[tuple(slice(a, a + b) for a, b in zip(o, s))]
         if 1 not in s:
-            raise InputError(f"{name}: detector module {key}: data_size {list(s)} is not one 2-D panel (no index of size 1)")
+            raise InputError(f"{name}: detector module {key}: data_size {list(s)} is not one 2-D panel "
+                             "(no index of size 1)")
         panels.append((key, np.take(part, 0, axis=s.index(1))))
     image, _, stacked = stack_panels(panels)
-    return image, stacked, frames
+    return image, stacked, frames, True
 
 
 # ----------------------------------------------------------------------------- multi-array CBF
@@ -215,7 +217,8 @@ def _decode_array(name: str, array: str, fields: dict[str, str], payload: bytes,
         kind = conversion.split("conversions=")[-1].strip().strip('"') or conversion.strip()
         raise InputError(f"{name}: array {array}: CBF compression {kind} is not supported (only x-CBF_BYTE_OFFSET)")
     etype = fields.get("X-Binary-Element-Type", '"signed 32-bit integer"').strip('"')
-    if etype != "signed 32-bit integer" or fields.get("X-Binary-Element-Byte-Order", "LITTLE_ENDIAN") != "LITTLE_ENDIAN":
+    order = fields.get("X-Binary-Element-Byte-Order", "LITTLE_ENDIAN")
+    if etype != "signed 32-bit integer" or order != "LITTLE_ENDIAN":
         raise InputError(f"{name}: array {array}: element type {etype!r} is not supported (only little-endian signed "
                          "32-bit integers)")
     count = int(np.prod(dims))
@@ -237,7 +240,8 @@ def _array_dims(name: str, array: str, structure: list[dict[str, str]], fields: 
     return dims
 
 
-def _section_panels(name: str, arrays: dict[str, np.ndarray], ranges: list[dict[str, str]]) -> list[tuple[str, np.ndarray]]:
+def _section_panels(name: str, arrays: dict[str, np.ndarray],
+                    ranges: list[dict[str, str]]) -> list[tuple[str, np.ndarray]]:
     order: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
     for r in ranges:
         key = (r["array_id"], r["id"])
