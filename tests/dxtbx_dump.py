@@ -1,7 +1,10 @@
 """Run by a Python that has DIALS' dxtbx (``dials.python``, or any environment where ``import dxtbx`` works), not
 by the project's: read each ``.expt`` given on the command line with dxtbx's own
 ``ExperimentListFactory.from_json_file`` and print, as one JSON document, what dxtbx made of every experiment
-(beam, the panels, crystal, goniometer, scan).  Used by ``test_dials_geometry.py::test_dxtbx_reads_the_expt_files_nbtorch_writes``."""
+(beam, the panels, crystal, goniometer, scan, the detector hierarchy).  With ``--rewrite IN OUT`` it first
+has dxtbx write what it read of IN to OUT (``ExperimentList.as_file``) and describes OUT.  Used by
+``test_dials_geometry.py::test_dxtbx_reads_the_expt_files_nbtorch_writes`` and
+``test_multi_panel_dials.py::test_dxtbx_reads_the_multi_panel_expt``."""
 
 import json
 import sys
@@ -9,6 +12,17 @@ import sys
 
 def _vec(v):
     return [float(x) for x in v]
+
+
+def _node(node):
+    """A detector hierarchy node as dxtbx holds it: name, frame local to its parent, children or panel index."""
+    rec = {"name": node.get_name(), "fast_axis": _vec(node.get_local_fast_axis()),
+           "slow_axis": _vec(node.get_local_slow_axis()), "origin": _vec(node.get_local_origin())}
+    if node.is_panel():
+        rec["panel"] = int(node.index())
+    else:
+        rec["children"] = [_node(child) for child in node.children()]
+    return rec
 
 
 def dump(path):
@@ -29,10 +43,22 @@ def dump(path):
                "hall": e.crystal.get_space_group().type().hall_symbol(),
                "goniometer": None if e.goniometer is None else _vec(e.goniometer.get_rotation_axis()),
                "scan": None if e.scan is None else {"oscillation": _vec(e.scan.get_oscillation()),
-                                                   "image_range": [int(i) for i in e.scan.get_image_range()]}}
+                                                   "image_range": [int(i) for i in e.scan.get_image_range()]},
+               "hierarchy": _node(e.detector.hierarchy())}
         out.append(rec)
     return out
 
 
+def rewrite(path, out):
+    """dxtbx's own writer: read ``path`` and write the experiments back to ``out`` (ExperimentList.as_file)."""
+    from dxtbx.model.experiment_list import ExperimentListFactory
+
+    ExperimentListFactory.from_json_file(path, check_format=False).as_file(out)
+
+
 if __name__ == "__main__":
-    print(json.dumps({path: dump(path) for path in sys.argv[1:]}))
+    args = sys.argv[1:]
+    if args[:1] == ["--rewrite"]:  # --rewrite IN OUT: dxtbx writes what it read (the round trip's return leg)
+        rewrite(args[1], args[2])
+        args = [args[2]]
+    print(json.dumps({path: dump(path) for path in args}))

@@ -151,26 +151,48 @@ def test_panels_not_matching_the_image(tmp_path: Path) -> None:
 DXTBX_PYTHON = os.environ.get("NBTORCH_DXTBX_PYTHON", "")
 
 
+def _hierarchy_outline(node: dict) -> tuple:
+    """A hierarchy (as the .expt holds it, or as dxtbx_dump.py describes dxtbx's) as nested names and panels."""
+    if "panel" in node:
+        return ("panel", node["panel"])
+    return (node["name"], tuple(_hierarchy_outline(child) for child in node["children"]))
+
+
 @pytest.mark.skipif(not DXTBX_PYTHON, reason="set NBTORCH_DXTBX_PYTHON to a Python with DIALS' dxtbx to check that "
                                              "dxtbx reads the multi-panel .expt nbtorch writes")
 def test_dxtbx_reads_the_multi_panel_expt(tmp_path: Path) -> None:
-    """dxtbx composes the written hierarchy into the lab frames nbtorch meant (every panel, 1e-9 mm)."""
+    """The round trip nbtorch -> dxtbx -> nbtorch: dxtbx composes the written hierarchy into the lab frames
+    nbtorch meant (every panel, 1e-9 mm) with the same groups and local group frames, and the file dxtbx's own
+    writer makes of it reads back in nbtorch as the same detector (frames to 1e-9 mm, same groups)."""
     import subprocess
 
     exp = read_expt(_write(tmp_path, split_document(gap_mm=0.5)), multi_panel=True)
     sim = panels_simulator(exp, extra_flags=["-N", "5", "-default_F", "1"], dtype=torch.float64)
     p = sim.parameters_dict()
-    out = tmp_path / "out.expt"
+    out, back = tmp_path / "out.expt", tmp_path / "dxtbx_wrote.expt"
     write_expt(out, refined_panels_document(exp, sim, {"distance_p2": float(p["distance_p2"]) + 0.3}))
     script = Path(__file__).resolve().parent / "dxtbx_dump.py"
     done = subprocess.run([DXTBX_PYTHON, str(script), str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])[str(out)][0]["panels"]
-    ours = panel_lab_frames(read_expt(out, multi_panel=True).detector)
-    assert len(seen) == 8
-    for s, (f, sl, o) in zip(seen, ours):
+    seen = json.loads(done.stdout.strip().splitlines()[-1])[str(out)][0]
+    ours = read_expt(out, multi_panel=True).detector
+    frames = panel_lab_frames(ours)
+    assert len(seen["panels"]) == 8
+    for s, (f, sl, o) in zip(seen["panels"], frames):
         assert np.allclose(s["origin"], o, atol=1e-9) and np.allclose(s["fast_axis"], f, atol=1e-9)
         assert np.allclose(s["slow_axis"], sl, atol=1e-9)
+    written = json.loads(out.read_text())["detector"][0]["hierarchy"]
+    assert _hierarchy_outline(seen["hierarchy"]) == _hierarchy_outline(written)
+    for group, ours_group in zip(seen["hierarchy"]["children"], written["children"]):
+        for key in ("fast_axis", "slow_axis", "origin"):
+            assert np.allclose(group[key], ours_group[key], atol=1e-9), (group["name"], key)
+    done = subprocess.run([DXTBX_PYTHON, str(script), "--rewrite", str(out), str(back)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = read_expt(back, multi_panel=True).detector
+    assert hierarchy_groups(again) == hierarchy_groups(ours)
+    for (f, sl, o), (f2, sl2, o2) in zip(frames, panel_lab_frames(again), strict=True):
+        assert np.allclose(f2, f, atol=1e-9) and np.allclose(sl2, sl, atol=1e-9) and np.allclose(o2, o, atol=1e-9)
 
 
 def test_rendered_spots_on_every_panel_on_dials_predictions(tmp_path: Path) -> None:

@@ -12,7 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "scripts").glob("*.sh")))
+SCRIPTS = sorted(str(p.relative_to(ROOT / "scripts")) for p in (ROOT / "scripts").rglob("*.sh"))  # scripts/peer too
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_script_is_valid_bash(script):
     done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
