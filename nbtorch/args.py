@@ -95,6 +95,9 @@ def _switch(name: str, field: str, value) -> None:
 _simple("-Na", "N_a", int)
 _simple("-Nb", "N_b", int)
 _simple("-Nc", "N_c", int)
+_simple("-Nd", "N_d")
+_simple("-Ne", "N_e")
+_simple("-Nf", "N_f")
 
 
 @_flag("-N", 1, int, sets="N_a N_b N_c")
@@ -107,6 +110,7 @@ _simple("-fudge", "fudge")
 _switch("-round_xtal", "shape", "round")
 _switch("-square_xtal", "shape", "square")
 _switch("-gauss_xtal", "shape", "gauss")
+_switch("-gauss_aniso_xtal", "shape", "gauss_aniso")
 _switch("-tophat_spots", "shape", "tophat")
 _switch("-binary_spots", "shape", "tophat")
 _simple("-mosaic", "mosaic_spread_deg")

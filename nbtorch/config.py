@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 CONVENTIONS = ("mosflm", "xds", "dials", "adxv", "denzo", "custom")
-SHAPES = ("square", "round", "gauss", "tophat")
+SHAPES = ("square", "round", "gauss", "tophat", "gauss_aniso")
+#: the shape whose size is the symmetric matrix N (-Na -Nb -Nc and the off-diagonal -Nd -Ne -Nf)
+ANISOTROPIC_SHAPE = "gauss_aniso"
 
 
 @dataclass
@@ -26,6 +28,9 @@ class SimulationConfig:
     N_a: float = 1.0
     N_b: float = 1.0
     N_c: float = 1.0
+    N_d: float = 0.0  # off-diagonal sizes (unit cells) of -gauss_aniso_xtal: a-b, b-c, a-c
+    N_e: float = 0.0
+    N_f: float = 0.0
     shape: str = "square"
     fudge: float = 1.0
     mosaic_spread_deg: float | None = None

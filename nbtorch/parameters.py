@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Parameter", "TABLE", "EXTRA_TABLE", "PARAMETER_NAMES", "ORIENTATION_DELTAS", "SIMULATOR_NAMES",
-           "MISSET_NAMES", "CELL_NAMES", "UNITS", "PARAMETER_GROUPS", "names_in_group", "parameter"]
+           "MISSET_NAMES", "CELL_NAMES", "SIZE_DIAGONAL", "SIZE_OFF_DIAGONAL", "UNITS", "PARAMETER_GROUPS", "names_in_group", "parameter"]
 
 PARAMETER_GROUPS = ("cell", "orientation", "crystal", "detector", "beam", "structure_factors")
 STEP_KINDS = ("relative", "absolute")
@@ -70,6 +70,9 @@ TABLE: tuple[Parameter, ...] = (
     _P("N_a", "unit cells", "crystal", "relative", 0.05, "crystal size along a"),
     _P("N_b", "unit cells", "crystal", "relative", 0.05, "crystal size along b"),
     _P("N_c", "unit cells", "crystal", "relative", 0.05, "crystal size along c"),
+    _P("N_d", "unit cells", "crystal", "absolute", 0.5, "size matrix a-b term (-gauss_aniso_xtal only)"),
+    _P("N_e", "unit cells", "crystal", "absolute", 0.5, "size matrix b-c term (-gauss_aniso_xtal only)"),
+    _P("N_f", "unit cells", "crystal", "absolute", 0.5, "size matrix a-c term (-gauss_aniso_xtal only)"),
     _P("distance", "mm", "detector", "relative", 0.01, "sample to detector plane along the beam"),
     _P("beam_x", "mm", "detector", "absolute", None, "beam centre x in the detector convention"),
     _P("beam_y", "mm", "detector", "absolute", None, "beam centre y in the detector convention"),
@@ -97,6 +100,10 @@ ORIENTATION_DELTAS: tuple[str, ...] = tuple(p.name for p in EXTRA_TABLE)
 SIMULATOR_NAMES: tuple[str, ...] = PARAMETER_NAMES + ORIENTATION_DELTAS
 MISSET_NAMES: tuple[str, ...] = ("misset_x", "misset_y", "misset_z")
 CELL_NAMES: tuple[str, ...] = tuple(p.name for p in TABLE if p.group == "cell")
+#: the diagonal (``N_a N_b N_c``) and the off-diagonal terms (``N_d`` a-b, ``N_e`` b-c, ``N_f`` a-c) of the
+#: crystal's symmetric size matrix N (unit cells); the off-diagonal ones act only with ``-gauss_aniso_xtal``
+SIZE_DIAGONAL: tuple[str, ...] = ("N_a", "N_b", "N_c")
+SIZE_OFF_DIAGONAL: tuple[str, ...] = ("N_d", "N_e", "N_f")
 #: name -> unit of every simulator name
 UNITS: dict[str, str] = {p.name: p.unit for p in TABLE + EXTRA_TABLE}
 

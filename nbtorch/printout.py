@@ -35,7 +35,8 @@ import torch
 
 from nbtorch.physics.detector import subpixel_positions
 from nbtorch.physics.kernel import R_E_SQR
-from nbtorch.physics.lattice import lattice_factor, nearest_index
+from nbtorch.parameters import SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
+from nbtorch.physics.lattice import lattice_factor, nearest_index, size_vector
 from nbtorch.physics.polarization import kahn_polarization
 from nbtorch.physics.structure import structure_factor
 
@@ -183,7 +184,7 @@ def _printout_model(sim) -> _Shared:
         F_grid=None if s.F_grid is None else t(s.F_grid),
         hkl_min=None if s.hkl_min is None else t(s.hkl_min),
         hkl_max=None if s.hkl_max is None else t(s.hkl_max),
-        n_cells=torch.stack([p["N_a"], p["N_b"], p["N_c"]]),
+        n_cells=size_vector([p[n] for n in SIZE_DIAGONAL], [p[n] for n in SIZE_OFF_DIAGONAL], s.shape),
         incident=t(s.incident),
         lam=p["wavelength"] * t(s.wavelength_factor),
         I_bg=float(R_E_SQR * p["fluence"] * s.water_F2N) if s.water_F2N > 0 else 0.0,

@@ -34,7 +34,7 @@ import torch
 from nbtorch import beam_centre as bc
 from nbtorch import crng
 from nbtorch.beam_sources import resolve_sources
-from nbtorch.config import SHAPES, SimulationConfig
+from nbtorch.config import ANISOTROPIC_SHAPE, SHAPES, SimulationConfig
 from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import read_fdump, read_hkl
@@ -517,7 +517,7 @@ def _canonical_params(cfg: SimulationConfig, detector: DetectorSetup, crystal: C
         "cell_alpha": cell[3], "cell_beta": cell[4], "cell_gamma": cell[5],
         "misset_x": misset[0], "misset_y": misset[1], "misset_z": misset[2],
         "phi0": cfg.phi_deg, "mosaic_spread": sampling.mosaic_spread_deg,
-        "N_a": n_cells[0], "N_b": n_cells[1], "N_c": n_cells[2],
+        "N_a": n_cells[0], "N_b": n_cells[1], "N_c": n_cells[2], "N_d": cfg.N_d, "N_e": cfg.N_e, "N_f": cfg.N_f,
         "distance": detector.distance_m * 1000.0, "beam_x": detector.beam_x_m * 1000.0,
         "beam_y": detector.beam_y_m * 1000.0,
         "detector_rotx": cfg.detector_rotx_deg, "detector_roty": cfg.detector_roty_deg,
@@ -566,6 +566,35 @@ def check_cell(cell, label: str) -> None:
                          "(each < sum of the others, sum < 360)")
 
 
+def check_size_matrix(n_cells, label: str) -> None:
+    """Raise unless the symmetric size matrix of ``n_cells`` (Na Nb Nc Nd Ne Nf, unit cells) is positive
+    definite (``-gauss_aniso_xtal``: the crystal's extent along every direction must be positive)."""
+    na, nb, nc, nd, ne, nf = (float(v) for v in n_cells)
+    if not all(math.isfinite(v) for v in (na, nb, nc, nd, ne, nf)):
+        raise InputError(f"{label}: the crystal sizes must be finite, got {na:g} {nb:g} {nc:g} {nd:g} {ne:g} {nf:g}")
+    eig = np.linalg.eigvalsh(np.array([[na, nd, nf], [nd, nb, ne], [nf, ne, nc]]))
+    if not eig.min() > 0:
+        raise InputError(f"{label}: the size matrix [[Na Nd Nf] [Nd Nb Ne] [Nf Ne Nc]] = [[{na:g} {nd:g} {nf:g}] "
+                         f"[{nd:g} {nb:g} {ne:g}] [{nf:g} {ne:g} {nc:g}]] is not positive definite (eigenvalues "
+                         f"{' '.join(f'{v:.3g}' for v in eig)}); make the off-diagonal terms smaller")
+
+
+def _check_size_matrix(cfg: SimulationConfig) -> None:
+    """The off-diagonal sizes -Nd -Ne -Nf: only with -gauss_aniso_xtal, and N positive definite there."""
+    off = {"-Nd": cfg.N_d, "-Ne": cfg.N_e, "-Nf": cfg.N_f}
+    for flag, v in off.items():
+        if not math.isfinite(v):
+            raise InputError(f"{flag}: value is not finite ({v})")
+    if cfg.shape != ANISOTROPIC_SHAPE:
+        given = [f"{k} {v:g}" for k, v in off.items() if v != 0]
+        if given:
+            raise InputError(f"{', '.join(given)}: the off-diagonal crystal sizes act only with -gauss_aniso_xtal "
+                             f"(the crystal shape is {cfg.shape})")
+        return
+    diag = (max(1.0, float(v)) for v in (cfg.N_a, cfg.N_b, cfg.N_c))
+    check_size_matrix((*diag, cfg.N_d, cfg.N_e, cfg.N_f), "-gauss_aniso_xtal")
+
+
 def _validate(cfg: SimulationConfig) -> None:
     if cfg.cell is None and cfg.mat_file is None:
         raise InputError("no crystal: give -cell a b c alpha beta gamma or -mat FILE")
@@ -602,6 +631,7 @@ def _validate(cfg: SimulationConfig) -> None:
                 raise InputError(f"{flag(field_, default)}: must be positive to compute the fluence from -flux, got 0")
     if cfg.shape not in SHAPES:
         raise InputError(f"unknown crystal shape {cfg.shape!r}")
+    _check_size_matrix(cfg)
     if cfg.dtype not in ("float32", "float64"):
         raise InputError(f"-dtype: expected float32 or float64, got {cfg.dtype!r}")
     if not (cfg.device == "cpu" or cfg.device.startswith("cuda")):

@@ -40,9 +40,12 @@ from nbtorch.physics.kernel import (
     combine, compiled_jacobian_applies, orientation_sum, tile_pixel_terms,
 )
 from nbtorch.physics.jacobian import tile_image_with_tangents
+from nbtorch.physics.lattice import size_vector
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.physics.square_sum import square_sum_backward
-from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES
+from nbtorch.parameters import (
+    ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
+)
 from nbtorch.resolve import Setup, resolve
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -388,7 +391,7 @@ class Simulator(nn.Module):
             wavelength_A=p["wavelength"] * t(s.wavelength_factor),
             real_A=real_A,
             recip_per_A=recip,
-            n_cells=torch.stack([p["N_a"], p["N_b"], p["N_c"]]),
+            n_cells=size_vector([p[n] for n in SIZE_DIAGONAL], [p[n] for n in SIZE_OFF_DIAGONAL], s.shape),
             fudge=t(s.fudge),
             F_grid=F_grid,
             hkl_min=None if s.hkl_min is None else t(s.hkl_min),

@@ -153,6 +153,14 @@ CASES = [
     ("-beam_vector 0 0 1", ["-beam_vector 0 0 1", "parallel to the default polarization vector", "give -polar_vector"]),
     ("-polar_vector 1 0 0", ["-polar_vector 1 0 0", "parallel to the beam"]),
     ("-beam_vector 0 0 1 -polar_vector 0 0 3", ["-polar_vector 0 0 3 and -beam_vector 0 0 1", "parallel"]),
+    # the anisotropic Gaussian crystal: a size matrix that is no crystal, off-diagonal sizes without the shape
+    ("-gauss_aniso_xtal -Nd 4", ["-gauss_aniso_xtal: the size matrix", "[[3 4 0] [4 3 0] [0 0 3]]",
+                                 "not positive definite", "eigenvalues -1 3 7"]),
+    ("-gauss_aniso_xtal -Nd 3 -Ne 3 -Nf 3", ["-gauss_aniso_xtal", "not positive definite"]),
+    ("-Nd 2", ["-Nd 2: the off-diagonal crystal sizes act only with -gauss_aniso_xtal (the crystal shape is square)"]),
+    ("-gauss_aniso_xtal -Ne inf", ["-Ne: value is not finite"]),
+    ("-gauss_aniso_xtal -Nf abc", ["-Nf: expected a number, got 'abc'"]),
+    ("-gaussaniso_xtal", ["unknown flag -gaussaniso_xtal"]),
 ]
 
 

@@ -1,14 +1,37 @@
 """Lattice (crystal shape) transforms F_latt.
 
 Shapes (nanoBragg ``-square_xtal`` default, ``-round_xtal``, ``-gauss_xtal``,
-``-tophat_spots``):
+``-tophat_spots``; and ``-gauss_aniso_xtal``, not in the C):
 
 * ``square``: ``prod_i sincg(pi h_i, N_i)``, sincg(x, N) = sin(N x)/sin(x), N at x = 0;
 * ``round``: ``Na Nb Nc 0.723601254558268 sinc3(pi sqrt(fudge hrad^2))`` with
   ``hrad^2 = sum (h_i - h0_i)^2 N_i^2``;
 * ``gauss``: ``Na Nb Nc exp(-rad*^2 fudge / 0.63)``;
 * ``tophat``: ``Na Nb Nc [rad*^2 fudge < 0.3969]``,
-  with ``rad*^2 = |dh a* + dk b* + dl c*|^2 (Na Nb Nc)^2`` (a* in 1/A, as the C).
+  with ``rad*^2 = |dh a* + dk b* + dl c*|^2 (Na Nb Nc)^2`` (a* in 1/A, as the C);
+* ``gauss_aniso``: ``det(N) exp(-dh^T N^T N dh fudge / 0.63)`` with the symmetric
+  size matrix ``N = [[Na, Nd, Nf], [Nd, Nb, Ne], [Nf, Ne, Nc]]`` (unit cells) and
+  ``dh = h - h0`` the fractional Miller offsets (cctbx diffBragg's Nabc/Ndef
+  crystal): :func:`anisotropic_gauss`.
+
+The ``gauss_aniso`` prefactor ``det N`` (``Na Nb Nc`` for a diagonal N) makes the
+integrated spot behave as a crystal's must.  ``N dh`` maps the offset from the
+reciprocal lattice point into the crystal's own "cells across" frame, so the
+spot is a Gaussian ellipsoid whose widths along the principal axes of N are
+``1/n_k`` (n_k the eigenvalues of N: the crystal's extent in unit cells along
+those axes).  Its square integrates over one reciprocal cell (in Miller units) to::
+
+    det(N)^2 (pi 0.63 / (2 fudge))^(3/2) / |det N| = |det N| (0.315 pi / fudge)^(3/2)
+
+i.e. proportional to ``det N``, the number of unit cells in the crystal (the
+volume of the parallelepiped N spans), as the square crystal's
+``sum sincg^2 = Na Nb Nc``; the factor ``(0.315 pi)^(3/2) = 0.984`` at fudge 1.
+The peak ``det(N)^2`` grows as the volume squared, as for any coherent crystal.
+A prefactor of ``Na Nb Nc`` instead would let the off-diagonal terms change the
+integrated intensity of every spot (a shear of the crystal would scale the
+whole pattern), which the overall scale would then have to absorb.  ``det N`` is
+positive for the physical (positive definite) N; the image uses ``F_latt^2``, so
+a sign would not matter, and the value is smooth in all six sizes everywhere.
 
 The image uses F_latt^2, so only |F_latt| matters.  ``sincg`` is evaluated
 on the argument reduced to the nearest lattice point (``dh = h - h0``):
@@ -22,13 +45,16 @@ with library sines (see :func:`sincg_reduced`).
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
 _SPHERE_CUBE = 0.723601254558268
-SHAPES = ("square", "round", "gauss", "tophat")
+SHAPES = ("square", "round", "gauss", "tophat", "gauss_aniso")
+#: the shape whose size is the symmetric matrix N (six values Na Nb Nc Nd Ne Nf); the others use Na Nb Nc
+ANISOTROPIC_SHAPE = "gauss_aniso"
 
 
 def miller_indices(scatter: tuple[Tensor, Tensor, Tensor], real_A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -198,8 +224,8 @@ def lattice_factor(
     Arguments:
         hkl: (..., 3) fractional Miller indices.
         hkl0: (..., 3) nearest integers (``nearest_index(hkl)``).
-        n_cells: (3,) Na, Nb, Nc (continuous values allowed).
-        shape: one of ``square, round, gauss, tophat``.
+        n_cells: (3,) Na, Nb, Nc (continuous values allowed); (6,) Na Nb Nc Nd Ne Nf for ``gauss_aniso``.
+        shape: one of ``square, round, gauss, tophat, gauss_aniso``.
         recip: (3, 3) reciprocal basis rows in 1/A (gauss and tophat only).
         fudge: the ``-fudge`` factor.
 
@@ -221,6 +247,8 @@ def lattice_factor_components(
     dh = [x - x0 for x, x0 in zip(hkl, hkl0)]
     if shape == "square":
         return sincg_reduced(dh[0], n_cells[0]) * sincg_reduced(dh[1], n_cells[1]) * sincg_reduced(dh[2], n_cells[2])
+    if shape == ANISOTROPIC_SHAPE:
+        return anisotropic_gauss(tuple(dh), n_cells, fudge)
     nnn = n_cells[0] * n_cells[1] * n_cells[2]
     if shape == "round":
         hrad2 = sum(d * d * n * n for d, n in zip(dh, n_cells.unbind(-1)))
@@ -235,3 +263,33 @@ def lattice_factor_components(
     if shape == "tophat":
         return nnn * (rad2 * fudge < 0.3969).to(rad2.dtype)
     raise ValueError(f"unknown crystal shape {shape!r}; expected one of {SHAPES}")
+
+
+def size_vector(diagonal: Sequence[Tensor], off_diagonal: Sequence[Tensor], shape: str) -> Tensor:
+    """The kernel's ``n_cells``: (3,) Na Nb Nc, or (6,) Na Nb Nc Nd Ne Nf for ``gauss_aniso`` (0-d tensors in)."""
+    return torch.stack([*diagonal, *off_diagonal] if shape == ANISOTROPIC_SHAPE else [*diagonal])
+
+
+def size_matrix_determinant(n_cells: Tensor) -> Tensor:
+    """``det N`` of the symmetric size matrix ``[[Na, Nd, Nf], [Nd, Nb, Ne], [Nf, Ne, Nc]]`` from
+    ``n_cells`` (..., 6) = Na Nb Nc Nd Ne Nf (unit cells; cells^3): the number of unit cells in the crystal."""
+    na, nb, nc, nd, ne, nf = n_cells.unbind(-1)
+    return na * (nb * nc - ne * ne) - nd * (nd * nc - ne * nf) + nf * (nd * ne - nb * nf)
+
+
+def anisotropic_gauss(dh: tuple[Tensor, Tensor, Tensor], n_cells: Tensor, fudge: float | Tensor = 1.0) -> Tensor:
+    """F_latt of the Gaussian crystal with the symmetric size matrix N: ``det(N) exp(-|N dh|^2 fudge / 0.63)``.
+
+    ``dh``: the fractional Miller offsets ``h - h0, k - k0, l - l0`` (any equal shapes); ``n_cells`` (6,):
+    Na Nb Nc on the diagonal of N and Nd (a-b), Ne (b-c), Nf (a-c) off it, in unit cells.  ``|N dh|^2 =
+    dh^T N^T N dh`` (N symmetric: ``N^T N = N^2``).  Written on separate components (no matmul, no
+    trailing axis of 3) so that a compiler fuses it into the hot loop; smooth in ``dh`` and all six sizes.
+    With Nd = Ne = Nf = 0 it is ``Na Nb Nc exp(-sum_i (N_i dh_i)^2 fudge / 0.63)``, a product of one
+    Gaussian per axis (the prefactor: module docstring).
+    """
+    na, nb, nc, nd, ne, nf = n_cells.unbind(-1)
+    u0 = dh[0] * na + dh[1] * nd + dh[2] * nf
+    u1 = dh[0] * nd + dh[1] * nb + dh[2] * ne
+    u2 = dh[0] * nf + dh[1] * ne + dh[2] * nc
+    q = u0 * u0 + u1 * u1 + u2 * u2
+    return size_matrix_determinant(n_cells) * torch.exp(-q * (fudge / 0.63))

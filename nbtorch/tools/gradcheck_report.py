@@ -45,7 +45,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -100,7 +100,8 @@ def _specs() -> dict[str, ParamSpec]:
         ("misset_z", "deg", 1e-4, 1.0, "orientation"), ("phi0", "deg", 1e-4, 1.0, "orientation"),
         ("mosaic_spread", "deg", 1e-4, 1.0, "crystal"),
         ("N_a", "cells", 1e-4, 1.0, "crystal"), ("N_b", "cells", 1e-4, 1.0, "crystal"),
-        ("N_c", "cells", 1e-4, 1.0, "crystal"),
+        ("N_c", "cells", 1e-4, 1.0, "crystal"), ("N_d", "cells", 1e-4, 1.0, "crystal"),
+        ("N_e", "cells", 1e-4, 1.0, "crystal"), ("N_f", "cells", 1e-4, 1.0, "crystal"),
         ("distance", "mm", 1e-4, 1.0, "geometry"), ("beam_x", "mm", 1e-5, 1.0, "geometry"),
         ("beam_y", "mm", 1e-5, 1.0, "geometry"),
         ("detector_rotx", "deg", 1e-4, 1.0, "geometry"), ("detector_roty", "deg", 1e-4, 1.0, "geometry"),
@@ -193,8 +194,16 @@ _CASE_LIST = [
          "spec, cubic 90-degree cell, no misset, no rotations, the direct beam exactly on the centre of "
          "pixel (64, 64): h = k = l = 0 exactly there (sincg 0/0 in all three)",
          center="beam"),
+    Case("gauss_aniso", TRICLINIC + " -gauss_aniso_xtal -Na 3 -Nb 5 -Nc 8 -Nd 1 -Ne -1.5 -Nf 0.8 -mosaic 0.3 "
+         "-mosaic_dom 3 -mosaic_seed 7",
+         "spec, -gauss_aniso_xtal: a Gaussian crystal with the size matrix N = [[3 1 0.8] [1 5 -1.5] "
+         "[0.8 -1.5 8]] unit cells (all six sizes matter)"),
 ]
-CASES: dict[str, Case] = {c.name: c for c in _CASE_LIST}
+_OFF_DIAGONAL = ("N_d", "N_e", "N_f")
+_OFF_DIAGONAL_ZERO = {n: "the off-diagonal crystal sizes act only with -gauss_aniso_xtal" for n in _OFF_DIAGONAL}
+CASES: dict[str, Case] = {
+    c.name: c if "-gauss_aniso_xtal" in c.args.split() else replace(c, zero={**_OFF_DIAGONAL_ZERO, **c.zero})
+    for c in _CASE_LIST}
 DEFAULT_CASE = "mosaic"
 
 

@@ -45,7 +45,7 @@ from losses.kernels import PIXEL_TERMS, gaussian_restraint_terms, poisson_devian
 from losses.registry import LOSSES, get_loss
 from nbtorch import runtime
 from nbtorch.errors import InputError
-from nbtorch.parameters import PARAMETER_NAMES
+from nbtorch.parameters import PARAMETER_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
 from refine.fitting.parameters import BASE_NAMES
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 
@@ -392,7 +392,7 @@ class ImageObjective:
         if self.sim.panel_layout is not None:  # every panel's geometry (its group's change included)
             overrides.update({n: values[n] for n in self.sim.panel_layout.names()})
         if self.n_factor != 1.0:
-            for n in ("N_a", "N_b", "N_c"):
+            for n in SIZE_DIAGONAL + SIZE_OFF_DIAGONAL:  # the whole size matrix
                 overrides[n] = overrides[n] * self.n_factor
         if self.amplitudes is not None:
             overrides["F_grid"] = self.amplitudes.grid(values, self.dtype, self.device)

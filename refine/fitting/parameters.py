@@ -11,7 +11,10 @@ are :data:`REFINE_TABLE`; :data:`UNITS` and :data:`STEPS` are read from both):
   left-multiplied onto the misset rotation); reported back as ``misset_x/y/z``;
 * ``N``: one isotropic crystal size; ``N_a N_b N_c`` are multiplied by the common
   factor ``N / N_start`` (``N_start`` = geometric mean of the starting values).
-  Naming ``N_a``/``N_b``/``N_c`` anywhere refines them separately instead;
+  Naming ``N_a``/``N_b``/``N_c`` anywhere refines them separately instead; ``N`` scales the off-diagonal
+  sizes ``N_d N_e N_f`` by the same factor where they are not refined themselves (the crystal keeps its shape);
+* ``N_d N_e N_f`` (unit cells): the off-diagonal terms of the symmetric size matrix of ``-gauss_aniso_xtal``
+  (group ``Ndef``, as cctbx diffBragg's Ndef); refined only with that shape;
 * nuisance parameters of the image model
   ``model = scale * simulator image + background [+ background_x * (x - xc) + background_y * (y - yc)]``:
   ``scale`` (dimensionless), ``background`` (photons/pixel; a detector
@@ -30,6 +33,7 @@ group           names
 ``cell``        the free cell values of the crystal system
 ``orientation`` ``orient_x orient_y orient_z``
 ``mosaic``      ``mosaic_spread`` and ``N`` (or ``N_a N_b N_c``)
+``Ndef``        ``N_d N_e N_f`` (``-gauss_aniso_xtal`` only)
 ``detector``    ``distance beam_x beam_y detector_rotx detector_roty detector_rotz twotheta``
 ``beam_centre`` ``beam_x beam_y``
 ``wavelength``  ``wavelength``
@@ -45,7 +49,8 @@ use one step size for all; raw 0 is the starting value except for the
 softplus and sigmoid transforms): lengths, ``N``, mosaic spread, wavelength,
 fluence, ``default_F`` and ``scale`` are positive, ``Multiplicative(v, step)``
 (``value = v * exp(step * raw)``); angles and the beam centre are
-``Identity(step, v)`` (one raw unit of ``beam_x``/``beam_y`` is one pixel);
+``Identity(step, v)`` (one raw unit of ``beam_x``/``beam_y`` is one pixel), and so are ``N_d N_e N_f``
+(0.5 unit cells);
 ``background`` is ``Positive(max(v, 1))`` (softplus: a negative background would
 let a misplaced model subtract intensity between its spots); the planar
 background slopes are ``Identity``; a knot ``background_<k>`` is ``Positive`` like ``background``; the Kahn factor is ``Bounded(-1, 1)``; a
@@ -66,9 +71,10 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from nbtorch.rotation import rotation_matrix_xyz
 from nbtorch.parameters import (
-    CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, TABLE, Parameter, names_in_group,
+    CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
+    TABLE, Parameter, names_in_group,
 )
-from nbtorch.resolve import check_cell
+from nbtorch.resolve import check_cell, check_size_matrix
 from refine.fitting.background import is_knot, parse_background
 from refine.fitting.structure_factors import is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
@@ -131,6 +137,7 @@ GROUPS = {
     "cell": None,  # depends on the crystal system
     "orientation": ORIENTATION_DELTAS,
     "mosaic": None,  # mosaic_spread + N or N_a N_b N_c
+    "Ndef": SIZE_OFF_DIAGONAL,  # the off-diagonal sizes of -gauss_aniso_xtal
     "detector": names_in_group("detector"),
     "beam_centre": ("beam_x", "beam_y"),
     "wavelength": ("wavelength",),
@@ -360,6 +367,8 @@ class ParameterSpace:
             v = float(values.get(n, 1.0))
             if not (v > 0 or (n == "mosaic_spread" and v == 0)):
                 raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n == 'mosaic_spread' else '> 0'})")
+        if any(float(values.get(n, 0.0)) != 0.0 for n in SIZE_OFF_DIAGONAL):
+            check_size_matrix([values[n] for n in SIZE_DIAGONAL + SIZE_OFF_DIAGONAL], "start: N_a .. N_f")
         implied = constrained_cell(self.symmetry, values)
         for n in CELL:
             if abs(float(implied[n]) - float(values[n])) > 1e-6 * max(1.0, abs(float(values[n]))):
@@ -453,9 +462,9 @@ class ParameterMap:
         """Every base value given physical values of (some) refinable names."""
         out: dict[str, Tensor | float] = dict(self.values)
         for n, v in physical.items():
-            if n == "N":
+            if n == "N":  # the whole size matrix, but off-diagonal terms refined themselves
                 factor = v / self.n0
-                for k in ("N_a", "N_b", "N_c"):
+                for k in SIZE_DIAGONAL + tuple(k for k in SIZE_OFF_DIAGONAL if k not in physical):
                     out[k] = self.values[k] * factor
             else:
                 out[n] = v

@@ -39,6 +39,7 @@ parameter                              transform
 =====================================  =========================================
 cell_a cell_b cell_c (A)               ``Positive(v)``
 N_a N_b N_c                            ``Positive(v)``
+N_d N_e N_f (off-diagonal sizes)       ``Identity(0.5, v)`` (either sign; unit cells)
 distance (mm)                          ``Positive(v)``
 wavelength (A)                         ``Positive(v)``
 mosaic_spread (deg)                    ``Positive(max(v, 0.05))``
@@ -265,8 +266,11 @@ _ANGLE_SCALES = {
     "detector_rotx": 0.05, "detector_roty": 0.05, "detector_rotz": 0.05, "twotheta": 0.05,
     "beam_x": 0.1, "beam_y": 0.1,
 }
+#: the off-diagonal crystal sizes of -gauss_aniso_xtal (unit cells, either sign): additive
+_OFF_DIAGONAL_SCALES = {"N_d": 0.5, "N_e": 0.5, "N_f": 0.5}
 MOSAIC_SCALE_MIN_DEG = 0.05
-TRANSFORM_NAMES = (*_POSITIVE, *_ANGLE_SCALES, "mosaic_spread", "fluence", "polarization", "default_F")
+TRANSFORM_NAMES = (*_POSITIVE, *_ANGLE_SCALES, *_OFF_DIAGONAL_SCALES, "mosaic_spread", "fluence", "polarization",
+                   "default_F")
 
 
 def default_transform(name: str, value: float | Tensor) -> Transform:
@@ -294,6 +298,8 @@ def default_transform(name: str, value: float | Tensor) -> Transform:
         return LogPositive(_positive(f"value ({name})", v))
     if name in _ANGLE_SCALES:
         return Identity(_ANGLE_SCALES[name], v)
+    if name in _OFF_DIAGONAL_SCALES:
+        return Identity(_OFF_DIAGONAL_SCALES[name], v)
     if name == "polarization":
         if not -1.0 < v < 1.0:
             raise InputError(f"value (polarization): Kahn factor must be inside (-1, 1), got {value!r}")

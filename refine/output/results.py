@@ -5,7 +5,7 @@ Both results are written in **one schema** (:func:`save_json`, :func:`save_h5`, 
 a joint result is the single one extended with a list of per-image entries.  The JSON document holds::
 
     format          "nbtorch-refine-result" (one image) or "nbtorch-refine-joint" (many)
-    params          final value of every canonical parameter (fixed ones too; N_a/N_b/N_c always; the
+    params          final value of every canonical parameter (fixed ones too; N_a/N_b/N_c and N_d/N_e/N_f always; the
                     orientation as misset_x/y/z), plus scale and background; joint: the shared ones
     initial_params  the same at the start
     refined         refined name -> final value (orient_x/y/z: the small rotation refined)

@@ -53,6 +53,7 @@ import nbtorch
 from torch import Tensor
 
 from nbtorch.jacobian_kernels import JACOBIAN_TILE_EVALUATIONS, forward_mode
+from nbtorch.parameters import SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
 from refine.fitting.objective import ImageObjective, View
 from refine.fitting.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
 from refine.fitting.structure_factors import is_amplitude
@@ -477,8 +478,8 @@ def derived_esds(pmap: ParameterMap, theta: Tensor, C: Tensor) -> dict[str, floa
             if isinstance(same[dep], Tensor):  # tied to src by the symmetry
                 out[dep] = esd(idx[src])
     if "N" in idx:
-        for k in ("N_a", "N_b", "N_c"):
-            out[k] = esd(idx["N"]) * pmap.values[k] / pmap.n0
+        for k in SIZE_DIAGONAL + tuple(k for k in SIZE_OFF_DIAGONAL if k not in idx and pmap.values[k] != 0):
+            out[k] = esd(idx["N"]) * abs(pmap.values[k]) / pmap.n0
     if all(n in idx for n in ORIENTATION_DELTAS):
         ii = [idx[n] for n in ORIENTATION_DELTAS]
         misset = torch.tensor([pmap.values[k] for k in ("misset_x", "misset_y", "misset_z")], dtype=torch.float64)

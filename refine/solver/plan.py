@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
-from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
+from nbtorch.config import ANISOTROPIC_SHAPE
+from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES, SIZE_OFF_DIAGONAL
 from nbtorch.simulator import Simulator
 from refine.quality.identifiability import reduce_free
 from refine.fitting.objective import LossFn, check_priors, resolve_loss
@@ -220,6 +221,10 @@ def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str
     space.check_start(values0)
     plan = _stage_plan(space, stages, free)
     names = tuple(n for n in space.all_names if any(n in stage_names for _, stage_names in plan))
+    off = [n for n in names if n in SIZE_OFF_DIAGONAL]
+    if off and sim.setup.shape != ANISOTROPIC_SHAPE:
+        raise InputError(f"{', '.join(off)}: the off-diagonal crystal sizes act only with -gauss_aniso_xtal in the "
+                         f"model flags (the crystal shape is {sim.setup.shape}); refine them with that shape")
     return space, plan, names
 
 

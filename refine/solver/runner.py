@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
+from nbtorch.parameters import SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 from refine.output.callbacks import CallbackList, ProgressCallback, RunInfo, StepState
 from refine.solver.checkpoint import RunCheckpoint, read_checkpoint, write_checkpoint
@@ -160,7 +161,7 @@ def stage_objective(plan: RunPlan, stage: Stage, names: Sequence[str], values: M
     """The stage's view of the image (region, bins, fraction) and its loss; a stage refining N fits every
     pixel at full weight (its ``n_factor`` would scale the very thing refined)."""
     view = make_view(plan.sim, values, plan.valid, stage.roi_fraction, stage.bin, stage.roi_radius)
-    refines_n = any(n in ("N", "N_a", "N_b", "N_c") for n in names)
+    refines_n = any(n in ("N", *SIZE_DIAGONAL, *SIZE_OFF_DIAGONAL) for n in names)
     return ImageObjective(plan.sim, plan.observed, view, plan.loss_fn, 1.0 if refines_n else stage.n_factor,
                           plan.compile_loss, priors=plan.priors, amplitudes=plan.amplitudes, restraint=plan.restraint,
                           background_model=plan.background_model)

@@ -81,6 +81,13 @@ CASES = {
     "start angles no cell": (["--problem", "cubic_mosflm", "--size", "16", "--symmetry", "triclinic",
                               "--start", "cell_alpha=60,cell_beta=60,cell_gamma=130"], "do not make a unit cell"),
     "negative start N": (["--problem", "cubic_mosflm", "--size", "16", "--start", "N_a=-2"], "N_a=-2 is impossible"),
+    "off-diagonal N without the shape": (["--problem", "cubic_mosflm", "--size", "16", "--refine", "scale,Ndef"],
+                                         "N_d, N_e, N_f: the off-diagonal crystal sizes act only with "
+                                         "-gauss_aniso_xtal in the model flags (the crystal shape is square)"),
+    "size matrix not positive definite": (["--problem", "cubic_mosflm", "--size", "16", "--start", "N_d=30"],
+                                          "start: N_a .. N_f: the size matrix [[Na Nd Nf] [Nd Nb Ne] [Nf Ne Nc]]"),
+    "gauss_aniso size matrix": (["--image", "ok.cbf", "--model", SMALL_MODEL + " -gauss_aniso_xtal -Nd 5 -Ne 5",
+                                 "--refine", "Ndef"], "-gauss_aniso_xtal: the size matrix"),
     "empty refine": (["--problem", "cubic_mosflm", "--refine", ","], "--refine: no names given"),
     "refine and fix": (["--problem", "cubic_mosflm", "--refine", "cell_a,scale", "--fix", "cell_a"],
                        "--refine and --fix both name cell_a"),
