@@ -10,6 +10,11 @@ number from the ``numpy.random.Generator`` passed in (the same generator state g
   40-count pedestal;
 * ``observed = Poisson(scale x crystal + shot background) + pedestal``.
 
+``keep=`` (the images one process of a torchrun run holds) draws every image as above, so the set is the same
+bits, but stores only the kept images' observed counts (the others' ``observed`` is None): a process's memory is
+its share of the pixels, while its time to draw is that of the whole set (each image's Poisson draw takes a number
+of random values that depends on its model, so an image cannot be skipped).
+
 The start of a good image is what an indexer gives: the orientation off by ``orientation_error_deg`` about a
 random axis, scale 1, the beam centre, distance, N and the image's mosaic spread known (not refined); the
 shared start is the cell ``x (1 + cell_error)``.  A fraction ``bad_fraction`` of the images is bad, in equal
@@ -52,12 +57,13 @@ MOSAIC_DEG = 0.8
 
 @dataclass(frozen=True)
 class SerialImage:
-    """One still: ``kind`` (``"good"`` or one of :data:`BAD_KINDS`), ``observed`` (slow, fast) counts, its
+    """One still: ``kind`` (``"good"`` or one of :data:`BAD_KINDS`), ``observed`` (slow, fast) counts (None when
+    not kept: :func:`make_serial`'s ``keep``), its
     ``truth`` and ``start`` (base values overriding the simulator's: :meth:`SerialSet.image_starts`)."""
 
     index: int
     kind: str
-    observed: np.ndarray = field(repr=False)
+    observed: np.ndarray | None = field(repr=False)
     truth: dict = field(repr=False)
     start: dict = field(repr=False)
 
@@ -101,6 +107,9 @@ class SerialSet:
 
     def write(self, directory: str | Path) -> Path:
         """``directory/manifest.json`` and one ``image_NNNNN.npy`` per image; returns the manifest's path."""
+        missing = [im.index for im in self.images if im.observed is None]
+        if missing:
+            raise InputError(f"write: the observed counts of image {missing[0]} were not kept (make_serial's keep)")
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         rows = []
@@ -154,8 +163,9 @@ def _blobs(size: int, rng: np.random.Generator) -> np.ndarray:
 
 def make_serial(n: int, rng: np.random.Generator, *, size: int = 64, bad_fraction: float = 0.05,
                 scale_spread: float = 0.3, mosaic_spread: float = 0.1, background_spread: float = 0.3,
-                cell_error: float = 0.005, orientation_error_deg: float = 0.2) -> SerialSet:
-    """``n`` stills (module docstring), every random number from ``rng``."""
+                cell_error: float = 0.005, orientation_error_deg: float = 0.2, keep=None) -> SerialSet:
+    """``n`` stills (module docstring), every random number from ``rng``; ``keep``: the indices whose observed
+    counts are stored (default all; the same draws either way)."""
     if int(n) != n or n < 1:
         raise InputError(f"n: expected an integer >= 1, got {n!r}")
     if not 0.0 <= bad_fraction < 1.0:
@@ -167,16 +177,17 @@ def make_serial(n: int, rng: np.random.Generator, *, size: int = 64, bad_fractio
     for j, i in enumerate(rng.choice(n, size=n_bad, replace=False)):
         kinds[int(i)] = BAD_KINDS[j % len(BAD_KINDS)]
     cell = {k: base.truth[k] for k in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")}
+    kept = set(range(int(n))) if keep is None else {int(i) for i in keep}
     images = [_one(i, kinds[i], sim, base.truth, cell, rng, size, scale_spread, mosaic_spread, background_spread,
-                   orientation_error_deg) for i in range(int(n))]
+                   orientation_error_deg, i in kept) for i in range(int(n))]
     start = {k: v * (1.0 + cell_error) if k in ("cell_a", "cell_b", "cell_c") else v for k, v in cell.items()}
     return SerialSet(tuple(images), tuple(base.args), base.symmetry, start, cell)
 
 
 def _one(i: int, kind: str, sim: Simulator, base: dict, cell: dict, rng: np.random.Generator, size: int,
-         scale_spread: float, mosaic_spread: float, background_spread: float, orientation_error_deg: float
-         ) -> SerialImage:
-    """Image ``i`` of :func:`make_serial`."""
+         scale_spread: float, mosaic_spread: float, background_spread: float, orientation_error_deg: float,
+         keep: bool = True) -> SerialImage:
+    """Image ``i`` of :func:`make_serial` (its observed counts None unless ``keep``; the same draws)."""
     misset = rng.uniform([-180.0, -60.0, -180.0], [180.0, 60.0, 180.0])
     truth = {**base, **cell, **dict(zip(("misset_x", "misset_y", "misset_z"), (float(m) for m in misset)))}
     truth["scale"] = float(np.exp(rng.normal(0.0, scale_spread)))
@@ -194,4 +205,4 @@ def _one(i: int, kind: str, sim: Simulator, base: dict, cell: dict, rng: np.rand
     observed = rng.poisson(truth["scale"] * crystal + shot).astype(np.float64) + PEDESTAL
     turn = 25.0 if kind == "failed_start" else orientation_error_deg
     start = {**{k: truth[k] for k in KNOWN}, **_turn(misset, turn, rng), "scale": 1.0}
-    return SerialImage(i, kind, observed, {k: float(v) for k, v in truth.items()}, start)
+    return SerialImage(i, kind, observed if keep else None, {k: float(v) for k, v in truth.items()}, start)

@@ -6,8 +6,9 @@ or several under torchrun.
     python -m experiments.serial_scale --stills 1000 --out out/serial1000.json [--h5 out/serial1000.h5]
     torchrun --nproc-per-node 2 -m experiments.serial_scale --stills 1000 --out out/serial1000_2p.json
 
-Every process draws the whole set from ``--seed`` (the same bits in each) and hands every image to
-:func:`refine.many.serial.refine_serial` (the joint runs simulate only the process's share).  Process 0 writes
+Every process draws the whole set from ``--seed`` (the same bits in each) but keeps only its own block of it
+(:func:`refine.many.distributed.image_shard`: the observed counts and simulators of those images), which it holds
+through every round of :func:`refine.many.serial.refine_serial` (``local_images``).  Process 0 writes
 ``--out``: wall seconds (generation and refinement apart), the peak resident memory (MiB) and CPU seconds (the
 whole process: generation included) of every process, the
 load average before and after, the shared cell, its esds and error against the truth, the rounds, the images
@@ -30,7 +31,7 @@ import torch
 
 from experiments.serial_data import make_serial
 from refine.many.batch import end_process_group
-from refine.many.distributed import Comm
+from refine.many.distributed import Comm, image_shard
 from refine.many.serial import refine_serial
 from refine.many.serial_file import save_serial_h5
 from refine.output.results import jsonable
@@ -45,13 +46,14 @@ def _peak_mib() -> float:
 def measure(n: int, seed: int, bad_fraction: float, h5: str | None = None) -> dict:
     """One measured run (every process calls it; every process gets the document)."""
     load0 = os.getloadavg()
-    t0 = time.monotonic()
-    ds = make_serial(n, np.random.default_rng(seed), bad_fraction=bad_fraction)
-    t1 = time.monotonic()
-    result = refine_serial(ds.simulators(), ds.observed(), image_starts=ds.image_starts(), start=ds.shared_start,
-                           symmetry=ds.symmetry)
-    t2 = time.monotonic()
     comm = Comm()
+    t0 = time.monotonic()
+    mine = list(image_shard(n, comm.rank, comm.world))
+    ds = make_serial(n, np.random.default_rng(seed), bad_fraction=bad_fraction, keep=mine)
+    t1 = time.monotonic()
+    result = refine_serial(ds.simulators(mine), ds.observed(), image_starts=ds.image_starts(), start=ds.shared_start,
+                           symmetry=ds.symmetry, local_images=mine)
+    t2 = time.monotonic()
     peaks = comm.gather({comm.rank: torch.tensor([_peak_mib()])}, comm.world, (1,), torch.float64)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = comm.gather({comm.rank: torch.tensor([usage.ru_utime + usage.ru_stime])}, comm.world, (1,), torch.float64)

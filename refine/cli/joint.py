@@ -170,14 +170,14 @@ def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path 
 
 def _load_images(args: Options, images: list[str], indices: list, out_dir: Path, say
                  ) -> tuple[list, list, list, list, dict]:
-    """This process's images loaded (:func:`_load`): simulators, fitted pixels (held, or stored beyond
-    ``--pixel-memory``), starts and observed spots, None for the other processes' images (with ``--screen`` every
-    process loads every image: a later round may give it others, and an image that cannot be prepared is left out:
-    ``{index: its error}``, the last item)."""
+    """This process's images loaded (:func:`_load`; its block :func:`image_shard`, kept through the rounds of
+    ``--screen``): simulators, fitted pixels (held, or stored beyond ``--pixel-memory``), starts and observed spots,
+    None for the other processes' images; with ``--screen`` an image that cannot be prepared is left out:
+    ``{index: its error}`` of every process's images, the last item)."""
     n = len(images)
     sims, pixels, starts, spots = [None] * n, [None] * n, [None] * n, [None] * n
     budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
-    shard = range(n) if args.many.screen else image_shard(n)
+    shard = image_shard(n)
     failed: dict[int, str] = {}
     try:
         for i in shard:
@@ -193,6 +193,8 @@ def _load_images(args: Options, images: list[str], indices: list, out_dir: Path,
     except BaseException:
         _drop_stored(pixels)
         raise
+    if args.many.screen:  # every process learns every failed start (each loaded only its own images)
+        failed = {i: msg for i, msg in enumerate(Comm().gather_objects(failed, n)) if msg is not None}
     stored = [i for i in shard if isinstance(pixels[i], StoredPixels)]
     say(f"  fitted pixels held in memory: {held[0] / 1e6:.1f} MB" + (
         f"; the pixels of {len(stored)} images read from {folder}/ at each evaluation (--pixel-memory {budget / 1e6:g} MB)"
@@ -302,7 +304,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         space.expand(per_image), symmetry)
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
-    say(f"nbtorch-refine: joint refinement of {n} images, {n if args.many.screen else len(image_shard(n))} in this "
+    say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this "
         f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; every "
         f"other parameter (distance, beam, detector) held; results in {out_dir}/"
         + ("; in rounds, the images that do not fit dropped (--screen)" if args.many.screen else "")
@@ -316,7 +318,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
                   structure_factors=amplitudes)
         if args.many.screen:
             kw.pop("image_starts")
-            result = refine_screened(sims, pixels, starts, failed, previous, **kw)
+            result = refine_screened(sims, pixels, starts, failed, previous, image_shard(n), **kw)
         else:
             result = refine_joint(sims, pixels, resume=checkpoint if args.output.resume else None, **kw)
     finally:
@@ -333,8 +335,9 @@ def _with_spots(result, sims: list, spots: list):
     """The joint result (of a serial run: its last round's, over the images used) with its spot report."""
     if not isinstance(result, SerialResult):
         return with_spot_report(result, spot_rows(sims, spots, result, image_shard(len(sims))))
-    used = list(result.used)
-    rows = spot_rows([sims[i] for i in used], [spots[i] for i in used], result.joint, image_shard(len(used)))
+    used = list(result.used)  # this process measures the used images it loaded
+    rows = spot_rows([sims[i] for i in used], [spots[i] for i in used], result.joint,
+                     [j for j, i in enumerate(used) if sims[i] is not None])
     return dataclasses.replace(result, joint=with_spot_report(result.joint, rows))
 
 

@@ -81,17 +81,20 @@ def _subset_previous(previous: dict | None, keep: list[int]) -> dict | None:
 
 
 def refine_screened(sims: list, pixels: list, starts: list, failed: dict[int, str], previous: dict | None,
-                    **joint_kw) -> SerialResult:
-    """:func:`refine_serial` over the images that could be prepared; the ``failed`` ones (``{index: message}``)
-    listed as dropped before round 1 (round 0, reason ``failed start (message)``); indices are the positions in
-    ``--images``."""
+                    held: Sequence[int], **joint_kw) -> SerialResult:
+    """:func:`refine_serial` over the images that could be prepared; the ``failed`` ones (``{index: message}``, of
+    every process) listed as dropped before round 1 (round 0, reason ``failed start (message)``); indices are the
+    positions in ``--images``; ``held``: the ones this process loaded (the others' ``sims``, ``pixels`` and
+    ``starts`` may be None), which it holds through every round."""
     n = len(sims)
     keep = [i for i in range(n) if i not in failed]
     if not keep:
         first = min(failed)
         raise InputError(f"--images: no image could be prepared (image {first + 1}: {failed[first]})")
+    mine = set(held)
     res = refine_serial([sims[i] for i in keep], [pixels[i] for i in keep], image_starts=[starts[i] for i in keep],
-                        previous=_subset_previous(previous, keep), **joint_kw)
+                        previous=_subset_previous(previous, keep), local_images=[j for j, i in enumerate(keep)
+                                                                                 if i in mine], **joint_kw)
     dropped = {keep[j]: d for j, d in res.dropped.items()}
     dropped.update({i: {"reason": f"{FAILED_START} ({msg})", "round": 0, "values": {}, "fit": {}}
                     for i, msg in failed.items()})

@@ -1,7 +1,8 @@
 """The processes of a joint refinement (:mod:`refine.many.joint`): :class:`Comm` and :func:`image_shard`.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) every process joins one gloo group (:func:`refine.many.batch.process_group`);
-process ``r`` of ``W`` holds the contiguous block :func:`image_shard` of the images.  :class:`Comm` gathers rows
+process ``r`` of ``W`` holds the contiguous block :func:`image_shard` of the images, or the images a caller names
+(:func:`held_images`: every image held by exactly one process, any assignment).  :class:`Comm` gathers rows
 of per-image values exactly (each row is non-zero in the one process that holds its image, so the all_reduce sum
 is that row, bit for bit), runs a check on process 0 only and hands its answer (or its one-line
 :class:`~nbtorch.errors.InputError`) to every process.  A collective that fails because another process died
@@ -20,7 +21,7 @@ from nbtorch.errors import InputError
 from refine.many.batch import process_group
 from refine.solver.loop import LoopAborted
 
-__all__ = ["Comm", "image_shard"]
+__all__ = ["Comm", "image_shard", "held_images"]
 
 
 class Comm:
@@ -104,3 +105,27 @@ def image_shard(n: int, rank: int | None = None, world: int | None = None) -> ra
         comm = Comm()
         rank, world = comm.rank, comm.world
     return range(n * rank // world, n * (rank + 1) // world)
+
+
+def held_images(comm: Comm, n: int, local=None, what: str = "local_images") -> list[int]:
+    """The images this process holds, sorted: ``local`` (positions ``0 <= i < n``), checked so that every image
+    is held by exactly one process (one all_reduce of ``n`` counts, so every process raises the same one-line
+    :class:`~nbtorch.errors.InputError`); ``None``: :func:`image_shard`."""
+    if local is None:
+        return list(image_shard(n, comm.rank, comm.world))
+    try:
+        held = sorted(int(i) for i in local)
+    except (TypeError, ValueError):
+        raise InputError(f"{what}: expected image positions (integers), got {local!r}") from None
+    bad = [i for i in held if not 0 <= i < n]
+    if bad:
+        raise InputError(f"{what}: image {bad[0]} is not among the {n} images")
+    twice = sorted({i for i in held if held.count(i) > 1}) if len(set(held)) < len(held) else []
+    if twice:
+        raise InputError(f"{what}: image {twice[0]} is named twice")
+    counts = comm.gather({i: torch.ones(1, dtype=torch.float64) for i in held}, n, (1,), torch.float64).reshape(-1)
+    wrong = torch.nonzero(counts != 1.0).reshape(-1).tolist()
+    if wrong:
+        raise InputError(f"{what}: image {wrong[0]} is held by {int(counts[wrong[0]])} processes (each image by "
+                         f"exactly one; {len(wrong)} images wrong)")
+    return held

@@ -23,8 +23,10 @@ table shared by every image; its visible amplitudes are appended to the shared n
 vector), and the optional restraint is one term of the joint loss, preconditioner and esds.
 
 **Several processes** (``torchrun --nproc-per-node N``; ``torch.distributed`` with gloo): process ``r``
-of ``W`` holds the contiguous shard :func:`image_shard` of the images (only those are simulated and kept
-in memory; the others may be passed as None).  Each evaluation computes, for each of its images, the loss
+of ``W`` holds the contiguous shard :func:`image_shard` of the images, or those named by ``local_images`` (any
+assignment with each image in exactly one process; :func:`refine.many.serial.refine_serial` keeps each process's
+block of the whole set through its rounds): only those are simulated and kept in memory; the others may be passed
+as None.  Each evaluation computes, for each of its images, the loss
 and its gradient with respect to ``[shared, own]``; the rows ``(loss, gradient)`` of every image are
 gathered with one ``all_reduce`` (each row is non-zero in one process only, so the sum is exact) and
 every process then adds them up in image order.  The joint loss and gradient are therefore the same bits
@@ -91,7 +93,7 @@ from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_option
 from refine.many.batch import restart_count
 from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
                                     read_joint_checkpoint, write_joint_checkpoint)
-from refine.many.distributed import Comm, image_shard
+from refine.many.distributed import Comm, held_images, image_shard
 import refine.many.esds as esds_module
 from refine.many.esds import MAX_DENSE, JointCovariances, assemble, joint_covariances, shared_covariance
 from refine.many.schur import (ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner, eliminate,
@@ -284,11 +286,11 @@ def _names(space: ParameterSpace, shared: Sequence[str], per_image: Sequence[str
     return shared_names, per_names
 
 
-def _shared_start(simulators, observed_images, masks, start, comm: Comm, n: int, local: range) -> dict:
+def _shared_start(simulators, observed_images, masks, start, comm: Comm, n: int, local: Sequence[int]) -> dict:
     """Every base value of image 0 (from this process's first image when it is image 0, else gathered) with
     ``start`` over it: the shared names start there in every image."""
     rows = {}
-    if local and local[0] == 0:
+    if 0 in local:
         sim = simulators[0]
         if isinstance(sim, Simulator):
             px = _fitted(0, sim, observed_images[0], None if masks is None else masks[0]).load()
@@ -443,21 +445,21 @@ def refine_joint(
     on_checkpoint: Callable[[int, Path], None] | None = None,
     structure_factors: AmplitudeOptions | None = None,
     geometry_first: bool = True,
+    local_images: Sequence[int] | None = None,
 ) -> JointResult:
     """Refine shared parameters (default the cell) and per-image ones of many stills together: a
     :class:`JointResult` (the same in every process).
 
     Arguments:
         simulators: one :class:`nbtorch.Simulator` per image (its parameters are the image's starting model);
-            under torchrun only those of this process's :func:`image_shard` are used (the others may be None).
+            under torchrun only those this process holds are used (the others may be None): ``local_images``.
         observed_images: (slow, fast) photons per image (same rule); ``masks``: None or one bool mask (or None)
             per image, True = use the pixel.
         shared: groups/names with one value for all images (:data:`refine.fitting.parameters.GROUPS`, names).
         per_image: groups/names with one value per image; every other name stays at its start.
         symmetry: crystal system of the cell; ``start``: the shared names' start (default: image 0's simulator's).
         image_starts: per image, starting values overriding its simulator's (e.g. a known beam centre).
-        strategy: ``"lbfgs"`` (default) or ``"adam"`` or a strategy object; ``convergence``: its stopping
-            rules (default :data:`DEFAULT_CONVERGENCE`).
+        strategy: ``"lbfgs"`` (default), ``"adam"`` or an object; ``convergence``: (:data:`DEFAULT_CONVERGENCE`).
         precondition: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``, None.
         background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`; ``esds``: estimate
             esds at the end (module docstring).
@@ -466,13 +468,13 @@ def refine_joint(
             (``TORCHELASTIC_RESTART_COUNT`` > 0) an existing checkpoint of this problem is resumed without ``resume``.
         resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ).
         on_checkpoint: ``(step, path)`` called in every process after each checkpoint is complete.
-        structure_factors: refine one amplitude per symmetry-unique reflection, shared by all images
-            (:class:`~refine.fitting.structure_factors.AmplitudeOptions`; :mod:`refine.many.amplitudes`): one table for
-            every image, the visible amplitudes appended to the shared names, image 0's scale held.
-        geometry_first: with ``structure_factors``, first refine the same names without the amplitudes (no
-            esds; its checkpoint beside ``checkpoint``, :func:`geometry_checkpoint`), then the amplitudes and
-            every name from that result, as a single run refines them in its last stage: which amplitudes the
-            pixels see and their EM start are judged at the refined geometry.  ``False``: one loop from the start.
+        structure_factors: one amplitude per symmetry-unique reflection, one table for all images
+            (:class:`~refine.fitting.structure_factors.AmplitudeOptions`; :mod:`refine.many.amplitudes`); the visible
+            amplitudes appended to the shared names, image 0's scale held.
+        geometry_first: with ``structure_factors``, first the same names without the amplitudes (no esds; its
+            checkpoint :func:`geometry_checkpoint`), then everything from that result, as a single run's last stage:
+            which amplitudes the pixels see and their EM start judged at the refined geometry (``False``: one loop).
+        local_images: the images this process holds (each in one process; default :func:`image_shard`'s block).
 
     Raises:
         InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the symmetry,
@@ -488,14 +490,14 @@ def refine_joint(
             simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
             dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
                  precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
-                 on_checkpoint=on_checkpoint))
+                 on_checkpoint=on_checkpoint, local_images=local_images))
     comm = Comm()
     conv = convergence or DEFAULT_CONVERGENCE
     if comm.world > 1 and conv.time_budget_s is not None:
         raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
     problem = _joint_problem(comm, simulators, observed_images, masks, start, image_starts, shared=shared,
                              per_image=per_image, symmetry=symmetry, background=background, loss=loss,
-                             structure_factors=structure_factors)
+                             structure_factors=structure_factors, local_images=local_images)
     step_rule = get_strategy(strategy)
     saver, resumed = _start_or_resume(problem, step_rule, precondition, checkpoint, checkpoint_every, resume,
                                       on_checkpoint, t0)
@@ -533,15 +535,15 @@ class _Problem:
 
 
 def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_starts, *, shared, per_image,
-                   symmetry: str, background: str, loss, structure_factors: AmplitudeOptions | None) -> _Problem:
+                   symmetry: str, background: str, loss, structure_factors: AmplitudeOptions | None,
+                   local_images: Sequence[int] | None) -> _Problem:
     """The names, this process's prepared images (with the shared amplitude table) and the raw start."""
     n = len(simulators)
-    local = image_shard(n, comm.rank, comm.world)
+    local = held_images(comm, n, local_images)
     first = next((simulators[i] for i in local if isinstance(simulators[i], Simulator)), None)
     if local and first is None:
-        raise InputError(f"simulators: images {local.start}..{local.stop - 1} of this process are missing")
-    space = ParameterSpace(symmetry=symmetry, background=background,
-                           pixel_mm=first.setup.pixel_m * 1000.0 if first is not None else 0.1)
+        raise InputError(f"simulators: images {local[0]}..{local[-1]} of this process are missing")
+    space = ParameterSpace(symmetry=symmetry, background=background, pixel_mm=_pixel_mm(comm, simulators, local))
     if structure_factors is not None:
         check_options(structure_factors, shared, per_image)
     shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)
@@ -569,6 +571,16 @@ def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_
         _share_amplitudes(joint, amps, ParameterMap(space, map_starts[0], shared_names), per_names)
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     return _Problem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, raw0, amps)
+
+
+def _pixel_mm(comm: Comm, simulators, local: Sequence[int]) -> float:
+    """Image 0's pixel size (mm), in every process (its holder's; 0.1 for a model without one): every process
+    builds the same parameter space, also one that holds no image."""
+    rows = {}
+    if 0 in local and isinstance(simulators[0], Simulator):
+        rows[0] = torch.tensor([simulators[0].setup.pixel_m * 1000.0], dtype=torch.float64)
+    got = float(comm.gather(rows, 1, (1,), torch.float64)[0, 0])
+    return got if got > 0 else 0.1
 
 
 def _shared_starts(simulators, observed_images, masks, start, image_starts, shared_names, comm: Comm,

@@ -9,16 +9,20 @@
 
 The run goes on without the dropped images; each is listed with its reason and its values when dropped
 (:class:`SerialResult`).  The last round always refines the kept images from the previous round's values, so
-the shared values and esds are those of the kept images alone.  Everything is the same in every process and
-for any number of processes (the rounds are :func:`refine_joint` runs, whose results are; the rule is applied to
-gathered values), so 1 and 2 processes give the same bits.
+the shared values and esds are those of the kept images alone.  Everything is the same in every process, for
+any number of processes and any assignment of the images to them (the rounds are :func:`refine_joint` runs,
+whose results are; the rule is applied to gathered values), so 1 and 2 processes give the same bits.
 
 **More images** (data arriving during a beam time): ``previous=`` a :class:`SerialResult` or its HDF5 file
 (:func:`refine.many.serial_file.save_serial_h5`) of a finished run whose images are the first ones passed now:
 those start from their refined values (the ones it dropped stay dropped, reason ``"dropped before: ..."``), the
 shared names from its shared values, the new images from their own starts; then the rounds as above.
 
-Every process needs every image's simulator and pixels (a later round may give a process other images).
+**Several processes** (torchrun): each process holds a fixed set of the images for the whole run (by default
+:func:`refine.many.distributed.image_shard`'s contiguous block of all ``n``; ``local_images=`` names another) and
+needs only their simulators and pixels (the others may be None): every round refines the used images of each
+process's set (:func:`refine_joint`'s ``local_images``), so a process's memory is its share of the images however
+many are dropped.  The steps wait for the slowest process: one whose set loses many images to the rule idles.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from nbtorch.errors import InputError
 from refine.fitting.parameters import BASE_NAMES, ORIENTATION_DELTAS
+from refine.many.distributed import Comm, held_images
 from refine.many.joint import DEFAULT_CONVERGENCE, JointResult, refine_joint
 from refine.many.screening import ScreeningRule, screen
 
@@ -118,17 +123,20 @@ def _round_rows(result: JointResult) -> tuple[list[float], list[float]]:
 def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], masks=None, *, image_starts=None,
                   start: Mapping[str, float] | None = None, rule: ScreeningRule = ScreeningRule(),
                   max_rounds: int = 3, screen_steps: int = 12, previous=None, esds: bool = True,
-                  checkpoint: str | Path | None = None, **joint_kw: Any) -> SerialResult:
+                  checkpoint: str | Path | None = None, local_images: Sequence[int] | None = None,
+                  **joint_kw: Any) -> SerialResult:
     """Refine the images in rounds, dropping those that do not fit (module docstring).
 
     Arguments:
-        simulators, observed_images, masks, image_starts, start: as for :func:`refine_joint` (every image in every
-            process).
+        simulators, observed_images, masks, image_starts, start: as for :func:`refine_joint`; under torchrun only
+            the images this process holds are used (the others may be None).
         rule: the :class:`ScreeningRule`; ``max_rounds``: at most this many joint loops (>= 2).
         screen_steps: round 1's step limit (it only has to tell the bad images from the good; a bad image slows
             a loop's convergence, so the full convergence is left to the rounds without it).
         previous: a finished :class:`SerialResult` (or its HDF5 file) whose images are the first ones here.
         checkpoint: round ``k``'s checkpoint is ``<stem>.round<k><suffix>`` beside it.
+        local_images: the positions of the images this process holds through every round (each image in exactly
+            one process; default :func:`~refine.many.distributed.image_shard`'s block of all ``n``).
         joint_kw: the rest of :func:`refine_joint`'s arguments (``shared``, ``per_image``, ``symmetry``, ...).
     """
     t0 = time.monotonic()
@@ -139,6 +147,7 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
         raise InputError(f"max_rounds: expected an integer >= 2, got {max_rounds!r}")
     if isinstance(screen_steps, bool) or not isinstance(screen_steps, int) or screen_steps < 1:
         raise InputError(f"screen_steps: expected an integer >= 1, got {screen_steps!r}")
+    held = set(held_images(Comm(), n, local_images))
     shared0, prev_starts, dropped, n_previous = _previous(previous, n)
     dropped = {i: {**d, "reason": d["reason"] if d["reason"].startswith("dropped before")
                    else f"dropped before: {d['reason']}"} for i, d in dropped.items()}
@@ -155,6 +164,7 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
         if k == 0:
             conv = kw.get("convergence") or DEFAULT_CONVERGENCE
             kw["convergence"] = dataclasses.replace(conv, max_steps=min(conv.max_steps, screen_steps))
+        kw["local_images"] = [j for j, i in enumerate(used) if i in held]
         result = _one_round(k, simulators, observed_images, masks, used, starts, shared_start, esds and k > 0,
                             checkpoint, kw)
         excess, scale = _round_rows(result)

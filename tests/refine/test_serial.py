@@ -35,6 +35,13 @@ def test_the_generator_is_seeded_by_the_generator_passed_in(tmp_path):
     assert all(np.array_equal(x.observed, y.observed) for x, y in zip(a.images, back.images))
     with pytest.raises(InputError, match="bad_fraction"):
         make_serial(3, np.random.default_rng(0), bad_fraction=1.0)
+    # one process's share (keep): the same draws, only the kept images' counts stored
+    part = make_serial(6, np.random.default_rng(5), size=SIZE, bad_fraction=0.5, keep=range(2, 4))
+    assert [im.observed is None for im in part.images] == [True, True, False, False, True, True]
+    assert all(np.array_equal(a.images[i].observed, part.images[i].observed) for i in (2, 3))
+    assert [im.truth for im in part.images] == [im.truth for im in a.images] and part.bad() == a.bad()
+    with pytest.raises(InputError, match="write: the observed counts of image 0 were not kept"):
+        part.write(tmp_path / "part")
 
 
 def test_the_screening_rule():
@@ -112,3 +119,10 @@ def test_bad_arguments_are_refused_in_one_line(run):
         refine_serial(ds.simulators()[:2], ds.observed()[:3])
     with pytest.raises(InputError, match="is not a serial result|not a readable HDF5"):
         refine_serial(*args, previous=__file__)
+    # the images this process holds: each image in exactly one process (here the only one)
+    with pytest.raises(InputError, match="^local_images: image 1 is held by 0 processes"):
+        refine_serial(*args, local_images=[0])
+    with pytest.raises(InputError, match="^local_images: image 0 is named twice$"):
+        refine_serial(*args, local_images=[0, 0, 1])
+    with pytest.raises(InputError, match="^local_images: image 2 is not among the 2 images$"):
+        refine_serial(*args, local_images=[0, 1, 2])

@@ -105,7 +105,7 @@ def test_screened_run_drops_the_bad_stills_and_takes_more_later(refine_cli, tmp_
         assert [names[i] for i in range(FIRST) if not g["used"][i]] == sorted(bad)
         assert all(g["reason"][i] for i in range(FIRST) if not g["used"][i])
 
-    # the same run under torchrun --nproc-per-node 2 (every process loads every still): the same bits
+    # the same run under torchrun --nproc-per-node 2 (each process loads and keeps its block of 3 stills): the same bits
     two = _torchrun(tmp_path, ["--images", *names[:FIRST], *common, "--screen", "--out-dir", "run1_2p"])
     assert two["world_size"] == 2 and two["serial"]["dropped"] == serial["dropped"]
     for key in ("shared", "shared_esds"):
