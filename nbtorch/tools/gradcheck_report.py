@@ -45,7 +45,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -98,7 +98,8 @@ def _specs() -> dict[str, ParamSpec]:
         ("cell_gamma", "deg", 1e-4, 1.0, "cell"),
         ("misset_x", "deg", 1e-4, 1.0, "orientation"), ("misset_y", "deg", 1e-4, 1.0, "orientation"),
         ("misset_z", "deg", 1e-4, 1.0, "orientation"), ("phi0", "deg", 1e-4, 1.0, "orientation"),
-        ("mosaic_spread", "deg", 1e-4, 1.0, "crystal"),
+        ("mosaic_spread", "deg", 1e-4, 1.0, "crystal"), ("mosaic_spread_a", "deg", 1e-4, 1.0, "crystal"),
+        ("mosaic_spread_b", "deg", 1e-4, 1.0, "crystal"), ("mosaic_spread_c", "deg", 1e-4, 1.0, "crystal"),
         ("N_a", "cells", 1e-4, 1.0, "crystal"), ("N_b", "cells", 1e-4, 1.0, "crystal"),
         ("N_c", "cells", 1e-4, 1.0, "crystal"),
         ("distance", "mm", 1e-4, 1.0, "geometry"), ("beam_x", "mm", 1e-5, 1.0, "geometry"),
@@ -193,8 +194,15 @@ _CASE_LIST = [
          "spec, cubic 90-degree cell, no misset, no rotations, the direct beam exactly on the centre of "
          "pixel (64, 64): h = k = l = 0 exactly there (sincg 0/0 in all three)",
          center="beam"),
+    Case("anisotropic_mosaic", TRICLINIC + " -mosaic 0.5 -mosaic_abc 0.3 0.5 0.8 -mosaic_dom 4 -mosaic_seed 12345 "
+         "-phi 10 -osc 0.3 -phisteps 2",
+         "spec, the 'mosaic' case with one spread per crystal axis (-mosaic_abc 0.3 0.5 0.8), 2 phi steps",
+         zero={"mosaic_spread": "the anisotropic model uses mosaic_spread_a/b/c, not mosaic_spread"}),
 ]
-CASES: dict[str, Case] = {c.name: c for c in _CASE_LIST}
+_ISOTROPIC_ZERO = {n: "isotropic mosaic: mosaic_spread_a/b/c are used only with -mosaic_abc"
+                   for n in ("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")}
+CASES: dict[str, Case] = {c.name: c if "-mosaic_abc" in c.args else replace(c, zero={**_ISOTROPIC_ZERO, **c.zero})
+                          for c in _CASE_LIST}
 DEFAULT_CASE = "mosaic"
 
 
