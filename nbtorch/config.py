@@ -36,6 +36,8 @@ class SimulationConfig:
     mosaic_spread_deg: float | None = None
     mosaic_domains: int | None = None
     mosaic_seed: int | None = None  # as given to -mosaic_seed (C stores -value)
+    #: -mosaic_abc: one spread per crystal axis (deg; spec mode only, nbtorch.physics.mosaic); None = isotropic
+    mosaic_spread_abc_deg: tuple[float, float, float] | None = None
     phi_deg: float = 0.0
     osc_deg: float | None = None
     phistep_deg: float | None = None

@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Parameter", "TABLE", "EXTRA_TABLE", "PARAMETER_NAMES", "ORIENTATION_DELTAS", "SIMULATOR_NAMES",
-           "MISSET_NAMES", "CELL_NAMES", "SIZE_DIAGONAL", "SIZE_OFF_DIAGONAL", "UNITS", "PARAMETER_GROUPS", "names_in_group", "parameter"]
+           "MISSET_NAMES", "MOSAIC_AXIS_NAMES", "CELL_NAMES", "SIZE_DIAGONAL", "SIZE_OFF_DIAGONAL", "UNITS",
+           "PARAMETER_GROUPS", "names_in_group", "parameter"]
 
 PARAMETER_GROUPS = ("cell", "orientation", "crystal", "detector", "beam", "structure_factors")
 STEP_KINDS = ("relative", "absolute")
@@ -67,6 +68,9 @@ TABLE: tuple[Parameter, ...] = (
     _P("misset_z", "deg", "orientation", "absolute", 0.1, "misset rotation about lab z (third)"),
     _P("phi0", "deg", "orientation", "absolute", 0.1, "spindle angle of the first phi step"),
     _P("mosaic_spread", "deg", "crystal", "relative", 0.1, "mosaic spread (domain angles scale with it)"),
+    _P("mosaic_spread_a", "deg", "crystal", "relative", 0.1, "anisotropic mosaic: spread about the crystal's x (a)"),
+    _P("mosaic_spread_b", "deg", "crystal", "relative", 0.1, "anisotropic mosaic: spread about the crystal's y"),
+    _P("mosaic_spread_c", "deg", "crystal", "relative", 0.1, "anisotropic mosaic: spread about the crystal's z (c*)"),
     _P("N_a", "unit cells", "crystal", "relative", 0.05, "crystal size along a"),
     _P("N_b", "unit cells", "crystal", "relative", 0.05, "crystal size along b"),
     _P("N_c", "unit cells", "crystal", "relative", 0.05, "crystal size along c"),
@@ -99,6 +103,8 @@ ORIENTATION_DELTAS: tuple[str, ...] = tuple(p.name for p in EXTRA_TABLE)
 #: every name ``Simulator(...)(**overrides)`` takes besides ``F_grid``
 SIMULATOR_NAMES: tuple[str, ...] = PARAMETER_NAMES + ORIENTATION_DELTAS
 MISSET_NAMES: tuple[str, ...] = ("misset_x", "misset_y", "misset_z")
+#: the anisotropic mosaic's spreads (``-mosaic_abc``; :mod:`nbtorch.physics.mosaic`), used only by that model
+MOSAIC_AXIS_NAMES: tuple[str, ...] = ("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")
 CELL_NAMES: tuple[str, ...] = tuple(p.name for p in TABLE if p.group == "cell")
 #: the diagonal (``N_a N_b N_c``) and the off-diagonal terms (``N_d`` a-b, ``N_e`` b-c, ``N_f`` a-c) of the
 #: crystal's symmetric size matrix N (unit cells); the off-diagonal ones act only with ``-gauss_aniso_xtal``

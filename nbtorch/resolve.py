@@ -122,6 +122,9 @@ class SamplingSetup:
     wavelength_factor: np.ndarray  # (Q,) source wavelength / wavelength parameter
     oversample: int
     steps: int  # sources x phi steps x mosaic domains x oversample^2 (the C's normalisation)
+    #: one spread per crystal axis (-mosaic_abc, nbtorch.physics.mosaic), the canonical names mosaic_spread_a/b/c;
+    #: False: nanoBragg's isotropic mosaic_spread (the default; mosaic_spread_a/b/c are then not used)
+    mosaic_anisotropic: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ _DELEGATED = {
     "detector": ("convention", "pivot", "beam", "fdet", "sdet", "odet", "twotheta_axis", "polar_axis", "spindle",
                  "pixel_m", "fpixels", "spixels", "detsize_s_m", "roi", "close_distance_given_m"),
     "crystal": ("orientation0", "cell_quirk", "shape", "fudge", "water_F2N"),
-    "sampling": ("phisteps", "phistep_deg", "phi_quirk", "mosaic_axes", "mosaic_fractions", "incident",
+    "sampling": ("phisteps", "phistep_deg", "phi_quirk", "mosaic_axes", "mosaic_fractions", "mosaic_anisotropic", "incident",
                  "wavelength_factor", "oversample", "steps"),
     "sensor": ("thicksteps", "layer_thickness_m", "mu_per_m", "has_thickness"),
     "structure_factors": ("F_grid", "F_present", "hkl_min", "hkl_max", "interpolate", "dmin_A"),
@@ -382,9 +385,14 @@ def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSe
                      crystal: CrystalSetup) -> SamplingSetup:
     """Phi steps, mosaic domains (the C's generator), sources and the oversample."""
     phisteps, phistep = _resolve_phi(cfg)
-    spread_deg, n_domains = crng.resolve_mosaic_domains(cfg.mosaic_spread_deg, cfg.mosaic_domains)
+    abc = cfg.mosaic_spread_abc_deg
+    # the anisotropic model draws and counts its domains as an isotropic spread of its largest axis would
+    drawn_deg, n_domains = crng.resolve_mosaic_domains(cfg.mosaic_spread_deg if abc is None else max(abc),
+                                                       cfg.mosaic_domains)
+    # mosaic_spread: the isotropic value as given (with -mosaic_abc not used by the model)
+    spread_deg = drawn_deg if abc is None else crng.resolve_mosaic_domains(cfg.mosaic_spread_deg, None)[0]
     seed = cfg.mosaic_seed if cfg.mosaic_seed is not None else crng.MOSAIC_SEED_DEFAULT
-    if spread_deg > 0:
+    if drawn_deg > 0:
         axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
     else:
         axes, fractions = np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
@@ -396,7 +404,8 @@ def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSe
         phisteps=phisteps, phistep_deg=phistep,
         phi_quirk=(cfg.phi_carryover == "c-parity") if cfg.phi_carryover else c_parity,
         mosaic_spread_deg=spread_deg, mosaic_axes=np.asarray(axes, dtype=np.float64),
-        mosaic_fractions=np.asarray(fractions, dtype=np.float64), incident=incident, wavelength_factor=wl_factor,
+        mosaic_fractions=np.asarray(fractions, dtype=np.float64), mosaic_anisotropic=abc is not None,
+        incident=incident, wavelength_factor=wl_factor,
         oversample=oversample, steps=len(incident) * phisteps * len(fractions) * oversample * oversample,
     )
 
@@ -517,6 +526,8 @@ def _canonical_params(cfg: SimulationConfig, detector: DetectorSetup, crystal: C
         "cell_alpha": cell[3], "cell_beta": cell[4], "cell_gamma": cell[5],
         "misset_x": misset[0], "misset_y": misset[1], "misset_z": misset[2],
         "phi0": cfg.phi_deg, "mosaic_spread": sampling.mosaic_spread_deg,
+        **dict(zip(("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c"),
+                   cfg.mosaic_spread_abc_deg or (sampling.mosaic_spread_deg,) * 3)),
         "N_a": n_cells[0], "N_b": n_cells[1], "N_c": n_cells[2], "N_d": cfg.N_d, "N_e": cfg.N_e, "N_f": cfg.N_f,
         "distance": detector.distance_m * 1000.0, "beam_x": detector.beam_x_m * 1000.0,
         "beam_y": detector.beam_y_m * 1000.0,
@@ -595,6 +606,17 @@ def _check_size_matrix(cfg: SimulationConfig) -> None:
     check_size_matrix((*diag, cfg.N_d, cfg.N_e, cfg.N_f), "-gauss_aniso_xtal")
 
 
+def _check_mosaic_abc(cfg: SimulationConfig) -> None:
+    """``-mosaic_abc``: three finite spreads >= 0 (deg), spec mode only (the C has no anisotropic mosaic)."""
+    abc = cfg.mosaic_spread_abc_deg
+    if abc is None:
+        return
+    if cfg.c_parity:
+        raise InputError("-mosaic_abc: the anisotropic mosaic is a spec-mode model; drop it or -c_parity")
+    if len(abc) != 3 or not all(math.isfinite(v) and v >= 0 for v in abc):
+        raise InputError(f"-mosaic_abc: expected three finite spreads >= 0 (deg), got {' '.join(map(str, abc))}")
+
+
 def _validate(cfg: SimulationConfig) -> None:
     if cfg.cell is None and cfg.mat_file is None:
         raise InputError("no crystal: give -cell a b c alpha beta gamma or -mat FILE")
@@ -625,6 +647,7 @@ def _validate(cfg: SimulationConfig) -> None:
                             ("detector_thick_um", "-detector_thick"), ("water_um", "-water"), ("dmin_A", "-dmin"),
                             ("hdivrange_mrad", "-hdivrange"), ("vdivrange_mrad", "-vdivrange")):
         _check_positive(flag(field_, default), getattr(cfg, field_), allow_zero=True)
+    _check_mosaic_abc(cfg)
     if cfg.flux > 0:  # fluence = flux * exposure / beamsize^2
         for field_, default in (("exposure_s", "-exposure"), ("beamsize_mm", "-beamsize")):
             if getattr(cfg, field_) == 0:

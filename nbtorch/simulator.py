@@ -33,6 +33,7 @@ from nbtorch.config import SimulationConfig
 from nbtorch.diagnostics import DiagnosticsHooks
 from nbtorch.errors import InputError
 from nbtorch.physics.crystal import crystal_real_and_reciprocal
+from nbtorch.physics.mosaic import anisotropic_mosaic_rotations, crystal_frame, isotropic_mosaic_rotations
 from nbtorch.panels import PanelLayout, resolve_panels, split_panel_parameter
 from nbtorch.physics.detector import DetectorGeometry, detector_geometry, stack_geometries
 from nbtorch.physics.kernel import (
@@ -44,7 +45,7 @@ from nbtorch.physics.lattice import size_vector
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.physics.square_sum import square_sum_backward
 from nbtorch.parameters import (
-    ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
+    MOSAIC_AXIS_NAMES, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
 )
 from nbtorch.resolve import Setup, resolve
 
@@ -376,9 +377,14 @@ class Simulator(nn.Module):
         real, recip = self.crystal_vectors(p)
         phi = phi_angles(p["phi0"] * deg, s.phistep_deg * deg, s.phisteps, s.phi_quirk, first_evaluation)
         r_phi = rotation_matrix_axis_angle(t(s.spindle).expand(len(phi), 3), phi)  # (Φ, 3, 3)
-        angles = p["mosaic_spread"] * deg * t(s.mosaic_fractions)
-        u_mos = rotation_matrix_axis_angle(t(s.mosaic_axes), angles)  # (M, 3, 3)
-        total = u_mos[None] @ r_phi[:, None]  # (Φ, M, 3, 3): U_m R_phi
+        if s.mosaic_anisotropic:  # one spread per crystal axis (nbtorch.physics.mosaic): U_m depends on phi
+            spreads = torch.stack([p[n] for n in MOSAIC_AXIS_NAMES]) * deg
+            u_mos = anisotropic_mosaic_rotations(t(s.mosaic_axes), t(s.mosaic_fractions), spreads,
+                                                 crystal_frame(real), r_phi)  # (Φ, M, 3, 3)
+        else:
+            u_mos = isotropic_mosaic_rotations(t(s.mosaic_axes), t(s.mosaic_fractions),
+                                               p["mosaic_spread"] * deg)[None]  # (1, M, 3, 3)
+        total = u_mos @ r_phi[:, None]  # (Φ, M, 3, 3): U_m R_phi
         real_A = real @ total.transpose(-1, -2)
         return real_A, recip
 

@@ -149,6 +149,8 @@ CASES = [
     ("-detsize 0 -detpixels_drop", ["-detsize: must be positive"]),
     ("-divsteps -2", ["-divsteps: must not be negative"]),
     ("-mosaic_spread -1", ["-mosaic_spread: must be non-negative"]),
+    ("-mosaic_abc 0.1 -0.2 0.3", ["-mosaic_abc: expected three finite spreads >= 0 (deg), got 0.1 -0.2 0.3"]),
+    ("-mosaic_abc 0.1 0.2 0.3 -c_parity", ["-mosaic_abc: the anisotropic mosaic is a spec-mode model"]),
     ("-wavelength 0", ["-wavelength: must be positive"]),
     ("-beam_vector 0 0 1", ["-beam_vector 0 0 1", "parallel to the default polarization vector", "give -polar_vector"]),
     ("-polar_vector 1 0 0", ["-polar_vector 1 0 0", "parallel to the beam"]),

@@ -43,6 +43,9 @@ def test_parse_errors(argv, needle):
         ("-oversample 0", "-oversample: must be a positive count"),
         ("-hkl /nonexistent/file.hkl", "/nonexistent/file.hkl"),
         ("-mosaic -1", "-mosaic: must be non-negative"),
+        ("-mosaic_abc 0.1 -0.2 0.3", "-mosaic_abc: expected three finite spreads >= 0 (deg), got 0.1 -0.2 0.3"),
+        ("-mosaic_abc 0.1 inf 0.3", "-mosaic_abc: expected three finite spreads"),
+        ("-mosaic_abc 0.1 0.2 0.3 -c_parity", "-mosaic_abc: the anisotropic mosaic is a spec-mode model"),
         ("-water 1e308", "-water: 1e+308 µm is too thick"),  # found by the fuzz test (seed 3)
     ],
 )

@@ -77,3 +77,22 @@ def rotation_matrix_xyz(rx: Tensor, ry: Tensor, rz: Tensor) -> Tensor:
     my = mat(((cy, zero, sy), (zero, one, zero), (-sy, zero, cy)))
     mz = mat(((cz, -sz, zero), (sz, cz, zero), (zero, zero, one)))
     return mz @ my @ mx
+
+
+def rotation_matrix_from_vector(omega: Tensor) -> Tensor:
+    """Rotation by the rotation vector ``omega`` (..., 3): about ``omega / |omega|`` by ``|omega|`` radians.
+
+    Returns (..., 3, 3), ``exp([omega]x) = I + (sin t / t) K + ((1 - cos t) / t^2) K^2`` with ``K = [omega]x``,
+    ``t = |omega|``.  Smooth everywhere, the zero vector included (the identity there, with the derivative
+    ``[d omega]x``): below ``t^2 = 1e-8`` the two coefficients are their Taylor series, and ``(1 - cos t) / t^2``
+    is written ``(sin(t/2) / (t/2))^2 / 2`` (no cancellation).  Equals :func:`rotation_matrix_axis_angle` of the
+    unit axis and ``t`` to rounding.
+    """
+    t2 = (omega * omega).sum(-1)
+    small = t2 < 1e-8
+    t = torch.sqrt(torch.where(small, torch.ones_like(t2), t2))  # a safe value where the series is used
+    sin_t = torch.where(small, 1.0 - t2 / 6.0 + t2 * t2 / 120.0, torch.sin(t) / t)
+    half = torch.where(small, 1.0 - t2 / 24.0 + t2 * t2 / 1920.0, torch.sin(0.5 * t) / (0.5 * t))
+    k = _cross_matrix(omega)
+    eye = torch.eye(3, dtype=omega.dtype, device=omega.device)
+    return eye + sin_t[..., None, None] * k + (0.5 * half * half)[..., None, None] * (k @ k)

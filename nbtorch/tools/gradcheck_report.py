@@ -98,7 +98,8 @@ def _specs() -> dict[str, ParamSpec]:
         ("cell_gamma", "deg", 1e-4, 1.0, "cell"),
         ("misset_x", "deg", 1e-4, 1.0, "orientation"), ("misset_y", "deg", 1e-4, 1.0, "orientation"),
         ("misset_z", "deg", 1e-4, 1.0, "orientation"), ("phi0", "deg", 1e-4, 1.0, "orientation"),
-        ("mosaic_spread", "deg", 1e-4, 1.0, "crystal"),
+        ("mosaic_spread", "deg", 1e-4, 1.0, "crystal"), ("mosaic_spread_a", "deg", 1e-4, 1.0, "crystal"),
+        ("mosaic_spread_b", "deg", 1e-4, 1.0, "crystal"), ("mosaic_spread_c", "deg", 1e-4, 1.0, "crystal"),
         ("N_a", "cells", 1e-4, 1.0, "crystal"), ("N_b", "cells", 1e-4, 1.0, "crystal"),
         ("N_c", "cells", 1e-4, 1.0, "crystal"), ("N_d", "cells", 1e-4, 1.0, "crystal"),
         ("N_e", "cells", 1e-4, 1.0, "crystal"), ("N_f", "cells", 1e-4, 1.0, "crystal"),
@@ -198,12 +199,27 @@ _CASE_LIST = [
          "-mosaic_dom 3 -mosaic_seed 7",
          "spec, -gauss_aniso_xtal: a Gaussian crystal with the size matrix N = [[3 1 0.8] [1 5 -1.5] "
          "[0.8 -1.5 8]] unit cells (all six sizes matter)"),
+    Case("anisotropic_mosaic", TRICLINIC + " -mosaic 0.5 -mosaic_abc 0.3 0.5 0.8 -mosaic_dom 4 -mosaic_seed 12345 "
+         "-phi 10 -osc 0.3 -phisteps 2",
+         "spec, the 'mosaic' case with one spread per crystal axis (-mosaic_abc 0.3 0.5 0.8), 2 phi steps",
+         zero={"mosaic_spread": "the anisotropic model uses mosaic_spread_a/b/c, not mosaic_spread"}),
 ]
-_OFF_DIAGONAL = ("N_d", "N_e", "N_f")
-_OFF_DIAGONAL_ZERO = {n: "the off-diagonal crystal sizes act only with -gauss_aniso_xtal" for n in _OFF_DIAGONAL}
-CASES: dict[str, Case] = {
-    c.name: c if "-gauss_aniso_xtal" in c.args.split() else replace(c, zero={**_OFF_DIAGONAL_ZERO, **c.zero})
-    for c in _CASE_LIST}
+_OFF_DIAGONAL_ZERO = {n: "the off-diagonal crystal sizes act only with -gauss_aniso_xtal" for n in ("N_d", "N_e", "N_f")}
+_ISOTROPIC_ZERO = {n: "isotropic mosaic: mosaic_spread_a/b/c are used only with -mosaic_abc"
+                   for n in ("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")}
+
+
+def _with_zeros(c: Case) -> Case:
+    """A case with the names its model does not use expected to have an exactly zero gradient."""
+    zero = dict(c.zero)
+    if "-gauss_aniso_xtal" not in c.args.split():
+        zero = {**_OFF_DIAGONAL_ZERO, **zero}
+    if "-mosaic_abc" not in c.args:
+        zero = {**_ISOTROPIC_ZERO, **zero}
+    return replace(c, zero=zero)
+
+
+CASES: dict[str, Case] = {c.name: _with_zeros(c) for c in _CASE_LIST}
 DEFAULT_CASE = "mosaic"
 
 

@@ -40,7 +40,7 @@ from refine.inputs.dials import (check_dials_options, experiment_symmetry, model
                                  spot_window, write_expt_out)
 from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
-from refine.inputs.start_model import model_config, tie_start_cell
+from refine.inputs.start_model import ANISOTROPIC_MOSAIC_NAMES, model_config, tie_start_cell, with_anisotropic_mosaic
 from refine.fitting.background import AUTO, parse_background, resolve_auto
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
@@ -333,6 +333,11 @@ def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
     the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
     kwargs = dict(dtype=checked.dtype, device=args.compute.device, compile=False,
                   max_evals_per_tile=tile_evaluations(args.compute.device), kernel_dtype=args.compute.kernel_dtype)
+    named = {*(args.fit.refine or ()), *inputs.fixed, *(n for stage in checked.stages or () for n in stage.free)}
+    if named & set(ANISOTROPIC_MOSAIC_NAMES):  # the model the names refine: one mosaic spread per crystal axis
+        inputs.cfg = with_anisotropic_mosaic(inputs.cfg, inputs.start)
+        if inputs.panels:
+            inputs.panels = ([with_anisotropic_mosaic(c, inputs.start) for c in inputs.panels[0]], *inputs.panels[1:])
     sim = (Simulator.from_panels(inputs.panels[0], names=inputs.panels[1], **kwargs) if inputs.panels
            else Simulator(inputs.cfg, **kwargs))
     shape = inputs.observed.shape
@@ -344,6 +349,7 @@ def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
         inputs.start.update(tie_start_cell(inputs.symmetry, sim.setup.params, inputs.start))
     space = ParameterSpace(symmetry=inputs.symmetry or "triclinic", background=resolve_auto(args.fit.background, False, False),
                            anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)),
+                           anisotropic_mosaic=sim.setup.sampling.mosaic_anisotropic,
                            panel_groups=tuple(inputs.panels[2]) if inputs.panels else (),
                            n_panels=len(inputs.panels[0]) if inputs.panels else 0)
     for label, names in (("--refine", args.fit.refine), ("--fix", inputs.fixed), ("--esd-extra", args.output.esd_extra),

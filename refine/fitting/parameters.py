@@ -32,7 +32,11 @@ group           names
 ==============  ===========================================================
 ``cell``        the free cell values of the crystal system
 ``orientation`` ``orient_x orient_y orient_z``
-``mosaic``      ``mosaic_spread`` and ``N`` (or ``N_a N_b N_c``)
+``mosaic``      ``mosaic_spread`` and ``N`` (or ``N_a N_b N_c``); with an anisotropic mosaic
+                ``mosaic_spread_a mosaic_spread_b mosaic_spread_c`` in place of ``mosaic_spread``
+``mosaic_aniso`` ``mosaic_spread_a mosaic_spread_b mosaic_spread_c`` and ``N`` (or ``N_a N_b N_c``): the
+                anisotropic mosaic (``-mosaic_abc``, :mod:`nbtorch.physics.mosaic`), which the simulator must
+                use (``nbtorch-refine`` turns it on when these names are refined)
 ``Ndef``        ``N_d N_e N_f`` (``-gauss_aniso_xtal`` only)
 ``detector``    ``distance beam_x beam_y detector_rotx detector_roty detector_rotz twotheta``
 ``beam_centre`` ``beam_x beam_y``
@@ -71,8 +75,8 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from nbtorch.rotation import rotation_matrix_xyz
 from nbtorch.parameters import (
-    CELL_NAMES, EXTRA_TABLE, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
-    TABLE, Parameter, names_in_group,
+    CELL_NAMES, EXTRA_TABLE, MOSAIC_AXIS_NAMES, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL,
+    SIZE_OFF_DIAGONAL, TABLE, Parameter, names_in_group,
 )
 from nbtorch.resolve import check_cell, check_size_matrix
 from refine.fitting.background import is_knot, parse_background
@@ -136,7 +140,8 @@ SYMMETRIES = {
 GROUPS = {
     "cell": None,  # depends on the crystal system
     "orientation": ORIENTATION_DELTAS,
-    "mosaic": None,  # mosaic_spread + N or N_a N_b N_c
+    "mosaic": None,  # mosaic_spread (or mosaic_spread_a/b/c when anisotropic) + N or N_a N_b N_c
+    "mosaic_aniso": None,  # mosaic_spread_a/b/c + N or N_a N_b N_c (an anisotropic mosaic)
     "Ndef": SIZE_OFF_DIAGONAL,  # the off-diagonal sizes of -gauss_aniso_xtal
     "detector": names_in_group("detector"),
     "beam_centre": ("beam_x", "beam_y"),
@@ -261,6 +266,9 @@ class ParameterSpace:
             stand for the rigid-body changes ``<name>_g<k>`` of every group ``k`` (mm or deg, starting at 0),
             added to the per-panel values ``<name>_p<i>`` of its panels (:class:`ParameterMap`).
         n_panels: the detector's panels (their per-panel values are carried in every state).
+        anisotropic_mosaic: the simulator's mosaic has one spread per crystal axis (``-mosaic_abc``): the group
+            ``mosaic`` and the name ``mosaic_spread`` stand for ``mosaic_spread_a/b/c``; without it those three
+            names are refused (the isotropic model does not use them).
     """
 
     symmetry: str = "triclinic"
@@ -272,6 +280,7 @@ class ParameterSpace:
     amplitudes: tuple[str, ...] = ()
     panel_groups: tuple[tuple[int, ...], ...] = ()
     n_panels: int = 0
+    anisotropic_mosaic: bool = False
 
     @property
     def group_changes(self) -> tuple[str, ...]:
@@ -300,8 +309,9 @@ class ParameterSpace:
         """The names of group ``name`` under this space's rules."""
         if name == "cell":
             return SYMMETRIES[self.symmetry]
-        if name == "mosaic":
-            return ("mosaic_spread",) + (("N_a", "N_b", "N_c") if self.anisotropic_N else ("N",))
+        if name in ("mosaic", "mosaic_aniso"):
+            spread = MOSAIC_AXIS_NAMES if self.anisotropic_mosaic or name == "mosaic_aniso" else ("mosaic_spread",)
+            return spread + (("N_a", "N_b", "N_c") if self.anisotropic_N else ("N",))
         if name == "background":
             if self.knots:  # type: ignore[attr-defined]
                 return self.knots  # type: ignore[attr-defined]
@@ -342,6 +352,11 @@ class ParameterSpace:
                     n_list = ("N",)
                 elif n in ("misset_x", "misset_y", "misset_z"):
                     n_list = ORIENTATION_DELTAS  # the misset is refined as a small rotation on top
+                elif n == "mosaic_spread" and self.anisotropic_mosaic:
+                    n_list = MOSAIC_AXIS_NAMES  # the anisotropic model's spreads
+                elif n in MOSAIC_AXIS_NAMES and not self.anisotropic_mosaic:
+                    raise InputError(f"{n}: the model's mosaic is isotropic (one mosaic_spread); give -mosaic_abc "
+                                     "in the model flags for one spread per crystal axis")
                 elif self.panel_groups and n in GROUPS["detector"]:  # every group's change of the name
                     n_list = tuple(f"{n}_g{k}" for k in range(len(self.panel_groups)))
                 else:
@@ -363,10 +378,11 @@ class ParameterSpace:
     def check_start(self, values: Mapping[str, float]) -> None:
         """Raise if the starting cell breaks the crystal system, or a value cannot start a refinement."""
         check_cell(tuple(float(values[n]) for n in CELL), "start: cell")
-        for n in ("distance", "wavelength", "N_a", "N_b", "N_c", "mosaic_spread"):
+        spreads = ("mosaic_spread",) + MOSAIC_AXIS_NAMES
+        for n in ("distance", "wavelength", "N_a", "N_b", "N_c") + spreads:
             v = float(values.get(n, 1.0))
-            if not (v > 0 or (n == "mosaic_spread" and v == 0)):
-                raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n == 'mosaic_spread' else '> 0'})")
+            if not (v > 0 or (n in spreads and v == 0)):
+                raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n in spreads else '> 0'})")
         if any(float(values.get(n, 0.0)) != 0.0 for n in SIZE_OFF_DIAGONAL):
             check_size_matrix([values[n] for n in SIZE_DIAGONAL + SIZE_OFF_DIAGONAL], "start: N_a .. N_f")
         implied = constrained_cell(self.symmetry, values)

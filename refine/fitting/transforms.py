@@ -43,6 +43,7 @@ N_d N_e N_f (off-diagonal sizes)       ``Identity(0.5, v)`` (either sign; unit c
 distance (mm)                          ``Positive(v)``
 wavelength (A)                         ``Positive(v)``
 mosaic_spread (deg)                    ``Positive(max(v, 0.05))``
+mosaic_spread_a/b/c (deg)              ``Positive(max(v, 0.05))`` (the anisotropic mosaic)
 fluence (photons/m^2)                  ``LogPositive(v)`` (raw step 1 = factor e)
 cell_alpha cell_beta cell_gamma (deg)  ``Identity(0.05, v)``
 misset_x misset_y misset_z (deg)       ``Identity(0.02, v)``
@@ -269,7 +270,8 @@ _ANGLE_SCALES = {
 #: the off-diagonal crystal sizes of -gauss_aniso_xtal (unit cells, either sign): additive
 _OFF_DIAGONAL_SCALES = {"N_d": 0.5, "N_e": 0.5, "N_f": 0.5}
 MOSAIC_SCALE_MIN_DEG = 0.05
-TRANSFORM_NAMES = (*_POSITIVE, *_ANGLE_SCALES, *_OFF_DIAGONAL_SCALES, "mosaic_spread", "fluence", "polarization",
+_SPREADS = ("mosaic_spread", "mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")
+TRANSFORM_NAMES = (*_POSITIVE, *_ANGLE_SCALES, *_OFF_DIAGONAL_SCALES, *_SPREADS, "fluence", "polarization",
                    "default_F")
 
 
@@ -292,7 +294,7 @@ def default_transform(name: str, value: float | Tensor) -> Transform:
     v = _finite(f"value ({name})", value)
     if name in _POSITIVE:
         return Positive(_positive(f"value ({name})", v))
-    if name == "mosaic_spread":
+    if name in _SPREADS:
         return Positive(max(_positive(f"value ({name})", v), MOSAIC_SCALE_MIN_DEG))
     if name == "fluence":
         return LogPositive(_positive(f"value ({name})", v))

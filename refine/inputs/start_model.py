@@ -57,7 +57,8 @@ from refine.fitting.parameters import CELL, constrained_cell
 from refine.inputs.images import MeasuredImage, sensor_material
 from refine.inputs.sensor import DEFAULT_THICKSTEPS, HC_KEV_A, silicon_attenuation_length_um
 
-__all__ = ["expand_model_args", "header_flags", "model_config", "PHI_STEP_DEG", "tie_start_cell", "INPUT_FILE_FLAGS"]
+__all__ = ["expand_model_args", "header_flags", "model_config", "PHI_STEP_DEG", "tie_start_cell", "INPUT_FILE_FLAGS",
+           "ANISOTROPIC_MOSAIC_NAMES", "with_anisotropic_mosaic"]
 
 _GIVEN = {
     "wavelength": ("-lambda", "-wavelength", "-energy", "-img"),
@@ -480,6 +481,23 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
     except InputError as exc:
         raise InputError(f"--model: {exc}") from None
     return cfg, tokens, notes
+
+
+#: the names and group that refine the anisotropic mosaic (the model must have one: :func:`with_anisotropic_mosaic`)
+ANISOTROPIC_MOSAIC_NAMES = ("mosaic_aniso", "mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")
+
+
+def with_anisotropic_mosaic(cfg: SimulationConfig, start: dict) -> SimulationConfig:
+    """``cfg`` with the anisotropic mosaic (``-mosaic_abc``, :mod:`nbtorch.physics.mosaic`) starting where the
+    isotropic one is: each axis's spread ``start["mosaic_spread"]`` (else the ``-mosaic`` value), so that the
+    starting image is the isotropic model's; ``cfg`` itself when it already has ``-mosaic_abc``."""
+    if cfg.mosaic_spread_abc_deg is not None:
+        return cfg
+    spread = float(start.get("mosaic_spread", cfg.mosaic_spread_deg or 0.0))
+    if cfg.c_parity:
+        raise InputError("mosaic_spread_a/b/c: the anisotropic mosaic is a spec-mode model; drop -c_parity from "
+                         "--model or refine mosaic_spread")
+    return cfg.replace(mosaic_spread_abc_deg=(spread, spread, spread))
 
 
 _TIES = {"cell_b": "cell_a", "cell_c": "cell_a", "cell_alpha": None, "cell_beta": "cell_alpha",

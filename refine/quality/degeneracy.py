@@ -44,6 +44,7 @@ def extended_uncertainties(sim, observed: np.ndarray, mask: np.ndarray, result, 
     anis = any(n in result.free for n in ("N_a", "N_b", "N_c"))
     model = background if isinstance(background, BackgroundModel) else None
     space = ParameterSpace(symmetry=result.symmetry, anisotropic_N=anis,
+                           anisotropic_mosaic=sim.setup.sampling.mosaic_anisotropic,
                            background=background if model is None else model.text,
                            pixel_mm=sim.setup.pixel_m * 1000.0)
     add = [n for n in space.expand(extra) if n not in result.free]

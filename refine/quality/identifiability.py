@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 #: what to do when there are fewer observed spots than MIN_SPOTS_PER_PARAMETER per refined parameter
 TOO_FEW_SPOTS = ("fix", "warn", "fail")
 #: the order in which "fix" fixes parameters: what a few spot positions determine least, first
-FIX_ORDER = ("N_a", "N_b", "N_c", "N", "mosaic_spread", "cell_alpha", "cell_beta", "cell_gamma", "cell_c",
+FIX_ORDER = ("N_a", "N_b", "N_c", "N", "mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c", "mosaic_spread",
+             "cell_alpha", "cell_beta", "cell_gamma", "cell_c",
              "cell_b", "cell_a", "distance", "detector_rotx", "detector_roty", "detector_rotz", "twotheta",
              "beam_x", "beam_y")
 #: the spot rms may grow this much (fraction, and 0.1 px at least) before a run with a lower loss is suspect

@@ -215,6 +215,7 @@ def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str
     """The parameter space (start checked against it), each stage's names and every name refined."""
     panels = panel_space(sim, panel_groups)
     space = ParameterSpace(symmetry=symmetry, anisotropic_N=bool(named & {"N_a", "N_b", "N_c"}),
+                           anisotropic_mosaic=sim.setup.sampling.mosaic_anisotropic,
                            background=background, bounds=dict(bounds or {}), fixed=fixed,
                            pixel_mm=sim.setup.pixel_m * 1000.0, amplitudes=tuple(amplitudes),
                            panel_groups=panels.panel_groups, n_panels=panels.n_panels)

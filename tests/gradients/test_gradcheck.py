@@ -39,7 +39,7 @@ def _gradcheck(probe, names, fast_mode=False):
 @pytest.mark.parametrize("name", PROBED_NAMES)
 @pytest.mark.parametrize("case", ["mosaic", "c_parity"])
 def test_gradcheck_one_parameter(case, name):
-    if name in CASES[case].zero:  # N_d N_e N_f without -gauss_aniso_xtal: exactly 0 (test_parameter_gradients)
+    if name in CASES[case].zero:  # a name the case's model does not use: exactly 0 (test_parameter_gradients)
         probe = get_probe(case)
         assert probe.autograd([name, "distance"])[name] == 0.0 and probe.finite_difference(name).value == 0.0
         return
@@ -58,12 +58,24 @@ def test_gradcheck_joint(case, group):
     assert _gradcheck(get_probe(case), names)
 
 
-@pytest.mark.parametrize("case", ["mosaic", "c_parity"])
+@pytest.mark.parametrize("case", ["mosaic", "c_parity", "anisotropic_mosaic"])
 def test_gradcheck_everything_at_once(case):
-    """All canonical parameters and the orientation deltas jointly (fast mode: a random
+    """All canonical parameters the case uses and the orientation deltas jointly (fast mode: a random
     direction in parameter space, so the numerical side costs two evaluations)."""
-    names = [n for n in PARAMETER_NAMES if n not in CASES[case].zero] + list(ORIENTATION_DELTAS)
+    names = [n for n in PARAMETER_NAMES + ORIENTATION_DELTAS if n not in CASES[case].zero]
     assert _gradcheck(get_probe(case), names, fast_mode=True)
+
+
+@pytest.mark.parametrize("name", ["mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c"])
+def test_gradcheck_anisotropic_mosaic(name):
+    """Each spread of the anisotropic mosaic against finite differences, then the three jointly."""
+    assert _gradcheck(get_probe("anisotropic_mosaic"), [name])
+
+
+def test_gradcheck_anisotropic_mosaic_jointly_with_the_cell():
+    """The domains depend on the cell through the crystal frame: the spreads and the cell together."""
+    names = ["mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c", "cell_a", "cell_gamma", "misset_y"]
+    assert _gradcheck(get_probe("anisotropic_mosaic"), names)
 
 
 @pytest.mark.parametrize("case", ["mosaic", "c_parity"])

@@ -22,7 +22,7 @@ from torch.autograd import gradcheck, gradgradcheck
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import PARAMETER_NAMES, Simulator, config_from_args
-from nbtorch.tools.gradcheck_report import ALL_PARAMS, ORIENTATION_DELTAS, PROBED_NAMES, direct_beam_pixel
+from nbtorch.tools.gradcheck_report import ALL_PARAMS, CASES, ORIENTATION_DELTAS, PROBED_NAMES, direct_beam_pixel
 from nbtorch.physics.detector import subpixel_positions
 from nbtorch.physics.lattice import lattice_factor, nearest_index, sincg
 
@@ -59,11 +59,8 @@ def _leaf_grads(probe, at: dict[str, float]) -> dict[str, torch.Tensor]:
     if probe.sim.F_grid is not None:
         leaves["F_grid"] = probe.sim.F_grid.detach().clone().requires_grad_(True)
     probe.loss(**leaves).backward()
-    grads = {n: t.grad for n, t in leaves.items()}
-    if "-gauss_aniso_xtal" not in probe.case.args.split():  # N_d N_e N_f act only with that shape: exactly 0
-        assert all(grads[n] is None for n in OFF_DIAGONAL)
-        grads.update({n: torch.zeros((), dtype=DT) for n in OFF_DIAGONAL})
-    return grads
+    # a name the model does not use (the anisotropic spreads of an isotropic mosaic) has no .grad: 0
+    return {n: t.grad if t.grad is not None else torch.zeros_like(t) for n, t in leaves.items()}
 
 
 @pytest.mark.parametrize("point", list(POINTS))
@@ -262,5 +259,6 @@ def test_c_parity_phi_zero_quirk_has_finite_gradient():
 def test_all_canonical_parameters_have_gradients_at_the_direct_beam():
     grads = _leaf_grads(get_probe("direct_beam"), {})
     assert set(PARAMETER_NAMES) <= set(grads)
-    # N_d N_e N_f act only with -gauss_aniso_xtal (this case is a square crystal): _leaf_grads checks they are 0
-    assert all(float(grads[n]) != 0.0 for n in PARAMETER_NAMES if n not in OFF_DIAGONAL)
+    zero = CASES["direct_beam"].zero  # the anisotropic spreads of its isotropic mosaic
+    assert all(float(grads[n]) != 0.0 for n in PARAMETER_NAMES if n not in zero)
+    assert all(float(grads[n]) == 0.0 for n in zero)

@@ -14,6 +14,7 @@ from refine.fitting.parameters import (
     misset_after_rotation,
 )
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive
+from nbtorch.errors import InputError
 
 F64 = torch.float64
 
@@ -152,3 +153,30 @@ def test_misset_composition_round_trip():
     v = canonical_values(state(orient_x=0.3, orient_y=-0.2, orient_z=0.1))
     assert [v["misset_x"], v["misset_y"], v["misset_z"]] == pytest.approx(out.tolist(), abs=1e-12)
     assert set(PARAMETER_NAMES) <= set(v) and "orient_x" not in v and v["scale"] == 1.0
+
+
+def test_anisotropic_mosaic_names_and_groups():
+    """``mosaic_aniso`` (and ``mosaic`` on an anisotropic model) refine the three spreads; the isotropic model
+    refuses them (it does not use them); the spreads are positive (>= 0 at the start, > 0 to be refined)."""
+    from refine.inputs.start_model import with_anisotropic_mosaic
+    from nbtorch import config_from_args
+    axes = ("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")
+    aniso = ParameterSpace(anisotropic_mosaic=True)
+    assert aniso.expand(["mosaic_aniso"]) == axes + ("N",)
+    assert aniso.expand(["mosaic"]) == axes + ("N",)
+    assert aniso.expand(["mosaic_spread"]) == axes
+    assert ParameterSpace(anisotropic_mosaic=True, anisotropic_N=True).expand(["mosaic_aniso"]) == axes + (
+        "N_a", "N_b", "N_c")
+    iso = ParameterSpace()
+    assert iso.expand(["mosaic"]) == ("mosaic_spread", "N")
+    for item in ("mosaic_aniso", "mosaic_spread_b"):
+        with pytest.raises(InputError, match="mosaic_spread_a: the model's mosaic is isotropic|mosaic_spread_b: the "):
+            iso.expand([item])
+    assert isinstance(aniso.transform("mosaic_spread_c", 0.3), Multiplicative)
+    with pytest.raises(InputError, match="mosaic_spread_a must be > 0 to be refined"):
+        aniso.transform("mosaic_spread_a", 0.0)
+    cfg = with_anisotropic_mosaic(config_from_args("-cell 50 50 50 90 90 90 -mosaic 0.4".split()), {})
+    assert cfg.mosaic_spread_abc_deg == (0.4, 0.4, 0.4)
+    cfg = with_anisotropic_mosaic(config_from_args("-cell 50 50 50 90 90 90 -mosaic 0.4".split()),
+                                  {"mosaic_spread": 0.25})
+    assert cfg.mosaic_spread_abc_deg == (0.25, 0.25, 0.25)

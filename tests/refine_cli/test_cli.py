@@ -259,3 +259,17 @@ def test_measured_image_default_plan_refines_the_tilt_and_fixes_the_distance(ref
     r = refine_cli("--image", "obs.cbf", "--model", f"{CRYSTAL} {geometry}", "--max-steps", "1", "--no-esds",
                    "--too-few-spots", "warn", "--fix", "none", "--out", "all.h5")
     assert "distance" in r.json("all.json")["free"] and "distance fixed" not in r.out
+
+
+def test_refining_the_anisotropic_mosaic(refine_cli):
+    """``--refine mosaic_aniso`` turns the model's mosaic anisotropic (three spreads starting at the isotropic
+    one: the same starting image) and writes the three spreads, their units and esds to result.json."""
+    r = refine_cli(*TINY, "--refine", "scale,mosaic_aniso", "--max-steps", "3", "--out", "res.h5")
+    assert r.code == 0, r.err
+    doc = r.json("res.json")
+    axes = ("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c")
+    assert set(axes) <= set(doc["free"]) and "mosaic_spread" not in doc["free"]
+    start = doc["initial_params"]["mosaic_spread"]
+    assert all(doc["initial_params"][n] == start for n in axes)
+    assert all(doc["units"][n] == "deg" and doc["params"][n] > 0 and n in doc["esds"] for n in axes)
+    assert doc["loss_final"] <= doc["loss_initial"]

@@ -113,6 +113,15 @@ CASES = {
     "spot columns unknown name": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--spots", "off.txt",
                                    "--spot-columns", "xobs,yobs"], "--spot-columns: no column 'xobs' in the header"),
     "dmin above dmax": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--dmin", "5", "--dmax", "2"], "--dmin 5"),
+    "negative axis mosaic spread": (["--image", "ok.cbf", "--model", SMALL_MODEL + " -mosaic_abc 0.2 -0.1 0.2"],
+                                    "-mosaic_abc: expected three finite spreads >= 0 (deg), got 0.2 -0.1 0.2"),
+    "axis mosaic spread nan": (["--image", "ok.cbf", "--model", SMALL_MODEL + " -mosaic_abc 0.2 nan 0.2"],
+                               "-mosaic_abc: value is NaN"),
+    "axis mosaic spreads in c parity": (["--image", "ok.cbf", "--model", SMALL_MODEL + " -c_parity",
+                                         "--refine", "mosaic_aniso,scale"],
+                                        "mosaic_spread_a/b/c: the anisotropic mosaic is a spec-mode model"),
+    "axis mosaic spread start": (["--problem", "cubic_mosflm", "--size", "16", "--refine", "mosaic_aniso",
+                                  "--start", "mosaic_spread_b=-0.1"], "start: mosaic_spread_b=-0.1 is impossible"),
 }
 
 
