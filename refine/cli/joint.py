@@ -58,12 +58,12 @@ from nbtorch import Simulator, config_from_args
 from nbtorch.io.dials import scan_oscillation
 from nbtorch.parameters import ORIENTATION_DELTAS
 from refine.cli.values import start_values
-from refine.inputs.dials import (experiment_symmetry, model_tokens, read_experiment, refl_indexed, scan_indices,
-                                 write_expt_out)
+from refine.inputs.dials import (experiment_symmetry, model_tokens, read_experiment, refl_indexed, refl_shoeboxes,
+                                 scan_indices, write_expt_out)
 from refine.fitting.parameters import ParameterSpace
 from refine.inputs.spot_start import align_to_spots
 from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
-from refine.many.image_reports import spot_rows, with_spot_report
+from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
 from refine.many.serial import SerialResult
@@ -324,15 +324,28 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     finally:
         _drop_stored(pixels)
     if args.pixels.spots or args.dials.refl:  # every process measures its own images
-        result = _with_spots(result, sims, spots)
+        result = _with_spots(result, sims, spots, _sweep_boxes(args, indices))
     if Comm().rank == 0:  # the process group refine_joint used
         _write_and_say(args, result, images, out_dir, hkl, sims, say, t0)
     joint = result.joint if isinstance(result, SerialResult) else result
     return 0 if joint.status.ok else 1
 
 
-def _with_spots(result, sims: list, spots: list):
-    """The joint result (of a serial run: its last round's, over the images used) with its spot report."""
+def _sweep_boxes(args: Options, indices: list) -> tuple | None:
+    """A rotation series from DIALS files with shoeboxes: ``(frames of the images, observed xyz, bbox)`` for
+    :func:`refine.many.image_reports.sweep_spot_rows`; None otherwise (each image's spots compared on it alone)."""
+    boxes = refl_shoeboxes(args) if args.many.rotation_series and None not in indices else None
+    if boxes is None:
+        return None
+    xyz, bbox, first = boxes
+    return [int(first) + int(k) for k in indices], xyz, bbox
+
+
+def _with_spots(result, sims: list, spots: list, sweep: tuple | None = None):
+    """The joint result (of a serial run: its last round's, over the images used) with its spot report; ``sweep``
+    (:func:`_sweep_boxes`): each spot against the model's centroid over its whole shoebox."""
+    if sweep is not None and not isinstance(result, SerialResult):
+        return with_spot_report(result, sweep_spot_rows(sims, result, image_shard(len(sims)), *sweep))
     if not isinstance(result, SerialResult):
         return with_spot_report(result, spot_rows(sims, spots, result, image_shard(len(sims))))
     used = list(result.used)  # this process measures the used images it loaded

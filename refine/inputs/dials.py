@@ -475,6 +475,26 @@ def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
     return cols["miller_index"][keep].astype(np.float64), xyz, phi
 
 
+def refl_shoeboxes(args: Options) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """The observed spots of ``--refl`` on the ``--expt`` scan with their shoeboxes: ``(xyz (m, 3) x, y px and z frames,
+    bbox (m, 6) x0, x1, y0, y1, z0, z1 (ends exclusive), the frame of the scan's image 0)`` (:func:`observed_rows`);
+    None without a scan or a ``bbox`` column (:func:`refine.many.image_reports.sweep_spot_rows` compares them)."""
+    from nbtorch.io.dials import read_refl
+
+    exp = read_experiment(args) if args.dials.expt else None
+    if exp is None or exp.scan is None or not args.dials.refl:
+        return None
+    try:
+        cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
+                         optional=("bbox", "flags"))
+    except InputError as exc:
+        raise InputError(f"--refl {exc}") from None
+    if "bbox" not in cols:
+        return None
+    keep = observed_rows(args.dials.refl, cols)
+    return cols["xyzobs.px.value"][keep], cols["bbox"][keep].astype(np.int64), float(exp.scan["image_range"][0]) - 1.0
+
+
 def on_image(spots: np.ndarray | None) -> np.ndarray | None:
     """The spots of :func:`refl_spots` observed on the image (not a neighbour's, whose ``z`` is NaN)."""
     if spots is None or spots.shape[1] < 3:

@@ -307,11 +307,12 @@ def test_real_lcysteine_sweep(refine_cli):
     1 % off in the cell and 0.3 deg in orientation: both converge (not the step limit) to the same cell and spots.
 
     Measured (docs/many-images.md, 2026-11-27): a +0.26 %, b +0.09 %, c +0.15 % from the full-data cell (DIALS's own
-    wedge cell: +0.46, +0.07, +0.15 %), spot rms 0.54 px against DIALS's observed centroids, fit 4.8x shot noise.
-    The issue's goal (0.1 % on every axis, 0.5 px) is NOT reached: no domain size, mosaic spread, phi steps, window size or window
-    set tried moved b or c by more than 0.02 % (docs/many-images.md's table), so the run warns that its crystal
-    model is poor.  The bounds below are the measured values plus a few hundredths of a per cent: a change that
-    moves the cell or the spots by more fails here."""
+    wedge cell: +0.46, +0.07, +0.15 %), sandwich esds 0.086, 0.019, 0.006 %; spot rms 0.46 -> 0.58 px against
+    DIALS's observed centroids, each compared with the model's centroid over its whole shoebox (the centroids' own
+    noise: 0.44 px); fit 4.8x shot noise.  The issue's goal (0.1 % on every axis, 0.5 px) is NOT reached: a's esd
+    alone is 0.09 % (from the pixels and from the centroids), b and c hold DIALS's geometry (docs/many-images.md,
+    "What limits the cell"), so the run warns that its crystal model is poor.  The bounds below are the measured
+    values plus a few hundredths of a per cent: a change that moves the cell or the spots by more fails here."""
     reference = {"cell_a": 5.428, "cell_b": 8.141, "cell_c": 12.038}
     measured = {"cell_a": 0.26e-2, "cell_b": 0.09e-2, "cell_c": 0.15e-2}
     # DIALS's cell (5.4529, 8.1468, 12.0555) + 1 %, the crystal turned by 0.3 deg (orient: a small lab rotation)
@@ -325,7 +326,7 @@ def test_real_lcysteine_sweep(refine_cli):
         assert doc["status"] == "converged", doc["message"]
         for key, value in reference.items():
             assert abs(doc["shared"][key] / value - 1 - measured[key]) <= 0.03e-2, (key, doc["shared"][key])
-        assert doc["spots"]["n"] == 17 and doc["spots"]["rms_px_final_common"] <= 0.56
+        assert doc["spots"]["n"] == 17 and doc["spots"]["rms_px_final_common"] <= 0.60
         assert doc["fit"]["excess"] < 5.5
         assert any("the crystal model reproduces neither the pixels" in w for w in doc["warnings"]), doc["warnings"]
         docs.append(doc)
