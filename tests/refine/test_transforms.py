@@ -113,6 +113,7 @@ def test_constructor_errors() -> None:
 TYPICAL = {
     "cell_a": 78.0, "cell_b": 80.0, "cell_c": 90.0, "cell_alpha": 75.0, "cell_beta": 85.0, "cell_gamma": 95.0,
     "misset_x": 10.0, "misset_y": -20.0, "misset_z": 0.0, "phi0": 0.0, "mosaic_spread": 0.2,
+    "mosaic_spread_a": 0.1, "mosaic_spread_b": 0.2, "mosaic_spread_c": 0.4,
     "N_a": 5.0, "N_b": 5.0, "N_c": 10.0, "N_d": 1.0, "N_e": -0.5, "N_f": 0.0, "distance": 100.0, "beam_x": 51.25, "beam_y": 48.0,
     "detector_rotx": 0.0, "detector_roty": 0.1, "detector_rotz": -0.1, "twotheta": 0.0,
     "wavelength": 1.0, "fluence": 1.26e29, "polarization": 0.0, "default_F": 100.0,
