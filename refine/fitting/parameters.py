@@ -33,6 +33,9 @@ group           names
 ``detector``    ``distance beam_x beam_y detector_rotx detector_roty detector_rotz twotheta``
 ``beam_centre`` ``beam_x beam_y``
 ``wavelength``  ``wavelength``
+``beam``        the beam's widths the model has sources for: ``dispersion`` (%, full spectral width),
+                ``divergence_h``, ``divergence_v`` (mrad, full ranges); the model's ``-dispsteps``/``-divsteps``
+                ... keep the number of sources (one source along a width: that width cannot be refined)
 ``scale``       ``scale``
 ``background``  ``background`` (+ ``background_x background_y`` when planar; ``background_0 ..`` with
                 resolution:K)
@@ -63,6 +66,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from nbtorch.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.rotation import rotation_matrix_xyz
 from nbtorch.parameters import (
@@ -78,7 +82,7 @@ from nbtorch.panels import split_panel_parameter
 __all__ = [
     "REFINE_TABLE", "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
     "ParameterSpace", "ParameterMap", "constrained_cell", "misset_after_rotation", "canonical_values",
-    "misset_rotation", "misset_from_rotation", "units_of", "is_panel_name", "split_group_change", "PANEL_SHIFTS",
+    "misset_rotation", "misset_from_rotation", "units_of", "check_widths", "is_panel_name", "split_group_change", "PANEL_SHIFTS",
 ]
 _GROUP_CHANGE = re.compile(r"^(?P<base>[a-z_]+)_g(?P<k>0|[1-9][0-9]*)$")
 
@@ -104,6 +108,14 @@ UNITS = {n: _ROWS[n].unit for n in REFINABLE}
 
 
 
+def check_widths(values: Mapping[str, float]) -> None:
+    """Raise if a beam width of ``values`` (``dispersion``, ``divergence_h``, ``divergence_v``) is negative."""
+    for n in WIDTH_NAMES:
+        v = float(values.get(n, 0.0))
+        if not v >= 0:
+            raise InputError(f"start: {n}={v:g} is impossible (a width must be >= 0)")
+
+
 def units_of(names: Iterable[str]) -> dict[str, str]:
     """``name -> unit`` (:data:`UNITS`; a background knot: photons/pixel; a per-panel name or panel-group change:
     its detector name's) for each name that has one, in first-seen order (result files)."""
@@ -113,6 +125,14 @@ def units_of(names: Iterable[str]) -> dict[str, str]:
         if n in UNITS or is_knot(n) or base is not None:
             out[n] = UNITS[n] if n in UNITS else UNITS[base] if base is not None else "photons/pixel"
     return out
+
+
+#: what the model needs for a beam width to be refinable (its flags)
+WIDTH_NEEDS = {"dispersion": "-dispersion > 0 and -dispsteps > 1",
+               "divergence_h": "-hdivrange (or -divergence) > 0 and -hdivsteps (or -divsteps) > 1",
+               "divergence_v": "-vdivrange (or -divergence) > 0 and -vdivsteps (or -divsteps) > 1"}
+NO_WIDTHS = ("the model's beam has one source (no -dispersion/-dispsteps, -divergence/-divsteps): no width to "
+             "refine")
 
 
 #: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
@@ -134,6 +154,7 @@ GROUPS = {
     "detector": names_in_group("detector"),
     "beam_centre": ("beam_x", "beam_y"),
     "wavelength": ("wavelength",),
+    "beam": None,  # the beam's widths with sources along them (ParameterSpace.beam_widths)
     "scale": ("scale",),
     "background": None,  # background (+ background_x, background_y when planar)
     "structure_factors": None,  # the amplitudes of the run's table (ParameterSpace.amplitudes)
@@ -254,6 +275,8 @@ class ParameterSpace:
             stand for the rigid-body changes ``<name>_g<k>`` of every group ``k`` (mm or deg, starting at 0),
             added to the per-panel values ``<name>_p<i>`` of its panels (:class:`ParameterMap`).
         n_panels: the detector's panels (their per-panel values are carried in every state).
+        beam_widths: the beam's widths the model has sources along (:meth:`nbtorch.Simulator.source_width_names`):
+            the group ``beam``; refining another width is an error.
     """
 
     symmetry: str = "triclinic"
@@ -265,6 +288,7 @@ class ParameterSpace:
     amplitudes: tuple[str, ...] = ()
     panel_groups: tuple[tuple[int, ...], ...] = ()
     n_panels: int = 0
+    beam_widths: tuple[str, ...] = WIDTH_NAMES
 
     @property
     def group_changes(self) -> tuple[str, ...]:
@@ -301,6 +325,8 @@ class ParameterSpace:
             return ("background",) + (("background_x", "background_y") if self.background == "planar" else ())
         if name == "structure_factors":
             return tuple(self.amplitudes)
+        if name == "beam":
+            return tuple(self.beam_widths)
         if name == "panels":
             if not self.panel_groups:
                 raise InputError("panels: the panel-group changes of a multi-panel detector; this detector has one "
@@ -313,6 +339,8 @@ class ParameterSpace:
             items = (items,)
         out: list[str] = []
         for item in items:
+            if item == "beam" and check_cell and not self.beam_widths:
+                raise InputError(f"beam: {NO_WIDTHS}")
             if item in GROUPS:
                 names = self.group(item)
             elif item in REFINABLE or item in self.amplitudes or item in self.knots:  # type: ignore[attr-defined]
@@ -329,6 +357,8 @@ class ParameterSpace:
                 if check_cell and n in CELL and n not in SYMMETRIES[self.symmetry]:
                     raise InputError(f"{n} is not a free cell value for symmetry {self.symmetry!r} "
                                      f"(free: {', '.join(SYMMETRIES[self.symmetry])})")
+                if check_cell and n in WIDTH_NAMES and n not in self.beam_widths:
+                    raise InputError(f"refining {n} needs {WIDTH_NEEDS[n]} in the model (it has one source along it)")
                 if n == "N" and self.anisotropic_N:
                     n_list: tuple[str, ...] = ("N_a", "N_b", "N_c")
                 elif n in ("N_a", "N_b", "N_c") and not self.anisotropic_N:
@@ -360,6 +390,7 @@ class ParameterSpace:
             v = float(values.get(n, 1.0))
             if not (v > 0 or (n == "mosaic_spread" and v == 0)):
                 raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n == 'mosaic_spread' else '> 0'})")
+        check_widths(values)
         implied = constrained_cell(self.symmetry, values)
         for n in CELL:
             if abs(float(implied[n]) - float(values[n])) > 1e-6 * max(1.0, abs(float(values[n]))):

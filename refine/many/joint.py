@@ -80,6 +80,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nbtorch.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.parameters import MISSET_NAMES
 from nbtorch.simulator import Simulator
@@ -541,7 +542,8 @@ def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_
     if local and first is None:
         raise InputError(f"simulators: images {local.start}..{local.stop - 1} of this process are missing")
     space = ParameterSpace(symmetry=symmetry, background=background,
-                           pixel_mm=first.setup.pixel_m * 1000.0 if first is not None else 0.1)
+                           pixel_mm=first.setup.pixel_m * 1000.0 if first is not None else 0.1,
+                           beam_widths=first.source_width_names() if first is not None else WIDTH_NAMES)
     if structure_factors is not None:
         check_options(structure_factors, shared, per_image)
     shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)

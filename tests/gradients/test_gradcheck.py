@@ -39,7 +39,10 @@ def _gradcheck(probe, names, fast_mode=False):
 @pytest.mark.parametrize("name", PROBED_NAMES)
 @pytest.mark.parametrize("case", ["mosaic", "c_parity"])
 def test_gradcheck_one_parameter(case, name):
-    assert _gradcheck(get_probe(case), [name])
+    probe = get_probe(case)
+    if name not in probe.names:
+        pytest.skip(f"{case} has no spread along {name} (tests/gradients/test_parameter_gradients.py checks that)")
+    assert _gradcheck(probe, [name])
 
 
 @pytest.mark.parametrize("group", ["cell", "geometry"])
@@ -53,7 +56,9 @@ def test_gradcheck_joint(case, group):
 def test_gradcheck_everything_at_once(case):
     """All canonical parameters and the orientation deltas jointly (fast mode: a random
     direction in parameter space, so the numerical side costs two evaluations)."""
-    assert _gradcheck(get_probe(case), list(PARAMETER_NAMES) + list(ORIENTATION_DELTAS), fast_mode=True)
+    probe = get_probe(case)
+    names = [n for n in list(PARAMETER_NAMES) + list(ORIENTATION_DELTAS) if n in probe.names]
+    assert _gradcheck(probe, names, fast_mode=True)
 
 
 @pytest.mark.parametrize("case", ["mosaic", "c_parity"])
