@@ -20,6 +20,12 @@ Columns:
   step is one pixel (known only with the detector);
 * ``description``: one line.
 
+``dispersion``, ``divergence_h``, ``divergence_v`` are the beam's widths as nanoBragg's rules resolved
+``-dispersion/-dispsteps`` and ``-hdivrange/-vdivrange/-divsteps ...`` (:mod:`nbtorch.beam_sources`): the
+number of sources and their places in units of the width stay as resolved, and each source's wavelength
+factor ``1 + offset`` and angles scale with the width (0 where the sources have no spread along that axis;
+such a width cannot change).
+
 ``beam_x, beam_y`` are the ``-Xbeam/-Ybeam`` values for MOSFLM, DENZO, ADXV and
 CUSTOM and ``ORGX*pixel, ORGY*pixel`` for XDS and DIALS (:mod:`nbtorch.beam_centre`).
 """
@@ -87,6 +93,9 @@ TABLE: tuple[Parameter, ...] = (
     _P("wavelength", "A", "beam", "relative", 0.001, "central wavelength"),
     _P("fluence", "photons/m^2", "beam", "relative", 0.5, "incident photons per area"),
     _P("polarization", "Kahn factor", "beam", "absolute", None, "Kahn polarization factor (-1..1, bounded)"),
+    _P("dispersion", "%", "beam", "relative", 0.1, "spectral width, full (-dispersion: lambda x (1 +- dispersion/200))"),
+    _P("divergence_h", "mrad", "beam", "relative", 0.1, "full range of the source angles about beam x polarization"),
+    _P("divergence_v", "mrad", "beam", "relative", 0.1, "full range of the source angles about the polarization"),
     _P("default_F", "electrons", "structure_factors", "relative", 0.1, "structure factor of unlisted reflections"),
 )
 #: refinement helpers the simulator also accepts: a small crystal rotation about lab x, y, z

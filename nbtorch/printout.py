@@ -179,14 +179,15 @@ def _printout_model(sim) -> _Shared:
     p = sim.parameters_dict()
     geom = sim.geometry(p)
     real_A, recip = sim.crystal(p)  # (Φ, M, 3, 3), (3, 3)
+    incident, lam = sim.sources(p)
     return _Shared(
         p=p, geom=geom, real_A=real_A, recip=recip,
         F_grid=None if s.F_grid is None else t(s.F_grid),
         hkl_min=None if s.hkl_min is None else t(s.hkl_min),
         hkl_max=None if s.hkl_max is None else t(s.hkl_max),
         n_cells=size_vector([p[n] for n in SIZE_DIAGONAL], [p[n] for n in SIZE_OFF_DIAGONAL], s.shape),
-        incident=t(s.incident),
-        lam=p["wavelength"] * t(s.wavelength_factor),
+        incident=incident,
+        lam=lam,
         I_bg=float(R_E_SQR * p["fluence"] * s.water_F2N) if s.water_F2N > 0 else 0.0,
         last_vectors=real_A[-1, -1].double().cpu().numpy(),  # rows a, b, c (A)
     )

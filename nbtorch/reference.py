@@ -140,6 +140,7 @@ def _inputs(sim, overrides: dict) -> _Inputs:
         p = sim.parameters_dict(**overrides)
         g = sim.geometry(p)
         real_A, recip = sim.crystal(p)
+        incident, lam = sim.sources(p)
     tolist = lambda t: t.double().cpu().tolist()  # noqa: E731
     fluence = float(p["fluence"])
     return _Inputs(
@@ -148,8 +149,8 @@ def _inputs(sim, overrides: dict) -> _Inputs:
         close=float(g.close_distance),
         real=tolist(real_A),  # [phi][mos][row][col]
         rec=tolist(recip),
-        incident=[[float(x) for x in row] for row in s.incident.tolist()],
-        lam=[float(p["wavelength"]) * w for w in s.wavelength_factor.tolist()],
+        incident=tolist(incident),
+        lam=tolist(lam),
         N=[float(p["N_a"]), float(p["N_b"]), float(p["N_c"])],
         default_F=float(p["default_F"]), kahn=float(p["polarization"]), fluence=fluence,
         polar_axis=s.polar_axis.tolist(),

@@ -122,6 +122,12 @@ class SamplingSetup:
     wavelength_factor: np.ndarray  # (Q,) source wavelength / wavelength parameter
     oversample: int
     steps: int  # sources x phi steps x mosaic domains x oversample^2 (the C's normalisation)
+    #: (Q,) wavelength_factor - 1 at the resolved dispersion; (Q, 2) each source's horizontal and vertical
+    #: angle (rad) at the resolved divergence; the resolved widths (dispersion %, divergence_h/_v mrad; 0:
+    #: no spread along that axis).  The simulator scales the offsets with the width parameters.
+    wavelength_offset: np.ndarray
+    source_angles_rad: np.ndarray
+    source_widths: dict
     #: one spread per crystal axis (-mosaic_abc, nbtorch.physics.mosaic), the canonical names mosaic_spread_a/b/c;
     #: False: nanoBragg's isotropic mosaic_spread (the default; mosaic_spread_a/b/c are then not used)
     mosaic_anisotropic: bool = False
@@ -396,7 +402,8 @@ def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSe
         axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
     else:
         axes, fractions = np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
-    incident, wl_factor = resolve_sources(cfg, detector.beam, detector.polar_axis, cfg.wavelength_A * 1e-10)
+    sources = resolve_sources(cfg, detector.beam, detector.polar_axis, cfg.wavelength_A * 1e-10)
+    incident, wl_factor = sources.incident, sources.wavelength_factor
     if len(incident) == 0:
         raise InputError("no beam sources left after the divergence cut")
     oversample = cfg.oversample if cfg.oversample is not None else _auto_oversample(cfg, detector, crystal)
@@ -407,6 +414,8 @@ def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSe
         mosaic_fractions=np.asarray(fractions, dtype=np.float64), mosaic_anisotropic=abc is not None,
         incident=incident, wavelength_factor=wl_factor,
         oversample=oversample, steps=len(incident) * phisteps * len(fractions) * oversample * oversample,
+        wavelength_offset=sources.wavelength_offset, source_angles_rad=sources.angles_rad,
+        source_widths=dict(sources.widths),
     )
 
 
@@ -534,7 +543,7 @@ def _canonical_params(cfg: SimulationConfig, detector: DetectorSetup, crystal: C
         "detector_rotx": cfg.detector_rotx_deg, "detector_roty": cfg.detector_roty_deg,
         "detector_rotz": cfg.detector_rotz_deg, "twotheta": cfg.twotheta_deg,
         "wavelength": cfg.wavelength_A, "fluence": _fluence(cfg),
-        "polarization": cfg.polarization, "default_F": cfg.default_F,
+        "polarization": cfg.polarization, **sampling.source_widths, "default_F": cfg.default_F,
     }
     params = {k: float(values[k]) for k in PARAMETER_NAMES}
     for k, v in params.items():

@@ -44,6 +44,7 @@ from nbtorch.physics.jacobian import tile_image_with_tangents
 from nbtorch.physics.lattice import size_vector
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_xyz
 from nbtorch.physics.square_sum import square_sum_backward
+from nbtorch.beam_sources import WIDTH_NAMES, offset_change, source_directions
 from nbtorch.parameters import (
     MOSAIC_AXIS_NAMES, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
 )
@@ -113,6 +114,16 @@ def tile_pixels(n_pix: int, most: int, bucket: bool) -> int:
         n = min(-(-n // step) * step, int(most))
     return -(-n // 16) * 16
 
+
+
+_NO_SPREAD = {
+    "dispersion": "the model has one wavelength (or a -sourcefile); a spectral width needs -dispersion > 0 "
+                  "(and -dispsteps > 1) in the model",
+    "divergence_h": "the model's sources do not spread horizontally (or come from a -sourcefile); a divergence "
+                    "needs -hdivrange (or -divergence) > 0 and -hdivsteps (or -divsteps) > 1 in the model",
+    "divergence_v": "the model's sources do not spread vertically (or come from a -sourcefile); a divergence "
+                    "needs -vdivrange (or -divergence) > 0 and -vdivsteps (or -divsteps) > 1 in the model",
+}
 
 
 def _same_value(value, buffer) -> bool:
@@ -315,12 +326,48 @@ class Simulator(nn.Module):
             if plain:
                 raise InputError(f"{', '.join(plain)}: a multi-panel detector has per-panel geometry names "
                                  f"({plain[0]}_p0, {plain[0]}_p1, ...)")
+        self._check_widths(overrides)
         out = {}
         for name in names:
             v = overrides.get(name, getattr(self, name))
             v = torch.as_tensor(v, device=self.device)
             out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
         return out
+
+    def source_width_names(self) -> tuple[str, ...]:
+        """The beam's width names (``dispersion``, ``divergence_h``, ``divergence_v``) whose sources spread along
+        them (resolved width > 0): the widths that move the sources and may be changed or refined."""
+        widths = self.setup.sampling.source_widths
+        return tuple(n for n in WIDTH_NAMES if widths.get(n, 0.0) > 0.0)
+
+    def _check_widths(self, overrides) -> None:
+        """A width without spread (one source along it, or a ``-sourcefile``) changes nothing: refuse another value."""
+        free = self.source_width_names()
+        for name in WIDTH_NAMES:
+            if name in overrides and name not in free and float(torch.as_tensor(overrides[name]).detach()) != 0.0:
+                raise InputError(f"{name} {float(torch.as_tensor(overrides[name]).detach()):g}: {_NO_SPREAD[name]}")
+
+    def sources(self, p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """``(incident (Q, 3), wavelength_A (Q,))`` of the sources at the widths and wavelength of ``p``.
+
+        The sources' number and their places in units of each width are the resolved ones
+        (:mod:`nbtorch.beam_sources`); each source's wavelength factor ``1 + offset`` and its two angles scale
+        with ``dispersion`` (percent) and ``divergence_h``/``divergence_v`` (mrad), differentiably.  At the
+        resolved widths the values are exactly the resolved ones.
+        """
+        s, t = self.setup.sampling, self._t
+        widths = s.source_widths
+        incident, factor = t(s.incident), t(s.wavelength_factor)
+        if widths.get("dispersion", 0.0) > 0.0:
+            factor = factor + offset_change(t(s.wavelength_offset), p["dispersion"], widths["dispersion"])
+        if widths.get("divergence_h", 0.0) > 0.0 or widths.get("divergence_v", 0.0) > 0.0:
+            angles = t(s.source_angles_rad)
+            moved = [a + offset_change(a, p[n], widths[n]) if widths[n] > 0.0 else a
+                     for a, n in zip(angles.unbind(-1), ("divergence_h", "divergence_v"))]
+            beam, polar = t(self.setup.beam), t(self.setup.polar_axis)
+            incident = incident + (source_directions(beam, polar, *moved)
+                                   - source_directions(beam, polar, angles[:, 0], angles[:, 1]))
+        return incident, p["wavelength"] * factor
 
     def parameter_names(self) -> tuple[str, ...]:
         """Every name :meth:`parameters_dict` holds: the canonical names and, for several panels, the per-panel
@@ -392,9 +439,10 @@ class Simulator(nn.Module):
         s = self.setup
         t = self._t
         real_A, recip = self.crystal(p)
+        incident, wavelength_A = self.sources(p)
         return KernelInputs(
-            incident=t(s.incident),
-            wavelength_A=p["wavelength"] * t(s.wavelength_factor),
+            incident=incident,
+            wavelength_A=wavelength_A,
             real_A=real_A,
             recip_per_A=recip,
             n_cells=size_vector([p[n] for n in SIZE_DIAGONAL], [p[n] for n in SIZE_OFF_DIAGONAL], s.shape),

@@ -101,8 +101,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    "their refined values, the new ones are added (implies --screen)")
     g = p.add_argument_group(GROUP_TITLES["fit"])
     g.add_argument("--refine", type=csv_names, help="one stage refining these canonical names and groups (comma-separated): "
-                                               "cell orientation mosaic mosaic_aniso detector beam_centre wavelength scale "
-                                               "background, or names such as beam_x, mosaic_spread, N, distance")
+                                               "cell orientation mosaic mosaic_aniso Ndef detector beam_centre wavelength "
+                                               "beam (the beam's widths) scale background, or names such as beam_x, "
+                                               "mosaic_spread, N, distance, dispersion")
     g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
     g.add_argument("--fix", type=csv_names, help="names or groups never refined (default with --image and the default "
                                             "schedule: distance, which one image cannot separate from the cell; "

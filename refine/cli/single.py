@@ -42,7 +42,7 @@ from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
 from refine.inputs.start_model import ANISOTROPIC_MOSAIC_NAMES, model_config, tie_start_cell, with_anisotropic_mosaic
 from refine.fitting.background import AUTO, parse_background, resolve_auto
-from refine.fitting.parameters import ParameterSpace
+from refine.fitting.parameters import ParameterSpace, check_widths
 from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
 from refine.inputs.problems import make_problem
 from refine.inputs.panels import (panel_configs, panel_count, panel_groups, refl_panel_spots, stacked_image,
@@ -351,7 +351,9 @@ def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
                            anisotropic_N=any(n in ("N_a", "N_b", "N_c") for n in (*(args.fit.refine or ()), *inputs.fixed)),
                            anisotropic_mosaic=sim.setup.sampling.mosaic_anisotropic,
                            panel_groups=tuple(inputs.panels[2]) if inputs.panels else (),
-                           n_panels=len(inputs.panels[0]) if inputs.panels else 0)
+                           n_panels=len(inputs.panels[0]) if inputs.panels else 0,
+                           beam_widths=sim.source_width_names())
+    check_widths(inputs.start)
     for label, names in (("--refine", args.fit.refine), ("--fix", inputs.fixed), ("--esd-extra", args.output.esd_extra),
                          ("--prior", list(checked.priors))):
         if names:

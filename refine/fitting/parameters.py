@@ -41,6 +41,9 @@ group           names
 ``detector``    ``distance beam_x beam_y detector_rotx detector_roty detector_rotz twotheta``
 ``beam_centre`` ``beam_x beam_y``
 ``wavelength``  ``wavelength``
+``beam``        the beam's widths the model has sources for: ``dispersion`` (%, full spectral width),
+                ``divergence_h``, ``divergence_v`` (mrad, full ranges); the model's ``-dispsteps``/``-divsteps``
+                ... keep the number of sources (one source along a width: that width cannot be refined)
 ``scale``       ``scale``
 ``background``  ``background`` (+ ``background_x background_y`` when planar; ``background_0 ..`` with
                 resolution:K)
@@ -72,6 +75,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from nbtorch.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.rotation import rotation_matrix_xyz
 from nbtorch.parameters import (
@@ -88,7 +92,7 @@ from nbtorch.panels import split_panel_parameter
 __all__ = [
     "REFINE_TABLE", "NUISANCE", "BASE_NAMES", "REFINABLE", "UNITS", "SYMMETRIES", "GROUPS", "STEPS",
     "ParameterSpace", "ParameterMap", "constrained_cell", "misset_after_rotation", "canonical_values",
-    "misset_rotation", "misset_from_rotation", "units_of", "is_panel_name", "split_group_change", "PANEL_SHIFTS",
+    "misset_rotation", "misset_from_rotation", "units_of", "check_widths", "is_panel_name", "split_group_change", "PANEL_SHIFTS",
 ]
 _GROUP_CHANGE = re.compile(r"^(?P<base>[a-z_]+)_g(?P<k>0|[1-9][0-9]*)$")
 
@@ -114,6 +118,14 @@ UNITS = {n: _ROWS[n].unit for n in REFINABLE}
 
 
 
+def check_widths(values: Mapping[str, float]) -> None:
+    """Raise if a beam width of ``values`` (``dispersion``, ``divergence_h``, ``divergence_v``) is negative."""
+    for n in WIDTH_NAMES:
+        v = float(values.get(n, 0.0))
+        if not v >= 0:
+            raise InputError(f"start: {n}={v:g} is impossible (a width must be >= 0)")
+
+
 def units_of(names: Iterable[str]) -> dict[str, str]:
     """``name -> unit`` (:data:`UNITS`; a background knot: photons/pixel; a per-panel name or panel-group change:
     its detector name's) for each name that has one, in first-seen order (result files)."""
@@ -123,6 +135,14 @@ def units_of(names: Iterable[str]) -> dict[str, str]:
         if n in UNITS or is_knot(n) or base is not None:
             out[n] = UNITS[n] if n in UNITS else UNITS[base] if base is not None else "photons/pixel"
     return out
+
+
+#: what the model needs for a beam width to be refinable (its flags)
+WIDTH_NEEDS = {"dispersion": "-dispersion > 0 and -dispsteps > 1",
+               "divergence_h": "-hdivrange (or -divergence) > 0 and -hdivsteps (or -divsteps) > 1",
+               "divergence_v": "-vdivrange (or -divergence) > 0 and -vdivsteps (or -divsteps) > 1"}
+NO_WIDTHS = ("the model's beam has one source (no -dispersion/-dispsteps, -divergence/-divsteps): no width to "
+             "refine")
 
 
 #: free cell values per crystal system (monoclinic: unique axis b; trigonal/hexagonal: hexagonal axes)
@@ -146,6 +166,7 @@ GROUPS = {
     "detector": names_in_group("detector"),
     "beam_centre": ("beam_x", "beam_y"),
     "wavelength": ("wavelength",),
+    "beam": None,  # the beam's widths with sources along them (ParameterSpace.beam_widths)
     "scale": ("scale",),
     "background": None,  # background (+ background_x, background_y when planar)
     "structure_factors": None,  # the amplitudes of the run's table (ParameterSpace.amplitudes)
@@ -269,6 +290,8 @@ class ParameterSpace:
         anisotropic_mosaic: the simulator's mosaic has one spread per crystal axis (``-mosaic_abc``): the group
             ``mosaic`` and the name ``mosaic_spread`` stand for ``mosaic_spread_a/b/c``; without it those three
             names are refused (the isotropic model does not use them).
+        beam_widths: the beam's widths the model has sources along (:meth:`nbtorch.Simulator.source_width_names`):
+            the group ``beam``; refining another width is an error.
     """
 
     symmetry: str = "triclinic"
@@ -280,6 +303,7 @@ class ParameterSpace:
     amplitudes: tuple[str, ...] = ()
     panel_groups: tuple[tuple[int, ...], ...] = ()
     n_panels: int = 0
+    beam_widths: tuple[str, ...] = WIDTH_NAMES
     anisotropic_mosaic: bool = False
 
     @property
@@ -318,6 +342,8 @@ class ParameterSpace:
             return ("background",) + (("background_x", "background_y") if self.background == "planar" else ())
         if name == "structure_factors":
             return tuple(self.amplitudes)
+        if name == "beam":
+            return tuple(self.beam_widths)
         if name == "panels":
             if not self.panel_groups:
                 raise InputError("panels: the panel-group changes of a multi-panel detector; this detector has one "
@@ -330,6 +356,8 @@ class ParameterSpace:
             items = (items,)
         out: list[str] = []
         for item in items:
+            if item == "beam" and check_cell and not self.beam_widths:
+                raise InputError(f"beam: {NO_WIDTHS}")
             if item in GROUPS:
                 names = self.group(item)
             elif item in REFINABLE or item in self.amplitudes or item in self.knots:  # type: ignore[attr-defined]
@@ -346,6 +374,8 @@ class ParameterSpace:
                 if check_cell and n in CELL and n not in SYMMETRIES[self.symmetry]:
                     raise InputError(f"{n} is not a free cell value for symmetry {self.symmetry!r} "
                                      f"(free: {', '.join(SYMMETRIES[self.symmetry])})")
+                if check_cell and n in WIDTH_NAMES and n not in self.beam_widths:
+                    raise InputError(f"refining {n} needs {WIDTH_NEEDS[n]} in the model (it has one source along it)")
                 if n == "N" and self.anisotropic_N:
                     n_list: tuple[str, ...] = ("N_a", "N_b", "N_c")
                 elif n in ("N_a", "N_b", "N_c") and not self.anisotropic_N:
@@ -385,6 +415,7 @@ class ParameterSpace:
                 raise InputError(f"start: {n}={v:g} is impossible (must be {'>= 0' if n in spreads else '> 0'})")
         if any(float(values.get(n, 0.0)) != 0.0 for n in SIZE_OFF_DIAGONAL):
             check_size_matrix([values[n] for n in SIZE_DIAGONAL + SIZE_OFF_DIAGONAL], "start: N_a .. N_f")
+        check_widths(values)
         implied = constrained_cell(self.symmetry, values)
         for n in CELL:
             if abs(float(implied[n]) - float(values[n])) > 1e-6 * max(1.0, abs(float(values[n]))):

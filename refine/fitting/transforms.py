@@ -42,6 +42,7 @@ N_a N_b N_c                            ``Positive(v)``
 N_d N_e N_f (off-diagonal sizes)       ``Identity(0.5, v)`` (either sign; unit cells)
 distance (mm)                          ``Positive(v)``
 wavelength (A)                         ``Positive(v)``
+dispersion (%), divergence_h/_v (mrad) ``Positive(v)``
 mosaic_spread (deg)                    ``Positive(max(v, 0.05))``
 mosaic_spread_a/b/c (deg)              ``Positive(max(v, 0.05))`` (the anisotropic mosaic)
 fluence (photons/m^2)                  ``LogPositive(v)`` (raw step 1 = factor e)
@@ -260,7 +261,8 @@ class Held(Transform):
         return f"value={self.value}"
 
 
-_POSITIVE = ("cell_a", "cell_b", "cell_c", "N_a", "N_b", "N_c", "distance", "wavelength")
+_POSITIVE = ("cell_a", "cell_b", "cell_c", "N_a", "N_b", "N_c", "distance", "wavelength", "dispersion", "divergence_h",
+             "divergence_v")
 _ANGLE_SCALES = {
     "cell_alpha": 0.05, "cell_beta": 0.05, "cell_gamma": 0.05,
     "misset_x": 0.02, "misset_y": 0.02, "misset_z": 0.02, "phi0": 0.02,

@@ -82,6 +82,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nbtorch.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.parameters import MISSET_NAMES
 from nbtorch.simulator import Simulator
@@ -543,9 +544,9 @@ def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_
     first = next((simulators[i] for i in local if isinstance(simulators[i], Simulator)), None)
     if local and first is None:
         raise InputError(f"simulators: images {local[0]}..{local[-1]} of this process are missing")
-    pixel_mm, anisotropic_mosaic = _image0_model(comm, simulators, local)
+    pixel_mm, anisotropic_mosaic, widths = _image0_model(comm, simulators, local)
     space = ParameterSpace(symmetry=symmetry, background=background, pixel_mm=pixel_mm,
-                           anisotropic_mosaic=anisotropic_mosaic)
+                           anisotropic_mosaic=anisotropic_mosaic, beam_widths=widths)
     if structure_factors is not None:
         check_options(structure_factors, shared, per_image)
     shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)
@@ -575,16 +576,19 @@ def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_
     return _Problem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, raw0, amps)
 
 
-def _image0_model(comm: Comm, simulators, local: Sequence[int]) -> tuple[float, bool]:
-    """Image 0's pixel size (mm; 0.1 for a model without one) and whether its mosaic is anisotropic, in every
-    process (its holder's): every process builds the same parameter space, also one that holds no image."""
+def _image0_model(comm: Comm, simulators, local: Sequence[int]) -> tuple[float, bool, tuple[str, ...]]:
+    """Image 0's pixel size (mm; 0.1 for a model without one), whether its mosaic is anisotropic and the beam
+    widths its sources spread along, in every process (its holder's): every process builds the same parameter
+    space, also one that holds no image."""
     rows = {}
     if 0 in local and isinstance(simulators[0], Simulator):
-        setup = simulators[0].setup
-        rows[0] = torch.tensor([setup.pixel_m * 1000.0, float(bool(setup.sampling.mosaic_anisotropic))],
-                               dtype=torch.float64)
-    got = comm.gather(rows, 1, (2,), torch.float64)[0]
-    return (float(got[0]) if float(got[0]) > 0 else 0.1), bool(got[1] > 0)
+        sim = simulators[0]
+        widths = sim.source_width_names()
+        rows[0] = torch.tensor([sim.setup.pixel_m * 1000.0, float(bool(sim.setup.sampling.mosaic_anisotropic)),
+                                *(float(n in widths) for n in WIDTH_NAMES)], dtype=torch.float64)
+    got = comm.gather(rows, 1, (2 + len(WIDTH_NAMES),), torch.float64)[0]
+    widths = tuple(n for n, on in zip(WIDTH_NAMES, got[2:].tolist()) if on > 0)
+    return (float(got[0]) if float(got[0]) > 0 else 0.1), bool(got[1] > 0), widths
 
 
 def _shared_starts(simulators, observed_images, masks, start, image_starts, shared_names, comm: Comm,

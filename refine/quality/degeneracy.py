@@ -46,7 +46,7 @@ def extended_uncertainties(sim, observed: np.ndarray, mask: np.ndarray, result, 
     space = ParameterSpace(symmetry=result.symmetry, anisotropic_N=anis,
                            anisotropic_mosaic=sim.setup.sampling.mosaic_anisotropic,
                            background=background if model is None else model.text,
-                           pixel_mm=sim.setup.pixel_m * 1000.0)
+                           pixel_mm=sim.setup.pixel_m * 1000.0, beam_widths=sim.source_width_names())
     add = [n for n in space.expand(extra) if n not in result.free]
     if not add:
         raise InputError(f"extra parameters {', '.join(extra)}: all already refined, nothing to add")

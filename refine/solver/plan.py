@@ -218,7 +218,8 @@ def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str
                            anisotropic_mosaic=sim.setup.sampling.mosaic_anisotropic,
                            background=background, bounds=dict(bounds or {}), fixed=fixed,
                            pixel_mm=sim.setup.pixel_m * 1000.0, amplitudes=tuple(amplitudes),
-                           panel_groups=panels.panel_groups, n_panels=panels.n_panels)
+                           panel_groups=panels.panel_groups, n_panels=panels.n_panels,
+                           beam_widths=sim.source_width_names())
     space.check_start(values0)
     plan = _stage_plan(space, stages, free)
     names = tuple(n for n in space.all_names if any(n in stage_names for _, stage_names in plan))

@@ -39,11 +39,13 @@ def _gradcheck(probe, names, fast_mode=False):
 @pytest.mark.parametrize("name", PROBED_NAMES)
 @pytest.mark.parametrize("case", ["mosaic", "c_parity"])
 def test_gradcheck_one_parameter(case, name):
+    probe = get_probe(case)
+    if name not in probe.names:
+        pytest.skip(f"{case} has no spread along {name} (tests/gradients/test_parameter_gradients.py checks that)")
     if name in CASES[case].zero:  # a name the case's model does not use: exactly 0 (test_parameter_gradients)
-        probe = get_probe(case)
         assert probe.autograd([name, "distance"])[name] == 0.0 and probe.finite_difference(name).value == 0.0
         return
-    assert _gradcheck(get_probe(case), [name])
+    assert _gradcheck(probe, [name])
 
 
 def test_gradcheck_size_matrix():
@@ -62,8 +64,9 @@ def test_gradcheck_joint(case, group):
 def test_gradcheck_everything_at_once(case):
     """All canonical parameters the case uses and the orientation deltas jointly (fast mode: a random
     direction in parameter space, so the numerical side costs two evaluations)."""
-    names = [n for n in PARAMETER_NAMES + ORIENTATION_DELTAS if n not in CASES[case].zero]
-    assert _gradcheck(get_probe(case), names, fast_mode=True)
+    probe = get_probe(case)
+    names = [n for n in list(PARAMETER_NAMES) + list(ORIENTATION_DELTAS) if n in probe.names and n not in CASES[case].zero]
+    assert _gradcheck(probe, names, fast_mode=True)
 
 
 @pytest.mark.parametrize("name", ["mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c"])

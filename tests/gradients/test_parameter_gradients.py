@@ -5,7 +5,9 @@ and gauss spots; anisotropic N; an HKL table with nearest-neighbour lookup and
 with tricubic interpolation (ROIs across the table edge, so ``default_F`` and the
 table both matter); a rotated MOSFLM detector (BEAM pivot); XDS (SAMPLE pivot);
 C parity with the running-sum quirks, a sensor and water; divergence and
-dispersion sources on a curved detector; a cubic crystal with the direct beam on a
+dispersion sources on a curved detector (there also the widths ``dispersion``,
+``divergence_h``, ``divergence_v``; a case without spread along a width refuses
+another value of it); a cubic crystal with the direct beam on a
 pixel centre.  The orientation deltas ``orient_x/y/z`` are checked beside the
 canonical names.  Each check uses
 ``L = sum(w * I_roi) / L0`` (random weights ``w``, ``L = 1`` at the base point):
@@ -27,6 +29,8 @@ import torch
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import PARAMETER_NAMES
+from nbtorch.beam_sources import WIDTH_NAMES
+from nbtorch.errors import InputError
 from nbtorch.tools.gradcheck_report import ALL_PARAMS, ATOL, CASES, MIN_GRAD, PROBED_NAMES, RTOL
 
 _GRADS: dict[str, dict[str, float]] = {}
@@ -69,6 +73,11 @@ def test_gradient_matches_finite_difference(case, name):
     probe = get_probe(case)
     g = _autograd(case)[name]
     assert math.isfinite(g), f"{case}/{name}: autograd {g}"
+    if name not in probe.names:  # a beam width without spread: no derivative, and no other value accepted
+        assert name in WIDTH_NAMES and g == 0.0
+        with pytest.raises(InputError, match=f"^{name} 0.5: .* needs"):
+            probe.loss(**{name: probe.tensor(0.5)})
+        return
     if name in CASES[case].zero:
         assert g == 0.0 and probe.finite_difference(name).value == 0.0
         return

@@ -27,7 +27,8 @@ ARGS = "-cell 50 60 70 90 90 90 -N 3 -lambda 1.0 -default_F 10 -distance 80 -det
 
 def test_table_shape():
     names = [p.name for p in TABLE + EXTRA_TABLE]
-    assert len(names) == len(set(names)) == 31
+    assert len(names) == len(set(names)) == 37
+    assert names_in_group("beam") == ("wavelength", "fluence", "polarization", "dispersion", "divergence_h", "divergence_v")
     assert PARAMETER_NAMES == tuple(p.name for p in TABLE)
     assert SIMULATOR_NAMES == PARAMETER_NAMES + ORIENTATION_DELTAS == tuple(names)
     assert set(MISSET_NAMES) <= set(PARAMETER_NAMES) and parameter("misset_y").unit == "deg"

@@ -117,6 +117,7 @@ TYPICAL = {
     "N_a": 5.0, "N_b": 5.0, "N_c": 10.0, "N_d": 1.0, "N_e": -0.5, "N_f": 0.0, "distance": 100.0, "beam_x": 51.25, "beam_y": 48.0,
     "detector_rotx": 0.0, "detector_roty": 0.1, "detector_rotz": -0.1, "twotheta": 0.0,
     "wavelength": 1.0, "fluence": 1.26e29, "polarization": 0.0, "default_F": 100.0,
+    "dispersion": 0.2, "divergence_h": 0.1, "divergence_v": 0.05,
 }
 
 
