@@ -330,8 +330,11 @@ class Simulator(nn.Module):
         out = {}
         for name in names:
             v = overrides.get(name, getattr(self, name))
-            v = torch.as_tensor(v, device=self.device)
-            out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
+            if isinstance(v, Tensor):
+                v = v.to(device=self.device)
+                out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
+            else:  # a plain number straight to self.dtype (through the default float32 it would lose digits)
+                out[name] = torch.as_tensor(v, dtype=self.dtype, device=self.device)
         return out
 
     def source_width_names(self) -> tuple[str, ...]:

@@ -179,3 +179,14 @@ def test_nothing_outside_nbtorch_assigns_a_simulator_setup():
     for folder in ("refine", "experiments", "scripts"):
         for path in (root / folder).rglob("*.py"):
             assert not re.search(r"\.setup\s*=[^=]", path.read_text()), path
+
+
+def test_a_plain_number_override_keeps_every_digit_of_the_simulator_dtype():
+    """sim(cell_a=50.1) in float64 uses 50.1 itself, not the float32 50.099998 (it once went through torch's
+    default float32 before the cast); a tensor override keeps its graph."""
+    sim = make()
+    p = sim.parameters_dict(cell_a=50.1, distance=100.1)
+    assert p["cell_a"].dtype == torch.float64 and float(p["cell_a"]) == 50.1 and float(p["distance"]) == 100.1
+    x = torch.tensor(50.1, dtype=torch.float64, requires_grad=True)
+    y = sim.parameters_dict(cell_a=x)["cell_a"]
+    assert y.requires_grad and float(y) == 50.1
