@@ -132,8 +132,12 @@ def resume_run(plan: RunPlan, path: str | Path) -> RunState:
     if ckpt.fingerprint != plan.fingerprint:
         raise InputError(f"resume: {path} was written for another problem or plan")
     in_loop = ckpt.loop is not None
+    # a canonical name added after the checkpoint was written (a later nbtorch): the model's value, which the
+    # earlier run had too (e.g. mosaic_spread_a/b/c, N_d N_e N_f, the beam's widths), under the stored ones
+    newer = {n: v for n, v in plan.start.items() if n not in ckpt.stage_values}
     return RunState(
-        values=dict(ckpt.stage_values), initial_values=dict(ckpt.initial_values), loss_initial=float(ckpt.loss_initial),
+        values={**newer, **ckpt.stage_values}, initial_values={**newer, **ckpt.initial_values},
+        loss_initial=float(ckpt.loss_initial),
         history=History(ckpt.history), summaries=list(ckpt.summaries), first_stage=ckpt.stage_index,
         clock=RunClock(float(ckpt.elapsed_s)), loop_resume=LoopState.from_dict(ckpt.loop) if in_loop else None,
         pre_resume=(LinearPreconditioner(ckpt.precond["raw0"], ckpt.precond["A"])

@@ -192,3 +192,20 @@ def test_a_run_killed_between_coarse_stages_resumes_with_the_carried_lbfgs_memor
     write_checkpoint(ckpt, saved)
     cold = refine(small, stages=stages, progress=False, checkpoint=ckpt, resume=ckpt)
     assert cold.history["loss"] != whole.history["loss"]
+
+
+def test_resume_of_a_checkpoint_written_before_newer_canonical_names(tmp_path, small, result):
+    """A checkpoint of an earlier nbtorch lacks the names added since (here the anisotropic mosaic's and the beam's
+    widths): the resumed run takes the model's values for them and ends where an uninterrupted run ends."""
+    ckpt = tmp_path / "ckpt.h5"
+    with pytest.raises(RefinementInterrupted):
+        refine(small, stages=STAGES, progress=False, checkpoint=ckpt, checkpoint_every=4, callbacks=[_CtrlC(11)])
+    saved = read_checkpoint(ckpt)
+    newer = ("mosaic_spread_a", "mosaic_spread_b", "mosaic_spread_c", "dispersion", "divergence_h", "divergence_v")
+    for values in (saved.stage_values, saved.initial_values):
+        for n in newer:
+            values.pop(n)
+    write_checkpoint(ckpt, saved)
+    assert not set(newer) & set(read_checkpoint(ckpt).stage_values)
+    resumed = refine(small, stages=STAGES, progress=False, checkpoint=ckpt, resume=ckpt)
+    assert resumed.params == result.params and resumed.loss_final == result.loss_final
