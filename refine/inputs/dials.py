@@ -452,22 +452,32 @@ def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
     return np.ascontiguousarray(xyz)
 
 
-def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The indexed observed spots of ``--refl`` on the ``--expt`` scan: ``(hkl (n, 3), xyz (n, 3) x, y px and z frames,
-    phi (n,) the scan angle of each spot's frame in deg)`` (:func:`observed_rows` with a non-zero ``miller_index``),
-    None without a scan or Miller indices."""
-    from nbtorch.io.dials import read_refl, scan_oscillation
+def _scan_observations(args: Options, column: str):
+    """``(the --expt experiment, the --refl columns xyzobs.px.value, flags and column)`` for an experiment with a
+    scan; None without a scan, without ``--refl`` or without ``column`` in it."""
+    from nbtorch.io.dials import read_refl
 
     exp = read_experiment(args) if args.dials.expt else None
     if exp is None or exp.scan is None or not args.dials.refl:
         return None
     try:
         cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
-                         optional=("miller_index", "flags"))
+                         optional=(column, "flags"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
-    if "miller_index" not in cols:
+    return (exp, cols) if column in cols else None
+
+
+def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The indexed observed spots of ``--refl`` on the ``--expt`` scan: ``(hkl (n, 3), xyz (n, 3) x, y px and z frames,
+    phi (n,) the scan angle of each spot's frame in deg)`` (:func:`observed_rows` with a non-zero ``miller_index``),
+    None without a scan or Miller indices."""
+    from nbtorch.io.dials import scan_oscillation
+
+    found = _scan_observations(args, "miller_index")
+    if found is None:
         return None
+    exp, cols = found
     keep = observed_rows(args.dials.refl, cols) & np.any(cols["miller_index"] != 0, axis=1)
     xyz = cols["xyzobs.px.value"][keep]
     start, width = scan_oscillation(exp.scan, exp.path)
@@ -479,18 +489,10 @@ def refl_shoeboxes(args: Options) -> tuple[np.ndarray, np.ndarray, float] | None
     """The observed spots of ``--refl`` on the ``--expt`` scan with their shoeboxes: ``(xyz (m, 3) x, y px and z frames,
     bbox (m, 6) x0, x1, y0, y1, z0, z1 (ends exclusive), the frame of the scan's image 0)`` (:func:`observed_rows`);
     None without a scan or a ``bbox`` column (:func:`refine.many.image_reports.sweep_spot_rows` compares them)."""
-    from nbtorch.io.dials import read_refl
-
-    exp = read_experiment(args) if args.dials.expt else None
-    if exp is None or exp.scan is None or not args.dials.refl:
+    found = _scan_observations(args, "bbox")
+    if found is None:
         return None
-    try:
-        cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
-                         optional=("bbox", "flags"))
-    except InputError as exc:
-        raise InputError(f"--refl {exc}") from None
-    if "bbox" not in cols:
-        return None
+    exp, cols = found
     keep = observed_rows(args.dials.refl, cols)
     return cols["xyzobs.px.value"][keep], cols["bbox"][keep].astype(np.int64), float(exp.scan["image_range"][0]) - 1.0
 
