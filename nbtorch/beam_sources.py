@@ -125,8 +125,6 @@ def _grid_sources(cfg: SimulationConfig, beam, polar, wavelength_m: float) -> Be
     vsteps, vrange, vstep = resolve_steps(cfg.vdivsteps, _mrad(cfg.vdivrange_mrad), _mrad(cfg.vdivstep_mrad), 1.0)
     disp = None if cfg.dispersion_pct is None else cfg.dispersion_pct / 100.0
     dsteps, disp, dstep = resolve_steps(cfg.dispsteps, disp, None, 1.0)
-    vert = np.cross(beam, polar)
-    vert = vert / np.linalg.norm(vert)  # the vertical axis, unit(beam x polar)
     kept = []  # (hdiv, vdiv) in rad of the sources inside the divergence cut, in the C's order
     for ih in range(hsteps):
         for iv in range(vsteps):
@@ -139,13 +137,12 @@ def _grid_sources(cfg: SimulationConfig, beam, polar, wavelength_m: float) -> Be
                     continue
             kept.append((hdiv, vdiv))
     dirs, angles_rad = [], []
-    if kept:  # -beam rotated about the polarization axis by vdiv, then about the vertical axis by hdiv
+    if kept:  # the beam rotated about the polarization axis by vdiv, then about the vertical axis by hdiv
         angles = torch.tensor(kept, dtype=torch.float64)
-        v = torch.as_tensor(-beam).expand(len(kept), 3)
-        v = rotate_axis(v, torch.as_tensor(polar), angles[:, 1])
-        v = rotate_axis(v, torch.as_tensor(vert), angles[:, 0])
-        for row, pair in zip(v.numpy(), kept):
-            dirs.extend([-(row / np.linalg.norm(row))] * dsteps)
+        d = source_directions(torch.as_tensor(beam, dtype=torch.float64), torch.as_tensor(polar, dtype=torch.float64),
+                              angles[:, 0], angles[:, 1])
+        for row, pair in zip(d.numpy(), kept):
+            dirs.extend([row] * dsteps)
             angles_rad.extend([pair] * dsteps)
     factors = [1.0 + dstep * j - disp / 2.0 for j in range(dsteps)]
     if min(factors) <= 0.0:
