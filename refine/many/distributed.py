@@ -12,6 +12,7 @@ raises :class:`~refine.solver.loop.LoopAborted`.  Without torchrun there is one 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any, Callable, Mapping
 
 import torch
@@ -120,7 +121,7 @@ def held_images(comm: Comm, n: int, local=None, what: str = "local_images") -> l
     bad = [i for i in held if not 0 <= i < n]
     if bad:
         raise InputError(f"{what}: image {bad[0]} is not among the {n} images")
-    twice = sorted({i for i in held if held.count(i) > 1}) if len(set(held)) < len(held) else []
+    twice = sorted(i for i, count in Counter(held).items() if count > 1)
     if twice:
         raise InputError(f"{what}: image {twice[0]} is named twice")
     counts = comm.gather({i: torch.ones(1, dtype=torch.float64) for i in held}, n, (1,), torch.float64).reshape(-1)
