@@ -388,8 +388,39 @@ class Simulator(nn.Module):
             return self._detector_geometry(self.setup.detector, p, "")
         if panel is not None:
             return self._detector_geometry(layout.panels[panel].detector, p, f"_p{int(panel)}")
+        kinds = {(d.detector.convention, d.detector.pivot) for d in layout.panels}
+        if len(kinds) == 1:  # one batched call: each panel the bits of its own call, a fraction of the cost
+            return self._panels_geometry(p)
         return stack_geometries([self._detector_geometry(d.detector, p, f"_p{i}")
                                  for i, d in enumerate(layout.panels)])
+
+    def _panels_geometry(self, p: dict[str, Tensor]) -> DetectorGeometry:
+        """All panels' geometry in one :func:`detector_geometry` call with a leading panel axis (panels that
+        share convention and pivot): (N, 3) vectors, (N,) scalars, as :func:`stack_geometries`."""
+        layout = self.panel_layout
+        key = (id(layout), self.dtype, self.device)
+        if getattr(self, "_panel_axes", (None,))[0] != key:  # the panels' fixed axes, converted once
+            d = [q.detector for q in layout.panels]
+            self._panel_axes = (key, {name: self._t(np.stack([getattr(x, name) for x in d]))
+                                      for name in ("fdet", "sdet", "odet", "beam", "twotheta_axis")}
+                                | {name: self._t(np.array([getattr(x, name) for x in d], dtype=np.float64))
+                                   for name in ("pixel_m", "detsize_s_m")})
+        axes = self._panel_axes[1]
+        n = len(layout.panels)
+
+        def per_panel(name: str) -> Tensor:
+            return torch.stack([p[f"{name}_p{i}"] for i in range(n)])
+
+        first = layout.panels[0].detector
+        deg = math.pi / 180.0
+        fb, sb, fc, sc = detector_offsets_m(first.convention, per_panel("beam_x") / 1000.0,
+                                            per_panel("beam_y") / 1000.0, axes["pixel_m"], axes["detsize_s_m"])
+        return detector_geometry(
+            axes["fdet"], axes["sdet"], axes["odet"], axes["beam"], axes["twotheta_axis"], first.pivot,
+            per_panel("distance") / 1000.0, fb, sb, fc, sc,
+            per_panel("detector_rotx") * deg, per_panel("detector_roty") * deg, per_panel("detector_rotz") * deg,
+            per_panel("twotheta") * deg,
+        )
 
     def _detector_geometry(self, d, p: dict[str, Tensor], suffix: str) -> DetectorGeometry:
         """:func:`detector_geometry` of detector set-up ``d`` with the geometry names ``<name><suffix>`` of ``p``."""
@@ -611,17 +642,21 @@ class Simulator(nn.Module):
 
             starts = tqdm(starts, desc="nbtorch", unit="tile", file=sys.stderr)
         kernel = self._kernel_for(tile, real_first is not None)
+        # per pixel: (slow, fast), or for several panels (slow in its panel, fast, panel), split once
+        columns = (slow, fast) if self.panel_layout is None else self._panel_pixels(slow, fast)
+        if self.panel_layout is not None:
+            pixel_m = self._panel_pixel_sizes()
         for start in starts:
-            sl, fa = slow[start:start + tile], fast[start:start + tile]
-            n = sl.numel()
+            cols = [c[start:start + tile] for c in columns]
+            n = cols[0].numel()
             if n < tile:  # pad the last tile so every call has the same (static) shape
-                sl = torch.cat([sl, sl[-1:].expand(tile - n)])
-                fa = torch.cat([fa, fa[-1:].expand(tile - n)])
+                cols = [torch.cat([c, c[-1:].expand(tile - n)]) for c in cols]
             first = real_first if start == 0 else None
             if self.panel_layout is None:
-                pixels, tile_inp = TilePixels(geom, fa, sl, pixel_m, layers, s.oversample), inp
+                pixels = TilePixels(geom, cols[1], cols[0], pixel_m, layers, s.oversample)
             else:
-                pixels, tile_inp = self._panel_tile(geom, inp, sl, fa, layers)
+                pixels = TilePixels(geom, cols[1], cols[0], pixel_m, layers, s.oversample, panel_index=cols[2])
+            tile_inp = inp
             values, diag = self._run_kernel(kernel, pixels, tile_inp, first, want_diag)
             if n < tile:
                 values = values[:n]
@@ -636,18 +671,21 @@ class Simulator(nn.Module):
         self.diagnostics.emit(merged)
         return values, where, merged, (x0, x1, y0, y1)
 
-    def _panel_tile(self, geom: DetectorGeometry, inp: KernelInputs, slow: Tensor, fast: Tensor,
-                    layers: Tensor) -> tuple[TilePixels, KernelInputs]:
-        """A tile of a multi-panel image: the stacked panels' ``geom``, each pixel's panel and slow index in it,
-        the panels' pixel sizes (the kernel's first stage gathers each pixel's panel:
-        :meth:`~nbtorch.physics.kernel.TilePixels.per_pixel`)."""
-        layout = self.panel_layout
-        panel = torch.div(slow, layout.rows, rounding_mode="floor")
-        local_slow = slow - panel * layout.rows
-        sizes = layout.pixel_sizes_m()
-        pixel_m = torch.as_tensor(sizes[0] if np.all(sizes == sizes[0]) else sizes, dtype=self.kernel_dtype,
-                                  device=self.device)
-        return TilePixels(geom, fast, local_slow, pixel_m, layers, self.setup.oversample, panel_index=panel), inp
+    def _panel_pixels(self, slow: Tensor, fast: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A multi-panel image's pixels as the kernel's first stage takes them (it gathers each pixel's panel:
+        :meth:`~nbtorch.physics.kernel.TilePixels.per_pixel`): ``(slow index in the pixel's panel, fast,
+        panel index)``, from the stacked image's slow index."""
+        panel = torch.div(slow, self.panel_layout.rows, rounding_mode="floor")
+        return slow - panel * self.panel_layout.rows, fast, panel
+
+    def _panel_pixel_sizes(self) -> Tensor:
+        """The panels' pixel edge (m) in the kernel's dtype: one value when they share it, else (N,)."""
+        key = (id(self.panel_layout), self.kernel_dtype, self.device)
+        if getattr(self, "_panel_sizes", (None,))[0] != key:
+            sizes = self.panel_layout.pixel_sizes_m()
+            self._panel_sizes = (key, torch.as_tensor(sizes[0] if np.all(sizes == sizes[0]) else sizes,
+                                                      dtype=self.kernel_dtype, device=self.device))
+        return self._panel_sizes[1]
 
     # --- compiled / eager kernel ---------------------------------------------------
     def set_compile(self, enabled: bool, reason: str) -> None:

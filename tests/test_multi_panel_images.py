@@ -4,12 +4,14 @@ read as the panels' boxes of one image, and taken by ``nbtorch-refine --expt`` i
 The files are synthetic and small: an NXmx file whose data is ``frame x module x slow x fast`` (modules as slabs,
 as the SACLA MPCCD files), one whose modules are boxes of a 2-D image (Jungfrau-like, with a gap), and imgCIF
 files laid out as the LCLS CSPAD's (arrays of ``fast x slow x sensor`` cut by ``_array_structure_list_section``
-into panels; the real CSPAD file of dials/data-files is ``x-CBF_PACKED``, which is refused in one line).
+into panels; the real CSPAD files of dials/data-files are ``x-CBF_PACKED``: CBFlib (pycbf) decodes those, checked
+here on files CBFlib itself packed).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -141,12 +143,44 @@ def test_multi_array_cbf_without_sections_and_refusals(tmp_path: Path) -> None:
     assert [x[1:] for x in got.header["panel_boxes"]] == [(0, 0, 10, 12), (10, 0, 7, 12)]
     assert np.array_equal(got.image[:10], a) and np.array_equal(got.image[10:17], b)
     assert got.pixel_mask is not None and not got.pixel_mask[17:].any() and got.pixel_mask[:17].all()
-    with pytest.raises(InputError, match=r"array A: CBF compression x-CBF_PACKED is not supported") as info:
-        read_image_file(_cspad_like_cbf(tmp_path / "packed.cbf", {"A": a, "B": b}, False, "x-CBF_PACKED"))
-    assert "\n" not in str(info.value)
     three = np.zeros((2, 10, 12), dtype=np.int32)
     with pytest.raises(InputError, match=r"array C has 3 dimensions and no array sections"):
         read_image_file(_cspad_like_cbf(tmp_path / "three.cbf", {"A": a, "C": three}, sections=False))
+
+
+@pytest.mark.parametrize("compression", ["CBF_PACKED", "CBF_PACKED_V2", "CBF_CANONICAL"])
+def test_multi_panel_cbflib_packed_arrays_read_as_their_values(tmp_path: Path, compression: str) -> None:
+    """The CSPAD's layout in CBFlib's packed compressions reads as the same panels, value for value (negative
+    pedestal-subtracted values, values beyond 16 bits); a corrupt payload is refused by its Content-MD5 before
+    CBFlib (which may crash on a corrupt stream) sees it."""
+    rng = np.random.default_rng(3)
+    arrays = {"ARRAY_Q0": rng.integers(-600, 3000, size=(2, 11, 16)).astype(np.int32),
+              "ARRAY_Q1": rng.integers(0, 90000, size=(2, 11, 16)).astype(np.int32)}
+    arrays["ARRAY_Q0"][0, 3:6, 2:9] += 40000  # a bright, smooth patch, as a Bragg spot
+    pytest.importorskip("pycbf")
+    from cbflib_files import cbflib_copy
+
+    source = _cspad_like_cbf(tmp_path / "cspad.cbf", arrays)
+    packed = cbflib_copy(source, tmp_path / "packed.cbf", compression)
+    assert f'conversions="x-{compression}"'.encode() in packed.read_bytes()
+    got, want = read_image_file(packed), read_image_file(source)
+    assert got.header["panel_boxes"] == want.header["panel_boxes"] and len(got.header["panel_boxes"]) == 8
+    assert np.array_equal(got.image, want.image) and got.image.min() < 0 and got.image.max() > 65535
+    data = bytearray(packed.read_bytes())
+    data[data.index(b"\x0c\x1a\x04\xd5") + 60] ^= 0x10
+    (tmp_path / "corrupt.cbf").write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"corrupt.cbf: binary section 1: Content-MD5 mismatch") as info:
+        read_image_file(tmp_path / "corrupt.cbf")
+    assert "\n" not in str(info.value)
+
+
+def test_multi_panel_packed_cbf_without_pycbf_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = np.arange(12 * 10, dtype=np.int32).reshape(10, 12), np.ones((7, 12), dtype=np.int32)
+    monkeypatch.setitem(sys.modules, "pycbf", None)  # import pycbf raises ImportError
+    with pytest.raises(InputError, match=r"packed.cbf: CBF compression x-CBF_PACKED needs CBFlib's Python module: "
+                                         r"pip install pycbf") as info:
+        read_image_file(_cspad_like_cbf(tmp_path / "packed.cbf", {"A": a, "B": b}, False, "x-CBF_PACKED"))
+    assert "\n" not in str(info.value)
 
 
 def test_stack_panels_pads_the_smaller_panels() -> None:

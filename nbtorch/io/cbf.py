@@ -8,7 +8,9 @@ File layout
     ``X-Binary-Size-Fastest-Dimension``, ``X-Binary-Size-Second-Dimension``,
     ``Content-MD5``), the 4-byte marker ``0C 1A 04 D5`` and ``X-Binary-Size``
     bytes of compressed data.  Files compressed as a whole with bzip2 or gzip
-    are recognised by their magic bytes and decompressed transparently.
+    are recognised by their magic bytes and decompressed transparently.  A section in another of
+    CBFlib's compressions (``x-CBF_PACKED`` ...) is decoded by CBFlib (:mod:`nbtorch.io.cbflib_arrays`,
+    needs ``pycbf``).
 
 Byte-offset compression
     Each pixel is stored as the difference from the previous one (the first
@@ -51,6 +53,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
+from nbtorch.io.cbflib_arrays import decode_arrays, needs_cbflib
 from nbtorch.io.raw import read_file_bytes
 
 __all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines", "binary_headers",
@@ -272,6 +275,18 @@ def binary_int(path: str, fields: Mapping[str, str], key: str) -> int:
     return value
 
 
+def check_payload(path: str, fields: Mapping[str, str], payload: bytes, what: str = "binary data") -> None:
+    """Refuse a binary section shorter than its ``X-Binary-Size`` or whose ``Content-MD5`` (when given) does
+    not match: before any decoder (CBFlib's included, which may crash on a corrupt stream) sees it."""
+    nbytes = binary_int(path, fields, "X-Binary-Size")
+    if len(payload) < nbytes:
+        raise InputError(f"{path}: {what} truncated: X-Binary-Size {nbytes}, found {len(payload)} bytes")
+    if "Content-MD5" in fields:
+        digest = base64.b64encode(hashlib.md5(payload[:nbytes]).digest()).decode("ascii")
+        if digest != fields["Content-MD5"]:
+            raise InputError(f"{path}: {what}: Content-MD5 mismatch (file corrupt)")
+
+
 def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
     """Read a (possibly .bz2/.gz compressed) Pilatus mini-CBF; return ``(int32 image (slow, fast), header)``."""
     name = str(path)
@@ -284,8 +299,17 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
         raise InputError(f"{name}: not a CBF file")
     fields = binary_headers(name, text)
     conversion = fields.get("Content-Type", "") + " " + fields.get("conversions", "")
-    if "x-CBF_BYTE_OFFSET" not in conversion:
-        raise InputError(f"{name}: unsupported CBF compression (only x-CBF_BYTE_OFFSET): {conversion.strip()!r}")
+    if needs_cbflib(conversion):  # CBFlib's packed, canonical ... compressions: CBFlib decodes them
+        start = mark + len(_MARKER)
+        nbytes = binary_int(name, fields, "X-Binary-Size")
+        check_payload(name, fields, data[start:start + nbytes])
+        arrays = decode_arrays(name, data, conversion)
+        if len(arrays) != 1 or arrays[0].ndim != 2:
+            raise InputError(f"{name}: CBF holds {len(arrays)} arrays of {[list(a.shape) for a in arrays]} pixels, "
+                             "not one 2-D image")
+        header = parse_pilatus_lines(name, text)
+        header["binary"] = fields
+        return arrays[0].astype(np.int32), header
     etype = fields.get("X-Binary-Element-Type", '"signed 32-bit integer"').strip('"')
     if etype != "signed 32-bit integer":
         raise InputError(f"{name}: unsupported element type {etype!r} (only signed 32-bit integer)")
@@ -299,12 +323,7 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
         raise InputError(f"{name}: dimensions {fast}x{slow} do not match {count} elements")
     start = mark + len(_MARKER)
     payload = data[start : start + nbytes]
-    if len(payload) < nbytes:
-        raise InputError(f"{name}: binary data truncated: X-Binary-Size {nbytes}, found {len(payload)} bytes")
-    if "Content-MD5" in fields:
-        digest = base64.b64encode(hashlib.md5(payload).digest()).decode("ascii")
-        if digest != fields["Content-MD5"]:
-            raise InputError(f"{name}: Content-MD5 mismatch (file corrupt)")
+    check_payload(name, fields, payload)
     values = decode_byte_offset(payload, count, name)
     if values.size and (values.min() < -(2**31) or values.max() > 2**31 - 1):
         raise InputError(f"{name}: decoded values overflow signed 32-bit integers")

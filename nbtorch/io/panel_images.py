@@ -14,8 +14,10 @@ Multi-array CBF (imgCIF)
     Each binary section is one ``_array_data`` row (array id, binary id); its ``_array_structure_list``
     gives the dimensions (index 1 the fastest).  With ``_array_structure_list_section`` rows (array, section
     id, index, start, end; 1-based, inclusive) every section is a panel, in the order listed (the CSPAD's
-    ASICs); without them every 2-D array is one panel.  Only ``x-CBF_BYTE_OFFSET`` compression of signed
-    32-bit integers is decoded (:func:`nbtorch.io.cbf.decode_byte_offset`).
+    ASICs); without them every 2-D array is one panel.  ``x-CBF_BYTE_OFFSET`` sections of signed 32-bit
+    integers are decoded here (:func:`nbtorch.io.cbf.decode_byte_offset`); CBFlib's other compressions
+    (``x-CBF_PACKED`` as in the LCLS CSPAD files, ``_V2``, canonical, nibble offset) by CBFlib
+    (:mod:`nbtorch.io.cbflib_arrays`, needs ``pycbf``).
 
 :func:`stack_panels` lays separate panels out as :meth:`nbtorch.Simulator.from_panels` stacks a detector's
 panels: along the slow axis in order, each in a block of the tallest panel's rows and the widest panel's
@@ -177,7 +179,7 @@ def _table(loops, tag_prefix: str) -> list[dict[str, str]]:
 def _sections(name: str, data: bytes) -> tuple[str, list[tuple[str, dict[str, str], bytes]]]:
     """``(text, [(array id, MIME fields, payload)])`` of every binary section, in file order; the text is the
     file without its binary payloads."""
-    from nbtorch.io.cbf import BINARY_MARKER, binary_headers, binary_int
+    from nbtorch.io.cbf import BINARY_MARKER, binary_headers, binary_int, check_payload
 
     texts, out, pos = [], [], 0
     while True:
@@ -190,14 +192,24 @@ def _sections(name: str, data: bytes) -> tuple[str, list[tuple[str, dict[str, st
         fields = binary_headers(name, chunk)
         size = binary_int(name, fields, "X-Binary-Size")
         payload = data[mark + len(BINARY_MARKER):mark + len(BINARY_MARKER) + size]
-        if len(payload) < size:
-            raise InputError(f"{name}: binary section {len(out) + 1} truncated: X-Binary-Size {size}, "
-                             f"found {len(payload)} bytes")
-        head = chunk[:chunk.rfind("--CIF-BINARY-FORMAT-SECTION--")].rstrip().rsplit("\n", 2)
-        row = head[-2].split() if len(head) >= 2 and head[-1].strip() == ";" else []
-        out.append((row[0] if row else f"array{len(out) + 1}", fields, payload))
+        check_payload(name, fields, payload, f"binary section {len(out) + 1}")
+        out.append((_section_array_id(chunk) or f"array{len(out) + 1}", fields, payload))
         pos = mark + len(BINARY_MARKER) + size
     return "".join(texts), out
+
+
+def _section_array_id(chunk: str) -> str | None:
+    """The array id of the binary section that ``chunk`` (the text before it) opens: the ``_array_data`` loop
+    row just before the section (``ARRAY_Q0 1`` then ``;``), or the single item ``_array_data.array_id
+    ARRAY_Q0`` that CBFlib writes for a one-row category."""
+    head = chunk[:chunk.rfind("--CIF-BINARY-FORMAT-SECTION--")].rstrip().rsplit("\n", 2)
+    if len(head) >= 2 and head[-1].strip() == ";":
+        row = head[-2].split()
+        if row and not row[0].startswith("_"):
+            return row[0]
+    item = chunk[chunk.rfind("_array_data.array_id"):].split("\n", 1)[0].split() if "_array_data.array_id" in chunk \
+        else []
+    return item[1] if len(item) == 2 else None
 
 
 def is_multi_array_cbf(data: bytes) -> bool:
@@ -208,20 +220,28 @@ def is_multi_array_cbf(data: bytes) -> bool:
         or b"_array_structure_list_section" in data.split(BINARY_MARKER, 1)[0]
 
 
-def _decode_array(name: str, array: str, fields: dict[str, str], payload: bytes, dims: list[int]) -> np.ndarray:
-    """The array's values, shaped slowest first (``dims`` fastest first, from ``_array_structure_list``)."""
+def _conversion(fields: dict[str, str]) -> str:
+    return fields.get("Content-Type", "") + " " + fields.get("conversions", "")
+
+
+def _decode_array(name: str, array: str, fields: dict[str, str], payload: bytes, dims: list[int],
+                  cbflib: np.ndarray | None = None) -> np.ndarray:
+    """The array's values, shaped slowest first (``dims`` fastest first, from ``_array_structure_list``);
+    ``cbflib``: the section as CBFlib decoded it (:mod:`nbtorch.io.cbflib_arrays`), for compressions other
+    than byte offset."""
     from nbtorch.io.cbf import decode_byte_offset
 
-    conversion = fields.get("Content-Type", "") + " " + fields.get("conversions", "")
-    if "x-CBF_BYTE_OFFSET" not in conversion:
-        kind = conversion.split("conversions=")[-1].strip().strip('"') or conversion.strip()
-        raise InputError(f"{name}: array {array}: CBF compression {kind} is not supported (only x-CBF_BYTE_OFFSET)")
+    count = int(np.prod(dims))
+    if cbflib is not None:
+        if cbflib.size != count:
+            raise InputError(f"{name}: array {array}: dimensions {dims} do not match the {cbflib.size} elements "
+                             "CBFlib decoded")
+        return cbflib.astype(np.int32).reshape(dims[::-1])
     etype = fields.get("X-Binary-Element-Type", '"signed 32-bit integer"').strip('"')
     order = fields.get("X-Binary-Element-Byte-Order", "LITTLE_ENDIAN")
     if etype != "signed 32-bit integer" or order != "LITTLE_ENDIAN":
         raise InputError(f"{name}: array {array}: element type {etype!r} is not supported (only little-endian signed "
                          "32-bit integers)")
-    count = int(np.prod(dims))
     if str(count) != fields.get("X-Binary-Number-of-Elements", str(count)):
         raise InputError(f"{name}: array {array}: dimensions {dims} do not match "
                          f"X-Binary-Number-of-Elements {fields['X-Binary-Number-of-Elements']}")
@@ -276,6 +296,7 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
             outside its array or not 2-D (one line naming the array or section).
     """
     from nbtorch.io.cbf import decompress_cbf
+    from nbtorch.io.cbflib_arrays import decode_arrays, needs_cbflib
     from nbtorch.io.raw import read_file_bytes
 
     name = str(path)
@@ -286,8 +307,14 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
         raise InputError(f"{name}: not a CBF file (no binary section)")
     loops = _cif_loops(text)
     structure = _table(loops, "_array_structure_list.")
-    arrays = {aid: _decode_array(name, aid, fields, payload, _array_dims(name, aid, structure, fields))
-              for aid, fields, payload in sections}
+    packed = [_conversion(fields) for _, fields, _ in sections if needs_cbflib(_conversion(fields))]
+    decoded = decode_arrays(name, data, packed[0]) if packed else None
+    if decoded is not None and len(decoded) != len(sections):
+        raise InputError(f"{name}: CBFlib found {len(decoded)} arrays where the file has {len(sections)} binary "
+                         "sections")
+    arrays = {aid: _decode_array(name, aid, fields, payload, _array_dims(name, aid, structure, fields),
+                                 None if decoded is None else decoded[k])
+              for k, (aid, fields, payload) in enumerate(sections)}
     ranges = _table(loops, "_array_structure_list_section.")
     if ranges:
         panels = _section_panels(name, arrays, ranges)

@@ -90,10 +90,14 @@ def detector_geometry(
         distance: sample to detector plane along the beam (m).
         Fbeam, Sbeam, Fclose, Sclose: beam spot / near point from pix0 (m).
         rotx, roty, rotz, twotheta: rotations (rad).
+
+    Several panels at once: every argument may carry a leading panel axis ((N, 3) vectors, (N,) scalars,
+    broadcast against each other); the result is then the stacked geometry (:func:`stack_geometries`' layout),
+    each panel bit for bit its own call's (the same elementwise operations, 3-term sums and 3 x 3 products).
     """
     rot = rotation_matrix_xyz(rotx, roty, rotz).to(fdet0)
-    f1, s1, o1 = rot @ fdet0, rot @ sdet0, rot @ odet0
-    ratio = (beam * o1).sum()
+    f1, s1, o1 = _matvec(rot, fdet0), _matvec(rot, sdet0), _matvec(rot, odet0)
+    ratio = (beam * o1).sum(-1)
     tiny = torch.finfo(ratio.dtype).tiny
     ratio = torch.where(ratio == 0, torch.full_like(ratio, tiny), ratio)
     close = torch.abs(ratio * distance)
@@ -101,28 +105,38 @@ def detector_geometry(
     s = rotate_axis(s1, twotheta_axis, twotheta)
     o = rotate_axis(o1, twotheta_axis, twotheta)
     if pivot == "sample":
-        p0 = -Fclose * fdet0 - Sclose * sdet0 + close * odet0
-        pix0 = rotate_axis(rot @ p0, twotheta_axis, twotheta)
+        p0 = -_v(Fclose) * fdet0 - _v(Sclose) * sdet0 + _v(close) * odet0
+        pix0 = rotate_axis(_matvec(rot, p0), twotheta_axis, twotheta)
     elif pivot == "beam":
-        pix0 = -Fbeam * f - Sbeam * s + (close / ratio) * beam
+        pix0 = -_v(Fbeam) * f - _v(Sbeam) * s + _v(close / ratio) * beam
     else:
         raise ValueError(f"pivot must be 'beam' or 'sample', not {pivot!r}")
-    close_final = (pix0 * o).sum()
+    close_final = (pix0 * o).sum(-1)
     dist_final = close_final / ratio
-    hit = dist_final * beam - pix0
+    hit = _v(dist_final) * beam - pix0
     return DetectorGeometry(
         pix0=pix0,
         fdet=f,
         sdet=s,
         odet=o,
-        beam=beam,
+        beam=beam.expand_as(pix0),
         close_distance=close_final,
         distance=dist_final,
-        Fbeam=(hit * f).sum(),
-        Sbeam=(hit * s).sum(),
-        Fclose=-(pix0 * f).sum(),
-        Sclose=-(pix0 * s).sum(),
+        Fbeam=(hit * f).sum(-1),
+        Sbeam=(hit * s).sum(-1),
+        Fclose=-(pix0 * f).sum(-1),
+        Sclose=-(pix0 * s).sum(-1),
     )
+
+
+def _v(x: Tensor) -> Tensor:
+    """A scalar (or (N,) per panel) as a factor of (3,) (or (N, 3)) vectors: the same products either way."""
+    return torch.as_tensor(x)[..., None]
+
+
+def _matvec(rot: Tensor, v: Tensor) -> Tensor:
+    """``rot @ v`` for (3, 3) @ (3,) or, per panel, (N, 3, 3) @ (N, 3) (equal bits: measured)."""
+    return rot @ v if rot.dim() == 2 and v.dim() == 1 else (rot @ v[..., None])[..., 0]
 
 
 def stack_geometries(geoms: list[DetectorGeometry]) -> DetectorGeometry:

@@ -45,9 +45,17 @@ if [ ! -f "$MSGPACK/usr/include/msgpack.hpp" ]; then
     dpkg-deb -x "$(ls "$TARGET"/deps/deb/libmsgpack-cxx-dev_*.deb | tail -1)" "$MSGPACK"
 fi
 
+# 1b. Eigen's headers (Debian libeigen3-dev, unpacked only): the time-of-flight integrator includes <eigen3/Eigen/Dense>.
+EIGEN=$TARGET/deps/eigen
+if [ ! -f "$EIGEN/usr/include/eigen3/Eigen/Dense" ]; then
+    mkdir -p "$TARGET/deps/deb" && (cd "$TARGET/deps/deb" && apt-get download libeigen3-dev >/dev/null)
+    dpkg-deb -x "$(ls "$TARGET"/deps/deb/libeigen3-dev_*.deb | tail -1)" "$EIGEN"
+fi
+
 # 2. DIALS' run-time Python dependencies (PyPI).
-if ! "$P" -c "import psutil, tabulate, jinja2, msgpack, ordered_set" >/dev/null 2>&1; then
-    "$P" -m pip install -q psutil tabulate jinja2 msgpack ordered-set
+if ! "$P" -c "import psutil, tabulate, jinja2, msgpack, ordered_set, pandas, scipy, h5py, natsort, tqdm, matplotlib, gemmi" \
+        >/dev/null 2>&1; then
+    "$P" -m pip install -q psutil tabulate jinja2 msgpack ordered-set pandas scipy h5py natsort tqdm matplotlib gemmi
 fi
 
 # 3. The targets DIALS' CMakeLists asks for, as for dxtbx (build_dxtbx.sh, step 4) plus annlib, ccp4io,
@@ -61,7 +69,8 @@ cat > "$TARGET/deps/dials_wheel_targets.cmake" <<CMAKE
 # Written by build_dials.sh.
 include("$TARGET/deps/cctbx_wheel_targets.cmake")
 add_library(CCTBX::annlib INTERFACE IMPORTED)
-target_include_directories(CCTBX::annlib INTERFACE "$SITE/annlib/include" "$SITE/annlib_adaptbx/include" "$SITE")
+target_include_directories(CCTBX::annlib INTERFACE "$SITE/annlib/include" "$SITE/annlib_adaptbx/include" "$SITE"
+    "$SITE/libtbx/core/share/cctbx/annlib_adaptbx/include")  # ANNSELF_INCLUDE/ANN.h (the indexing module)
 target_link_libraries(CCTBX::annlib INTERFACE "$(ls "$LIBS"/libann_cctbx-*.so)")
 add_library(CCTBX::ccp4io INTERFACE IMPORTED)
 target_include_directories(CCTBX::ccp4io INTERFACE "$SITE/ccp4io/libccp4/ccp4" "$SITE")
@@ -74,7 +83,7 @@ add_library(msgpack-cxx INTERFACE IMPORTED)
 target_include_directories(msgpack-cxx INTERFACE "$MSGPACK/usr/include")
 target_compile_definitions(msgpack-cxx INTERFACE MSGPACK_DEFAULT_API_VERSION=3)
 add_library(DXTBX::DXTBX INTERFACE IMPORTED)
-target_include_directories(DXTBX::DXTBX INTERFACE "$SITE")
+target_include_directories(DXTBX::DXTBX INTERFACE "$SITE" "$EIGEN/usr/include")
 CMAKE
 
 # 4. Configure.
@@ -105,12 +114,13 @@ if [ "${ESTIMATE:-0}" = 1 ]; then
 fi
 
 start=$(date +%s)
-nice -n "$NICE" cmake --build "$BUILD" -j "$JOBS"
+nice -n "$NICE" cmake --build "$BUILD" -j "$JOBS" -- -k 0   # -k 0: report every failing unit in one go
 say "compiled in $(( $(date +%s) - start )) s"
 cmake --install "$BUILD" >/dev/null
 
 # 5. The Python package, with the entry points (index methods, profile models ...) DIALS looks up.
 if ! "$P" -c "import importlib.metadata as m; m.version('dials')" >/dev/null 2>&1; then
+    "$P" -m pip install -q wheel   # DIALS' setup.py builds its editable metadata with bdist_wheel
     (cd "$SRC" && "$P" -m pip install -q --no-deps --no-build-isolation -e .)
 fi
 "$P" -c "import dials.command_line.find_spots" && say "done: $P -m dials.command_line.find_spots ..."

@@ -137,7 +137,7 @@ def test_read_errors(tmp_path: Path) -> None:
     (tmp_path / "md5.cbf").write_bytes(bytes(flipped))
     _error(tmp_path / "md5.cbf", "Content-MD5")
     (tmp_path / "packed.cbf").write_bytes(data.replace(b"x-CBF_BYTE_OFFSET", b"x-CBF_PACKED_V2__"))
-    _error(tmp_path / "packed.cbf", "unsupported CBF compression")
+    _error(tmp_path / "packed.cbf", "CBF")  # CBFlib's decoder: "CBFlib cannot decode", or "needs ... pycbf"
     (tmp_path / "dims.cbf").write_bytes(data.replace(b"Fastest-Dimension: 10", b"Fastest-Dimension: 11"))
     _error(tmp_path / "dims.cbf", "do not match")
     (tmp_path / "nodim.cbf").write_bytes(data.replace(b"X-Binary-Size-Second-Dimension", b"X-Other"))
@@ -164,3 +164,18 @@ def test_write_errors_leave_nothing(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="beam_y_px"):
         write_cbf(tmp_path / "d.cbf", np.zeros((3, 3), np.int32), {"beam_x_px": 3.0})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_packed_mini_cbf_is_decoded_by_cbflib(tmp_path: Path) -> None:
+    """A Pilatus mini-CBF that CBFlib rewrote in its packed compression reads as the same image and header."""
+    pytest.importorskip("pycbf")
+    from cbflib_files import cbflib_copy
+
+    image = (np.arange(30 * 20).reshape(30, 20) % 97 * 50 - 3).astype(np.int32)
+    source = tmp_path / "byte_offset.cbf"
+    write_cbf(source, image, {"wavelength_A": 0.9795, "distance_mm": 351.0, "pixel_size_mm": 0.172,
+                              "beam_x_px": 10.5, "beam_y_px": 15.2})
+    packed = cbflib_copy(source, tmp_path / "packed.cbf", "CBF_PACKED_V2")
+    got, header = read_cbf(packed)
+    assert got.dtype == np.int32 and np.array_equal(got, image)
+    assert (header["wavelength_A"], header["distance_mm"], header["beam_x_px"]) == (0.9795, 351.0, 10.5)
