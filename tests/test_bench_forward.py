@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,26 @@ def test_performance_doc_records_an_eager_and_a_compiled_run_of_each_case():
         assert re.fullmatch(r"\d+²", size), (case, size)
         e, c, r = (float(re.sub(r"[^0-9.]", "", v)) for v in (eager, compiled, ratio))
         assert e > 0 and c > 0 and abs(r - e / c) <= 0.06 * e / c + 0.05, (case, eager, compiled, ratio)
+
+
+def test_panels_with_c_bin_run_the_c_program_once_per_panel(monkeypatch, tmp_path, capsys):
+    """``--panels N --c-bin``: the C program (here a stand-in that records its arguments and writes each panel's
+    image as nbtorch renders it) runs on the whole detector and then once per panel on the panel's own lines."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "nanoBragg"
+    fake.write_text(
+        f"#!{sys.executable}\nimport sys, numpy as np\n"
+        f"open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "a = sys.argv[1:]\nn = int(a[a.index('-detpixels') + 1])\n"
+        "rows = int(a[a.index('-detpixels_s') + 1]) if '-detpixels_s' in a else n\n"
+        "np.arange(rows * n, dtype='<f4').tofile('c.bin')\n")
+    fake.chmod(0o755)
+    _set(monkeypatch, "1")
+    printed, _ = _run(["--panels", "4", "--c-bin", str(fake)], capsys)
+    rec = printed[1]
+    calls = log.read_text().splitlines()
+    assert len(calls) == 5 and "-detpixels_s" not in calls[0]
+    assert [c.split("-detpixels_s ")[1].split()[0] for c in calls[1:]] == ["8"] * 4
+    xbeam = [float(c.split("-Xbeam ")[1].split()[0]) for c in calls[1:]]
+    assert xbeam == pytest.approx([xbeam[0] - 0.8 * i for i in range(4)])  # 8 rows of 0.1 mm further each
+    assert rec["panels"] == 4 and {"c_panels_s", "speedup_vs_c_panels", "corr_vs_c_panels", "c_panels_over_c"} <= set(rec)

@@ -1,7 +1,7 @@
 """The import rules of docs/architecture.md, checked on every module's source (``ast``, nothing is imported):
 
 * ``nbtorch.physics`` imports torch, the standard library and itself only (pure tensor functions);
-* ``nbtorch.io`` never imports torch (file formats are numpy; optional readers: h5py, hdf5plugin, fabio, gemmi,
+* ``nbtorch.io`` never imports torch (file formats are numpy; optional readers: h5py, hdf5plugin, fabio, pycbf, gemmi,
   msgpack, tomli);
 * ``nbtorch`` never imports ``refine``, ``losses`` or ``experiments``; ``losses`` never imports ``refine`` or
   ``experiments``; ``refine`` never imports ``experiments``; nothing in the packages imports ``experiments`` but
@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nbtorch", "refine", "losses", "experiments")
-IO_THIRD_PARTY = {"numpy", "h5py", "hdf5plugin", "fabio", "gemmi", "msgpack", "tomli"}
+IO_THIRD_PARTY = {"numpy", "h5py", "hdf5plugin", "fabio", "gemmi", "msgpack", "tomli", "pycbf"}
 
 
 def imports_of(path: Path, module: str) -> list[str]:

@@ -20,7 +20,9 @@ unit-test assertion.
 ``--panels N`` renders each size as N panels of ``size/N`` rows (:meth:`nbtorch.Simulator.from_panels`), placed
 where those rows of the one panel lie, so the image is the one panel's: the record adds ``panels``,
 ``single_warm_s`` (the one panel, timed the same way in the same run), ``panels_over_single`` (warm time ratio)
-and ``max_abs_diff_vs_single``.
+and ``max_abs_diff_vs_single``; with ``--c-bin`` the C program also runs once per panel on that panel's own
+arguments (:func:`panel_args`): ``c_panels_s`` (the sum), ``speedup_vs_c_panels``, ``corr_vs_c_panels`` and
+``c_panels_over_c`` (the C's own cost of N panels over its one panel).
 
 ``--disable-compile`` runs eager: :func:`compile_env` sets ``NANOBRAGG_DISABLE_COMPILE=1`` only while a size is
 measured and then restores the caller's environment exactly (set or unset); every record says what ran
@@ -113,9 +115,11 @@ def profile_forward(sim, evaluations: int, device: str) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
 
 
-def panel_simulator(args: list[str], size: int, panels: int, **kwargs):
-    """The ``size`` x ``size`` detector of ``args`` as ``panels`` panels of ``size / panels`` rows, each placed where
-    its rows of the one panel lie (the slow beam-centre offset shifted by the rows above it)."""
+def panel_args(args: list[str], size: int, panels: int) -> list[list[str]]:
+    """Each panel's own nanoBragg arguments: the ``size`` x ``size`` detector of ``args`` as ``panels`` panels of
+    ``size / panels`` rows, each placed where its rows of the one panel lie (the slow beam-centre offset shifted
+    by the rows above it).  The same lines drive the simulator (:func:`panel_simulator`) and the C program run
+    panel by panel (``--c-bin``)."""
     from nbtorch import Simulator, config_from_args
 
     if size % panels:
@@ -125,9 +129,15 @@ def panel_simulator(args: list[str], size: int, panels: int, **kwargs):
     if one.setup.convention != "mosflm":
         raise ValueError("--panels needs the MOSFLM convention of the cases")
     bx, by = float(one.beam_x), float(one.beam_y)  # MOSFLM: beam_x along slow, beam_y along fast (mm)
-    cfgs = [config_from_args(args + ["-detpixels_s", str(rows), "-Xbeam", repr(bx - i * rows * pixel_mm),
-                                     "-Ybeam", repr(by)]) for i in range(panels)]
-    return Simulator.from_panels(cfgs, **kwargs)
+    return [args + ["-detpixels_s", str(rows), "-Xbeam", repr(bx - i * rows * pixel_mm), "-Ybeam", repr(by)]
+            for i in range(panels)]
+
+
+def panel_simulator(args: list[str], size: int, panels: int, **kwargs):
+    """The detector of :func:`panel_args` as one multi-panel simulator."""
+    from nbtorch import Simulator, config_from_args
+
+    return Simulator.from_panels([config_from_args(a) for a in panel_args(args, size, panels)], **kwargs)
 
 
 def _time_forward(sim, ns) -> tuple[float, list[float], torch.Tensor]:
@@ -200,6 +210,12 @@ def bench_size(ns, size: int) -> dict:
         c_s, c_img = run_c(ns.c_bin, case_args(ns.case, size), ns.threads)
         ours = img.detach().double().cpu().numpy().ravel()
         rec.update(c_s=c_s, speedup_vs_c=c_s / rec["warm_s"], corr_vs_c=float(np.corrcoef(ours, c_img)[0, 1]))
+        if ns.panels > 1:  # the C program has one panel: run it once per panel, as a user of several panels would
+            runs = [run_c(ns.c_bin, a, ns.threads) for a in panel_args(case_args(ns.case, size), size, ns.panels)]
+            c_panels = np.concatenate([r[1] for r in runs])
+            rec.update(c_panels_s=sum(r[0] for r in runs), speedup_vs_c_panels=sum(r[0] for r in runs) / rec["warm_s"],
+                       corr_vs_c_panels=float(np.corrcoef(ours, c_panels)[0, 1]),
+                       c_panels_over_c=sum(r[0] for r in runs) / c_s)
     return rec
 
 
