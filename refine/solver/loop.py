@@ -146,6 +146,8 @@ class LoopState:
         grad: (P,) gradient at ``raw``.
         optimizer: the optimiser's ``state_dict()``.
         small_steps: consecutive steps that met the change tolerances.
+        restarted: the step rule was started afresh once because a loop seeded with an earlier loop's memory
+            stopped moving (:func:`minimise`).
         evaluations: loss evaluations so far.
         elapsed_s: wall time spent in this loop so far.
         history: one dict per point (start and every step): step, loss, grad_norm, step_norm,
@@ -163,6 +165,7 @@ class LoopState:
     elapsed_s: float = 0.0
     history: list = field(default_factory=list)
     aux: Any = None
+    restarted: bool = False
 
     @property
     def grad_norm(self) -> float:
@@ -176,18 +179,19 @@ class LoopState:
         """
         return LoopState(self.step, self.raw.detach().clone(), self.loss, self.grad.detach().clone(),
                          self.optimizer, self.small_steps, self.evaluations, self.elapsed_s,
-                         [dict(h) for h in self.history] if history else self.history, self.aux)
+                         [dict(h) for h in self.history] if history else self.history, self.aux, self.restarted)
 
     def to_dict(self) -> dict:
         """Plain containers and tensors only (``torch.save`` with ``weights_only`` loading)."""
         return {"step": self.step, "raw": self.raw.detach().clone(), "loss": self.loss, "grad": self.grad.detach().clone(),
                 "optimizer": self.optimizer, "small_steps": self.small_steps, "evaluations": self.evaluations,
-                "elapsed_s": self.elapsed_s, "history": self.history}
+                "elapsed_s": self.elapsed_s, "history": self.history, "restarted": self.restarted}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoopState":
         return cls(int(d["step"]), d["raw"], float(d["loss"]), d["grad"], d["optimizer"], int(d["small_steps"]),
-                   int(d["evaluations"]), float(d["elapsed_s"]), list(d["history"]))
+                   int(d["evaluations"]), float(d["elapsed_s"]), list(d["history"]),
+                   restarted=bool(d.get("restarted", False)))
 
 
 @dataclass(frozen=True)
@@ -346,7 +350,8 @@ def _step(strategy: AbstractStrategy, optimizer, evaluate: _Evaluator, state: Lo
     dx = float((new_raw - state.raw).abs().max()) if new_raw.numel() else 0.0
     small = df <= convergence.ftol + convergence.rtol * abs(float(loss)) and dx <= convergence.xtol
     state = LoopState(state.step + 1, new_raw, float(loss), grad.clone(), frozen_copy(optimizer.state_dict()),
-                      state.small_steps + 1 if small else 0, evaluate.evaluations, elapsed(), state.history, aux)
+                      state.small_steps + 1 if small else 0, evaluate.evaluations, elapsed(), state.history, aux,
+                      state.restarted)
     state.history.append(_record(state, dx, lr_now))
     evaluate.keep_only(new_raw)
     if state.grad_norm <= convergence.gtol:
@@ -435,6 +440,8 @@ def minimise(
         if status is not None:
             break
         state, status, message = _step(strategy, optimizer, evaluate, state, convergence, elapsed)
+        if status is Status.CONVERGED and _stalled(state, convergence):
+            optimizer, status, message = _restart(strategy, x, state, message)
         if status in (Status.DIVERGED, Status.FAILED):
             break
         _report_step(state, on_step, on_checkpoint, checkpoint_every, elapsed)
@@ -445,6 +452,23 @@ def minimise(
     state.elapsed_s = elapsed()
     state.evaluations = evaluate.evaluations
     return LoopResult(status, message, state)
+
+
+def _stalled(state: LoopState, convergence: Convergence) -> bool:
+    """Small steps (not a small gradient) ended a loop that has not been restarted yet."""
+    return not state.restarted and state.small_steps >= convergence.patience and state.grad_norm > convergence.gtol
+
+
+def _restart(strategy: AbstractStrategy, x: Tensor, state: LoopState, message: str):
+    """``(fresh optimizer, None, "")``: a loop seeded with an earlier loop's curvature memory (another view of
+    the loss: binned pixels, other free names) can stall on it, the line search finding no decrease along
+    directions that memory bends; "no change" then is not a minimum.  The step rule starts afresh once, from
+    the current point, and the loop goes on until its own steps are small (measured on the bank problem in
+    photons: the final stage stopped at 1.29x the shot noise after 3 steps; afresh it reaches 0.98x)."""
+    log.info("step %d: %s; starting the step rule afresh once", state.step, message)
+    state.restarted = True
+    state.small_steps = 0
+    return strategy.init(x), None, ""
 
 
 def _went_nowhere(state: LoopState, raw_start: Tensor, convergence: Convergence) -> bool:

@@ -241,3 +241,39 @@ def test_a_step_rule_with_the_old_init_signature_still_runs():
     res = minimise(lambda x: (((x - 1.0) ** 2).sum(), None), torch.zeros(2, dtype=F64), Plain(),
                    Convergence(max_steps=50, ftol=1e-14, xtol=1e-9))
     assert res.state.step > 0 and torch.allclose(res.state.raw, torch.ones(2, dtype=F64), atol=1e-3)
+
+
+class _StallsUntilRestarted(AbstractStrategy):
+    """Gradient descent whose first optimiser makes no progress (as a quasi-Newton step rule whose line search
+    finds no decrease along a stale direction): only a fresh one moves."""
+
+    def __init__(self) -> None:
+        self.created = 0
+
+    def init(self, x, memory=None):
+        self.created += 1
+        opt = torch.optim.SGD([x], lr=0.25)
+        opt.fresh = self.created > 1
+        return opt
+
+    def step(self, optimizer, closure, step, max_steps):
+        if optimizer.fresh:
+            optimizer.step(closure)  # the loop's closure sets x.grad
+
+
+def test_small_steps_are_trusted_only_after_a_fresh_start():
+    """A loop whose step rule stalls far from the minimum is not 'converged': the rule starts afresh once and the
+    loop reaches the minimum; the restart is part of the state (checkpoints carry it)."""
+    target = torch.tensor([3.0, -2.0], dtype=torch.float64)
+
+    def fn(x):
+        return ((x - target) ** 2).sum(), None
+
+    rule = _StallsUntilRestarted()
+    res = minimise(fn, torch.zeros(2, dtype=torch.float64), rule, Convergence(max_steps=200, ftol=1e-12, xtol=1e-9))
+    assert res.status is Status.CONVERGED and rule.created == 2 and res.state.restarted
+    assert torch.allclose(res.state.raw, target, atol=1e-5)
+    assert LoopState.from_dict(res.state.to_dict()).restarted
+    assert not LoopState.from_dict({**res.state.to_dict(), "restarted": False}).restarted
+    old = {k: v for k, v in res.state.to_dict().items() if k != "restarted"}  # a checkpoint of an earlier build
+    assert not LoopState.from_dict(old).restarted
