@@ -104,3 +104,20 @@ def _tilt(doc: dict, panel: int) -> dict:
     c, s = np.cos(0.01), np.sin(0.01)
     p["fast_axis"], p["slow_axis"] = [c, s, 0.0], [-s, c, 0.0]
     return doc
+
+
+def test_multi_panel_groups_need_rigidity_only_where_their_geometry_is_refined(tmp_path: Path) -> None:
+    """A detector whose panels are not all parallel (a CSPAD's quadrants) plans a crystal refinement with the
+    panels held; refining the geometry of a group that is not a rigid body is refused in one line, before any
+    step (the plan is what ``refine`` and ``nbtorch-refine`` build first)."""
+    from refine.solver.plan import make_plan
+    from refine.solver.stages import single_stage
+
+    tilted = panels_simulator(read_expt(write_doc(tmp_path, _tilt(split_document(), 5), "tilt.expt"),
+                                        multi_panel=True), extra_flags=["-N", "20", "-default_F", "100"])
+    observed = np.ones(tilted.shape)
+    plan = make_plan(tilted, observed, stages=single_stage(("scale", "background", "orientation", "cell")))
+    assert "distance_g0" not in plan.names and "orient_x" in plan.names
+    with pytest.raises(InputError, match=r"panel group 0: panel 5 .* does not share the axes") as info:
+        make_plan(tilted, observed, stages=single_stage(("scale", "panels")))
+    assert "\n" not in str(info.value)

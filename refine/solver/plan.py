@@ -27,7 +27,7 @@ from refine.fitting.objective import LossFn, check_priors, resolve_loss
 from refine.fitting.background import (
     BackgroundModel, is_knot, parse_background, plane_background, resolution_background,
 )
-from refine.fitting.parameters import BASE_NAMES, ParameterSpace, is_panel_name
+from refine.fitting.parameters import BASE_NAMES, ParameterSpace, is_panel_name, split_group_change
 from nbtorch.panels import check_rigid_group
 from refine.inputs.selection import resolution_map
 from refine.inputs.problems import Problem
@@ -156,7 +156,8 @@ def observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
 
 def panel_space(sim: Simulator, panel_groups=None) -> dict:
     """The :class:`ParameterSpace` arguments of a multi-panel simulator's panels (``panel_groups``: the panels of
-    each rigid group; default one group, the whole detector); none for one panel."""
+    each rigid group; default one group, the whole detector); none for one panel.  Whether a group can move as
+    one rigid body is checked where its changes are refined (:func:`check_refined_groups`)."""
     layout = sim.panel_layout
     if layout is None:
         if panel_groups:
@@ -167,9 +168,16 @@ def panel_space(sim: Simulator, panel_groups=None) -> dict:
     seen = sorted(i for g in groups for i in g)
     if seen != list(range(n)):
         raise InputError(f"panel_groups: every panel 0..{n - 1} must be in exactly one group, got {list(groups)}")
-    for k, members in enumerate(groups):
-        check_rigid_group(layout, members, str(k))
     return ParameterSpace(panel_groups=groups, n_panels=n)
+
+
+def check_refined_groups(sim: Simulator, space: ParameterSpace, names: tuple[str, ...]) -> None:
+    """Every panel group whose changes ``<name>_g<k>`` are among the refined ``names`` must be a rigid body
+    (its panels parallel and equally oriented: :func:`nbtorch.panels.check_rigid_group`); groups whose geometry
+    is held may be anything (a CSPAD's whole detector, its quadrants turned 90 degrees to each other)."""
+    refined = sorted({g[1] for g in map(split_group_change, names) if g is not None})
+    for k in refined:
+        check_rigid_group(sim.panel_layout, space.panel_groups[k], str(k))
 
 
 def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None,
@@ -223,6 +231,7 @@ def _space_and_stages(sim: Simulator, symmetry: str, named: set, background: str
     space.check_start(values0)
     plan = _stage_plan(space, stages, free)
     names = tuple(n for n in space.all_names if any(n in stage_names for _, stage_names in plan))
+    check_refined_groups(sim, space, names)
     off = [n for n in names if n in SIZE_OFF_DIAGONAL]
     if off and sim.setup.shape != ANISOTROPIC_SHAPE:
         raise InputError(f"{', '.join(off)}: the off-diagonal crystal sizes act only with -gauss_aniso_xtal in the "
