@@ -27,6 +27,7 @@ SMV written by nanoBragg     1          40               ``-noisefile``'s counts
 other SMV                    1          0                nothing in the header: say so
 mini-CBF / Pilatus TIFF,     1          0                photon counters
 NXmx / Eiger
+multi-panel CBF (CSPAD)      1          0                nothing in the file: say so (integrating)
 MarCCD, mar345, raw          1          0                nothing in the header: say so
 bank problems (``--problem``) 1         40               the pedestal added after the Poisson draw
 ===========================  =========  ===============  ==============================================
@@ -151,6 +152,9 @@ def header_counts(path: str, fmt: str, header: Mapping[str, Any]) -> DetectorCou
         return _smv_counts(path, header.get("fields", header))
     if fmt in ("cbf", "tiff") and header.get("pilatus"):
         return DetectorCounts(1.0, 0.0, "a Pilatus photon counter: gain 1, no offset")
+    if fmt == "cbf" and header.get("panel_boxes"):  # a multi-array imgCIF (a CSPAD's): no gain in the file
+        return DetectorCounts(1.0, 0.0, "a multi-panel CBF gives no gain or offset: 1 and 0 assumed (an integrating "
+                                        "detector's counts are not photons: give --gain, --adc-offset)")
     if fmt == "cbf":
         return DetectorCounts(1.0, 0.0, "a mini-CBF: a photon counter's gain 1, no offset")
     if fmt == "hdf5":

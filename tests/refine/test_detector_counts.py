@@ -144,3 +144,11 @@ def test_objective_gradient_matches_finite_differences_with_gain_2(problem_cache
             fd = (float(objective.evaluate(up)[0]) - float(objective.evaluate(down)[0])) / (2 * h)
         assert float(g) != 0.0, name
         assert float(g) == pytest.approx(fd, rel=1e-5, abs=1e-6), name
+
+
+def test_multi_panel_cbf_says_its_gain_is_assumed():
+    """A multi-array imgCIF (a CSPAD's) records no gain: 1 and 0 are assumed and the source says so (not 'a photon
+    counter', which a mini-CBF's Pilatus is)."""
+    c = header_counts("cspad.cbf", "cbf", {"panel_boxes": [("A", 0, 0, 4, 4)], "binary": {}})
+    assert (c.gain, c.adc_offset) == (1.0, 0.0) and "--gain" in c.source and "photon counter" not in c.source
+    assert "photon counter" in header_counts("mini.cbf", "cbf", {"binary": {}}).source
