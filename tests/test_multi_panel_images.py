@@ -266,3 +266,21 @@ def test_refine_cli_on_an_nxmx_file_of_modules(tmp_path: Path) -> None:
     for i in range(8):
         assert result["params"][f"beam_x_p{i}"] == pytest.approx(case["truth"][f"beam_x_p{i}"], abs=0.02)
         assert result["params"][f"beam_y_p{i}"] == pytest.approx(case["truth"][f"beam_y_p{i}"], abs=0.02)
+
+
+def test_multi_panel_cbflib_crash_or_unknown_compression_is_one_line(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """CBFlib decodes in a child process: a crash there (here a stand-in child that segfaults) is a one-line error
+    for the file, not the end of the caller; a compression that neither nbtorch nor CBFlib writes is refused."""
+    pytest.importorskip("pycbf")
+    from nbtorch.io import cbflib_arrays
+
+    a, b = np.arange(12 * 10, dtype=np.int32).reshape(10, 12), np.ones((7, 12), dtype=np.int32)
+    packed = _cspad_like_cbf(tmp_path / "packed.cbf", {"A": a, "B": b}, False, "x-CBF_PACKED")
+    monkeypatch.setattr(cbflib_arrays, "_CHILD", "import ctypes; ctypes.string_at(0)")
+    with pytest.raises(InputError, match=r"packed.cbf: CBFlib crashed decoding the file \(signal 11") as info:
+        read_image_file(packed)
+    assert "\n" not in str(info.value)
+    odd = _cspad_like_cbf(tmp_path / "odd.cbf", {"A": a, "B": b}, False, "x-CBF_BYTE_OFFSEU")
+    with pytest.raises(InputError, match=r"odd.cbf: array A: CBF compression x-CBF_BYTE_OFFSEU is not supported"):
+        read_image_file(odd)

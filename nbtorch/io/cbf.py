@@ -53,7 +53,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
-from nbtorch.io.cbflib_arrays import decode_arrays, needs_cbflib
+from nbtorch.io.cbflib_arrays import CBFLIB_COMPRESSIONS, cbflib_compression, decode_arrays
 from nbtorch.io.raw import read_file_bytes
 
 __all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines", "binary_headers",
@@ -299,17 +299,21 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
         raise InputError(f"{name}: not a CBF file")
     fields = binary_headers(name, text)
     conversion = fields.get("Content-Type", "") + " " + fields.get("conversions", "")
-    if needs_cbflib(conversion):  # CBFlib's packed, canonical ... compressions: CBFlib decodes them
+    packed = cbflib_compression(conversion)
+    if packed is not None and "x-CBF_BYTE_OFFSET" not in conversion:  # CBFlib's own compressions: CBFlib decodes
         start = mark + len(_MARKER)
         nbytes = binary_int(name, fields, "X-Binary-Size")
         check_payload(name, fields, data[start:start + nbytes])
-        arrays = decode_arrays(name, data, conversion)
+        arrays = decode_arrays(name, data, packed)
         if len(arrays) != 1 or arrays[0].ndim != 2:
             raise InputError(f"{name}: CBF holds {len(arrays)} arrays of {[list(a.shape) for a in arrays]} pixels, "
                              "not one 2-D image")
         header = parse_pilatus_lines(name, text)
         header["binary"] = fields
         return arrays[0].astype(np.int32), header
+    if "x-CBF_BYTE_OFFSET" not in conversion:
+        raise InputError(f"{name}: unsupported CBF compression {conversion.strip()!r} (x-CBF_BYTE_OFFSET, or "
+                         f"CBFlib's {', '.join(CBFLIB_COMPRESSIONS)} through pycbf)")
     etype = fields.get("X-Binary-Element-Type", '"signed 32-bit integer"').strip('"')
     if etype != "signed 32-bit integer":
         raise InputError(f"{name}: unsupported element type {etype!r} (only signed 32-bit integer)")

@@ -296,7 +296,7 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
             outside its array or not 2-D (one line naming the array or section).
     """
     from nbtorch.io.cbf import decompress_cbf
-    from nbtorch.io.cbflib_arrays import decode_arrays, needs_cbflib
+    from nbtorch.io.cbflib_arrays import CBFLIB_COMPRESSIONS, cbflib_compression, decode_arrays
     from nbtorch.io.raw import read_file_bytes
 
     name = str(path)
@@ -307,7 +307,12 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
         raise InputError(f"{name}: not a CBF file (no binary section)")
     loops = _cif_loops(text)
     structure = _table(loops, "_array_structure_list.")
-    packed = [_conversion(fields) for _, fields, _ in sections if needs_cbflib(_conversion(fields))]
+    packed = [cbflib_compression(_conversion(f)) for _, f, _ in sections if "x-CBF_BYTE_OFFSET" not in _conversion(f)]
+    for (aid, fields, _), kind in zip((x for x in sections if "x-CBF_BYTE_OFFSET" not in _conversion(x[1])), packed):
+        if kind is None:
+            found = _conversion(fields).split("conversions=")[-1].strip().strip('"') or "none given"
+            raise InputError(f"{name}: array {aid}: CBF compression {found} is not supported (x-CBF_BYTE_OFFSET, "
+                             f"or CBFlib's {', '.join(CBFLIB_COMPRESSIONS)} through pycbf)")
     decoded = decode_arrays(name, data, packed[0]) if packed else None
     if decoded is not None and len(decoded) != len(sections):
         raise InputError(f"{name}: CBFlib found {len(decoded)} arrays where the file has {len(sections)} binary "

@@ -137,7 +137,7 @@ def test_read_errors(tmp_path: Path) -> None:
     (tmp_path / "md5.cbf").write_bytes(bytes(flipped))
     _error(tmp_path / "md5.cbf", "Content-MD5")
     (tmp_path / "packed.cbf").write_bytes(data.replace(b"x-CBF_BYTE_OFFSET", b"x-CBF_PACKED_V2__"))
-    _error(tmp_path / "packed.cbf", "CBF")  # CBFlib's decoder: "CBFlib cannot decode", or "needs ... pycbf"
+    _error(tmp_path / "packed.cbf", "CBF")  # CBFlib (child process): "CBFlib cannot decode", or "needs ... pycbf"
     (tmp_path / "dims.cbf").write_bytes(data.replace(b"Fastest-Dimension: 10", b"Fastest-Dimension: 11"))
     _error(tmp_path / "dims.cbf", "do not match")
     (tmp_path / "nodim.cbf").write_bytes(data.replace(b"X-Binary-Size-Second-Dimension", b"X-Other"))
