@@ -16,19 +16,25 @@ from __future__ import annotations
 
 from typing import Mapping
 
-__all__ = ["cell_distance_note", "note_line", "CELL_LENGTHS"]
+__all__ = ["cell_distance_note", "distance_refined", "note_line", "CELL_LENGTHS"]
 
 CELL_LENGTHS = ("cell_a", "cell_b", "cell_c")
 
 
 def cell_distance_note(params: Mapping[str, float], free: tuple[str, ...] | list[str]) -> dict | None:
     """``{"distance_mm", "distance_refined": False, "cell_per_distance": {cell_x: Å/mm}}`` when cell lengths were
-    refined and the distance was not (None otherwise)."""
-    if "distance" in free or not any(n in free for n in CELL_LENGTHS):
+    refined and the distance was not (None otherwise).  A multi-panel detector's panel groups refine their
+    distances as ``distance_g<k>`` (``nbtorch-refine --panel-groups``): any of them counts as the distance refined."""
+    if distance_refined(free) or not any(n in free for n in CELL_LENGTHS):
         return None
     distance = float(params["distance"])
     ratios = {n: float(params[n]) / distance for n in CELL_LENGTHS if n in free or n in params}
     return {"distance_mm": distance, "distance_refined": False, "cell_per_distance": ratios}
+
+
+def distance_refined(free: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``free`` refines the detector distance: ``distance`` or a panel group's ``distance_g<k>``."""
+    return any(n == "distance" or (n.startswith("distance_g") and n[len("distance_g"):].isdigit()) for n in free)
 
 
 def note_line(note: Mapping) -> str:

@@ -24,6 +24,14 @@ def test_note_only_when_cell_is_refined_and_the_distance_held():
     assert cell_distance_note(PARAMS, ("scale", "background")) is None
 
 
+def test_multi_panel_group_distance_counts_as_the_distance_refined():
+    """``--refine panels --panel-groups LEVEL`` refines ``distance_g<k>``: no note then; beam shifts alone do not."""
+    assert cell_distance_note(PARAMS, ("cell_a", "cell_c", "distance_g0", "beam_x_g0")) is None
+    assert cell_distance_note(PARAMS, ("cell_a", "cell_c", "distance_g17")) is None
+    assert cell_distance_note(PARAMS, ("cell_a", "cell_c", "beam_x_g0", "beam_y_g0")) is not None
+    assert cell_distance_note(PARAMS, ("cell_a", "cell_c", "distance_gap")) is not None
+
+
 def test_cli_warns_and_records_then_not_with_the_distance_refined(refine_cli, tmp_path):
     write_cbf(tmp_path / "obs.cbf", simulate(SMALL_MODEL, background=5.0, seed=4), {"pixel_size_mm": 0.1})
     common = ("--image", "obs.cbf", "--model", SMALL_MODEL, "--symmetry", "tetragonal", "--max-steps", "15")
