@@ -643,21 +643,18 @@ class Simulator(nn.Module):
             starts = tqdm(starts, desc="nbtorch", unit="tile", file=sys.stderr)
         kernel = self._kernel_for(tile, real_first is not None)
         # per pixel: (slow, fast), or for several panels (slow in its panel, fast, panel), split once
-        columns = (slow, fast) if self.panel_layout is None else self._panel_pixels(slow, fast)
+        columns = (slow, fast)
         if self.panel_layout is not None:
-            pixel_m = self._panel_pixel_sizes()
+            columns, pixel_m = self._panel_pixels(slow, fast), self._panel_pixel_sizes()
         for start in starts:
             cols = [c[start:start + tile] for c in columns]
             n = cols[0].numel()
             if n < tile:  # pad the last tile so every call has the same (static) shape
                 cols = [torch.cat([c, c[-1:].expand(tile - n)]) for c in cols]
             first = real_first if start == 0 else None
-            if self.panel_layout is None:
-                pixels = TilePixels(geom, cols[1], cols[0], pixel_m, layers, s.oversample)
-            else:
-                pixels = TilePixels(geom, cols[1], cols[0], pixel_m, layers, s.oversample, panel_index=cols[2])
-            tile_inp = inp
-            values, diag = self._run_kernel(kernel, pixels, tile_inp, first, want_diag)
+            pixels = TilePixels(geom, cols[1], cols[0], pixel_m, layers, s.oversample,
+                                panel_index=cols[2] if len(cols) == 3 else None)
+            values, diag = self._run_kernel(kernel, pixels, inp, first, want_diag)
             if n < tile:
                 values = values[:n]
             pieces.append(values)

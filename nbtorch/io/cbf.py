@@ -57,7 +57,7 @@ from nbtorch.io.cbflib_arrays import CBFLIB_COMPRESSIONS, cbflib_compression, de
 from nbtorch.io.raw import read_file_bytes
 
 __all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines", "binary_headers",
-           "binary_int", "decompress_cbf", "BINARY_MARKER"]
+           "binary_int", "binary_conversion", "check_payload", "decompress_cbf", "BINARY_MARKER"]
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,11 @@ def binary_int(path: str, fields: Mapping[str, str], key: str) -> int:
     return value
 
 
+def binary_conversion(fields: Mapping[str, str]) -> str:
+    """A binary section's compression as its MIME fields give it (``Content-Type`` and ``conversions``)."""
+    return fields.get("Content-Type", "") + " " + fields.get("conversions", "")
+
+
 def check_payload(path: str, fields: Mapping[str, str], payload: bytes, what: str = "binary data") -> None:
     """Refuse a binary section shorter than its ``X-Binary-Size`` or whose ``Content-MD5`` (when given) does
     not match: before any decoder (CBFlib's included, which may crash on a corrupt stream) sees it."""
@@ -298,12 +303,10 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
     if "CBF" not in text[:200] and "_array_data" not in text:
         raise InputError(f"{name}: not a CBF file")
     fields = binary_headers(name, text)
-    conversion = fields.get("Content-Type", "") + " " + fields.get("conversions", "")
+    conversion = binary_conversion(fields)
     packed = cbflib_compression(conversion)
-    if packed is not None and "x-CBF_BYTE_OFFSET" not in conversion:  # CBFlib's own compressions: CBFlib decodes
-        start = mark + len(_MARKER)
-        nbytes = binary_int(name, fields, "X-Binary-Size")
-        check_payload(name, fields, data[start:start + nbytes])
+    if packed is not None:  # CBFlib's own compressions: CBFlib decodes them
+        check_payload(name, fields, data[mark + len(_MARKER):])
         arrays = decode_arrays(name, data, packed)
         if len(arrays) != 1 or arrays[0].ndim != 2:
             raise InputError(f"{name}: CBF holds {len(arrays)} arrays of {[list(a.shape) for a in arrays]} pixels, "

@@ -42,10 +42,7 @@ TIMEOUT_S = 120.0
 _CHILD = r"""
 import io, sys
 import numpy as np
-try:
-    import pycbf
-except ImportError:
-    sys.stderr.write("no pycbf"); sys.exit(4)
+import pycbf
 data = sys.stdin.buffer.read()
 arrays = {}
 try:
@@ -73,8 +70,10 @@ sys.stdout.buffer.write(out.getvalue())
 
 
 def cbflib_compression(conversion: str) -> str | None:
-    """The CBFlib compression a binary section's ``conversions`` (MIME ``Content-Type`` and ``conversions``
-    fields) names, or None (byte offset, decoded by :mod:`nbtorch.io.cbf`, or a name CBFlib does not write)."""
+    """The CBFlib compression a binary section's ``conversions`` (:func:`nbtorch.io.cbf.binary_conversion`)
+    names, or None: byte offset (decoded by :mod:`nbtorch.io.cbf`) or a name CBFlib does not write."""
+    if "x-CBF_BYTE_OFFSET" in conversion:
+        return None
     return next((c for c in CBFLIB_COMPRESSIONS if c in conversion), None)
 
 
@@ -98,9 +97,6 @@ def decode_arrays(name: str, data: bytes, compression: str) -> list[np.ndarray]:
         raise InputError(f"{name}: CBFlib did not finish decoding the file in {TIMEOUT_S:g} s "
                          f"(CBF compression {compression})") from None
     message = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    if done.returncode == 4:
-        raise InputError(f"{name}: CBF compression {compression} needs CBFlib's Python module: pip install pycbf "
-                         "(or nbtorch[formats])")
     if done.returncode == 3:
         raise InputError(f"{name}: CBFlib cannot decode the file: {message[-1] if message else 'no message'}")
     if done.returncode != 0:

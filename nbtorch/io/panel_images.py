@@ -220,10 +220,6 @@ def is_multi_array_cbf(data: bytes) -> bool:
         or b"_array_structure_list_section" in data.split(BINARY_MARKER, 1)[0]
 
 
-def _conversion(fields: dict[str, str]) -> str:
-    return fields.get("Content-Type", "") + " " + fields.get("conversions", "")
-
-
 def _decode_array(name: str, array: str, fields: dict[str, str], payload: bytes, dims: list[int],
                   cbflib: np.ndarray | None = None) -> np.ndarray:
     """The array's values, shaped slowest first (``dims`` fastest first, from ``_array_structure_list``);
@@ -295,7 +291,7 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
         InputError: unsupported compression or element type, dimensions that do not match the data, a section
             outside its array or not 2-D (one line naming the array or section).
     """
-    from nbtorch.io.cbf import decompress_cbf
+    from nbtorch.io.cbf import binary_conversion, decompress_cbf
     from nbtorch.io.cbflib_arrays import CBFLIB_COMPRESSIONS, cbflib_compression, decode_arrays
     from nbtorch.io.raw import read_file_bytes
 
@@ -307,12 +303,17 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
         raise InputError(f"{name}: not a CBF file (no binary section)")
     loops = _cif_loops(text)
     structure = _table(loops, "_array_structure_list.")
-    packed = [cbflib_compression(_conversion(f)) for _, f, _ in sections if "x-CBF_BYTE_OFFSET" not in _conversion(f)]
-    for (aid, fields, _), kind in zip((x for x in sections if "x-CBF_BYTE_OFFSET" not in _conversion(x[1])), packed):
+    packed = []
+    for aid, fields, _ in sections:
+        conversion = binary_conversion(fields)
+        if "x-CBF_BYTE_OFFSET" in conversion:
+            continue
+        kind = cbflib_compression(conversion)
         if kind is None:
-            found = _conversion(fields).split("conversions=")[-1].strip().strip('"') or "none given"
+            found = conversion.split("conversions=")[-1].strip().strip('"') or "none given"
             raise InputError(f"{name}: array {aid}: CBF compression {found} is not supported (x-CBF_BYTE_OFFSET, "
                              f"or CBFlib's {', '.join(CBFLIB_COMPRESSIONS)} through pycbf)")
+        packed.append(kind)
     decoded = decode_arrays(name, data, packed[0]) if packed else None
     if decoded is not None and len(decoded) != len(sections):
         raise InputError(f"{name}: CBFlib found {len(decoded)} arrays where the file has {len(sections)} binary "

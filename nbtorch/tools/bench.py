@@ -212,10 +212,9 @@ def bench_size(ns, size: int) -> dict:
         rec.update(c_s=c_s, speedup_vs_c=c_s / rec["warm_s"], corr_vs_c=float(np.corrcoef(ours, c_img)[0, 1]))
         if ns.panels > 1:  # the C program has one panel: run it once per panel, as a user of several panels would
             runs = [run_c(ns.c_bin, a, ns.threads) for a in panel_args(case_args(ns.case, size), size, ns.panels)]
-            c_panels = np.concatenate([r[1] for r in runs])
-            rec.update(c_panels_s=sum(r[0] for r in runs), speedup_vs_c_panels=sum(r[0] for r in runs) / rec["warm_s"],
-                       corr_vs_c_panels=float(np.corrcoef(ours, c_panels)[0, 1]),
-                       c_panels_over_c=sum(r[0] for r in runs) / c_s)
+            c_panels_s, c_panels = sum(r[0] for r in runs), np.concatenate([r[1] for r in runs])
+            rec.update(c_panels_s=c_panels_s, speedup_vs_c_panels=c_panels_s / rec["warm_s"],
+                       corr_vs_c_panels=float(np.corrcoef(ours, c_panels)[0, 1]), c_panels_over_c=c_panels_s / c_s)
     return rec
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from refine.fitting.parameters import split_group_change
+
 __all__ = ["cell_distance_note", "distance_refined", "note_line", "CELL_LENGTHS"]
 
 CELL_LENGTHS = ("cell_a", "cell_b", "cell_c")
@@ -34,7 +36,7 @@ def cell_distance_note(params: Mapping[str, float], free: tuple[str, ...] | list
 
 def distance_refined(free: tuple[str, ...] | list[str]) -> bool:
     """Whether ``free`` refines the detector distance: ``distance`` or a panel group's ``distance_g<k>``."""
-    return any(n == "distance" or (n.startswith("distance_g") and n[len("distance_g"):].isdigit()) for n in free)
+    return any(n == "distance" or (split_group_change(n) or ("",))[0] == "distance" for n in free)
 
 
 def note_line(note: Mapping) -> str:

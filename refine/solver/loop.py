@@ -146,8 +146,8 @@ class LoopState:
         grad: (P,) gradient at ``raw``.
         optimizer: the optimiser's ``state_dict()``.
         small_steps: consecutive steps that met the change tolerances.
-        restarted: the step rule was started afresh once because a loop seeded with an earlier loop's memory
-            stopped moving (:func:`minimise`).
+        restarted: the step rule was started afresh once because the loop's steps became small while its
+            gradient was not (:func:`minimise`).
         evaluations: loss evaluations so far.
         elapsed_s: wall time spent in this loop so far.
         history: one dict per point (start and every step): step, loss, grad_norm, step_norm,
@@ -460,11 +460,11 @@ def _stalled(state: LoopState, convergence: Convergence) -> bool:
 
 
 def _restart(strategy: AbstractStrategy, x: Tensor, state: LoopState, message: str):
-    """``(fresh optimizer, None, "")``: a loop seeded with an earlier loop's curvature memory (another view of
-    the loss: binned pixels, other free names) can stall on it, the line search finding no decrease along
-    directions that memory bends; "no change" then is not a minimum.  The step rule starts afresh once, from
-    the current point, and the loop goes on until its own steps are small (measured on the bank problem in
-    photons: the final stage stopped at 1.29x the shot noise after 3 steps; afresh it reaches 0.98x)."""
+    """``(fresh optimizer, None, "")``: a quasi-Newton rule can stall on its own curvature memory (or on one
+    carried over from an earlier loop), its line search finding no decrease along the directions that memory
+    bends; "no change" then is not a minimum.  The step rule starts afresh once, from the current point, and
+    the loop goes on until its own steps are small (measured on the bank problem in photons: the final stage
+    stopped at 1.29x the shot noise after 3 steps; afresh it reaches 0.98x)."""
     log.info("step %d: %s; starting the step rule afresh once", state.step, message)
     state.restarted = True
     state.small_steps = 0
