@@ -146,8 +146,8 @@ class LoopState:
         grad: (P,) gradient at ``raw``.
         optimizer: the optimiser's ``state_dict()``.
         small_steps: consecutive steps that met the change tolerances.
-        restarted: the step rule was started afresh once because the loop's steps became small while its
-            gradient was not (:func:`minimise`).
+        restarted: the step rule was started afresh once because the loop's steps became small, the last
+            vanishing, while its gradient was not (:func:`minimise`, :data:`STALL_FRACTION`).
         evaluations: loss evaluations so far.
         elapsed_s: wall time spent in this loop so far.
         history: one dict per point (start and every step): step, loss, grad_norm, step_norm,
@@ -454,9 +454,17 @@ def minimise(
     return LoopResult(status, message, state)
 
 
+#: a step shorter than this fraction of ``xtol`` did not become small, it vanished: the line search found no
+#: decrease along the step rule's direction (the bank problem's stall in photons: 1e-3 of xtol; steps that end
+#: converged loops on the README's main job and the tutorial: 0.05-0.06 of it)
+STALL_FRACTION = 0.01
+
+
 def _stalled(state: LoopState, convergence: Convergence) -> bool:
-    """Small steps (not a small gradient) ended a loop that has not been restarted yet."""
-    return not state.restarted and state.small_steps >= convergence.patience and state.grad_norm > convergence.gtol
+    """Small steps ended a loop not restarted yet, the last one vanishing (:data:`STALL_FRACTION`) while the
+    gradient is not small."""
+    return (not state.restarted and state.small_steps >= convergence.patience and state.grad_norm > convergence.gtol
+            and state.history[-1]["step_norm"] <= STALL_FRACTION * convergence.xtol)
 
 
 def _restart(strategy: AbstractStrategy, x: Tensor, state: LoopState, message: str):
