@@ -394,6 +394,10 @@ class Simulator(nn.Module):
         return stack_geometries([self._detector_geometry(d.detector, p, f"_p{i}")
                                  for i, d in enumerate(layout.panels)])
 
+    #: a detector's fixed axes and sizes, the inputs of :func:`detector_geometry` that no parameter moves
+    _AXES = ("fdet", "sdet", "odet", "beam", "twotheta_axis")
+    _SIZES = ("pixel_m", "detsize_s_m")
+
     def _panels_geometry(self, p: dict[str, Tensor]) -> DetectorGeometry:
         """All panels' geometry in one :func:`detector_geometry` call with a leading panel axis (panels that
         share convention and pivot): (N, 3) vectors, (N,) scalars, as :func:`stack_geometries`."""
@@ -401,40 +405,32 @@ class Simulator(nn.Module):
         key = (id(layout), self.dtype, self.device)
         if getattr(self, "_panel_axes", (None,))[0] != key:  # the panels' fixed axes, converted once
             d = [q.detector for q in layout.panels]
-            self._panel_axes = (key, {name: self._t(np.stack([getattr(x, name) for x in d]))
-                                      for name in ("fdet", "sdet", "odet", "beam", "twotheta_axis")}
+            self._panel_axes = (key, {name: self._t(np.stack([getattr(x, name) for x in d])) for name in self._AXES}
                                 | {name: self._t(np.array([getattr(x, name) for x in d], dtype=np.float64))
-                                   for name in ("pixel_m", "detsize_s_m")})
-        axes = self._panel_axes[1]
+                                   for name in self._SIZES})
         n = len(layout.panels)
-
-        def per_panel(name: str) -> Tensor:
-            return torch.stack([p[f"{name}_p{i}"] for i in range(n)])
-
         first = layout.panels[0].detector
-        deg = math.pi / 180.0
-        fb, sb, fc, sc = detector_offsets_m(first.convention, per_panel("beam_x") / 1000.0,
-                                            per_panel("beam_y") / 1000.0, axes["pixel_m"], axes["detsize_s_m"])
-        return detector_geometry(
-            axes["fdet"], axes["sdet"], axes["odet"], axes["beam"], axes["twotheta_axis"], first.pivot,
-            per_panel("distance") / 1000.0, fb, sb, fc, sc,
-            per_panel("detector_rotx") * deg, per_panel("detector_roty") * deg, per_panel("detector_rotz") * deg,
-            per_panel("twotheta") * deg,
-        )
+        return self._geometry_of(first.convention, first.pivot, self._panel_axes[1],
+                                 lambda name: torch.stack([p[f"{name}_p{i}"] for i in range(n)]))
 
     def _detector_geometry(self, d, p: dict[str, Tensor], suffix: str) -> DetectorGeometry:
-        """:func:`detector_geometry` of detector set-up ``d`` with the geometry names ``<name><suffix>`` of ``p``."""
-        t = self._t
+        """:func:`detector_geometry` of detector set-up ``d`` with the geometry names ``<name><suffix>`` of ``p``:
+        (3,) vectors, () scalars (the shapes the compiled kernels are keyed on)."""
+        axes = {name: self._t(getattr(d, name)) for name in self._AXES + self._SIZES}
+        return self._geometry_of(d.convention, d.pivot, axes, lambda name: p[name + suffix])
+
+    @staticmethod
+    def _geometry_of(convention, pivot, axes: dict[str, Tensor], value) -> DetectorGeometry:
+        """:func:`detector_geometry` from a detector's fixed ``axes`` (:attr:`_AXES`, :attr:`_SIZES`; one panel's or
+        stacked with a leading panel axis) and ``value(name)``, the geometry parameter ``name`` (mm, deg)."""
         deg = math.pi / 180.0
-        fb, sb, fc, sc = detector_offsets_m(
-            d.convention, p["beam_x" + suffix] / 1000.0, p["beam_y" + suffix] / 1000.0, t(d.pixel_m),
-            t(d.detsize_s_m)
-        )
+        fb, sb, fc, sc = detector_offsets_m(convention, value("beam_x") / 1000.0, value("beam_y") / 1000.0,
+                                            axes["pixel_m"], axes["detsize_s_m"])
         return detector_geometry(
-            t(d.fdet), t(d.sdet), t(d.odet), t(d.beam), t(d.twotheta_axis), d.pivot,
-            p["distance" + suffix] / 1000.0, fb, sb, fc, sc,
-            p["detector_rotx" + suffix] * deg, p["detector_roty" + suffix] * deg, p["detector_rotz" + suffix] * deg,
-            p["twotheta" + suffix] * deg,
+            axes["fdet"], axes["sdet"], axes["odet"], axes["beam"], axes["twotheta_axis"], pivot,
+            value("distance") / 1000.0, fb, sb, fc, sc,
+            value("detector_rotx") * deg, value("detector_roty") * deg, value("detector_rotz") * deg,
+            value("twotheta") * deg,
         )
 
     def crystal_vectors(self, p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

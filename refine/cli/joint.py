@@ -101,6 +101,26 @@ def image_args(args: Options, image: str, out_dir: Path, index: int | None) -> O
         hkl_out=None, expt_image=args.dials.expt_image if index is None else index)
 
 
+class _SayOnce:
+    """``say`` for the images' preparation: a line exactly as printed for the first image (the header's notes, the
+    crystal model, the spot windows: the same for every image of a sweep) is not printed again for the others;
+    :attr:`repeated` counts those left out.  :meth:`next_image` starts each image after the first."""
+
+    def __init__(self, say) -> None:
+        self.say, self.first, self.repeated, self.later = say, set(), 0, False
+
+    def next_image(self) -> None:
+        self.later = True
+
+    def __call__(self, line: str) -> None:
+        if self.later and line in self.first:
+            self.repeated += 1
+            return
+        if not self.later:
+            self.first.add(line)
+        self.say(line)
+
+
 def _load(args: Options, image: str, out_dir: Path, say, index: int | None = None) -> tuple:
     """(simulator, the chosen pixels (:class:`~refine.many.pixel_table.FittedPixels`), start, the observed spots on
     the image (or None)) of one image, prepared as a single run prepares it (:func:`refine.cli.single.prepare`:
@@ -179,10 +199,12 @@ def _load_images(args: Options, images: list[str], indices: list, out_dir: Path,
     budget, held, folder = pixel_budget_bytes(args), [0], out_dir / "pixels"
     shard = image_shard(n)
     failed: dict[int, str] = {}
+    say_new = _SayOnce(say)
     try:
         for i in shard:
             try:
-                sims[i], px, starts[i], spots[i] = _load(args, images[i], out_dir, say, indices[i])
+                sims[i], px, starts[i], spots[i] = _load(args, images[i], out_dir, say_new, indices[i])
+                say_new.next_image()
             except InputError as exc:
                 if not args.many.screen:
                     raise
@@ -193,6 +215,8 @@ def _load_images(args: Options, images: list[str], indices: list, out_dir: Path,
     except BaseException:
         _drop_stored(pixels)
         raise
+    if say_new.repeated:
+        say(f"  ({say_new.repeated} lines the same as the first image's are printed once, under it)")
     if args.many.screen:  # every process learns every failed start (each loaded only its own images)
         failed = {i: msg for i, msg in enumerate(Comm().gather_objects(failed, n)) if msg is not None}
     stored = [i for i in shard if isinstance(pixels[i], StoredPixels)]

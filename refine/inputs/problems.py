@@ -26,7 +26,7 @@ the SMV ADC offset), drawn with a fixed seed.  ``truth`` and ``start`` are the v
 of a fit to these counts: the truth background is 45 per pixel, of which only 5
 carry shot noise.  :attr:`Problem.counts` is the detector's gain 1 and ADC offset 40:
 ``counts.photons(observed)`` and ``counts.photon_values(truth)`` are the problem in
-photons (background 5), what ``nbtorch-refine --problem`` fits
+photons (background 5), what ``nbtorch-refine --problem`` and ``refine(problem)`` fit
 (:mod:`refine.inputs.detector_counts`).  Pixels are 0.1 mm and the
 detector has ``size x size`` pixels (64 in CI, 512 in the slow tests), so a
 larger size sees higher-resolution spots, where the cell error moves spots

@@ -342,7 +342,7 @@ def diagnostic_scalars(diagnostics: dict) -> dict[str, float]:
     numbers are left out)."""
     out = {f"diagnostics/{k}": diagnostics.get(k) for k in ("sigZ", "mean_z", "fraction_z_above_5")}
     profile = diagnostics.get("profile") or {}
-    for side in ("observed", "model"):
+    for side in ("observed", "model", "model_own"):
         for k, v in (profile.get(side) or {}).items():
             if not isinstance(v, list):
                 out[f"diagnostics/profile/{side}/{k}"] = v

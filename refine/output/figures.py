@@ -338,11 +338,16 @@ def spot_profile_figure(profile: Mapping[str, Any]):
     radius = np.rint(np.hypot(*np.meshgrid(u, u))).astype(int).ravel()
     count = np.bincount(radius)
     r = np.nonzero(count)[0]
-    for stack, colour, label in ((obs, _OBSERVED, "observed"), (mod, _PREDICTED, "model")):
-        mean = np.bincount(radius, weights=stack.ravel())[r] / count[r] / n
-        axes[3].plot(r, mean, "o-", color=colour, label=label, ms=4)
+    curves = [(obs, n, _OBSERVED, "o-", "observed"), (mod, n, _PREDICTED, "o-", "model")]
+    if profile.get("stack_model_own") is not None and profile.get("own_spots"):
+        # the model about its own centroids: its shape without the spread of its positions
+        curves.append((np.asarray(profile["stack_model_own"], dtype=float), int(profile["own_spots"]), _PREDICTED,
+                       "s--", "model, about its own centroids"))
+    for stack, spots, colour, style, label in curves:
+        mean = np.bincount(radius, weights=stack.ravel())[r] / count[r] / spots
+        axes[3].plot(r, mean, style, color=colour, label=label, ms=4)
     axes[3].set_yscale("log")
-    axes[3].set_xlabel("distance from the observed centroid (px)")
+    axes[3].set_xlabel("distance from the centroid (px)")
     axes[3].set_ylabel("photons per spot and pixel")
     axes[3].set_title("azimuthal mean", fontsize=10)
     axes[3].legend(fontsize=8)

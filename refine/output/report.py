@@ -109,6 +109,11 @@ def misfit_lines(fit: dict, diagnostics: dict) -> list[str]:
                  f"px (radial {_pair(o['rms_radial_px'], m['rms_radial_px'])}, tangential "
                  f"{_pair(o['rms_tangential_px'], m['rms_tangential_px'])})"
                  + (f", model {100.0 * tail:+.0f}% at 3-5 px" if tail is not None else ""))
+        own = profile.get("model_own")
+        if own and own.get("rms_radius_px") is not None:
+            line += (f"; model about its own centroids ({profile['own_spots']} spots): peak "
+                     f"{own['peak_per_spot']:.3g}, rms radius {own['rms_radius_px']:.3g} px (radial "
+                     f"{own['rms_radial_px']:.3g}, tangential {own['rms_tangential_px']:.3g})")
     lines = [line]
     table = diagnostics.get("background_by_resolution") or {}
     if table.get("pixels"):

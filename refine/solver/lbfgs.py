@@ -18,6 +18,14 @@ job.  This class does not touch ``torch._dynamo``.
 The parameter is one flat leaf tensor ``x`` (shape (P,), real); the closure
 sets ``x.grad`` and returns the loss (the refinement loop's closure does).
 
+A second addition: a line-search trial point where the closure raises
+:class:`NonFiniteLoss` (the model breaks down there: a NaN or Inf loss or
+gradient) does not end the step.  The trial counts as a loss far above the
+step's start (:data:`BARRIER`), so the strong-Wolfe search brackets it and
+zooms back towards the start, shortening the step; a point where the loss is
+finite is what the step ends on (the start itself when no trial was finite).
+Where every trial is finite the steps are torch's, bit for bit.
+
 One addition: :meth:`OneStepLBFGS.memory` / :meth:`OneStepLBFGS.warm` hand the
 curvature pairs ``(s, y)`` of one loop to the next (the coarse-to-fine copies of
 a stage refine the same parameters in the same raw units): the warmed first step
@@ -34,7 +42,15 @@ import torch
 from torch import Tensor
 from torch.optim.lbfgs import _strong_wolfe
 
-__all__ = ["OneStepLBFGS", "memory_of_state"]
+__all__ = ["OneStepLBFGS", "memory_of_state", "NonFiniteLoss", "BARRIER"]
+
+#: a trial point whose loss is NaN/Inf counts as the step's starting loss plus this many times
+#: ``max(1, |loss|)``: far above any point the search would accept, finite for its cubic interpolation
+BARRIER = 1e3
+
+
+class NonFiniteLoss(Exception):
+    """The loss or its gradient is NaN/Inf at the point evaluated (raised by the closure)."""
 
 
 def memory_of_state(state: dict[str, Any]) -> dict[str, Any] | None:
@@ -123,9 +139,14 @@ class OneStepLBFGS:
     def _directional_evaluate(self, closure: Callable[[], Tensor], x0: list[Tensor], t: float,
                               d: Tensor) -> tuple[float, Tensor]:
         self.x.add_(d, alpha=t)
-        loss = float(closure())
-        flat_grad = self._grad()
-        self.x.copy_(x0[0])
+        try:
+            loss = float(closure())
+            flat_grad = self._grad()
+        except NonFiniteLoss:  # the model breaks down there: a barrier the search steps back from
+            loss, flat_grad = self._barrier
+            self.state["nonfinite_trials"] = self.state.get("nonfinite_trials", 0) + 1
+        finally:
+            self.x.copy_(x0[0])
         return loss, flat_grad
 
     # ------------------------------------------------------------------ the step
@@ -196,6 +217,8 @@ class OneStepLBFGS:
             ls_func_evals = 0
             if group["line_search_fn"] is not None:
                 x0 = [self.x.clone(memory_format=torch.contiguous_format)]
+                # a NaN/Inf trial: far above the start, with the start's gradient (finite numbers for the search)
+                self._barrier = (loss + BARRIER * max(1.0, abs(loss)), flat_grad.clone())
 
                 def obj_func(x, t, d):
                     return self._directional_evaluate(closure, x, t, d)

@@ -9,7 +9,9 @@ with a strategy from :mod:`refine.solver.strategies`:
    line search), then evaluate at the new point (a cache keyed by the raw bytes
    means the point the line search already evaluated costs nothing);
 3. **check**: non-finite loss, gradient or parameters stop the run with
-   :attr:`Status.DIVERGED` and restore the last finite point; an exception
+   :attr:`Status.DIVERGED` and restore the last finite point (an LBFGS
+   line-search trial point where they are non-finite does not: the search
+   steps back from it, :mod:`refine.solver.lbfgs`); an exception
    from the model stops it with :attr:`Status.FAILED`; otherwise the
    convergence tests of :class:`Convergence` are applied;
 4. **stop** with :attr:`Status.CONVERGED`, :attr:`Status.MAX_STEPS`,
@@ -64,6 +66,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from refine.solver.lbfgs import NonFiniteLoss
 from refine.solver.strategies import AbstractStrategy
 
 __all__ = ["Status", "Convergence", "LoopState", "LoopResult", "LoopInterrupted", "LoopAborted", "minimise"]
@@ -228,8 +231,9 @@ def frozen_copy(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-class _NonFinite(Exception):
-    pass
+#: a NaN/Inf loss or gradient (:class:`refine.solver.lbfgs.NonFiniteLoss`: the LBFGS line search steps back from
+#: such a trial point; elsewhere it ends the run with DIVERGED)
+_NonFinite = NonFiniteLoss
 
 
 def _finite(t: Tensor) -> bool:
@@ -243,6 +247,7 @@ class _Evaluator:
     def __init__(self, fn: Callable[[Tensor], tuple[Tensor, Any]], x: Tensor, evaluations: int = 0) -> None:
         self.fn, self.x, self.evaluations = fn, x, evaluations
         self.cache: dict[bytes, tuple[Tensor, Tensor, Any]] = {}
+        self.nonfinite = 0  # points where the loss or gradient was NaN/Inf
 
     def __call__(self) -> tuple[Tensor, Tensor, Any]:
         key = self.x.detach().cpu().numpy().tobytes()
@@ -253,10 +258,12 @@ class _Evaluator:
             xi = self.x.detach().clone().requires_grad_(True)
             loss, aux = self.fn(xi)
             if not _finite(loss.detach()):
+                self.nonfinite += 1
                 raise _NonFinite(f"loss is {float(loss.detach())}")
             (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
             grad = torch.zeros_like(xi) if grad is None else grad
         if not _finite(grad):
+            self.nonfinite += 1
             bad = int((~torch.isfinite(grad)).nonzero()[0, 0])
             raise _NonFinite(f"gradient component {bad} is {float(grad[bad])}")
         self.evaluations += 1
@@ -449,9 +456,20 @@ def minimise(
         # steps that changed nothing: a minimum where it started, or a loss flat in some parameter
         status, message = _classify_start(fn, state, convergence, evaluate)
         message = f"{state.step} steps moved nothing; {message}"
+    message = _with_nonfinite_note(message, status, evaluate.nonfinite)
     state.elapsed_s = elapsed()
     state.evaluations = evaluate.evaluations
     return LoopResult(status, message, state)
+
+
+def _with_nonfinite_note(message: str, status: Status, nonfinite: int) -> str:
+    """``message`` and, when the run went on past NaN/Inf trial points of the line search, how many there were."""
+    if not nonfinite or status is Status.DIVERGED:
+        return message
+    note = (f"the loss was NaN/Inf at {nonfinite} trial point(s) of the line search, which stepped back from them: "
+            "the model breaks down near the path taken")
+    log.warning("%s", note)
+    return f"{message}; {note}" if message else note
 
 
 #: a step shorter than this fraction of ``xtol`` did not become small, it vanished: the line search found no

@@ -319,7 +319,8 @@ def refine(
 
     Arguments:
         problem_or_simulator: a :class:`~refine.inputs.problems.Problem` (its simulator, observed image, start,
-            symmetry, free and fixed groups are the defaults of the arguments below) or an
+            symmetry, free and fixed groups are the defaults of the arguments below; without ``observed`` its image
+            is fitted in photons and its start and ``start`` become photon values, :meth:`Problem.counts`) or an
             :class:`nbtorch.Simulator` whose parameters are the starting model.
         observed: (slow, fast) photons (counts: ``DetectorCounts.photons`` first, :mod:`refine.inputs.detector_counts`);
             required with a simulator; NaN/Inf and negative pixels are ignored.

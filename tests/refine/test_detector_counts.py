@@ -110,6 +110,21 @@ def test_gain_2_and_offset_40_fit_to_the_noise_from_the_truth(problem_cache):
     _check_truth(problem, result)
 
 
+def test_refine_of_a_problem_fits_photons_and_a_given_image_as_it_is(problem_cache):
+    """``refine(problem)`` fits the problem's counts as photons (its pedestal off, the start's background and the
+    caller's ``start`` converted), as ``nbtorch-refine --problem``; an ``observed`` given is fitted as it is."""
+    from refine import refine, single_stage
+    from refine.solver.loop import Convergence
+
+    problem = problem_cache("tetragonal_mosflm", 32)
+    stages = single_stage(("scale", "background", "cell", "beam_centre"), "lbfgs", Convergence(max_steps=30))
+    result = refine(problem, start=problem.truth, stages=stages, progress=False)
+    _check_truth(problem, result)
+    assert result.initial_params["background"] == 5.0  # the caller's start (counts: 45) in photons
+    counts = refine(problem, problem.observed, start=problem.truth, stages=stages, progress=False, esds=False)
+    assert counts.params["background"] == pytest.approx(45.0, abs=0.5) and counts.fit["excess"] < 0.7
+
+
 @pytest.mark.slow
 def test_gain_2_and_offset_40_refine_to_the_truth(problem_cache):
     """The bank's refinement from its perturbed start (about a minute on a busy 2-core machine)."""

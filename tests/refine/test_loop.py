@@ -122,19 +122,40 @@ def test_steps_that_move_nothing_are_no_step():
     assert ok.status is Status.CONVERGED, ok.message
 
 
-@pytest.mark.parametrize("strategy", [LBFGS(), Adam(lr=0.5)])
-def test_nan_stops_with_diverged_and_keeps_last_finite_point(strategy):
-    def f(x):
-        loss = quadratic(x)[0]
-        if float(x[0].detach()) > 0.5:  # the model breaks down beyond this point
-            loss = loss * float("nan")
-        return loss, None
+def _breaks_beyond(x):
+    loss = quadratic(x)[0]
+    if float(x[0].detach()) > 0.5:  # the model breaks down beyond this point (its minimum is at x[0] = 1)
+        loss = loss * float("nan")
+    return loss, None
 
-    res = minimise(f, torch.tensor([0.0, 0.0], dtype=F64), strategy, Convergence(max_steps=100))
+
+def test_nan_stops_adam_with_diverged_and_keeps_last_finite_point():
+    res = minimise(_breaks_beyond, torch.tensor([0.0, 0.0], dtype=F64), Adam(lr=0.5), Convergence(max_steps=100))
     assert res.status is Status.DIVERGED
     assert "nan" in res.message.lower() and "restored" in res.message
     assert torch.isfinite(res.state.raw).all() and float(res.state.raw[0]) <= 0.5
     assert math.isfinite(res.state.loss)
+
+
+def test_lbfgs_steps_back_from_a_nan_trial_point():
+    """A line-search trial where the loss is NaN shortens the step instead of ending the run: with the minimum
+    beyond the breakdown the run ends at the edge, finite, and says the loss was NaN on the way."""
+    res = minimise(_breaks_beyond, torch.tensor([0.0, 0.0], dtype=F64), LBFGS(), Convergence(max_steps=100))
+    assert res.status is not Status.DIVERGED, res.message
+    assert torch.isfinite(res.state.raw).all() and 0.4 < float(res.state.raw[0]) <= 0.5
+    assert float(res.state.raw[1]) == pytest.approx(-2.0, abs=1e-4) and math.isfinite(res.state.loss)
+    assert "NaN/Inf at" in res.message and "trial point" in res.message
+
+    # a first trial that overshoots into the broken region (lr 10) with the minimum where the model is finite:
+    # the run converges to it, as from a start that never met the NaN
+    def overshoot(x):
+        loss = ((x - 1.0) ** 2).sum()
+        return (loss * float("nan") if float(x.detach().min()) < -2.0 else loss), None
+
+    res = minimise(overshoot, torch.tensor([3.0, 2.5], dtype=F64), LBFGS(lr=10.0), Convergence(max_steps=50))
+    assert res.status is Status.CONVERGED, res.message
+    assert torch.allclose(res.state.raw, torch.ones(2, dtype=F64), atol=1e-6)
+    assert "NaN/Inf at" in res.message
 
 
 def test_nan_gradient_and_start_failures():

@@ -79,6 +79,31 @@ def test_profile_says_a_model_too_broad_radially_is_broader_there():
     assert stacked_profile(observed, model, valid, spots, beam).spots == len(spots) - 1
 
 
+def test_profile_about_the_models_own_centroids_separates_shape_from_position():
+    """Model spots of the observed shape but 1.3 px beside them (random directions): stacked on the observed
+    centroids the model looks wider and lower; about its own centroids it has the observed shape."""
+    shape, beam = (400, 400), (200.3, 199.7)
+    spots = _spots_around(beam)
+    rng = np.random.default_rng(11)
+    angle = rng.uniform(0.0, 2 * math.pi, len(spots))
+    offsets = 1.3 * np.stack([np.cos(angle), np.sin(angle)], axis=1)
+    observed = _render(shape, spots, beam, 1.0, 1.4, 2000.0, 10.0)
+    model = _render(shape, spots + offsets, beam, 1.0, 1.4, 2000.0, 10.0)
+    p = stacked_profile(observed, model, np.ones(shape, dtype=bool), spots, beam, half_px=5, offsets_xy=offsets)
+    doc = p.to_dict()
+    o, m, own = doc["observed"], doc["model"], doc["model_own"]
+    assert doc["own_spots"] == p.spots == len(spots)
+    assert m["rms_radius_px"] > o["rms_radius_px"] + 0.3 and o["peak_per_spot"] > 1.3 * m["peak_per_spot"]
+    assert own["rms_radius_px"] == pytest.approx(o["rms_radius_px"], abs=0.05)
+    assert own["peak_per_spot"] == pytest.approx(o["peak_per_spot"], rel=0.05)
+    assert own["rms_tangential_px"] > own["rms_radial_px"] + 0.2  # its frame is each spot's own
+    # without offsets there is no own stack; unknown offsets (no model spot) are left out of it
+    assert "model_own" not in stacked_profile(observed, model, np.ones(shape, dtype=bool), spots, beam).to_dict()
+    offsets[0] = np.nan
+    q = stacked_profile(observed, model, np.ones(shape, dtype=bool), spots, beam, offsets_xy=offsets)
+    assert q.own_spots == len(spots) - 1 and q.spots == len(spots)
+
+
 def test_background_by_resolution_recovers_a_radial_background():
     shape, beam = (500, 500), (250.0, 250.0)
     yy, xx = np.indices(shape, dtype=float) + 0.5
@@ -143,7 +168,8 @@ def test_tensorboard_logs_the_diagnostics_at_the_end():
     stack = np.ones((11, 11)).tolist()
     profile = {"spots": 4, "half_px": 5, "observed": {"peak_per_spot": 341.0, "rms_radius_px": 1.7},
                "model": {"peak_per_spot": 167.0, "rms_radius_px": None}, "excess_3to5_px": 0.4,
-               "stack_observed": stack, "stack_model": stack}
+               "model_own": {"peak_per_spot": 330.0, "rms_radius_px": 1.75}, "own_spots": 4,
+               "stack_observed": stack, "stack_model": stack, "stack_model_own": stack}
     result = SimpleNamespace(loss_final=1.0, steps=12, status=SimpleNamespace(value="converged"),
                              diagnostics={"sigZ": 3.1, "fraction_z_above_5": 0.01, "profile": profile,
                                           "background_by_resolution": {"observed_mean": 7.6, "model_mean": 12.2}})
@@ -152,6 +178,7 @@ def test_tensorboard_logs_the_diagnostics_at_the_end():
     assert writer.scalars["diagnostics/sigZ"] == (3.1, 12)
     assert writer.scalars["diagnostics/profile/model/peak_per_spot"] == (167.0, 12)
     assert writer.scalars["diagnostics/background/model_mean"] == (12.2, 12)
+    assert writer.scalars["diagnostics/profile/model_own/rms_radius_px"] == (1.75, 12)
     assert "diagnostics/profile/model/rms_radius_px" not in writer.scalars  # null numbers are left out
     assert writer.images == {"diagnostics/spot_profile": (88, 280)}  # 11 x (3 x 11 + 2), 8 x 8 each
 
@@ -172,6 +199,10 @@ def test_printed_lines_put_sigz_beside_the_fit_excess():
                             "(483 spots): observed peak 341, model 167 photons per spot, rms radius 1.71 vs 1.99 px "
                             "(radial -, tangential 1.3 vs 1.3), model +40% at 3-5 px")
     assert second.endswith("observed/model photons per pixel: 7.6/12.2; by resolution inf-4.4 A 7.6/12.2")
+    diag["profile"].update(own_spots=480, model_own={**numbers, "peak_per_spot": 330.0, "rms_radius_px": 1.75})
+    assert misfit_lines({"excess": 50.0}, diag)[0].endswith(
+        "model +40% at 3-5 px; model about its own centroids (480 spots): peak 330, rms radius 1.75 px (radial 1.2, "
+        "tangential 1.3)")
     assert misfit_lines({}, {"sigZ": 2.0, "fraction_z_above_5": 0.0, "z_pixels": 5}) == [
         "misfit: sigZ 2 (0% of 5 pixels |z| > 5)"]
     assert misfit_lines({}, {}) == []

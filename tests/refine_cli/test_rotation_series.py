@@ -51,6 +51,12 @@ def test_rotation_series_refines_one_crystal_better_than_single_images(refine_cl
     assert "shared: cell, orientation (decided by all images); per image: scale, background" in r.out
     for k in range(N_IMAGES):  # every image's rotation from its own header
         assert f"Start_angle {PHI0 + k * OSC:g} deg, Angle_increment 0.1 deg from the header" in r.out
+    # what is the same for every image is printed once, under the first image, and the run says so
+    lines = r.out.splitlines()
+    first, second = lines.index(f"  {wedge / 'img_0.cbf'}:"), lines.index(f"  {wedge / 'img_1.cbf'}:")
+    end = next(i for i, line in enumerate(lines) if "fitted pixels held in memory" in line)
+    assert not set(lines[first + 1:second]) & set(lines[second:end])
+    assert any(line.endswith("lines the same as the first image's are printed once, under it)") for line in lines)
     doc = json.loads((r.tmp / "sweep" / "joint.json").read_text())
     assert doc["status"] == "converged" and doc["n_images"] == N_IMAGES
     assert doc["shared_names"] == ["cell_a", "cell_c", "orient_x", "orient_y", "orient_z"]
