@@ -275,7 +275,9 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
         panels = panels[:4]
     else:
         roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
-        cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax)
+        cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax,
+                                          given_by=("--expt" if not args.model.model else "--expt/--model")
+                                          if args.dials.expt else "--model")
     for note in notes:
         say(f"  {note}")
     # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their

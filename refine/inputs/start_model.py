@@ -457,7 +457,8 @@ def _unused_notes(image: MeasuredImage, spindle) -> list[str]:
 
 
 def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
-                 roi: Sequence[int] | None = None, parallax: bool = True) -> tuple[SimulationConfig, list[str], list[str]]:
+                 roi: Sequence[int] | None = None, parallax: bool = True,
+                 given_by: str = "--model") -> tuple[SimulationConfig, list[str], list[str]]:
     """The starting model's config, its full flag list and notes on what came from the header.
 
     Arguments:
@@ -465,6 +466,8 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
         image: the measured image whose header fills in what the model leaves out (None: nothing).
         roi: ``(x0, x1, y0, y1)`` inclusive fast/slow pixel bounds to simulate (replaces a model ``-roi``).
         parallax: model the sensor thickness and absorption from the header (``--no-parallax``: False).
+        given_by: where ``model``'s flags came from, as the notes name it ("--model"; "--expt" when a DIALS
+            experiment made them: a header value they replace is "not used (--expt gives ...)").
 
     Raises:
         InputError: a bad flag (one line, naming it).
@@ -473,6 +476,8 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
     """
     tokens = expand_model_args(model)
     extra, notes = header_flags(tokens, image, parallax) if image is not None else ([], [])
+    if given_by != "--model":
+        notes = [n.replace("not used (--model gives", f"not used ({given_by} gives") for n in notes]
     tokens = tokens + extra
     if roi is not None:
         tokens += ["-roi", *(str(int(v)) for v in roi)]

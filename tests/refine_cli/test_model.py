@@ -218,6 +218,11 @@ def test_no_parallax_and_the_models_flags_win(tmp_path):
     assert _note(notes, "Silicon sensor thickness").endswith("not used (--model gives the sensor: -detector_thick)")
     assert _note(notes, "Detector_2theta 15 deg").endswith(
         "not used (--model gives the detector's orientation: -fdet_vector -sdet_vector -odet_vector)")
+    # flags a DIALS experiment made (--expt) are named as such: the user gave no --model
+    _, _, notes = model_config(model, obs, given_by="--expt")
+    assert _note(notes, "Start_angle 10 deg, Angle_increment 0.1 deg from the header").endswith(
+        "not used (--expt gives the rotation: -phi -osc)")
+    assert not any("--model gives" in n for n in notes)
 
 
 def test_a_still_says_its_start_angle_is_not_used(tmp_path):
