@@ -389,7 +389,9 @@ def _floor_line(s: dict) -> str:
         return head + ("no noise floor: the spot finder finds none of the refined model's spots (too weak over "
                        "its background)")
     return head + (f"noise floor {s['rms_px_floor']:.3g} px ({s['floor_realisations']} Poisson draws of the "
-                   f"refined model, {s['floor_spots']} spots); finder vs model centroid {s['rms_px_procedure']:.3g} px")
+                   f"refined model, {s['floor_spots']} spots); finder vs model centroid {s['rms_px_procedure']:.3g} px; "
+                   f"like for like (the finder's centroids of the model's spots against the observed): "
+                   f"{s['rms_px_finder']:.3g} px over those {s['floor_spots']}")
 
 
 def _with_drift_warning(result, spots: dict):

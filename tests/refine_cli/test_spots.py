@@ -207,6 +207,8 @@ def test_centroid_floor_is_small_for_strong_spots_and_grows_for_weak_ones():
         f = centroid_floor(model, None, centres + 0.7, centres, half=9, realisations=5, seed=0)
         assert f.spots == len(centres) and f.found > 0.95
         assert f.procedure_rms_px < 0.1  # the finder recovers the true centres of noise-free round spots
+        # like for like: the finder's model centroids against the "observed" ones, which sit 0.7 px off in x and y
+        assert f.finder_rms_px == pytest.approx(0.7 * 2 ** 0.5, abs=0.1) and f.to_dict()["rms_px_finder"] == f.finder_rms_px
         floors[height] = f.rms_px
     # shot noise: sigma / sqrt(photons) ~ 0.9 / sqrt(15 000) = 0.007 px plus the background's share
     assert 0.003 < floors[3000.0] < 0.03
