@@ -237,11 +237,34 @@ def parse_args(argv: Sequence[str]) -> Options:
     return options_from_namespace(parse_namespace(argv), tuple(argv))
 
 
+#: options whose value is nanoBragg flags: ``--model -gauss_aniso_xtal`` (one flag, no space) is that value, not
+#: an option (argparse takes a lone ``-word`` for an option and would say "expected one argument")
+FLAG_VALUED = ("--model",)
+
+
+def join_flag_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--model -flag`` written ``--model=-flag`` where the value is one nanoBragg flag (a single
+    dash; a ``--option`` after ``--model`` stays an option, so a forgotten value is still reported)."""
+    out: list[str] = []
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        if argv[i] in FLAG_VALUED and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and not argv[i + 1].startswith("--"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def parse_namespace(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """``argv`` after the options of ``--config`` (the command line wins), the modes checked, as ``parser``'s
     namespace (default :func:`build_parser`'s; a parser of :func:`build_parser` with options of its own added
     keeps them in the namespace, and ``--config`` may set them too)."""
     parser = parser if parser is not None else build_parser()
+    argv = join_flag_values(argv)
     args = parser.parse_args(list(argv))
     args.stage_tables = None
     if args.config:

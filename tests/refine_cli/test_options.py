@@ -65,3 +65,13 @@ def test_mode_options_without_their_mode_are_refused_at_the_door():
     with pytest.raises(InputError, match="--shared: only with --images and --joint"):
         parse_args(["--problem", "cubic_mosflm", "--shared", "cell"])
     assert parse_args(["--images", "a.cbf", "--rotation-series", "--model=-mosflm"]).many.joint is True
+
+
+def test_a_model_of_one_flag_is_the_models_value():
+    """``--model -gauss_aniso_xtal`` (one nanoBragg flag, no space) is --model's value, not an unknown option;
+    a ``--option`` after --model stays an option, so a missing value is still reported."""
+    o = parse_args(["--problem", "cubic_mosflm", "--model", "-gauss_aniso_xtal"])
+    assert o.model.model == "-gauss_aniso_xtal"
+    assert parse_args(["--problem", "cubic_mosflm", "--model", "-N 60"]).model.model == "-N 60"
+    with pytest.raises(InputError, match="--model: expected one argument"):
+        parse_args(["--problem", "cubic_mosflm", "--model", "--quiet"])
