@@ -48,7 +48,7 @@ from refine.inputs.problems import make_problem
 from refine.inputs.panels import (panel_configs, panel_count, panel_groups, refl_panel_spots, stacked_image,
                                   write_panels_expt)
 from nbtorch.panels import resolve_panels
-from refine.output.report import ESD_NOTE, misfit_lines, results_table, write_outputs
+from refine.output.report import ESD_NOTE, floor_line, misfit_lines, results_table, write_outputs
 from refine.solver.plan import background_model
 from refine.solver.runner import refine
 from refine.inputs.selection import check_roi
@@ -382,18 +382,6 @@ def _spots_report(args: Options, spots: np.ndarray, before, after, floor) -> dic
             "observed": spots, "predicted_start": before.predicted, "predicted_final": after.predicted}
 
 
-def _floor_line(s: dict) -> str:
-    """The printed line of the spot report's noise floor (:mod:`refine.quality.spot_floor`)."""
-    head = f"spots: final rms {s['rms_px_final']:.3g} px over all {s['matched_final']} matched; "
-    if not s["floor_spots"]:
-        return head + ("no noise floor: the spot finder finds none of the refined model's spots (too weak over "
-                       "its background)")
-    return head + (f"noise floor {s['rms_px_floor']:.3g} px ({s['floor_realisations']} Poisson draws of the "
-                   f"refined model, {s['floor_spots']} spots); finder vs model centroid {s['rms_px_procedure']:.3g} px; "
-                   f"like for like (the finder's centroids of the model's spots against the observed): "
-                   f"{s['rms_px_finder']:.3g} px over those {s['floor_spots']}")
-
-
 def _with_drift_warning(result, spots: dict):
     """``result`` with :func:`refine.quality.identifiability.drift_warning`'s line added when the spots drifted."""
     warning = drift_warning(spots["rms_px_start_common"], spots["rms_px_final_common"], spots["n_common"],
@@ -455,7 +443,7 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
         say(f"spots: rms offset {s['rms_px_start_common']:.3g} px -> {s['rms_px_final_common']:.3g} px over the "
             f"{s['n_common']} spots matched before and after ({s['matched_start']} -> {s['matched_final']} of "
             f"{s['n']} matched)")
-        say(_floor_line(s))
+        say(floor_line(s))
     if "esd_extra" in inputs.extra:
         _say_extra_esds(say, result, inputs.extra["esd_extra"])
     if note is not None:

@@ -342,7 +342,7 @@ def spot_profile_figure(profile: Mapping[str, Any]):
     if profile.get("stack_model_own") is not None and profile.get("own_spots"):
         # the model about its own centroids: its shape without the spread of its positions
         curves.append((np.asarray(profile["stack_model_own"], dtype=float), int(profile["own_spots"]), _PREDICTED,
-                       "s--", "model, about its own centroids"))
+                       "s--", "model (own centroids)"))
     for stack, spots, colour, style, label in curves:
         mean = np.bincount(radius, weights=stack.ravel())[r] / count[r] / spots
         axes[3].plot(r, mean, style, color=colour, label=label, ms=4)
@@ -350,7 +350,7 @@ def spot_profile_figure(profile: Mapping[str, Any]):
     axes[3].set_xlabel("distance from the centroid (px)")
     axes[3].set_ylabel("photons per spot and pixel")
     axes[3].set_title("azimuthal mean", fontsize=10)
-    axes[3].legend(fontsize=8)
+    axes[3].legend(fontsize=7, loc="upper right")  # the curves fall from upper left to lower right
     return fig
 
 

@@ -38,7 +38,7 @@ from nbtorch.cli_support import run_main
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from refine.output import figures
-from refine.output.report import ESD_NOTE, misfit_lines, parameter_rows
+from refine.output.report import ESD_NOTE, floor_line, misfit_lines, parameter_rows
 from refine.output.results import load_h5
 from refine.fitting.structure_factors import is_amplitude
 
@@ -113,9 +113,7 @@ def _summary(doc: dict) -> str:
                      f"spots matched before and after ({spots.get('matched_start', 0)} &rarr; "
                      f"{spots.get('matched_final', 0)} of {spots.get('n', 0)} matched)</p>")
         if spots.get("rms_px_floor") is not None:
-            parts.append(f"<p>spots: final rms {spots['rms_px_final']:.3g} px over all "
-                         f"{spots.get('matched_final', 0)} matched; noise floor {spots['rms_px_floor']:.3g} px "
-                         f"({spots.get('floor_realisations', 0)} Poisson draws of the refined model)</p>")
+            parts.append(f"<p>{html.escape(floor_line(spots))}</p>")
     parts += [f'<p class="warn">warning: {html.escape(w)}</p>' for w in doc.get("warnings", [])]
     if doc.get("command"):
         parts.append(f"<p>command: <code>{html.escape(str(doc['command']))}</code></p>")

@@ -4,7 +4,8 @@
 (:meth:`~refine.output.results.RefinementResult.to_json_dict`) atomically, both with the command's additions:
 ``command``, ``input`` (image, format, header geometry, masked-pixel counts, the model's full flags),
 ``truth`` (synthetic problems), ``spots`` (rms spot offsets before and after) and ``esd_extra``;
-:func:`misfit_lines` says what the model misses (the result's ``diagnostics``) in words.  The table and
+:func:`misfit_lines` says what the model misses (the result's ``diagnostics``) in words, :func:`floor_line` the spot
+report's noise floor and like-for-like offsets.  The table and
 the files take a joint result (:class:`~refine.output.results.JointResult`: its shared values) as well: the
 result files have one schema (:mod:`refine.output.results`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -156,3 +158,18 @@ def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: s
         fh.write(text + "\n")
     if hkl_path is not None:
         write_hkl(hkl_path, result.hkl_table())
+
+
+def floor_line(s: Mapping[str, Any]) -> str:
+    """The spot report's second line: the final rms, the noise floor, the two centroid procedures' difference
+    and the like-for-like offsets (``spots`` of ``result.json``; :mod:`refine.quality.spot_floor`)."""
+    head = f"spots: final rms {s['rms_px_final']:.3g} px over all {s['matched_final']} matched; "
+    if not s.get("floor_spots"):
+        return head + ("no noise floor: the spot finder finds none of the refined model's spots (too weak over "
+                       "its background)")
+    line = head + (f"noise floor {s['rms_px_floor']:.3g} px ({s['floor_realisations']} Poisson draws of the "
+                   f"refined model, {s['floor_spots']} spots); finder vs model centroid {s['rms_px_procedure']:.3g} px")
+    if s.get("rms_px_finder") is not None:  # results written before it lack it
+        line += (f"; like for like (the finder's centroids of the model's spots against the observed): "
+                 f"{s['rms_px_finder']:.3g} px over those {s['floor_spots']}")
+    return line

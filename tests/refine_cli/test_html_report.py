@@ -190,6 +190,12 @@ def test_summary_shows_the_spot_noise_floor():
     from refine.output.html_report import _summary
 
     spots = {"n": 10, "matched_start": 8, "matched_final": 9, "rms_px_start_common": 3.0, "rms_px_final_common": 1.0,
-             "n_common": 8, "rms_px_final": 1.1, "rms_px_floor": 0.123, "floor_realisations": 5, "floor_spots": 9}
-    assert "noise floor 0.123 px (5 Poisson draws of the refined model)" in _summary({"spots": spots})
+             "n_common": 8, "rms_px_final": 1.1, "rms_px_floor": 0.123, "floor_realisations": 5, "floor_spots": 9,
+             "rms_px_procedure": 0.6}
+    # the page says what the printed line says (refine.output.report.floor_line)
+    assert "noise floor 0.123 px (5 Poisson draws of the refined model, 9 spots); finder vs model centroid 0.6 px" \
+        in _summary({"spots": spots})
+    assert "like for like" not in _summary({"spots": spots})  # a result written before the like-for-like offsets
+    assert ("like for like (the finder&#x27;s centroids of the model&#x27;s spots against the observed): 0.95 px over "
+            "those 9") in _summary({"spots": {**spots, "rms_px_finder": 0.95}})
     assert "noise floor" not in _summary({"spots": {**spots, "rms_px_floor": None}})
