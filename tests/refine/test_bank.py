@@ -2,7 +2,7 @@
 
 Start errors (refine.inputs.problems.PERTURBATION): cell +1 % (a, b, c) and +0.5 deg (free angles),
 orientation 0.3 deg, beam centre +2 px, mosaic spread x2, N -25 %, scale x3, and a
-40-count pedestal in the data.  Tolerances: a, b, c within 0.05 %, angles within 0.02 deg,
+40-count pedestal in the data (taken off: refine(problem) fits photons).  Tolerances: a, b, c within 0.05 %, angles within 0.02 deg,
 beam centre within 0.1 px, mosaic spread within 10 %, N within 5 %, each also within 3
 reported esds; the crystal orientation within 0.05 deg (and 3 esds of the misset angles).
 
@@ -67,8 +67,9 @@ def run_and_check(problem, **kw):
     assert set(PARAMETER_NAMES) <= set(result.params)
     assert all(math.isfinite(v) for v in result.params.values())
     assert result.loss_final < result.loss_initial
-    # at the truth the fit is at the noise level (the pedestal is noiseless: excess below 1) and nothing is flagged
-    assert result.fit["excess"] < 1.5 and result.warnings == (), (result.fit, result.warnings)
+    # at the truth the fit is at the noise level (refine(problem) fits photons, the pedestal off: about 1; fitted
+    # as photons the noiseless pedestal gave 0.45-0.65) and nothing is flagged
+    assert 0.8 < result.fit["excess"] < 1.5 and result.warnings == (), (result.fit, result.warnings)
     return result
 
 
