@@ -120,33 +120,26 @@ def _background(sim: Simulator, background, values0: dict, obs: Tensor, valid: T
     return model.text, model
 
 
-def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmetry, mask):
-    """The simulator and the arguments a :class:`Problem` provides where the caller gave none (and ``mask``).
+def _problem_defaults(problem_or_simulator, observed, start, free, fixed, symmetry):
+    """The simulator and the arguments a :class:`Problem` provides where the caller gave none.
 
     A problem's own image is counts (photons + its pedestal, :attr:`Problem.counts`): without ``observed`` the
     run fits photons, ``counts.photons(problem.observed)``, as ``nbtorch-refine --problem`` does, and the
     problem's start and the caller's ``start`` (values of a fit to those counts, as :attr:`Problem.truth`) become
     photon values (:meth:`~refine.inputs.detector_counts.DetectorCounts.photon_values`: the background less the
-    pedestal); the pixels below the pedestal are masked.  With ``observed`` nothing is converted."""
+    pedestal); the pixels below the pedestal are negative photons, which :func:`observed_pixels` leaves out.  With
+    ``observed`` nothing is converted."""
     if isinstance(problem_or_simulator, Problem):
         problem = problem_or_simulator
         start = {**problem.start, **(start or {})}
         if observed is None:
-            observed, usable, _ = problem.counts.photons(problem.observed)
+            observed = problem.counts.photons(problem.observed)[0]
             start = problem.counts.photon_values(start)
-            if mask is None:
-                mask = usable
-            elif np.shape(mask) == usable.shape:  # another shape: observed_pixels names the mismatch
-                mask = _as_numpy_mask(mask) & usable
         return (problem.simulator(), observed, start, problem.free if free is None else free,
-                problem.fixed if fixed is None else fixed, symmetry or problem.symmetry, mask)
+                problem.fixed if fixed is None else fixed, symmetry or problem.symmetry)
     if isinstance(problem_or_simulator, Simulator):
-        return problem_or_simulator, observed, start, free, fixed, symmetry, mask
+        return problem_or_simulator, observed, start, free, fixed, symmetry
     raise InputError(f"problem_or_simulator: expected a Problem or a Simulator, got {type(problem_or_simulator).__name__}")
-
-
-def _as_numpy_mask(mask) -> np.ndarray:
-    return (mask.detach().cpu().numpy() if isinstance(mask, Tensor) else np.asarray(mask)).astype(bool)
 
 
 def observed_pixels(sim: Simulator, observed, mask) -> tuple[Tensor, Tensor]:
@@ -333,8 +326,8 @@ def make_plan(
         InputError: unknown names, a start breaking the symmetry, a shape mismatch, no usable pixel,
             nothing to refine, a bad loss or prior.
     """
-    sim, observed, start, free, fixed, symmetry, mask = _problem_defaults(
-        problem_or_simulator, observed, start, free, fixed, symmetry, mask)
+    sim, observed, start, free, fixed, symmetry = _problem_defaults(
+        problem_or_simulator, observed, start, free, fixed, symmetry)
     symmetry = symmetry or "triclinic"
     fixed = tuple(fixed or ())
     obs, valid = observed_pixels(sim, observed, mask)
