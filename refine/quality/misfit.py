@@ -139,14 +139,14 @@ class SpotProfile:
         uu, vv = np.meshgrid(u, u)  # columns radial, rows tangential
         return uu, vv, np.hypot(uu, vv)
 
-    def shape_numbers(self, stack: np.ndarray) -> dict[str, float | list[float]]:
-        """Per spot: ``background_per_spot`` (photons/pixel: the mean beyond ``half_px`` from the centre, the
+    def shape_numbers(self, stack: np.ndarray, spots: int | None = None) -> dict[str, float | list[float]]:
+        """Per spot (of ``spots`` stacked, default :attr:`spots`): ``background_per_spot`` (photons/pixel: the mean beyond ``half_px`` from the centre, the
         grid's corners), ``peak_per_spot`` and ``integrated_per_spot`` (photons above it: the largest sample, and
         the sum within ``half_px``), ``rms_radius_px``, ``rms_radial_px``, ``rms_tangential_px`` (second
         moments about the centre of the positive part above the background within ``half_px``) and
         ``centroid_px`` [u, v]."""
         uu, vv, rr = self._grid()
-        n = max(self.spots, 1)
+        n = max(self.spots if spots is None else spots, 1)
         corners, core = rr > self.half_px, rr <= self.half_px
         bg = float(stack[corners].mean()) if corners.any() else 0.0
         net = stack - bg
@@ -187,9 +187,8 @@ class SpotProfile:
                "stack_observed": self.observed.tolist(), "stack_model": self.model.tolist(),
                "stack_difference": self.difference.tolist()}
         if self.model_own is not None and self.own_spots:
-            # per spot of its own stack, so its numbers compare with the observed ones
-            numbers = self.shape_numbers(self.model_own * (max(self.spots, 1) / self.own_spots))
-            out.update(model_own=numbers, own_spots=self.own_spots, stack_model_own=self.model_own.tolist())
+            out.update(model_own=self.shape_numbers(self.model_own, self.own_spots), own_spots=self.own_spots,
+                       stack_model_own=self.model_own.tolist())
         return out
 
 
