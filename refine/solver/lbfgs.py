@@ -143,8 +143,7 @@ class OneStepLBFGS:
             loss = float(closure())
             flat_grad = self._grad()
         except NonFiniteLoss:  # the model breaks down there: a barrier the search steps back from
-            loss, flat_grad = self._barrier
-            self.state["nonfinite_trials"] = self.state.get("nonfinite_trials", 0) + 1
+            loss, flat_grad = self._barrier  # (the loop's evaluator counts these points)
         finally:
             self.x.copy_(x0[0])
         return loss, flat_grad

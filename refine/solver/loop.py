@@ -231,18 +231,14 @@ def frozen_copy(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-#: a NaN/Inf loss or gradient (:class:`refine.solver.lbfgs.NonFiniteLoss`: the LBFGS line search steps back from
-#: such a trial point; elsewhere it ends the run with DIVERGED)
-_NonFinite = NonFiniteLoss
-
-
 def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
 class _Evaluator:
     """``fn`` at the loop's parameters ``x`` with its gradient, cached by the bytes of ``x`` (a line search
-    re-evaluates points), counted, and checked: a NaN/Inf loss or gradient raises :class:`_NonFinite`."""
+    re-evaluates points), counted, and checked: a NaN/Inf loss or gradient raises :class:`NonFiniteLoss` (the LBFGS
+    line search steps back from such a trial point; at an accepted point it ends the run with DIVERGED)."""
 
     def __init__(self, fn: Callable[[Tensor], tuple[Tensor, Any]], x: Tensor, evaluations: int = 0) -> None:
         self.fn, self.x, self.evaluations = fn, x, evaluations
@@ -259,13 +255,13 @@ class _Evaluator:
             loss, aux = self.fn(xi)
             if not _finite(loss.detach()):
                 self.nonfinite += 1
-                raise _NonFinite(f"loss is {float(loss.detach())}")
+                raise NonFiniteLoss(f"loss is {float(loss.detach())}")
             (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
             grad = torch.zeros_like(xi) if grad is None else grad
         if not _finite(grad):
             self.nonfinite += 1
             bad = int((~torch.isfinite(grad)).nonzero()[0, 0])
-            raise _NonFinite(f"gradient component {bad} is {float(grad[bad])}")
+            raise NonFiniteLoss(f"gradient component {bad} is {float(grad[bad])}")
         self.evaluations += 1
         entry = (loss.detach(), grad.detach(), aux)
         if len(self.cache) >= 16:
@@ -297,7 +293,7 @@ def _start(evaluate: _Evaluator, optimizer, on_step, t_start: float) -> LoopStat
         loss0, grad0, aux0 = evaluate()
     except LoopAborted:
         raise
-    except _NonFinite as exc:
+    except NonFiniteLoss as exc:
         state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
         return LoopResult(Status.FAILED, f"the starting point is not usable: {exc}", state)
     except Exception as exc:  # noqa: BLE001 - reported as a status
@@ -335,7 +331,7 @@ def _step(strategy: AbstractStrategy, optimizer, evaluate: _Evaluator, state: Lo
     try:
         strategy.step(optimizer, evaluate.closure, state.step, convergence.max_steps)
         if not _finite(x.detach()):
-            raise _NonFinite("the parameters became NaN/Inf")
+            raise NonFiniteLoss("the parameters became NaN/Inf")
         loss, grad, aux = evaluate()
     except KeyboardInterrupt:
         del good.history[n_history:]
@@ -344,7 +340,7 @@ def _step(strategy: AbstractStrategy, optimizer, evaluate: _Evaluator, state: Lo
         raise LoopInterrupted(good) from None
     except LoopAborted:
         raise
-    except _NonFinite as exc:
+    except NonFiniteLoss as exc:
         del good.history[n_history:]
         return good, Status.DIVERGED, f"step {state.step + 1}: {exc}; parameters restored to step {state.step}"
     except Exception as exc:  # noqa: BLE001 - a failing model is a status, not a crash
