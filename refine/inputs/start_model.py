@@ -168,13 +168,16 @@ def _vec(v) -> str:
     return "(" + ", ".join(f"{float(x):g}" for x in v) + ")"
 
 
-def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = True) -> tuple[list[str], list[str]]:
+def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = True,
+                 source: str = "--model") -> tuple[list[str], list[str]]:
     """Flags to add to ``tokens`` from ``image``'s header and shape, and one note per header value: how it is
     used, or that it is not used and why (the flags in ``tokens`` always win).
 
     Arguments:
         parallax: model the sensor's thickness and absorption (``-detector_thick/-detector_abs``) when the
             header gives a thickness (``--no-parallax``: False).
+        source: where ``tokens`` came from, as the notes name it: "--model", or "--expt" when a DIALS experiment
+            made them (a header value they replace is "not used (--expt gives ...)").
     """
     geo = image.geometry
     extra: list[str] = []
@@ -192,19 +195,20 @@ def header_flags(tokens: Sequence[str], image: MeasuredImage, parallax: bool = T
     cfg = config_from_args(list(tokens) + extra)  # convention, axes, pixel size and wavelength of the model
     beam_v, _, _, _, tt_axis, polar_v, spindle_v = detector_axes(cfg)
 
-    geometry_extra, geometry_notes = _detector_flags(tokens, image, cfg, tt_axis)
+    geometry_extra, geometry_notes = _detector_flags(tokens, image, cfg, tt_axis, source)
     extra += geometry_extra
     notes += geometry_notes
-    for more_extra, more_notes in (_rotation_flags(tokens, image, spindle_v),
-                                   _polarization_flags(tokens, image, cfg, polar_v, beam_v),
-                                   _sensor_flags(tokens, image, cfg.wavelength_A, parallax)):
+    for more_extra, more_notes in (_rotation_flags(tokens, image, spindle_v, source),
+                                   _polarization_flags(tokens, image, cfg, polar_v, beam_v, source),
+                                   _sensor_flags(tokens, image, cfg.wavelength_A, parallax, source)):
         extra += more_extra
         notes += more_notes
     notes += _pilatus_notes(image, spindle_v) + _unused_notes(image, spindle_v)
     return extra, notes
 
 
-def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, tt_axis) -> tuple[list[str], list[str]]:
+def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, tt_axis,
+                    source: str) -> tuple[list[str], list[str]]:
     """Distance, beam centre and two-theta from the header (flags and notes), for the model ``cfg`` so far."""
     geo = image.geometry
     extra: list[str] = []
@@ -218,7 +222,7 @@ def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: Simulation
     swing = None
     if tt is not None:
         if _has(tokens, "twotheta"):
-            notes.append(_not_used(tt_name, f"{tt:g} deg", f"--model gives the detector's orientation: "
+            notes.append(_not_used(tt_name, f"{tt:g} deg", f"{source} gives the detector's orientation: "
                                                             f"{_given_by(tokens, 'twotheta')}"))
         elif tt == 0:
             notes.append(f"{tt_name} 0 deg from the header: the detector is normal to the beam")
@@ -261,7 +265,7 @@ def _detector_flags(tokens: Sequence[str], image: MeasuredImage, cfg: Simulation
     return extra, notes
 
 
-def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> tuple[list[str], list[str]]:
+def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v, source: str) -> tuple[list[str], list[str]]:
     """The rotation of the image (start angle and width; a still has width 0) as -phi/-osc/-phisteps."""
     geo = image.geometry
     extra: list[str] = []
@@ -273,7 +277,7 @@ def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> t
                                      else "") if x)
         names = names.replace(" deg ", " deg, ")
         if _has(tokens, "rotation"):
-            notes.append(_not_used(names, "", f"--model gives the rotation: {_given_by(tokens, 'rotation')}")
+            notes.append(_not_used(names, "", f"{source} gives the rotation: {_given_by(tokens, 'rotation')}")
                          .replace("  from", " from"))
         elif not osc:
             notes.append(_not_used(names, "", "a still: no rotation during the exposure; the model's orientation "
@@ -289,20 +293,20 @@ def _rotation_flags(tokens: Sequence[str], image: MeasuredImage, spindle_v) -> t
 
 
 def _polarization_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, polar_v,
-                        beam_v) -> tuple[list[str], list[str]]:
+                        beam_v, source: str) -> tuple[list[str], list[str]]:
     """The header's polarisation fraction as nanoBragg's Kahn factor (a NeXus Stokes vector: :func:`_stokes_flags`)."""
     geo = image.geometry
     extra: list[str] = []
     notes: list[str] = []
     if image.header.get("polarization_stokes") is not None and "polarization_fraction" in geo:
-        return _stokes_flags(tokens, image, cfg, polar_v, beam_v)
+        return _stokes_flags(tokens, image, cfg, polar_v, beam_v, source)
     # polarization: Pilatus gives the fraction p of the beam polarised along the E-vector; nanoBragg's -polar is
     # Kahn's factor K = 2p - 1 (0: unpolarised, 1: fully polarised along -polar_vector)
     p = geo.get("polarization_fraction")
     if p is not None:
         name = _label(image, "polarization_fraction", "polarization")
         if _has(tokens, "polarization"):
-            notes.append(_not_used(name, f"{p:g}", f"--model gives {_given_by(tokens, 'polarization')}"))
+            notes.append(_not_used(name, f"{p:g}", f"{source} gives {_given_by(tokens, 'polarization')}"))
         elif not 0.0 <= p <= 1.0:
             notes.append(_not_used(name, f"{p:g}", "a polarisation fraction lies in 0..1"))
         else:
@@ -320,7 +324,7 @@ def _rotated(v, axis, angle_deg: float) -> np.ndarray:
 
 
 def _stokes_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationConfig, polar_v,
-                  beam_v) -> tuple[list[str], list[str]]:
+                  beam_v, source: str) -> tuple[list[str], list[str]]:
     """NXmx ``incident_polarization_stokes`` (S0..S3, NeXus frame: x horizontal, y up) as -polar and, for a
     CUSTOM model, -polar_vector.  The model's E-vector (the convention's ``-polar_vector``, along its horizontal
     spindle) stands for NeXus x.  Linear polarisation P = sqrt(S1² + S2²)/S0 with its E-vector at psi from x is
@@ -331,7 +335,7 @@ def _stokes_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationCo
     name = _label(image, "polarization_fraction", "incident_polarization_stokes")
     value = _vec((s0, s1, s2, s3))
     if _has(tokens, "polarization"):
-        return [], [_not_used(name, value, f"--model gives {_given_by(tokens, 'polarization')}")]
+        return [], [_not_used(name, value, f"{source} gives {_given_by(tokens, 'polarization')}")]
     degree, psi = math.hypot(s1, s2) / s0, float(image.geometry.get("polarization_angle_deg", 0.0))
     circular = f"; S3/S0 {s3 / s0:g}, the circular part, scatters as unpolarised light" if s3 else ""
     if abs(s2) <= 1e-9 * s0:  # along the model's E-vector (S1 >= 0) or across it (S1 < 0): nothing to turn
@@ -347,7 +351,7 @@ def _stokes_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationCo
                        f"(Kahn factor sqrt(S1^2 + S2^2)/S0 along the E-vector at {psi:g} deg from the model's "
                        f"{_vec(polar_v)}, NeXus x, about the beam {_vec(beam_v)}, right-handed{circular})"]
     kahn = s1 / s0
-    why = ("--model gives -polar_vector" if "-polar_vector" in tokens else
+    why = (f"{source} gives -polar_vector" if "-polar_vector" in tokens else
            f"the {cfg.convention} convention fixes the E-vector; -polar_vector would make the model CUSTOM: give the "
            "CUSTOM geometry in --model to turn it")
     return ["-polar", _fmt(round(kahn, 12))], [
@@ -356,7 +360,8 @@ def _stokes_flags(tokens: Sequence[str], image: MeasuredImage, cfg: SimulationCo
         _not_used(f"{name} S2/S0", f"{s2 / s0:g}", f"the polarisation at 45 deg to the model's E-vector: {why}")]
 
 
-def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float, parallax: bool) -> tuple[list[str], list[str]]:
+def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float, parallax: bool,
+                  source: str) -> tuple[list[str], list[str]]:
     """The sensor's thickness and absorption (parallax), unless ``parallax`` is False."""
     geo = image.geometry
     extra: list[str] = []
@@ -369,7 +374,7 @@ def _sensor_flags(tokens: Sequence[str], image: MeasuredImage, wavelength: float
         if not parallax:
             notes.append(_not_used(name, value, "--no-parallax"))
         elif _has(tokens, "sensor"):
-            notes.append(_not_used(name, value, f"--model gives the sensor: {_given_by(tokens, 'sensor')}"))
+            notes.append(_not_used(name, value, f"{source} gives the sensor: {_given_by(tokens, 'sensor')}"))
         elif not thick > 0:
             notes.append(_not_used(name, value, "not a positive thickness"))
         elif material is not None and material.strip().lower() not in ("silicon", "si"):
@@ -475,9 +480,7 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
     The caller checks that the simulator's detector ``(spixels, fpixels)`` equals the image's shape.
     """
     tokens = expand_model_args(model)
-    extra, notes = header_flags(tokens, image, parallax) if image is not None else ([], [])
-    if given_by != "--model":
-        notes = [n.replace("not used (--model gives", f"not used ({given_by} gives") for n in notes]
+    extra, notes = header_flags(tokens, image, parallax, given_by) if image is not None else ([], [])
     tokens = tokens + extra
     if roi is not None:
         tokens += ["-roi", *(str(int(v)) for v in roi)]
