@@ -53,7 +53,7 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
-from nbtorch.io.cbflib_arrays import CBFLIB_COMPRESSIONS, cbflib_compression, decode_arrays
+from nbtorch.io.cbflib_arrays import cbflib_compression, decode_arrays
 from nbtorch.io.raw import read_file_bytes
 
 __all__ = ["read_cbf", "write_cbf", "decode_byte_offset", "encode_byte_offset", "parse_pilatus_lines", "binary_headers",
@@ -304,7 +304,7 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
         raise InputError(f"{name}: not a CBF file")
     fields = binary_headers(name, text)
     conversion = binary_conversion(fields)
-    packed = cbflib_compression(conversion)
+    packed = cbflib_compression(conversion, name)
     if packed is not None:  # CBFlib's own compressions: CBFlib decodes them
         check_payload(name, fields, data[mark + len(_MARKER):])
         arrays = decode_arrays(name, data, packed)
@@ -314,9 +314,6 @@ def read_cbf(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
         header = parse_pilatus_lines(name, text)
         header["binary"] = fields
         return arrays[0].astype(np.int32), header
-    if "x-CBF_BYTE_OFFSET" not in conversion:
-        raise InputError(f"{name}: unsupported CBF compression {conversion.strip()!r} (x-CBF_BYTE_OFFSET, or "
-                         f"CBFlib's {', '.join(CBFLIB_COMPRESSIONS)} through pycbf)")
     etype = fields.get("X-Binary-Element-Type", '"signed 32-bit integer"').strip('"')
     if etype != "signed 32-bit integer":
         raise InputError(f"{name}: unsupported element type {etype!r} (only signed 32-bit integer)")

@@ -69,12 +69,21 @@ sys.stdout.buffer.write(out.getvalue())
 """
 
 
-def cbflib_compression(conversion: str) -> str | None:
+def cbflib_compression(conversion: str, what: str) -> str | None:
     """The CBFlib compression a binary section's ``conversions`` (:func:`nbtorch.io.cbf.binary_conversion`)
-    names, or None: byte offset (decoded by :mod:`nbtorch.io.cbf`) or a name CBFlib does not write."""
+    names, or None for byte offset (decoded by :mod:`nbtorch.io.cbf`).
+
+    Raises:
+        InputError: any other compression (one line, after ``what``: the file, or the file and its array).
+    """
     if "x-CBF_BYTE_OFFSET" in conversion:
         return None
-    return next((c for c in CBFLIB_COMPRESSIONS if c in conversion), None)
+    kind = next((c for c in CBFLIB_COMPRESSIONS if c in conversion), None)
+    if kind is None:
+        found = conversion.split("conversions=")[-1].strip().strip('"') or "none given"
+        raise InputError(f"{what}: CBF compression {found} is not supported (x-CBF_BYTE_OFFSET, or CBFlib's "
+                         f"{', '.join(CBFLIB_COMPRESSIONS)} through pycbf)")
+    return kind
 
 
 def decode_arrays(name: str, data: bytes, compression: str) -> list[np.ndarray]:

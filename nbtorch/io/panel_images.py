@@ -292,7 +292,7 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
             outside its array or not 2-D (one line naming the array or section).
     """
     from nbtorch.io.cbf import binary_conversion, decompress_cbf
-    from nbtorch.io.cbflib_arrays import CBFLIB_COMPRESSIONS, cbflib_compression, decode_arrays
+    from nbtorch.io.cbflib_arrays import cbflib_compression, decode_arrays
     from nbtorch.io.raw import read_file_bytes
 
     name = str(path)
@@ -303,17 +303,8 @@ def read_cbf_panels(path: str, data: bytes | None = None) -> tuple[np.ndarray, l
         raise InputError(f"{name}: not a CBF file (no binary section)")
     loops = _cif_loops(text)
     structure = _table(loops, "_array_structure_list.")
-    packed = []
-    for aid, fields, _ in sections:
-        conversion = binary_conversion(fields)
-        if "x-CBF_BYTE_OFFSET" in conversion:
-            continue
-        kind = cbflib_compression(conversion)
-        if kind is None:
-            found = conversion.split("conversions=")[-1].strip().strip('"') or "none given"
-            raise InputError(f"{name}: array {aid}: CBF compression {found} is not supported (x-CBF_BYTE_OFFSET, "
-                             f"or CBFlib's {', '.join(CBFLIB_COMPRESSIONS)} through pycbf)")
-        packed.append(kind)
+    kinds = [cbflib_compression(binary_conversion(fields), f"{name}: array {aid}") for aid, fields, _ in sections]
+    packed = [k for k in kinds if k is not None]
     decoded = decode_arrays(name, data, packed[0]) if packed else None
     if decoded is not None and len(decoded) != len(sections):
         raise InputError(f"{name}: CBFlib found {len(decoded)} arrays where the file has {len(sections)} binary "
