@@ -53,7 +53,7 @@ from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.many.batch import end_process_group, expand_image_list, per_image_args
-from refine.cli.single import amplitude_options, prepare
+from refine.cli.single import amplitude_group, amplitude_options, prepare
 from nbtorch import Simulator, config_from_args
 from nbtorch.io.dials import scan_oscillation
 from nbtorch.parameters import ORIENTATION_DELTAS
@@ -280,6 +280,25 @@ def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
     return code
 
 
+def _from_dials_sweep(args: Options) -> bool:
+    return bool(args.many.rotation_series and args.dials.expt and args.dials.refl)
+
+
+def _resolve_amplitudes(args: Options, say) -> Options:
+    """``--structure-factors`` not given: on for a rotation series from DIALS files whose amplitudes have a space
+    group (``--space-group``, ``--symmetry`` or the experiment's), off otherwise.  One amplitude for every reflection
+    cannot explain a sweep's intensities, and on the real sweep the pixels then pull the cell (a +0.26 against +0.09 %
+    with the amplitudes; docs/many-images.md)."""
+    if args.amplitudes.structure_factors is not None:
+        return args
+    group = amplitude_group(args) if _from_dials_sweep(args) else None
+    if group is None:
+        return args.with_fields(structure_factors=False)
+    say(f"  structure factors: one amplitude per unique reflection in {group}, refined with the shared names (a "
+        f"rotation series from DIALS files; --no-structure-factors keeps one F for every reflection)")
+    return args.with_fields(structure_factors=True)
+
+
 def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
     """``--shared`` when not given: the cell (and the orientation for ``--rotation-series``); for a rotation series from
     DIALS files also the mosaic spread and domain size (``mosaic``) when the observed spots decide them: at least
@@ -287,7 +306,7 @@ def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
     which names its spots can refine (:mod:`refine.quality.identifiability`)."""
     if not args.many.rotation_series:
         return ("cell",)
-    indexed = refl_indexed(args) if args.dials.expt and args.dials.refl else None
+    indexed = refl_indexed(args) if _from_dials_sweep(args) else None
     if indexed is None:
         return ROTATION_SHARED
     space = ParameterSpace(symmetry=symmetry)
@@ -301,6 +320,14 @@ def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
     return ROTATION_SHARED
 
 
+def _held_geometry(shared: tuple[str, ...]) -> str:
+    """The printed note on the detector and beam names a joint run holds."""
+    groups = (("distance", ("distance",)), ("beam", ("beam_centre", "beam_x", "beam_y", "beam")),
+              ("detector", ("detector", "detector_rotx", "detector_roty", "detector_rotz")))
+    held = [word for word, names in groups if not set(names) & set(shared)]
+    return f"every other parameter ({', '.join(held)}) held" if held else "every other parameter held"
+
+
 def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None]) -> int:
     t0 = time.monotonic()
     background = resolve_auto(args.fit.background, False, False)  # auto: constant
@@ -308,6 +335,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         raise InputError(f"--background {background}: a joint refinement fits constant or planar "
                          "backgrounds only (refine each image alone for resolution:K or planes)")
     series = args.many.rotation_series
+    args = _resolve_amplitudes(args, say)
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
     shared = split_names(args.many.shared, _default_shared(args, symmetry, say) if args.many.shared is None else (),
                          "--shared")
@@ -329,8 +357,8 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this "
-        f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; every "
-        f"other parameter (distance, beam, detector) held; results in {out_dir}/"
+        f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; "
+        f"{_held_geometry(shared)}; results in {out_dir}/"
         + ("; in rounds, the images that do not fit dropped (--screen)" if args.many.screen else "")
         + (f"; the first {previous['n_images']} continue from {args.many.add_to}" if previous else ""))
     sims, pixels, starts, spots, failed = _load_images(args, images, indices, out_dir, say)

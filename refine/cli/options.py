@@ -133,7 +133,7 @@ class AmplitudeFlags:
     """``--structure-factors`` and its options, as given (:func:`refine.cli.single.amplitude_options` checks
     them into a :class:`refine.fitting.structure_factors.AmplitudeOptions`)."""
 
-    structure_factors: bool = False
+    structure_factors: bool | None = None  # None: the mode's default (on for a rotation series from DIALS files)
     space_group: str | None = None
     f_start: str = "auto"
     f_min_photons: float = DEFAULT_MIN_PHOTONS

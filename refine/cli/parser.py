@@ -122,10 +122,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                               "each in its own unit (e.g. distance=150:0.5); they add "
                                               "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds")
     g = p.add_argument_group(GROUP_TITLES["amplitudes"])
-    g.add_argument("--structure-factors", action="store_true",
+    g.add_argument("--structure-factors", action=argparse.BooleanOptionalAction, default=None,
                    help="then refine one amplitude F_h_k_l per symmetry-unique reflection the fitted pixels see, with "
-                        "the geometry (a last stage; needs a space group: --space-group or --symmetry P41212)")
-    g.add_argument("--space-group", help="space group of the amplitudes (default: --symmetry when it names one)")
+                        "the geometry (a last stage; needs a space group: --space-group, --symmetry P41212 or the "
+                        "--expt crystal's). Default: on for a --rotation-series from --expt and --refl whose "
+                        "experiment names a space group, off otherwise")
+    g.add_argument("--space-group", help="space group of the amplitudes (default: --symmetry when it names one, "
+                                         "else the --expt crystal's)")
     g.add_argument("--f-start", default="auto", choices=AMPLITUDE_STARTS,
                    help="starting amplitudes: file (the model's -hkl), one (-default_F for all), estimate (EM from "
                         "the observed spots at the refined geometry); auto (default): file with -hkl, else estimate")

@@ -36,8 +36,8 @@ from refine.inputs.detector_counts import check_counts, detector_counts, header_
 from refine.inputs.images import load_image
 from refine.quality.cell_distance import cell_distance_note, note_line
 from refine.quality.degeneracy import extended_uncertainties
-from refine.inputs.dials import (check_dials_options, experiment_symmetry, model_tokens, on_image, refl_spots,
-                                 spot_window, write_expt_out)
+from refine.inputs.dials import (check_dials_options, experiment_space_group, experiment_symmetry, model_tokens,
+                                 on_image, refl_spots, spot_window, write_expt_out)
 from refine.quality.identifiability import drift_warning
 from refine.fitting.space_groups import crystal_system
 from refine.inputs.start_model import ANISOTROPIC_MOSAIC_NAMES, model_config, tie_start_cell, with_anisotropic_mosaic
@@ -207,18 +207,24 @@ def check_arguments(args: Options) -> Checked:
                    dtype=torch.float64 if args.compute.dtype == "float64" else torch.float32, amplitudes=amplitudes)
 
 
+def amplitude_group(args: Options) -> str | None:
+    """The amplitudes' space group: ``--space-group``, a ``--symmetry`` that names a space group, or the ``--expt``
+    crystal's; None where none is given."""
+    group = args.amplitudes.space_group
+    if group is None and args.fit.symmetry and crystal_system(args.fit.symmetry) != args.fit.symmetry.strip().lower():
+        group = args.fit.symmetry
+    return group if group is not None else experiment_space_group(args)
+
+
 def amplitude_options(args: Options) -> AmplitudeOptions | None:
-    """``--structure-factors`` and its options (None without it); the space group from ``--space-group`` or a
-    space-group ``--symmetry``."""
+    """``--structure-factors`` and its options (None without it); the space group from :func:`amplitude_group`."""
     named = [f for f, v in (("--space-group", args.amplitudes.space_group), ("--f-restraint", args.amplitudes.f_restraint),
                             ("--hkl-out", args.output.hkl_out)) if v is not None]
     if not args.amplitudes.structure_factors:
         if named:
             raise InputError(f"{named[0]}: only with --structure-factors")
         return None
-    group = args.amplitudes.space_group
-    if group is None and args.fit.symmetry and crystal_system(args.fit.symmetry) != args.fit.symmetry.strip().lower():
-        group = args.fit.symmetry
+    group = amplitude_group(args)
     if group is None:
         raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
                          "equivalent reflections share one amplitude")

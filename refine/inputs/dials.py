@@ -504,23 +504,35 @@ def on_image(spots: np.ndarray | None) -> np.ndarray | None:
     return spots[np.isfinite(spots[:, 2])]
 
 
-def experiment_symmetry(args: Options) -> str | None:
-    """Without ``--symmetry``: the crystal system of the ``--expt`` crystal's space group (its Hall symbol, read with
-    gemmi), so that the refined cell keeps the symmetry DIALS indexed; None without ``--expt``, a Hall symbol or
+def _experiment_group(args: Options):
+    """The gemmi space group of the ``--expt`` crystal (its Hall symbol); None without ``--expt``, a Hall symbol or
     gemmi."""
-    if args.fit.symmetry or not args.dials.expt:
+    if not args.dials.expt:
         return None
     hall = read_experiment(args).crystal.get("space_group_hall_symbol")
     try:
         import gemmi
 
-        group = gemmi.find_spacegroup_by_ops(gemmi.symops_from_hall(str(hall)))
+        return gemmi.find_spacegroup_by_ops(gemmi.symops_from_hall(str(hall)))
     except (ImportError, RuntimeError, ValueError, TypeError):
         return None
+
+
+def experiment_symmetry(args: Options) -> str | None:
+    """Without ``--symmetry``: the crystal system of the ``--expt`` crystal's space group (:func:`_experiment_group`),
+    so that the refined cell keeps the symmetry DIALS indexed; None where the experiment names none."""
+    group = None if args.fit.symmetry else _experiment_group(args)
     if group is None:
         return None
     system = group.crystal_system_str()
     return "rhombohedral" if system == "trigonal" and group.hm.startswith("R") and group.ext == "R" else system
+
+
+def experiment_space_group(args: Options) -> str | None:
+    """The ``--expt`` crystal's space group by its Hermann-Mauguin name (e.g. ``P 2 2 2``), the amplitudes' space
+    group when ``--structure-factors`` names none; None where the experiment names none."""
+    group = _experiment_group(args)
+    return None if group is None else group.hm
 
 
 def _hall_symbol(symmetry: str | None) -> str:
