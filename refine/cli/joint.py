@@ -80,6 +80,10 @@ __all__ = ["ROTATION_PER_IMAGE", "ROTATION_SHARED", "run_joint", "split_names"]
 #: image's phi start and width its own, from its header) and each image's own scale and background
 ROTATION_SHARED = ("cell", "orientation")
 ROTATION_PER_IMAGE = ("scale", "background")
+#: a rotation series from DIALS files whose experiment's scan is exactly the images given also shares these (with its
+#: amplitudes): DIALS refined them from no more data than this run has, so held they would leave their uncertainty
+#: out of the cell's esds (on the real L-cysteine wedge c was 17 of them off; docs/many-images.md)
+DIALS_ROTATION_GEOMETRY = ("distance", "beam_centre")
 
 
 def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[str, ...]:
@@ -299,25 +303,42 @@ def _resolve_amplitudes(args: Options, say) -> Options:
     return args.with_fields(structure_factors=True)
 
 
-def _default_shared(args: Options, symmetry: str, say) -> tuple[str, ...]:
+def _default_shared(args: Options, symmetry: str, say, indices: list[int | None]) -> tuple[str, ...]:
     """``--shared`` when not given: the cell (and the orientation for ``--rotation-series``); for a rotation series from
-    DIALS files also the mosaic spread and domain size (``mosaic``) when the observed spots decide them: at least
+    DIALS files with its amplitudes refined, whose experiment's scan is exactly the images given, also the distance
+    and beam centre (:data:`DIALS_ROTATION_GEOMETRY`; DIALS's geometry is held when it came from more images), and
+    the mosaic spread and domain size (``mosaic``) when the observed spots decide them: at least
     :data:`~refine.quality.fit_quality.MIN_SPOTS_PER_PARAMETER` per shared name, the rule by which a single run decides
-    which names its spots can refine (:mod:`refine.quality.identifiability`)."""
+    which names its spots can refine (:mod:`refine.quality.identifiability`).  ``indices``: each image's index in
+    the experiment's scan (:func:`refine.inputs.dials.scan_indices`)."""
     if not args.many.rotation_series:
         return ("cell",)
     indexed = refl_indexed(args) if _from_dials_sweep(args) else None
     if indexed is None:
         return ROTATION_SHARED
+    base = ROTATION_SHARED
+    if args.amplitudes.structure_factors and _whole_scan(args, indices):
+        base = ROTATION_SHARED + DIALS_ROTATION_GEOMETRY
+        say(f"  shared: the distance and beam centre too: DIALS refined them from these same {len(indices)} images (the "
+            f"experiment's whole scan), so they are refined with the cell and their uncertainty is in its esds "
+            f"(--shared cell,orientation holds DIALS's)")
     space = ParameterSpace(symmetry=symmetry)
-    names = space.expand(ROTATION_SHARED + ("mosaic",))
+    names = space.expand(base + ("mosaic",))
     if len(indexed[0]) >= MIN_SPOTS_PER_PARAMETER * len(names):
-        say(f"  shared: cell, orientation and mosaic (mosaic spread and domain size): {len(indexed[0])} observed spots "
+        say(f"  shared: {', '.join(base)} and mosaic (mosaic spread and domain size): {len(indexed[0])} observed spots "
             f"decide {len(names)} names")
-        return ROTATION_SHARED + ("mosaic",)
+        return base + ("mosaic",)
     say(f"  mosaic spread and domain size held at the DIALS profile's: {len(indexed[0])} observed spots are fewer than "
-        f"{MIN_SPOTS_PER_PARAMETER} per name for {len(names)} names (--shared cell,orientation,mosaic refines them)")
-    return ROTATION_SHARED
+        f"{MIN_SPOTS_PER_PARAMETER} per name for {len(names)} names (--shared {','.join(base)},mosaic refines them)")
+    return base
+
+
+def _whole_scan(args: Options, indices: list[int | None]) -> bool:
+    """The images given are exactly the ``--expt`` scan's (each once): DIALS had no other image to refine from."""
+    if None in indices or not indices:
+        return False
+    first, last = (int(x) for x in read_experiment(args).scan["image_range"])
+    return sorted(indices) == list(range(last - first + 1))
 
 
 def _held_geometry(shared: tuple[str, ...]) -> str:
@@ -336,17 +357,17 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
                          "backgrounds only (refine each image alone for resolution:K or planes)")
     series = args.many.rotation_series
     args = _resolve_amplitudes(args, say)
+    amplitudes = amplitude_options(args)  # its space group checked before any image is loaded
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
-    shared = split_names(args.many.shared, _default_shared(args, symmetry, say) if args.many.shared is None else (),
-                         "--shared")
+    indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
+    shared = split_names(args.many.shared, _default_shared(args, symmetry, say, indices)
+                         if args.many.shared is None else (), "--shared")
     per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
                             "--per-image")
     n = len(images)
-    amplitudes = amplitude_options(args)
-    if amplitudes is not None:  # before any image is loaded
+    if amplitudes is not None:  # before any image is prepared
         check_options(amplitudes, shared, per_image)
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
-    indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
     if args.many.add_to is not None and Path(args.many.add_to).resolve() == (out_dir / "joint.h5").resolve():
         raise InputError(f"--add-to {args.many.add_to}: is this run's own output (--out-dir {out_dir}), which "
                          "it would replace; give the new run another --out-dir")

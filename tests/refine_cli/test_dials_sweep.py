@@ -195,7 +195,7 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
     r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
                    str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--start",
                    "cell_a=80.24,cell_c=100.3", "--max-steps", "40", "--no-esds", "--out-dir", "sweep",
-                   "--expt-out", "refined.expt")
+                   "--expt-out", "refined.expt", "--shared", "cell,orientation")  # the truth's geometry held
     assert r.code == 0, r.err
     assert "symmetry tetragonal from the experiment's space group" in r.out
     # the shared names are the joint run's, decided by all images, not a single image's default schedule
@@ -221,6 +221,37 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
     assert out.goniometer == read_expt(folder / "truth.expt").goniometer and out.scan["image_range"] == [1, N_IMAGES]
     lengths = [np.linalg.norm(out.crystal[k]) for k in ("real_space_a", "real_space_b", "real_space_c")]
     assert lengths == pytest.approx([shared["cell_a"], shared["cell_b"], shared["cell_c"]], rel=1e-9)
+
+
+def test_the_whole_scan_refines_the_geometry_dials_refined_from_it(refine_cli, sweep):
+    """Given every image of the experiment's scan, DIALS's distance and beam centre came from no more data than the
+    run has: they are refined with the cell by default, and the cell's esds carry their uncertainty.  On this narrow
+    low-angle wedge the distance and the cell are nearly one parameter (correlation 0.999), so the cell lands 0.7 %
+    from the truth (measured: a 79.46 +- 0.40 A, c 99.15 +- 0.58 A): within its esds, not at the truth."""
+    folder, _ = sweep
+    r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
+                   str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--start",
+                   "cell_a=80.24,cell_c=100.3", "--max-steps", "80", "--out-dir", "whole")
+    assert r.code == 0, r.err
+    assert "DIALS refined them from these same 3 images" in r.out
+    assert "shared: cell, orientation, distance, beam_centre (decided by all images)" in r.out
+    assert "every other parameter (detector) held" in r.out
+    doc = json.loads((r.tmp / "whole" / "joint.json").read_text())
+    shared, esds = doc["shared"], doc["shared_esds"]
+    for name, truth in (("cell_a", CELL[0]), ("cell_c", CELL[2]), ("distance", DISTANCE)):
+        assert esds[name] > 0 and abs(shared[name] - truth) < 2.5 * esds[name], (name, shared[name], esds[name])
+    assert esds["cell_a"] / CELL[0] > 2e-3  # the distance's uncertainty is in the cell's esd
+
+
+def test_part_of_the_scan_holds_dialss_geometry(refine_cli, sweep):
+    """Two of the scan's three images: DIALS refined its geometry from more than this run sees, so it is held."""
+    folder, _ = sweep
+    r = refine_cli("--images", str(folder / "sweep_00001.cbf"), str(folder / "sweep_00002.cbf"), "--expt",
+                   str(folder / "truth.expt"), "--refl", str(folder / "sweep.refl"), "--rotation-series", "--model",
+                   CRYSTAL, "--max-steps", "2", "--no-esds", "--out-dir", "part")
+    assert r.code == 0, r.err
+    assert "DIALS refined them" not in r.out and "shared: cell, orientation (decided by all images)" in r.out
+    assert "every other parameter (distance, beam, detector) held" in r.out
 
 
 def test_no_structure_factors_keeps_one_amplitude_for_every_reflection(refine_cli, sweep):
@@ -263,7 +294,7 @@ def test_sweep_from_a_start_one_percent_off_begins_at_the_indexed_spots(refine_c
     r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
                    str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--start",
                    "cell_a=80.8,cell_c=101,orient_x=0.2,orient_y=0.2,orient_z=0.1", "--max-steps", "40", "--no-esds",
-                   "--out-dir", "off")
+                   "--out-dir", "off", "--shared", "cell,orientation")  # the truth's geometry held
     assert r.code == 0, r.err
     line = next(x for x in r.out.splitlines() if "start from the" in x)
     assert "indexed spots of sweep.refl" in line
@@ -345,16 +376,16 @@ def test_real_lcysteine_sweep(refine_cli):
     """The issue's command on the real sweep, no hand-made file or model flag, from DIALS's model and from a start
     1 % off in the cell and 0.3 deg in orientation: both converge (not the step limit) to the same cell and spots.
 
-    Measured (docs/many-images.md, 2026-11-27), with one amplitude per unique reflection in the experiment's space
-    group (the default for a sweep from DIALS files): a +0.09 %, b +0.09 %, c +0.16 % from the full-data cell
-    (DIALS's own wedge cell: +0.46, +0.07, +0.15 %; one F for every reflection: +0.26, +0.09, +0.15 %), sandwich
-    esds 0.087, 0.028, 0.009 %; spot rms 0.46 -> 0.55 px against DIALS's observed centroids, each compared with the
-    model's centroid over its whole shoebox (the centroids' own noise: 0.44 px); fit 3.3x shot noise.  The issue's
-    goal (0.1 % on every axis, 0.5 px) is NOT reached: c holds DIALS's geometry (docs/many-images.md, "What limits
-    the cell"), so the run warns that its crystal model is poor.  The bounds below are the measured values plus a
-    few hundredths of a per cent: a change that moves the cell or the spots by more fails here."""
+    Measured (docs/many-images.md, 2026-11-27 evening): the defaults for a sweep from DIALS files (one amplitude per
+    unique reflection in the experiment's space group; the distance and beam centre refined, as DIALS refined them
+    from these same ten images; 30 mosaic domains) give a -0.053 %, b +0.032 %, c +0.076 % from the full-data cell
+    (DIALS's own wedge cell: +0.46, +0.07, +0.15 %), sandwich esds 0.11, 0.10, 0.06 %; spot rms 0.475 -> 0.466 px
+    against DIALS's observed centroids, each compared with the model's centroid over its whole shoebox (the
+    centroids' own noise: 0.44 px); fit 3.2x shot noise.  The issue's goal (0.1 % on every axis, 0.5 px) is met.
+    The bounds are the measured values plus a few hundredths of a per cent (and the goal): a change that moves the
+    cell or the spots by more fails here."""
     reference = {"cell_a": 5.428, "cell_b": 8.141, "cell_c": 12.038}
-    measured = {"cell_a": 0.095e-2, "cell_b": 0.088e-2, "cell_c": 0.159e-2}
+    measured = {"cell_a": -0.053e-2, "cell_b": 0.032e-2, "cell_c": 0.076e-2}
     # DIALS's cell (5.4529, 8.1468, 12.0555) + 1 %, the crystal turned by 0.3 deg (orient: a small lab rotation)
     off = ["--start", "cell_a=5.5074,cell_b=8.2283,cell_c=12.1761,orient_x=0.2,orient_y=0.2,orient_z=0.1"]
     docs = []
@@ -365,11 +396,13 @@ def test_real_lcysteine_sweep(refine_cli):
         doc = json.loads((r.tmp / name / "joint.json").read_text())
         assert doc["status"] == "converged", doc["message"]
         for key, value in reference.items():
-            assert abs(doc["shared"][key] / value - 1 - measured[key]) <= 0.03e-2, (key, doc["shared"][key])
-        assert doc["spots"]["n"] == 17 and doc["spots"]["rms_px_final_common"] <= 0.57
-        assert doc["fit"]["excess"] < 3.6
+            offset = doc["shared"][key] / value - 1
+            assert abs(offset - measured[key]) <= 0.03e-2 and abs(offset) <= 0.1e-2, (key, doc["shared"][key])
+        assert {"distance", "beam_x", "beam_y"} <= set(doc["shared_esds"]), doc["shared_esds"]
+        assert doc["spots"]["n"] == 17 and doc["spots"]["rms_px_final_common"] <= 0.5
+        assert doc["fit"]["excess"] < 3.4
         assert doc["structure_factors"]["space_group"].replace(" ", "") == "P222", doc["structure_factors"]
-        assert any("the crystal model reproduces neither the pixels" in w for w in doc["warnings"]), doc["warnings"]
+        assert not any("the crystal model reproduces neither" in w for w in doc["warnings"]), doc["warnings"]
         docs.append(doc)
     for key in reference:  # from 1 % off, the same minimum
         assert docs[1]["shared"][key] == pytest.approx(docs[0]["shared"][key], rel=1e-5)
