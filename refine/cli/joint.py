@@ -45,7 +45,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from nbtorch.errors import InputError
 from refine.fitting.background import parse_background, resolve_auto
@@ -60,7 +60,7 @@ from nbtorch.parameters import ORIENTATION_DELTAS
 from refine.cli.values import start_values
 from refine.inputs.dials import (experiment_symmetry, model_tokens, read_experiment, refl_indexed, refl_shoeboxes,
                                  scan_indices, write_expt_out)
-from refine.fitting.parameters import ParameterSpace
+from refine.fitting.parameters import GROUPS, ParameterSpace
 from refine.inputs.spot_start import align_to_spots
 from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
@@ -341,11 +341,12 @@ def _whole_scan(args: Options, indices: list[int | None]) -> bool:
     return sorted(indices) == list(range(last - first + 1))
 
 
-def _held_geometry(shared: tuple[str, ...]) -> str:
-    """The printed note on the detector and beam names a joint run holds."""
-    groups = (("distance", ("distance",)), ("beam", ("beam_centre", "beam_x", "beam_y", "beam")),
-              ("detector", ("detector", "detector_rotx", "detector_roty", "detector_rotz")))
-    held = [word for word, names in groups if not set(names) & set(shared)]
+def _held_geometry(free: Sequence[str]) -> str:
+    """The printed note on the detector geometry a joint run holds; ``free``: its shared names, expanded
+    (:meth:`~refine.fitting.parameters.ParameterSpace.expand`: ``beam_centre`` and ``detector`` are their names)."""
+    parts = (("distance", {"distance"}), ("beam", {"beam_x", "beam_y"}),
+             ("detector", set(GROUPS["detector"]) - {"distance", "beam_x", "beam_y"}))
+    held = [word for word, names in parts if not names & set(free)]
     return f"every other parameter ({', '.join(held)}) held" if held else "every other parameter held"
 
 
@@ -372,14 +373,14 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         raise InputError(f"--add-to {args.many.add_to}: is this run's own output (--out-dir {out_dir}), which "
                          "it would replace; give the new run another --out-dir")
     space = ParameterSpace(symmetry=symmetry)
+    shared_names = space.expand(tuple(x for x in shared if x != "structure_factors"))
     previous = None if args.many.add_to is None else previous_run(
-        args.many.add_to, images, space.expand(tuple(x for x in shared if x != "structure_factors")),
-        space.expand(per_image), symmetry)
+        args.many.add_to, images, shared_names, space.expand(per_image), symmetry)
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
     args = _start_from_spots(args, images[0], indices[0], symmetry, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this "
         f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; "
-        f"{_held_geometry(shared)}; results in {out_dir}/"
+        f"{_held_geometry(shared_names)}; results in {out_dir}/"
         + ("; in rounds, the images that do not fit dropped (--screen)" if args.many.screen else "")
         + (f"; the first {previous['n_images']} continue from {args.many.add_to}" if previous else ""))
     sims, pixels, starts, spots, failed = _load_images(args, images, indices, out_dir, say)

@@ -33,6 +33,7 @@ from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
 from refine.cli.joint import _held_geometry
 from refine.cli.parser import parse_args
+from refine.fitting.parameters import ParameterSpace
 from refine.cli.single import amplitude_group, amplitude_options
 from refine.inputs.dials import profile_model
 from refine.many.image_reports import model_warning
@@ -281,9 +282,14 @@ def test_the_amplitudes_space_group_comes_from_the_experiment_unless_given(sweep
 
 
 def test_the_joint_line_names_only_the_geometry_it_holds():
-    assert _held_geometry(("cell", "orientation")) == "every other parameter (distance, beam, detector) held"
-    assert _held_geometry(("cell", "distance", "beam_centre")) == "every other parameter (detector) held"
-    assert _held_geometry(("cell", "distance", "beam_x", "detector_rotz")) == "every other parameter held"
+    assert _held_geometry(("cell_a", "orient_x")) == "every other parameter (distance, beam, detector) held"
+    assert _held_geometry(("cell_a", "distance", "beam_x", "beam_y")) == "every other parameter (detector) held"
+    assert _held_geometry(("cell_a", "distance", "beam_x", "detector_rotz")) == "every other parameter held"
+    # the names as a joint run expands them: the detector group is all of it; the beam's widths are not its centre
+    space = ParameterSpace(symmetry="orthorhombic")
+    assert _held_geometry(space.expand(("cell", "detector"))) == "every other parameter held"
+    assert _held_geometry(space.expand(("cell", "beam_centre"))) == "every other parameter (distance, detector) held"
+    assert _held_geometry(("cell_a", "dispersion")) == "every other parameter (distance, beam, detector) held"
 
 
 def test_sweep_from_a_start_one_percent_off_begins_at_the_indexed_spots(refine_cli, sweep):
