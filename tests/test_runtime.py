@@ -7,7 +7,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -148,16 +147,15 @@ def test_shared_kernel_no_recompile(compiled_pair):
 
     sim_c = compiled_pair[0]
     before = counters["stats"]["unique_graphs"]
-    t0 = time.perf_counter()
+    kernels = len(runtime.cached_kernel_keys())
     sim2 = Simulator(config_from_args(SMALL), dtype=torch.float32, compile=True)
-    construct = time.perf_counter() - t0
     sim2.diagnostics.subscribe(lambda d: None)  # the same kernel variant as sim_c (diagnostics on)
     sim2()
     sim2(cell_a=torch.tensor(70.5), distance=torch.tensor(101.0))  # new values, same graph
     sim_c(misset_x=torch.tensor(11.0))
     assert counters["stats"]["unique_graphs"] == before, "a parameter change or a same-key simulator recompiled"
-    assert construct <= 0.05, f"constructing a same-key simulator took {construct:.3f} s"
     keys = runtime.cached_kernel_keys()
+    assert len(keys) == kernels, "a same-key simulator made kernels of its own"
     from nbtorch.simulator import tile_pixels
 
     tile = tile_pixels(24 * 24, sim2.max_evals_per_tile // sim2.evaluations_per_pixel(), True)  # 640: bucketed
