@@ -219,7 +219,7 @@ def start_simulation(cfg, context: dict, say) -> Simulator:
     s = sim.setup
     say(f"nbtorch ({'C-parity' if s.c_parity else 'spec'} mode, {cfg.dtype} on {cfg.device}): "
           f"{s.fpixels}x{s.spixels} pixels, oversample {s.oversample}, {len(s.incident)} sources, "
-          f"{len(s.mosaic_fractions)} mosaic domains, {s.phisteps} phi steps, {s.thicksteps} sensor layers; "
+          f"{len(s.mosaic_fractions)} mosaic domains ({s.mosaic_model}), {s.phisteps} phi steps, {s.thicksteps} sensor layers; "
           f"{sim.compile_mode} ({sim.compile_reason})")
     from nbtorch.printout import distances_summary
 

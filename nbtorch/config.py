@@ -36,6 +36,9 @@ class SimulationConfig:
     mosaic_spread_deg: float | None = None
     mosaic_domains: int | None = None
     mosaic_seed: int | None = None  # as given to -mosaic_seed (C stores -value)
+    #: -mosaic_model: gaussian or ball (even, deterministic domain sets) or random (the C's draw); None: ball in
+    #: spec mode, random with -c_parity or -mosaic_seed (nbtorch.resolve.mosaic_model_of)
+    mosaic_model: str | None = None
     #: -mosaic_abc: one spread per crystal axis (deg; spec mode only, nbtorch.physics.mosaic); None = isotropic
     mosaic_spread_abc_deg: tuple[float, float, float] | None = None
     phi_deg: float = 0.0

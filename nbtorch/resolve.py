@@ -25,6 +25,7 @@ table in :mod:`nbtorch.parameters`; the beam-centre rules are in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -43,12 +44,15 @@ from nbtorch.io.matrix import read_mosflm_matrix
 from nbtorch.io.smv import read_smv
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.physics.crystal import orientation_from_reciprocal
+from nbtorch.physics.mosaic import EVEN_MOSAIC_MODELS, MOSAIC_MODELS, even_mosaic_domains, rocking_sigma_per_spread
 from nbtorch.physics.rotation import rotation_matrix_xyz
 
 __all__ = ["PARAMETER_NAMES", "Setup", "DetectorSetup", "CrystalSetup", "SamplingSetup", "SensorSetup",
            "StructureFactorSetup", "resolve", "resolve_detector", "resolve_crystal", "resolve_sampling",
            "resolve_sensor", "resolve_structure_factors", "beam_centre_defaults", "check_cell", "corner_dmin_A",
-           "DEFAULT_FLUENCE", "MAX_AUTO_OVERSAMPLE", "MAX_SAMPLES_PER_PIXEL"]
+           "DEFAULT_FLUENCE", "MAX_AUTO_OVERSAMPLE", "MAX_SAMPLES_PER_PIXEL", "mosaic_model_of", "with_mosaic_domains",
+           "EVEN_MOSAIC_DOMAINS", "MAX_EVEN_MOSAIC_DOMAINS", "DEFAULT_MOSAIC_MODEL", "EVEN_MOSAIC_MODELS", "MOSAIC_MODELS",
+           "rocking_sigma_per_spread"]
 
 DEFAULT_FLUENCE = 125932015286227086360700780544.0  # photons/m^2 = 1/r_e^2
 AVOGADRO = 6.02214179e23
@@ -117,7 +121,7 @@ class SamplingSetup:
     phi_quirk: bool  # the C's phi=0 stale rotation (C parity, or -phi_carryover_mode c-parity)
     mosaic_spread_deg: float
     mosaic_axes: np.ndarray  # (M, 3)
-    mosaic_fractions: np.ndarray  # (M,) angle = spread * fraction; domain 0 has 0
+    mosaic_fractions: np.ndarray  # (M,) angle = spread * fraction (the random draw: domain 0 has 0)
     incident: np.ndarray  # (Q, 3) unit vectors source -> sample
     wavelength_factor: np.ndarray  # (Q,) source wavelength / wavelength parameter
     oversample: int
@@ -131,6 +135,8 @@ class SamplingSetup:
     #: one spread per crystal axis (-mosaic_abc, nbtorch.physics.mosaic), the canonical names mosaic_spread_a/b/c;
     #: False: nanoBragg's isotropic mosaic_spread (the default; mosaic_spread_a/b/c are then not used)
     mosaic_anisotropic: bool = False
+    #: the domains' model (nbtorch.physics.mosaic.MOSAIC_MODELS): gaussian or ball (even sets) or random (the C's draw)
+    mosaic_model: str = "ball"
 
 
 @dataclass(frozen=True)
@@ -387,21 +393,81 @@ def _auto_oversample(cfg: SimulationConfig, detector: DetectorSetup, crystal: Cr
     return max(1, math.ceil(ratio))
 
 
+#: mosaic domains of an even set (``-mosaic_model gaussian`` or ``ball``) when ``-mosaic_dom`` is not given and the
+#: spread is positive: the count at which the refined cells of the real stills and sweep stop moving (docs/conventions.md,
+#: "Mosaic domains")
+EVEN_MOSAIC_DOMAINS = 10
+#: spec mode's mosaic model: the even set of the C program's law (the spread keeps the C's meaning, the largest
+#: angle); on the real thaumatin still it fits better than the Gaussian set at 20 and 40 domains and its cell settles
+#: at fewer domains (docs/conventions.md, "Mosaic domains")
+DEFAULT_MOSAIC_MODEL = "ball"
+#: the largest even set built (its quantiles are found one pair at a time)
+MAX_EVEN_MOSAIC_DOMAINS = 100_000
+
+
+def mosaic_model_of(cfg: SimulationConfig, c_parity: bool) -> str:
+    """The mosaic model a config asks for: ``-mosaic_model`` as given, else ``random`` (the C's draw) with
+    ``-c_parity`` or ``-mosaic_seed``, else :data:`DEFAULT_MOSAIC_MODEL` (an even, deterministic set of the C's law,
+    :mod:`nbtorch.physics.mosaic`)."""
+    model = cfg.mosaic_model
+    if model is None:
+        return "random" if (c_parity or cfg.mosaic_seed is not None) else DEFAULT_MOSAIC_MODEL
+    if model not in MOSAIC_MODELS:
+        raise InputError(f"-mosaic_model: unknown model {model!r} (expected {', '.join(MOSAIC_MODELS)})")
+    if model in EVEN_MOSAIC_MODELS and cfg.mosaic_seed is not None:
+        raise InputError(f"-mosaic_seed: the {model} mosaic set is even and deterministic and takes no seed "
+                         "(a seed is for -mosaic_model random)")
+    return model
+
+
+def _mosaic_domains(cfg: SimulationConfig, model: str, spread_deg: float | None) -> tuple[float, np.ndarray, np.ndarray]:
+    """(spread simulated (deg), axes (M, 3), fractions (M,)) of the model's domains for the largest spread given."""
+    if model == "random":
+        drawn_deg, n_domains = crng.resolve_mosaic_domains(spread_deg, cfg.mosaic_domains)
+        if drawn_deg <= 0:
+            return drawn_deg, np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
+        seed = cfg.mosaic_seed if cfg.mosaic_seed is not None else crng.MOSAIC_SEED_DEFAULT
+        axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
+        return drawn_deg, axes, fractions
+    if spread_deg is None or spread_deg <= 0:
+        return 0.0, np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
+    count = EVEN_MOSAIC_DOMAINS if cfg.mosaic_domains is None else cfg.mosaic_domains
+    if not 1 <= count <= MAX_EVEN_MOSAIC_DOMAINS:
+        raise InputError(f"{cfg.flag_for('mosaic_domains', '-mosaic_dom')}: the {model} mosaic set is built with 1 to "
+                         f"{MAX_EVEN_MOSAIC_DOMAINS} domains (1: the unrotated crystal alone; 0, the C's 'automatic', is "
+                         f"for -mosaic_model random), got {count}")
+    axes_t, fractions_t = even_mosaic_domains(count, model)
+    return float(spread_deg), axes_t.numpy(), fractions_t.numpy()
+
+
+def with_mosaic_domains(cfg: SimulationConfig, sampling: SamplingSetup, count: int, part: int = 0,
+                        parts: int = 1) -> SamplingSetup:
+    """``sampling`` with ``count`` mosaic domains of its own model (an even set of that count, or the random draw of
+    that length from the same seed), or only the ``part``-th of ``parts`` equal slices of them (``count`` a multiple
+    of ``parts``: the mean of the slices' images is the image of all ``count``); the spread, sources and phi steps
+    unchanged.  ``cfg``: the config it came from."""
+    if count < 1 or parts < 1 or count % parts or not 0 <= part < parts:
+        raise InputError(f"mosaic domains: expected a count >= 1 in {parts} equal parts, got {count} (part {part})")
+    abc = cfg.mosaic_spread_abc_deg
+    _, axes, fractions = _mosaic_domains(cfg.replace(mosaic_domains=count), sampling.mosaic_model,
+                                         cfg.mosaic_spread_deg if abc is None else max(abc))
+    size = len(fractions) // parts
+    cut = slice(part * size, (part + 1) * size) if len(fractions) == count else slice(None)
+    axes, fractions = np.asarray(axes[cut], dtype=np.float64), np.asarray(fractions[cut], dtype=np.float64)
+    steps = sampling.steps // len(sampling.mosaic_fractions) * len(fractions)
+    return dataclasses.replace(sampling, mosaic_axes=axes, mosaic_fractions=fractions, steps=steps)
+
+
 def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSetup,
                      crystal: CrystalSetup) -> SamplingSetup:
-    """Phi steps, mosaic domains (the C's generator), sources and the oversample."""
+    """Phi steps, mosaic domains (an even set, or the C's generator), sources and the oversample."""
     phisteps, phistep = _resolve_phi(cfg)
     abc = cfg.mosaic_spread_abc_deg
-    # the anisotropic model draws and counts its domains as an isotropic spread of its largest axis would
-    drawn_deg, n_domains = crng.resolve_mosaic_domains(cfg.mosaic_spread_deg if abc is None else max(abc),
-                                                       cfg.mosaic_domains)
+    model = mosaic_model_of(cfg, c_parity)
+    # the anisotropic model builds and counts its domains as an isotropic spread of its largest axis would
+    drawn_deg, axes, fractions = _mosaic_domains(cfg, model, cfg.mosaic_spread_deg if abc is None else max(abc))
     # mosaic_spread: the isotropic value as given (with -mosaic_abc not used by the model)
     spread_deg = drawn_deg if abc is None else crng.resolve_mosaic_domains(cfg.mosaic_spread_deg, None)[0]
-    seed = cfg.mosaic_seed if cfg.mosaic_seed is not None else crng.MOSAIC_SEED_DEFAULT
-    if drawn_deg > 0:
-        axes, fractions = crng.mosaic_domain_draws(n_domains, seed)
-    else:
-        axes, fractions = np.array([[0.0, 0.0, 1.0]]), np.zeros(1)
     sources = resolve_sources(cfg, detector.beam, detector.polar_axis, cfg.wavelength_A * 1e-10)
     incident, wl_factor = sources.incident, sources.wavelength_factor
     if len(incident) == 0:
@@ -412,6 +478,7 @@ def resolve_sampling(cfg: SimulationConfig, c_parity: bool, detector: DetectorSe
         phi_quirk=(cfg.phi_carryover == "c-parity") if cfg.phi_carryover else c_parity,
         mosaic_spread_deg=spread_deg, mosaic_axes=np.asarray(axes, dtype=np.float64),
         mosaic_fractions=np.asarray(fractions, dtype=np.float64), mosaic_anisotropic=abc is not None,
+        mosaic_model=model,
         incident=incident, wavelength_factor=wl_factor,
         oversample=oversample, steps=len(incident) * phisteps * len(fractions) * oversample * oversample,
         wavelength_offset=sources.wavelength_offset, source_angles_rad=sources.angles_rad,

@@ -48,7 +48,7 @@ from nbtorch.beam_sources import WIDTH_NAMES, offset_change, source_directions
 from nbtorch.parameters import (
     MOSAIC_AXIS_NAMES, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL,
 )
-from nbtorch.resolve import Setup, resolve
+from nbtorch.resolve import Setup, resolve, with_mosaic_domains
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -277,6 +277,17 @@ class Simulator(nn.Module):
             new._buffers.pop(name, None)
         new._buffers["F_grid"] = torch.as_tensor(grid, dtype=torch.float64, device=self.device)
         new.__dict__["F_present"] = None
+        return new
+
+    def with_mosaic_domains(self, count: int, part: int = 0, parts: int = 1) -> "Simulator":
+        """This simulator with ``count`` mosaic domains of its own mosaic model (an even set of that count, or the
+        random draw of that length), or with the ``part``-th of ``parts`` equal slices of them
+        (:func:`nbtorch.resolve.with_mosaic_domains`: the slices' mean image is the image of all ``count``, and a
+        slice of this simulator's own count reuses its compiled kernel); pixels, parameters, structure factors and
+        kernel options are this simulator's; ``self`` is unchanged."""
+        new = self._shallow_copy()
+        new._setup = dataclasses.replace(self._setup, sampling=with_mosaic_domains(
+            self.config, self._setup.sampling, int(count), int(part), int(parts)))
         return new
 
     def sharing_structure_factors(self, other: "Simulator") -> "Simulator":

@@ -158,8 +158,11 @@ class Case:
 
 
 _CASE_LIST = [
-    Case("mosaic", TRICLINIC + " -mosaic 0.5 -mosaic_dom 4 -mosaic_seed 12345 -phi 10 -osc 0.3 -phisteps 2",
-         "spec, triclinic + misset (golden 'mosaic' geometry), 4 domains, 2 phi steps, square shape"),
+    Case("mosaic", TRICLINIC + " -mosaic 0.5 -mosaic_dom 4 -phi 10 -osc 0.3 -phisteps 2",
+         "spec, triclinic + misset (golden 'mosaic' geometry), the even set of 4 domains of the C's law (spec "
+         "mode's default model), 2 phi steps, square shape"),
+    Case("mosaic_random", TRICLINIC + " -mosaic 0.5 -mosaic_dom 4 -mosaic_seed 12345 -phi 10 -osc 0.3 -phisteps 2",
+         "spec, the 'mosaic' case with the C's random draw of 4 domains (-mosaic_seed)"),
     Case("c_parity", TRICLINIC + " -mosaic 0.5 -mosaic_dom 4 -mosaic_seed 12345 -phi 10 -osc 0.3 -phisteps 2"
          " -polar 0.5 -c_parity",
          "C parity (triclinic c*_z quirk, omega/polar at the first sub-pixel), Kahn 0.5"),
@@ -202,9 +205,10 @@ _CASE_LIST = [
          "-mosaic_dom 3 -mosaic_seed 7",
          "spec, -gauss_aniso_xtal: a Gaussian crystal with the size matrix N = [[3 1 0.8] [1 5 -1.5] "
          "[0.8 -1.5 8]] unit cells (all six sizes matter)"),
-    Case("anisotropic_mosaic", TRICLINIC + " -mosaic 0.5 -mosaic_abc 0.3 0.5 0.8 -mosaic_dom 4 -mosaic_seed 12345 "
+    Case("anisotropic_mosaic", TRICLINIC + " -mosaic 0.5 -mosaic_abc 0.3 0.5 0.8 -mosaic_dom 6 "
          "-phi 10 -osc 0.3 -phisteps 2",
-         "spec, the 'mosaic' case with one spread per crystal axis (-mosaic_abc 0.3 0.5 0.8), 2 phi steps",
+         "spec, the 'mosaic' case with one spread per crystal axis (-mosaic_abc 0.3 0.5 0.8; the even set of 6 "
+         "domains), 2 phi steps",
          zero={"mosaic_spread": "the anisotropic model uses mosaic_spread_a/b/c, not mosaic_spread"}),
 ]
 _OFF_DIAGONAL_ZERO = {n: "the off-diagonal crystal sizes act only with -gauss_aniso_xtal" for n in ("N_d", "N_e", "N_f")}

@@ -33,6 +33,7 @@ pixels, never images of the whole rectangle.  A real still fitted on 1 % of a
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -341,6 +342,13 @@ class ImageObjective:
     def _dy_px(self) -> Tensor:
         """Slow offsets of the fitted pixels from the image centre."""
         return self._dy.reshape(-1)[torch.div(self._used, self.view.shape[1], rounding_mode="floor")]
+
+    def with_simulator(self, sim: Simulator) -> "ImageObjective":
+        """This objective (view, observed pixels, loss, priors) with another simulator of the same pixels (another
+        sampling of the same model, :meth:`nbtorch.Simulator.with_mosaic_domains`); ``self`` is unchanged."""
+        new = copy.copy(self)
+        new.sim = sim
+        return new
 
     @property
     def used_pixels(self) -> Tensor:

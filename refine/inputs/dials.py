@@ -128,9 +128,6 @@ def image_index(args: Options) -> int:
     return 0 if index is None else index
 
 
-#: rms rocking angle about a fixed axis of nanoBragg's mosaic domains per unit ``-mosaic`` spread (the C draws an angle
-#: ``spread (1 - r^2)^(1/3)`` about an isotropic axis, r uniform in -1..1: ``sqrt(E[(1 - r^2)^(2/3)] / 3)``)
-MOSAIC_ROCKING_PER_SPREAD = 0.4964
 #: sigma of the main lobe of nanoBragg's square lattice factor ``sin^2(pi N h) / sin^2(pi h)`` in ``N h`` (a Gaussian
 #: with the same curvature at the peak: ``sqrt(3/2) / pi``); its width in reciprocal space is this over ``N a``
 LATTICE_SIGMA_NH = math.sqrt(1.5) / math.pi
@@ -144,7 +141,7 @@ PROFILE_FLAGS = {"size": ("-N", "-Na", "-Nb", "-Nc", "-xtalsize", "-samplesize",
 class ProfileModel:
     """The starting crystal model that a DIALS experiment's profile (``gaussian_rs``: ``sigma_b``, ``sigma_m``) and
     cell give (:func:`profile_model`): unit cells along a, b, c, nanoBragg's ``-mosaic`` spread (deg), mosaic domains,
-    phi steps of an image, and what they came from."""
+    phi steps of an image, and what they came from (``mosaic_model``: the model whose spread ``mosaic_deg`` is)."""
 
     N: tuple[int, int, int]
     mosaic_deg: float
@@ -155,6 +152,7 @@ class ProfileModel:
     sigma_b_deg: float
     sigma_m_deg: float
     spot_px: float = 0.0
+    mosaic_model: str = "ball"
 
     def flags(self) -> dict[str, list[str]]:
         """nanoBragg flags, by :data:`PROFILE_FLAGS` quantity (``-oversample 1`` where the spots are at least a pixel
@@ -183,12 +181,24 @@ def _profile(exp) -> dict | None:
     return profile
 
 
-#: mosaic domains of a crystal model from a DIALS profile: on the real L-cysteine sweep 30 domains put the model's
-#: spots 0.42-0.49 px from DIALS's centroids over three random sets, 10 domains 0.44-0.55 px (docs/many-images.md)
+#: mosaic domains of a crystal model from a DIALS profile with the C's random draw (``--model "-mosaic_model random"``):
+#: on the real L-cysteine sweep 30 domains put the model's spots 0.42-0.49 px from DIALS's centroids over three random
+#: sets, 10 domains 0.44-0.55 px (docs/log.md, 2026-11-27); an even set takes the simulator's default count
 MIN_DOMAINS, MAX_DOMAINS = 30, 40
 
 
-def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | None:
+def mosaic_model_of_tokens(tokens: list[str]) -> str:
+    """The mosaic model that ``--model`` tokens ask for (:func:`nbtorch.resolve.mosaic_model_of` on flags)."""
+    if "-mosaic_model" in tokens:
+        i = len(tokens) - 1 - tokens[::-1].index("-mosaic_model")
+        if i + 1 < len(tokens):
+            return tokens[i + 1]
+    from nbtorch.resolve import DEFAULT_MOSAIC_MODEL
+
+    return "random" if ("-mosaic_seed" in tokens or "-c_parity" in tokens) else DEFAULT_MOSAIC_MODEL
+
+
+def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = "ball") -> ProfileModel | None:
     """The starting crystal model of ``exp`` from its profile (None without a ``gaussian_rs`` profile).
 
     DIALS' Gaussian profile has two widths: ``sigma_b``, the spread (deg) of the diffracted beam about its centre
@@ -201,15 +211,16 @@ def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | No
       reflections and never more than the spot width: ``sigma_q = min(sigma_b / lambda, sigma_m d* / sqrt 2)``;
       the domain size is ``LATTICE_SIGMA_NH / sigma_q`` and ``N_i`` = size / cell length ``i``;
     * the mosaic spread carries the rest of the rocking width, ``sigma_eta^2 = sigma_m^2 - (sigma_q / d*)^2``, and
-      ``-mosaic = sigma_eta / MOSAIC_ROCKING_PER_SPREAD``;
+      ``-mosaic = sigma_eta / rocking_sigma_per_spread(mosaic_model)`` (:mod:`nbtorch.physics.mosaic`: the Gaussian
+      model's spread is sigma_eta itself, the C's law's about twice it);
     * sampling (measured on the real L-cysteine sweep, docs/many-images.md): phi steps of at most a third of the
       narrowest rocking width (the reflections at ``1.5 dstar``) and at most
-      :data:`refine.inputs.start_model.PHI_STEP_DEG`, ``mosaic_dom = clip(ceil(6 sigma_eta / sigma_rock),``
-      :data:`MIN_DOMAINS`, :data:`MAX_DOMAINS`) domains, one sample per pixel where the spots are a pixel wide or
-      more: each reflection's partial intensity on an image is then as smooth in the rotation as with 14 steps and
-      120 domains; more domains lower the bias of nanoBragg's random set of domains on the spots' centroids.
+      :data:`refine.inputs.start_model.PHI_STEP_DEG`; an even mosaic set of
+      :data:`refine.inputs.start_model.MEASURED_MOSAIC_DOMAINS` domains (the random draw: ``clip(ceil(6 sigma_eta / sigma_rock),``
+      :data:`MIN_DOMAINS`, :data:`MAX_DOMAINS`)); one sample per pixel where the spots are a pixel wide or more.
     """
-    from refine.inputs.start_model import PHI_STEP_DEG
+    from nbtorch.resolve import EVEN_MOSAIC_MODELS, rocking_sigma_per_spread
+    from refine.inputs.start_model import MEASURED_MOSAIC_DOMAINS, PHI_STEP_DEG
 
     profile = _profile(exp)
     if profile is None:
@@ -224,8 +235,17 @@ def profile_model(exp, dstar: float, osc_deg: float | None) -> ProfileModel | No
     narrow = math.sqrt((sigma_q / (1.5 * dstar)) ** 2 + eta * eta)  # rocking sigma of the sharpest reflections (rad)
     step = min(PHI_STEP_DEG, math.degrees(narrow) / 3.0)
     phisteps = max(1, math.ceil(abs(osc_deg) / step - 1e-9)) if osc_deg else 1
-    domains = int(min(MAX_DOMAINS, max(MIN_DOMAINS, math.ceil(6.0 * eta / narrow)))) if eta > 0 else 1
-    return ProfileModel(N=n_abc, mosaic_deg=math.degrees(eta) / MOSAIC_ROCKING_PER_SPREAD, domains=domains,
+    if eta <= 0:
+        domains = 1
+    elif mosaic_model in EVEN_MOSAIC_MODELS:
+        domains = MEASURED_MOSAIC_DOMAINS
+    else:
+        domains = int(min(MAX_DOMAINS, max(MIN_DOMAINS, math.ceil(6.0 * eta / narrow))))
+    try:
+        per_spread = rocking_sigma_per_spread(mosaic_model)
+    except ValueError:
+        raise InputError(f"-mosaic_model: unknown model {mosaic_model!r}") from None
+    return ProfileModel(N=n_abc, mosaic_deg=math.degrees(eta) / per_spread, domains=domains, mosaic_model=mosaic_model,
                         phisteps=phisteps, domain_A=size, dstar=dstar, sigma_b_deg=float(profile["sigma_b"]),
                         sigma_m_deg=float(profile["sigma_m"]), spot_px=sb * _panel_distance_mm(exp) / _pixel_mm(exp))
 
@@ -300,7 +320,7 @@ def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | li
         raise InputError(exc if str(exc).startswith("--expt") else f"--expt {exc}") from None
     user = expand_model_args(args.model.model) if args.model.model else []
     osc = scan_oscillation(exp.scan, exp.path)[1] if exp.scan is not None else None
-    profile = profile_model(exp, _typical_dstar(args, exp), osc)
+    profile = profile_model(exp, _typical_dstar(args, exp), osc, mosaic_model_of_tokens(user))
     if profile is not None:
         kept = {k: v for k, v in profile.flags().items() if not any(t in PROFILE_FLAGS[k] for t in user)}
         if exp.scan is None:

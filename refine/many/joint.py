@@ -102,6 +102,8 @@ from refine.many.schur import (ArrowheadPreconditioner, arrowhead_factors, arrow
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.output.results import JointResult, load_joint_h5, reported_values, save_joint_h5, save_joint_json
 from refine.quality.fit_quality import FitQuality, assess_poisson_fit
+from refine.quality.domain_count import (CELL_NAMES, CountProbe, DomainCountCheck, check_names, reduced_terms,
+                                         secant_factor, shared_shift)
 from refine.quality.uncertainty import correlation_matrix, image_information, mark_blind, named_esds
 from refine.solver.loop import Convergence, LoopAborted, LoopResult, LoopState, Status, minimise
 from refine.solver.plan import observed_pixels, starting_values
@@ -421,7 +423,56 @@ def _esds(joint: _Joint, raw: Tensor, space: ParameterSpace, shared_names, per_n
             images[(k - S) // K].pop(per_names[(k - S) % K], None)
         out[kind] = {"shared": named_esds(shared_map, thetas[0, :S], cov.shared), "images": images}
     S0 = sum(1 for nm in shared_names if not is_amplitude(nm))  # the amplitudes follow the other shared names
-    return out, cond, correlation_matrix(sandwich.shared[:S0, :S0]).numpy().copy()
+    count = _domain_count(joint, info, R, shared_names, out["sandwich"]["shared"])
+    return out, cond, correlation_matrix(sandwich.shared[:S0, :S0]).numpy().copy(), count
+
+
+def _domain_count(joint: _Joint, info: Mapping[int, tuple], R: Tensor | None, shared_names,
+                  esds: Mapping[str, float]) -> DomainCountCheck | None:
+    """Would the shared cell move at twice the mosaic domain count (:mod:`refine.quality.domain_count`)?  Each image's
+    gradient difference and Fisher block are reduced to the shared names on the process that holds it and summed
+    (the Fisher step of the shared names); each image's own names follow the step, and the slope of the loss at
+    twice the count along the whole step gives its length (the secant).  None without a shared cell name or mosaic
+    domains, or when the check fails (it is a report)."""
+    S = joint.S
+    if not any(n in CELL_NAMES for n in shared_names):
+        return None
+    try:
+        local, probes, domains = {}, {}, 0
+        for im in joint.images:
+            theta, F, _ = info[im.index]
+            probe = CountProbe(im.objective, im.pmap)
+            if not probe.active:
+                local[im.index] = torch.zeros(S * S + S, dtype=torch.float64)
+                continue
+            g_own, g_two = probe.gradients(theta)
+            probes[im.index] = (probe, theta, F.to(torch.float64), g_own, g_two - g_own)
+            domains = probe.domains
+            A, gs = reduced_terms(F, g_two - g_own, S)
+            local[im.index] = torch.cat([A.reshape(-1), gs])
+        rows = joint.comm.gather(local, joint.n, (S * S + S,), torch.float64)
+        counts = joint.comm.gather({im.index: torch.tensor([float(domains)]) for im in joint.images}, joint.n, (1,),
+                                   torch.float64)
+        if float(counts.max()) < 2:
+            return None
+        d_s = shared_shift([(r[:S * S].reshape(S, S), r[S * S:]) for r in rows], R)
+        slopes = {}
+        for i, (probe, theta, F, g_own, diff) in probes.items():
+            B, D = F[:S, S:], F[S:, S:]
+            d_o = -(torch.linalg.pinv(D) @ (diff[S:] + B.T @ d_s)) if D.numel() else d_s.new_zeros(0)
+            d = torch.cat([d_s, d_o])
+            _, g_end = probe.gradients(theta.to(torch.float64) + d.to(theta.dtype), own=False)
+            slopes[i] = torch.tensor([float(d @ diff), float(d @ (g_end - g_own))], dtype=torch.float64)
+        for im in joint.images:
+            slopes.setdefault(im.index, torch.zeros(2, dtype=torch.float64))
+        h = joint.comm.gather(slopes, joint.n, (2,), torch.float64).sum(0)
+        alpha = secant_factor(float(h[0]), float(h[1]))
+        return check_names(list(shared_names)[:S], alpha * d_s, esds, int(counts.max()), alpha)
+    except LoopAborted:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a report, not the refinement
+        log.warning("mosaic domain count check failed: %s", exc)
+        return None
 
 
 def refine_joint(
@@ -863,8 +914,12 @@ def _joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, 
     esd_fields: dict[str, Any] = {}
     if esds:
         try:
-            by_kind, cond, corr = _esds(joint, raw, space, shared_names, per_names, starts)
+            by_kind, cond, corr, count = _esds(joint, raw, space, shared_names, per_names, starts)
             esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)
+            if count is not None:
+                esd_fields["mosaic_domains"] = count.to_dict()
+                if count.warning is not None:
+                    warnings.append(count.warning)
         except LoopAborted:
             raise
         except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement

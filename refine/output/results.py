@@ -21,6 +21,8 @@ a joint result is the single one extended with a list of per-image entries.  The
     loss_initial, loss_final, steps, evaluations, status, message, wall_s, symmetry, warnings
     structure_factors   with refined amplitudes: space group, start, counts and one row
                     [h, k, l, d_A, F, esd, refined] per candidate reflection (:func:`amplitude_rows`)
+    mosaic_domains  with a refined cell and mosaic domains: what twice the domain count would do to the cell
+                    (refine.quality.domain_count: domains, check_domains, shift, shift_esd, max_shift_esd, warning)
 
 one image adds ``stages`` [{name, status, steps, loss_start, loss_end, ...}], ``hparams``, ``fit`` and
 ``diagnostics`` (what the model misses, :mod:`refine.quality.misfit`: ``sigZ``, ``mean_z``, ``fraction_z_above_5``,
@@ -197,6 +199,7 @@ class RefinementResult:
     amplitude_values: dict = field(default_factory=dict, repr=False)
     diagnostics: dict = field(default_factory=dict, repr=False)
     background_image: np.ndarray | None = field(default=None, repr=False)
+    mosaic_domains: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the signal the fit rests on: from the result's own images, so every way of making a result reports it
@@ -344,6 +347,7 @@ class JointResult:
     image_fit: tuple = ()
     spots: dict = field(default_factory=dict)
     image_spots: tuple = ()
+    mosaic_domains: dict = field(default_factory=dict)
 
     @property
     def n_images(self) -> int:
@@ -464,6 +468,7 @@ def _common_document(result, fmt: str, correlation_names, structure_factors: dic
         "esd_kind": result.esd_kind,
         "esds_by_kind": result.esd_kinds,
         **({"structure_factors": structure_factors} if structure_factors is not None else {}),
+        **({"mosaic_domains": result.mosaic_domains} if result.mosaic_domains else {}),
     }
 
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from refine.quality.domain_count import CELL_NAMES, DomainCountCheck, single_check
 from refine.quality.fit_quality import assess_poisson_fit
 from refine.quality.misfit import poisson_z_spread
 from refine.solver.history import History
@@ -54,18 +55,32 @@ def _no_esds() -> dict[str, Any]:
             "fisher_condition": math.nan}
 
 
-def _esds(objective: ImageObjective, pmap: ParameterMap, excess: float | None) -> dict[str, Any]:
-    """The uncertainty estimate as the result's fields (empty ones when it fails: it is a report)."""
+def _esds(objective: ImageObjective, pmap: ParameterMap, excess: float | None) -> tuple[dict[str, Any], Any]:
+    """The uncertainty estimate as the result's fields (empty ones when it fails: it is a report), and the
+    :class:`~refine.quality.uncertainty.Uncertainties` (None when it failed)."""
     out = _no_esds()
     try:
         u = estimate_uncertainties(objective, pmap, pmap.raw0(objective.sim.dtype), excess=excess)
     except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
         log.warning("esd estimation failed: %s", exc)
-        return out
+        return out, None
     out.update(esds=u.as_dict(), esd_kinds={kind: u.as_dict(kind) for kind in ESD_KINDS},
                correlation=np.asarray(u.correlation), covariance=np.asarray(u.covariance),
                fisher_condition=float(u.condition))
-    return out
+    return out, u
+
+
+def _domain_count(objective: ImageObjective, pmap: ParameterMap, u) -> DomainCountCheck | None:
+    """Would the refined cell move at twice the mosaic domain count (:mod:`refine.quality.domain_count`)?  None
+    without a refined cell length or angle, without mosaic domains, or when the check fails (it is a report)."""
+    if u is None or not any(n in CELL_NAMES for n in pmap.names):
+        return None
+    try:
+        return single_check(objective, pmap, torch.as_tensor(u.values, dtype=objective.dtype),
+                            torch.as_tensor(u.fisher), u.as_dict())
+    except Exception as exc:  # noqa: BLE001 - a report, not the refinement
+        log.warning("mosaic domain count check failed: %s", exc)
+        return None
 
 
 def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mapping[str, float],
@@ -95,7 +110,10 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
             warnings.append(quality.warning)
     names = tuple(n for n in plan.names if n not in held)
     final_map = ParameterMap(plan.space, values, names)
-    uncertainty = _esds(objective, final_map, fit.get("excess")) if esds else _no_esds()
+    uncertainty, u = _esds(objective, final_map, fit.get("excess")) if esds else (_no_esds(), None)
+    count_check = _domain_count(objective, final_map, u)
+    if count_check is not None and count_check.warning is not None:
+        warnings.append(count_check.warning)
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
         log.info("%s", w)
     params, init_params = reported_values(values, plan.background), reported_values(initial_values, plan.background)
@@ -113,4 +131,5 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         amplitudes=plan.amplitudes,
         amplitude_values={} if plan.amplitudes is None else {n: float(values[n]) for n in plan.amplitudes.names},
         diagnostics=poisson_z_spread(obs_np, model, used).to_dict(), **uncertainty,
+        mosaic_domains={} if count_check is None else count_check.to_dict(),
         background_image=None if plan.background_model is None else plan.background_model.image(values, model.shape))

@@ -310,3 +310,16 @@ def test_sixteen_stills(tmp_path):
     print(f"16 stills: joint cell error {one['joint_cell_error']:.3g} A, single-still rms "
           f"{one['single_cell_error_rms']:.3g} A; joint wall {one['joint']['wall_s']:.1f} s (1 process), "
           f"{two['joint']['wall_s']:.1f} s (2 processes)")
+
+
+def test_joint_domain_count_check(joint, singles, tmp_path):
+    """The shared cell's step towards twice the mosaic domain count (refine.quality.domain_count), in the result and
+    its files; each still refined alone gets its own."""
+    check = joint.mosaic_domains
+    assert check["domains"] == 3 and check["check_domains"] == 6  # the bank's random draw of 3 domains
+    assert set(check["shift_esd"]) == {"cell_a", "cell_b", "cell_c"} and 0 < check["secant"] <= 4
+    assert all(math.isfinite(v) for v in check["shift_esd"].values())
+    assert (check["warning"] is None) == all(abs(v) <= check["max_shift_esd"] for v in check["shift_esd"].values())
+    save_joint_json(joint, tmp_path / "joint.json")
+    assert json.loads((tmp_path / "joint.json").read_text())["mosaic_domains"]["shift"] == pytest.approx(check["shift"])
+    assert all(s.mosaic_domains["domains"] == 3 for s in singles)

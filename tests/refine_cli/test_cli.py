@@ -273,3 +273,19 @@ def test_refining_the_anisotropic_mosaic(refine_cli):
     assert all(doc["initial_params"][n] == start for n in axes)
     assert all(doc["units"][n] == "deg" and doc["params"][n] > 0 and n in doc["esds"] for n in axes)
     assert doc["loss_final"] <= doc["loss_initial"]
+
+
+
+@pytest.mark.parametrize("model, message", [
+    ("-mosaic_model sphere", "-mosaic_model: unknown model 'sphere'"),
+    ("-mosaic_dom 0", "-mosaic_dom: the ball mosaic set is built with 1 to 100000 domains"),
+    ("-mosaic_model gaussian -mosaic_seed 3", "-mosaic_seed: the gaussian mosaic set is even")])
+def test_bad_mosaic_settings_are_refused_at_the_door(refine_cli, tmp_path, model, message):
+    """A measured image's starting model with a bad mosaic setting: one line, exit 2, nothing written."""
+    geometry = "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 32 -Xbeam 1.63 -Ybeam 1.58"
+    write_cbf(tmp_path / "obs.cbf", np.full((32, 32), 5, dtype=np.int32), {"wavelength_A": 1.0, "distance_mm": 40.0,
+                                                             "pixel_size_mm": 0.1, "count_cutoff": 10**6})
+    crystal = CRYSTAL.replace("-mosaic_dom 2 ", "")
+    r = refine_cli("--image", "obs.cbf", "--model", f"{crystal} {geometry} {model}", "--out", "out/res.h5")
+    assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert not (tmp_path / "out").exists()

@@ -35,6 +35,7 @@ from refine.cli.joint import _held_geometry
 from refine.cli.parser import parse_args
 from refine.fitting.parameters import ParameterSpace
 from refine.cli.single import amplitude_group, amplitude_options
+from refine.inputs.start_model import MEASURED_MOSAIC_DOMAINS
 from refine.inputs.dials import profile_model
 from refine.many.image_reports import model_warning
 
@@ -133,9 +134,15 @@ def test_profile_model_from_sigma_b_and_sigma_m(tmp_path):
     m = profile_model(read_expt(tmp_path / "s.expt"), dstar=0.5, osc_deg=0.1)
     # sigma_q = min(sigma_b / lambda, sigma_m d* / sqrt 2) = 1.23e-3 1/A: domains of 316 A, 4 x 4 x 3 cells of 80 x 80 x 100
     assert m.domain_A == pytest.approx(math.sqrt(1.5) / math.pi / (math.radians(0.2) * 0.5 / math.sqrt(2)), rel=1e-9)
-    assert m.N == (4, 4, 3) and m.mosaic_deg == pytest.approx(math.radians(0.2) / math.sqrt(2) / 0.4964
-                                                                    * 180 / math.pi, rel=1e-3)
-    assert 10 <= m.domains <= 40 and m.phisteps >= 5
+    # the C's law's spread (the default even set and the random draw) is about twice the mosaic's rocking sigma; the
+    # Gaussian set's is that sigma itself
+    eta_deg = math.degrees(math.radians(0.2) / math.sqrt(2))
+    assert m.N == (4, 4, 3) and m.mosaic_model == "ball" and m.mosaic_deg == pytest.approx(eta_deg / 0.4964, rel=1e-3)
+    assert m.domains == MEASURED_MOSAIC_DOMAINS and m.phisteps >= 5
+    r = profile_model(read_expt(tmp_path / "s.expt"), dstar=0.5, osc_deg=0.1, mosaic_model="random")
+    assert r.mosaic_deg == pytest.approx(m.mosaic_deg, rel=1e-12) and 30 <= r.domains <= 40
+    g = profile_model(read_expt(tmp_path / "s.expt"), dstar=0.5, osc_deg=0.1, mosaic_model="gaussian")
+    assert g.mosaic_deg == pytest.approx(eta_deg, rel=1e-9) and (g.N, g.phisteps) == (r.N, r.phisteps) == (m.N, m.phisteps)
 
 
 def _reflections(doc: dict) -> tuple[np.ndarray, np.ndarray]:
