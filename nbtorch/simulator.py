@@ -129,8 +129,14 @@ _NO_SPREAD = {
 def _same_value(value, buffer) -> bool:
     """True when an override equals the simulator's own value (to float32 rounding): a multi-panel simulator
     ignores such a plain detector name (a caller passing every canonical name at its start)."""
-    a, b = float(torch.as_tensor(value).detach()), float(torch.as_tensor(buffer).detach())
+    a, b = _host_float(value), _host_float(buffer)
     return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
+def _host_float(value) -> float:
+    """``value`` as a Python float: a plain number as it is (a refinement's fixed values, at every evaluation:
+    no tensor made and read back), a tensor read from its device."""
+    return float(value.detach()) if isinstance(value, Tensor) else float(value)
 
 
 class Simulator(nn.Module):
@@ -333,7 +339,7 @@ class Simulator(nn.Module):
                              + (" and the per-panel names <detector name>_p<i>" if self.panel_layout else ""))
         if self.panel_layout is not None:
             plain = sorted(n for n in overrides if split_panel_parameter(f"{n}_p0") is not None
-                           and not _same_value(overrides[n], getattr(self, n)))
+                           and not _same_value(overrides[n], self._buffer_value(n)))
             if plain:
                 raise InputError(f"{', '.join(plain)}: a multi-panel detector has per-panel geometry names "
                                  f"({plain[0]}_p0, {plain[0]}_p1, ...)")
@@ -348,6 +354,16 @@ class Simulator(nn.Module):
                 out[name] = torch.as_tensor(v, dtype=self.dtype, device=self.device)
         return out
 
+    def _buffer_value(self, name: str) -> float:
+        """Buffer ``name`` as a Python float, read from its device once per buffer and version (a multi-panel
+        simulator compares the plain geometry names of every evaluation with it: no device read each time)."""
+        buffer = getattr(self, name)
+        held = self.__dict__.setdefault("_host_values", {}).get(name)
+        if held is None or held[0] is not buffer or held[1] != buffer._version:
+            held = (buffer, buffer._version, _host_float(buffer))
+            self._host_values[name] = held
+        return held[2]
+
     def source_width_names(self) -> tuple[str, ...]:
         """The beam's width names (``dispersion``, ``divergence_h``, ``divergence_v``) whose sources spread along
         them (resolved width > 0): the widths that move the sources and may be changed or refined."""
@@ -358,8 +374,8 @@ class Simulator(nn.Module):
         """A width without spread (one source along it, or a ``-sourcefile``) changes nothing: refuse another value."""
         free = self.source_width_names()
         for name in WIDTH_NAMES:
-            if name in overrides and name not in free and float(torch.as_tensor(overrides[name]).detach()) != 0.0:
-                raise InputError(f"{name} {float(torch.as_tensor(overrides[name]).detach()):g}: {_NO_SPREAD[name]}")
+            if name in overrides and name not in free and (value := _host_float(overrides[name])) != 0.0:
+                raise InputError(f"{name} {value:g}: {_NO_SPREAD[name]}")
 
     def sources(self, p: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(incident (Q, 3), wavelength_A (Q,))`` of the sources at the widths and wavelength of ``p``.

@@ -2,8 +2,8 @@
 
 ::
 
-    python -m refine.tools.bench [--repeats 10] [--esd-repeats 3] [--main-job] [--profile N] [--json out.json] \\
-        [-- <nbtorch-refine arguments>]
+    python -m refine.tools.bench [--repeats 10] [--esd-repeats 3] [--main-job] [--profile N] \\
+        [--fractions 1/8,1/4,1/2,1] [--json out.json] [-- <nbtorch-refine arguments>]
 
 Times what a user of the refinement waits for, on the objective a ``nbtorch-refine`` run fits: the
 arguments after ``--`` (default: the real-data tutorial, ``--config examples/thaumatin_still.toml``) are
@@ -21,7 +21,14 @@ cache loading included, is reported as ``first_s``):
   :func:`refine.solver.finalise.finalise` calls it (the simulator switched to the esds' compile policy first, as the
   command does), ``--esd-repeats`` times;
 * with ``--main-job``: the README's main job (``scripts/main.sh``'s command) in a subprocess on the same
-  device (``--device``), its own "in all" time and the subprocess's wall time.
+  device (``--device``), its own "in all" time and the subprocess's wall time;
+* ``operators_per_call`` of ``loss_grad``, ``loss`` and ``forward``: one warm call under the torch profiler
+  (:func:`refine.tools.costs.operator_counts`: aten operators that no other operator called, on a GPU each at least
+  one kernel launch; ``compiled_graphs_per_call``; ``device_kernels_per_call``, the kernels that ran on a GPU);
+* with ``--fractions``: ``loss_grad`` and ``forward`` again on evenly spread fractions of the fitted pixels
+  (:func:`refine.tools.costs.subset`: the simulator computes only those), and ``fixed_cost``: the least-squares
+  line time = ``fixed_s`` + ``ns_per_sample`` x pixel-evaluations through their medians
+  (:func:`refine.tools.costs.fit_fixed_cost`): what a call costs whatever its size, and each pixel-evaluation.
 
 On a GPU (``-- --device cuda ...``) every timed call ends with ``torch.cuda.synchronize()``.  Each
 evaluation's time is also given per lattice-factor evaluation: time / (pixels x evaluations per pixel).
@@ -52,6 +59,7 @@ from torch import Tensor
 from nbtorch import runtime
 from nbtorch.cli_support import run_main
 from nbtorch.errors import InputError
+from refine.tools.costs import fit_fixed_cost, operator_counts, parse_fractions, subset
 
 __all__ = ["main", "build_objective", "measure", "machine_record", "main_job_seconds", "TUTORIAL_ARGS",
            "MAIN_JOB_ARGS"]
@@ -196,6 +204,46 @@ def table(records: dict) -> str:
     return "\n".join(lines)
 
 
+def operators_line(records: dict) -> str:
+    """The operators per call of each evaluation measured (torch profiler)."""
+    parts = []
+    for name in ("loss_grad", "loss", "forward"):
+        r = records.get(name, {})
+        if "operators_per_call" in r:
+            device = f", {r['device_kernels_per_call']} device kernels" if r["device_kernels_per_call"] else ""
+            parts.append(f"{name} {r['operators_per_call']} ({r['compiled_graphs_per_call']} compiled graphs{device})")
+    return "operators per call (torch profiler, aten operators not called by another): " + ", ".join(parts)
+
+
+def fractions_table(records: dict) -> str:
+    """The times at each size of ``--fractions`` and the fixed cost and cost per pixel-evaluation fitted to them."""
+    lines = ["| fraction | pixels | pixel-evaluations | loss_grad median ms | forward median ms |",
+             "|---|---|---|---|---|"]
+    for r in records["fractions"]:
+        lines.append(f"| {r['fraction']:.4g} | {r['pixels']} | {r['samples']} | "
+                     f"{r['loss_grad']['median_s'] * 1e3:.2f} | {r['forward']['median_s'] * 1e3:.2f} |")
+    fits = records["fixed_cost"]
+    lines.append("fixed cost per call + cost per pixel-evaluation (least squares through the medians): " + ", ".join(
+        f"{name} {f['fixed_s'] * 1e3:.2f} ms + {f['ns_per_sample']:.2f} ns" for name, f in fits.items()))
+    return "\n".join(lines)
+
+
+def fraction_records(bench: Bench, fractions, repeats: int, device) -> tuple[list[dict], dict]:
+    """``loss_grad`` and ``forward`` of ``bench`` cut to each of ``fractions`` of its fitted pixels, and the fixed
+    cost and cost per pixel-evaluation fitted to their medians (the module docstring)."""
+    out = []
+    for fraction in fractions:
+        part = subset(bench, fraction)
+        samples = part.pixels * part.evaluations_per_pixel
+        out.append({"fraction": fraction, "pixels": part.pixels, "samples": samples,
+                    "loss_grad": measure(part.loss_grad, repeats, device),
+                    "forward": measure(part.forward, repeats, device)})
+        log.info("--fractions %.4g: %d pixels", fraction, part.pixels)
+    fits = {name: fit_fixed_cost([r["samples"] for r in out], [r[name]["median_s"] for r in out])
+            for name in ("loss_grad", "forward")}
+    return out, fits
+
+
 def run(ns: argparse.Namespace, refine_args: Sequence[str]) -> dict:
     """Every measurement of one harness run, as one dict (see the module docstring)."""
     before = machine_record()
@@ -210,6 +258,11 @@ def run(ns: argparse.Namespace, refine_args: Sequence[str]) -> dict:
     rec["loss_grad"] = measure(bench.loss_grad, ns.repeats, device)
     rec["loss"] = measure(bench.loss, ns.repeats, device)
     rec["forward"] = measure(bench.forward, ns.repeats, device)
+    for name, fn in (("loss_grad", bench.loss_grad), ("loss", bench.loss), ("forward", bench.forward)):
+        counts = operator_counts(fn, device)  # warm: measured above
+        rec[name].update({f"{key}_per_call": value for key, value in counts.items()})
+    if ns.fractions:
+        rec["fractions"], rec["fixed_cost"] = fraction_records(bench, ns.fractions, ns.repeats, device)
     if ns.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -240,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the torch profiler's table of N loss-and-gradient evaluations")
     ap.add_argument("--threads", type=int, help="torch threads, also the main job's (default: torch's)")
+    ap.add_argument("--fractions", metavar="FRACTIONS",
+                    help="also time loss_grad and forward on these fractions of the fitted pixels (e.g. 1/8,1/4,1/2,1) "
+                         "and fit the fixed cost per call and the cost per pixel-evaluation")
     ap.add_argument("--json", help="write the records to this file")
     return ap
 
@@ -249,6 +305,7 @@ def _run(argv: list[str]) -> int:
     ns = build_parser().parse_args(own)
     if ns.repeats < 1 or ns.esd_repeats < 0 or ns.profile < 0 or (ns.threads is not None and ns.threads < 1):
         raise InputError("--repeats and --threads must be >= 1, --esd-repeats and --profile >= 0")
+    ns.fractions = parse_fractions(ns.fractions) if ns.fractions is not None else None
     if ns.threads:
         torch.set_num_threads(ns.threads)
     runtime.tune_allocator()  # as the commands do
@@ -263,6 +320,9 @@ def _run(argv: list[str]) -> int:
           f"{rec['dtype']}, {rec['compile_mode']}, {rec['device']}, {len(rec['free'])} free, set-up "
           f"{rec['setup_s']:.1f} s")
     print(table(rec))
+    print(operators_line(rec))
+    if "fractions" in rec:
+        print(fractions_table(rec))
     if ns.json:
         from nbtorch.io.atomic import atomic_write
 
