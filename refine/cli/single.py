@@ -570,7 +570,8 @@ def run(args: Options) -> int:
     result = refine(sim, inputs.observed, **plan_arguments(args, p), callbacks=callbacks,
                     progress=False if args.output.quiet else None,
                     checkpoint=checked.ckpt_path, checkpoint_every=args.output.checkpoint_every,
-                    resume=checked.ckpt_path if args.output.resume else None, esds=not args.output.no_esds)
+                    resume=checked.ckpt_path if args.output.resume else None, esds=not args.output.no_esds,
+                    domain_check=args.model.problem is None)
     if result.amplitudes is not None:  # the refined amplitudes in the model of every later report
         sim = result.amplitudes.simulator(sim, result.amplitude_values)
     if choice.spots is not None:

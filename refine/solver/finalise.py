@@ -86,7 +86,7 @@ def _domain_count(objective: ImageObjective, pmap: ParameterMap, u) -> DomainCou
 def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mapping[str, float],
              initial_values: Mapping[str, float], loss_initial: float, summaries: Sequence[dict],
              history: History, status: Status, message: str, wall_s: float, esds: bool = True,
-             held: frozenset = frozenset()) -> RefinementResult:
+             held: frozenset = frozenset(), domain_check: bool = True) -> RefinementResult:
     """The result of a run that ended at ``values``.
 
     Arguments:
@@ -96,6 +96,7 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
         status, message: how the run ended; ``wall_s``: its wall time (resumed parts included).
         esds: estimate uncertainties (False: empty esds and correlation).
         held: candidate amplitudes the run held (too faint to refine): not among the result's free names.
+        domain_check: the check of the cell against twice the mosaic domain count (:mod:`refine.quality.domain_count`).
     """
     loss_final, model, used, model_roi = _full_images(plan, objective, view, values)
     obs_np = plan.observed.detach().cpu().numpy()
@@ -111,7 +112,7 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
     names = tuple(n for n in plan.names if n not in held)
     final_map = ParameterMap(plan.space, values, names)
     uncertainty, u = _esds(objective, final_map, fit.get("excess")) if esds else (_no_esds(), None)
-    count_check = _domain_count(objective, final_map, u)
+    count_check = _domain_count(objective, final_map, u) if domain_check else None
     if count_check is not None and count_check.warning is not None:
         warnings.append(count_check.warning)
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output

@@ -314,6 +314,7 @@ def refine(
     too_few_spots: str = "fix",
     structure_factors: AmplitudeOptions | None = None,
     panel_groups: Sequence[Sequence[int]] | None = None,
+    domain_check: bool | None = None,
 ) -> RefinementResult:
     """Refine simulator parameters against an observed image: a :class:`~refine.output.results.RefinementResult`.
 
@@ -351,6 +352,10 @@ def refine(
         structure_factors: :class:`~refine.fitting.structure_factors.AmplitudeOptions`: refine one amplitude per
             visible symmetry-unique reflection in a last stage (``F_h_k_l`` in the result's ``refined``, ``esds``).
         panel_groups: a multi-panel simulator's rigid groups of panels (default one): ``<name>_g<k>``, multi-panel.md.
+        domain_check: ask after the fit whether the refined cell would move at twice the model's mosaic domains
+            (:mod:`refine.quality.domain_count`; the result's ``mosaic_domains``, a warning above 1 esd).  None: for a
+            simulator and a measured image; not for a bank :class:`~refine.inputs.problems.Problem`, whose image
+            was simulated with the model's own domains (its count is part of the truth).
 
     Raises:
         InputError: bad arguments (unknown names, a start breaking the symmetry, shape mismatch, a checkpoint
@@ -363,7 +368,8 @@ def refine(
     state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
     status, message = run_stages(plan, state, cb, checkpoint, checkpoint_every)
     result = finalise(plan, full_objective, full_view, state.values, state.initial_values, state.loss_initial,
-                      state.summaries, state.history, status, message, state.elapsed(), esds=esds, held=state.held)
+                      state.summaries, state.history, status, message, state.elapsed(), esds=esds, held=state.held,
+                      domain_check=not isinstance(problem_or_simulator, Problem) if domain_check is None else domain_check)
     cb.on_run_end(result)
     return result
 
