@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from nbtorch.cli_support import Printer
+from nbtorch.cli_support import Printer, run_main
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 
@@ -116,34 +116,41 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+PROG = "python -m experiments.mosaic_convergence"
+
+
+def _run(argv: list[str]) -> int:
     refine_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(prog="python -m experiments.mosaic_convergence", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", required=True, help="one folder per run, and the table")
     p.add_argument("--counts", type=int, nargs="+", default=[4, 8, 16, 32, 64], help="domain counts (default %(default)s)")
     p.add_argument("--models", nargs="+", default=["ball", "random"], help="mosaic models (default %(default)s)")
     p.add_argument("--table-only", action="store_true", help="run nothing: tabulate the runs already in --out-dir")
     args = p.parse_args(own)
-    out = Printer()
     if not refine_args:
-        p.error("give the refinement's command line after --")
+        raise InputError("give the refinement's command line after --")
     if any(c < 2 for c in args.counts):
-        p.error(f"--counts: each count must be at least 2, got {args.counts}")
+        raise InputError(f"--counts: each count must be at least 2, got {' '.join(map(str, args.counts))}")
+    out = Printer()
     many = "--images" in refine_args
     pairs = [(m, c) for m in args.models for c in args.counts
              if not args.table_only or (Path(args.out_dir) / f"{m}-{c}" / ("joint.json" if many else "result.json")).exists()]
     try:
         rows = [row_of(m, c, run_one(refine_args, m, c, Path(args.out_dir) / f"{m}-{c}", out)) for m, c in pairs]
-    except (InputError, RuntimeError) as exc:
-        out(f"mosaic_convergence: {exc}")
-        return 2
+    except RuntimeError as exc:  # a run that failed: its own output says why
+        out(f"{PROG}: {exc}")
+        return 1
     text = table(with_shifts(rows))
     Path(args.out_dir, "table.md").write_text(text + "\n")
     Path(args.out_dir, "table.json").write_text(json.dumps(rows, indent=1))
     out(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: bad input is one line and exit status 2 (:func:`nbtorch.cli_support.run_main`)."""
+    return run_main(PROG, _run, argv)
 
 
 if __name__ == "__main__":

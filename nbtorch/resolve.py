@@ -205,8 +205,8 @@ _DELEGATED = {
     "detector": ("convention", "pivot", "beam", "fdet", "sdet", "odet", "twotheta_axis", "polar_axis", "spindle",
                  "pixel_m", "fpixels", "spixels", "detsize_s_m", "roi", "close_distance_given_m"),
     "crystal": ("orientation0", "cell_quirk", "shape", "fudge", "water_F2N"),
-    "sampling": ("phisteps", "phistep_deg", "phi_quirk", "mosaic_axes", "mosaic_fractions", "mosaic_anisotropic", "incident",
-                 "wavelength_factor", "oversample", "steps"),
+    "sampling": ("phisteps", "phistep_deg", "phi_quirk", "mosaic_axes", "mosaic_fractions", "mosaic_anisotropic",
+                 "mosaic_model", "incident", "wavelength_factor", "oversample", "steps"),
     "sensor": ("thicksteps", "layer_thickness_m", "mu_per_m", "has_thickness"),
     "structure_factors": ("F_grid", "F_present", "hkl_min", "hkl_max", "interpolate", "dmin_A"),
 }

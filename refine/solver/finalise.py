@@ -83,6 +83,17 @@ def _domain_count(objective: ImageObjective, pmap: ParameterMap, u) -> DomainCou
         return None
 
 
+def _fit_quality(plan: RunPlan, loss_final: float, model_roi, objective: ImageObjective,
+                 held: frozenset) -> tuple[dict[str, Any], str | None]:
+    """The final fit against shot noise (Poisson deviance only: ``{}`` otherwise) and its warning."""
+    if plan.loss_fn is not poisson_deviance:
+        return {}, None
+    quality = assess_poisson_fit(loss_final, model_roi, objective.weights)
+    if plan.amplitudes is not None and any(n not in held for n in plan.amplitudes.names):
+        quality = dataclasses.replace(quality, amplitudes_refined=True)
+    return quality.to_dict(), quality.warning
+
+
 def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mapping[str, float],
              initial_values: Mapping[str, float], loss_initial: float, summaries: Sequence[dict],
              history: History, status: Status, message: str, wall_s: float, esds: bool = True,
@@ -100,21 +111,12 @@ def finalise(plan: RunPlan, objective: ImageObjective, view: View, values: Mappi
     """
     loss_final, model, used, model_roi = _full_images(plan, objective, view, values)
     obs_np = plan.observed.detach().cpu().numpy()
-    fit: dict[str, Any] = {}
-    warnings: list[str] = list(plan.warnings)
-    if plan.loss_fn is poisson_deviance:
-        quality = assess_poisson_fit(loss_final, model_roi, objective.weights)
-        if plan.amplitudes is not None and any(n not in held for n in plan.amplitudes.names):
-            quality = dataclasses.replace(quality, amplitudes_refined=True)
-        fit = quality.to_dict()
-        if quality.warning is not None:
-            warnings.append(quality.warning)
+    fit, fit_warning = _fit_quality(plan, loss_final, model_roi, objective, held)
     names = tuple(n for n in plan.names if n not in held)
     final_map = ParameterMap(plan.space, values, names)
     uncertainty, u = _esds(objective, final_map, fit.get("excess")) if esds else (_no_esds(), None)
     count_check = _domain_count(objective, final_map, u) if domain_check else None
-    if count_check is not None and count_check.warning is not None:
-        warnings.append(count_check.warning)
+    warnings = list(plan.warnings) + [w for w in (fit_warning, count_check and count_check.warning) if w]
     for w in warnings:  # also in result.warnings, summary() and the nbtorch-refine output
         log.info("%s", w)
     params, init_params = reported_values(values, plan.background), reported_values(initial_values, plan.background)

@@ -304,14 +304,11 @@ def refine(
     callbacks: Sequence[Any] = (),
     progress: bool | None = None,
     time_budget_s: float | None = None,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 10,
+    checkpoint: str | Path | None = None, checkpoint_every: int = 10,
     resume: str | Path | None = None,
-    esds: bool = True,
-    compile_loss: bool = False,
+    esds: bool = True, compile_loss: bool = False,
     priors: Mapping[str, tuple[float, float]] | None = None,
-    n_spots: int | None = None,
-    too_few_spots: str = "fix",
+    n_spots: int | None = None, too_few_spots: str = "fix",
     structure_factors: AmplitudeOptions | None = None,
     panel_groups: Sequence[Sequence[int]] | None = None,
     domain_check: bool | None = None,
@@ -352,10 +349,8 @@ def refine(
         structure_factors: :class:`~refine.fitting.structure_factors.AmplitudeOptions`: refine one amplitude per
             visible symmetry-unique reflection in a last stage (``F_h_k_l`` in the result's ``refined``, ``esds``).
         panel_groups: a multi-panel simulator's rigid groups of panels (default one): ``<name>_g<k>``, multi-panel.md.
-        domain_check: ask after the fit whether the refined cell would move at twice the model's mosaic domains
-            (:mod:`refine.quality.domain_count`; the result's ``mosaic_domains``, a warning above 1 esd).  None: for a
-            simulator and a measured image; not for a bank :class:`~refine.inputs.problems.Problem`, whose image
-            was simulated with the model's own domains (its count is part of the truth).
+        domain_check: the cell against twice the mosaic domains (:mod:`refine.quality.domain_count`); None: not
+            for a bank ``Problem`` (its image has the model's own domains), else on.
 
     Raises:
         InputError: bad arguments (unknown names, a start breaking the symmetry, shape mismatch, a checkpoint
@@ -367,9 +362,9 @@ def refine(
     full_view, full_objective = whole_image_objective(plan)
     state = resume_run(plan, resume) if resume is not None else start_run(plan, full_objective)
     status, message = run_stages(plan, state, cb, checkpoint, checkpoint_every)
+    check = not isinstance(problem_or_simulator, Problem) if domain_check is None else domain_check
     result = finalise(plan, full_objective, full_view, state.values, state.initial_values, state.loss_initial,
-                      state.summaries, state.history, status, message, state.elapsed(), esds=esds, held=state.held,
-                      domain_check=not isinstance(problem_or_simulator, Problem) if domain_check is None else domain_check)
+                      state.summaries, state.history, status, message, state.elapsed(), esds, state.held, check)
     cb.on_run_end(result)
     return result
 

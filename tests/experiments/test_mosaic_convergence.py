@@ -48,6 +48,7 @@ def test_runs_each_pair_once_and_tabulates(tmp_path, capsys):
 
 
 def test_bad_counts_are_refused(tmp_path, capsys):
-    with pytest.raises(SystemExit) as err:
-        main(["--out-dir", str(tmp_path), "--counts", "0", "--", "--problem", "cubic_mosflm"])
-    assert err.value.code == 2 and "--counts" in capsys.readouterr().err
+    assert main(["--out-dir", str(tmp_path / "o"), "--counts", "0", "--", "--problem", "cubic_mosflm"]) == 2
+    err = capsys.readouterr().err
+    assert "--counts: each count must be at least 2" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

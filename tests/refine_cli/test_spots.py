@@ -13,7 +13,10 @@ from nbtorch.errors import InputError
 from refine.inputs.selection import resolution_map, resolution_mask, subsample_mask
 from refine.inputs.spots import find_spots, model_centroids, read_spot_list, spot_offsets, window_mask
 
-MODEL = ("-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -oversample 1 "
+# the C's random draw of 2 domains (the crystal and one rotated copy): compact spots for the finder (an even set
+# of 2 is a symmetric pair whose two copies split a weak spot at the finder's threshold)
+MODEL = ("-cell 30 30 40 90 90 90 -misset 10 20 30 -N 12 -default_F 100 -mosaic 0.1 -mosaic_dom 2 -mosaic_model random "
+         "-oversample 1 "
          "-lambda 1.0 -distance 40 -pixel 0.1 -detpixels 48 -Xbeam 2.45 -Ybeam 2.45")
 
 
