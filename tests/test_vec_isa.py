@@ -69,7 +69,9 @@ def test_a_damaged_or_other_record_is_not_trusted(tmp_path, fresh):
     vec_isa, isa_module, inductor_config = fresh
     path = vec_isa.record_path(tmp_path, vec_isa._listed(isa_module), vec_isa._compiler_identity())
     path.parent.mkdir(parents=True)
-    for text in ("{not json", json.dumps(["avx2"])):
+    # a damaged record, and another machine's (a list that is not this one's: ["avx2"] alone is this one's on a
+    # processor without AVX-512)
+    for text in ("{not json", json.dumps(vec_isa._listed(isa_module) + ["not-an-isa"])):
         path.write_text(text)
         vec_isa._done = None
         assert vec_isa.trust_vec_isa_probe(tmp_path) is False and inductor_config.cpp.vec_isa_ok is None
