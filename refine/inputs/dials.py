@@ -188,14 +188,15 @@ MIN_DOMAINS, MAX_DOMAINS = 30, 40
 
 
 def mosaic_model_of_tokens(tokens: list[str]) -> str:
-    """The mosaic model that ``--model`` tokens ask for (:func:`nbtorch.resolve.mosaic_model_of` on flags)."""
-    if "-mosaic_model" in tokens:
-        i = len(tokens) - 1 - tokens[::-1].index("-mosaic_model")
-        if i + 1 < len(tokens):
-            return tokens[i + 1]
-    from nbtorch.resolve import DEFAULT_MOSAIC_MODEL
+    """The mosaic model that ``--model`` tokens ask for (:func:`nbtorch.resolve.mosaic_model_of` on their config)."""
+    from nbtorch.args import config_from_args
+    from nbtorch.resolve import mosaic_model_of
 
-    return "random" if ("-mosaic_seed" in tokens or "-c_parity" in tokens) else DEFAULT_MOSAIC_MODEL
+    try:
+        cfg = config_from_args(list(tokens))
+        return mosaic_model_of(cfg, cfg.c_parity)
+    except InputError as exc:
+        raise InputError(f"--model: {exc}") from None
 
 
 def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = "ball") -> ProfileModel | None:
