@@ -53,16 +53,11 @@ from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.many.batch import end_process_group, expand_image_list, per_image_args
-from refine.cli.single import amplitude_group, amplitude_options, prepare
-from nbtorch import Simulator, config_from_args
-from nbtorch.io.dials import scan_oscillation
-from nbtorch.parameters import ORIENTATION_DELTAS
-from refine.cli.values import start_values
-from refine.inputs.dials import (experiment_symmetry, model_tokens, read_experiment, refl_indexed, refl_shoeboxes,
-                                 scan_indices, write_expt_out)
+from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
+                                    start_and_priors)
+from refine.cli.single import amplitude_options, prepare
+from refine.inputs.dials import experiment_symmetry, refl_shoeboxes, scan_indices, write_expt_out
 from refine.fitting.parameters import GROUPS, ParameterSpace
-from refine.inputs.spot_start import align_to_spots
-from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
@@ -75,16 +70,6 @@ from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.solver.plan import observed_pixels
 
 __all__ = ["ROTATION_PER_IMAGE", "ROTATION_SHARED", "run_joint", "split_names"]
-
-#: ``--rotation-series``: one crystal turning through the sweep (its cell and orientation at phi 0 shared; each
-#: image's phi start and width its own, from its header) and each image's own scale and background
-ROTATION_SHARED = ("cell", "orientation")
-ROTATION_PER_IMAGE = ("scale", "background")
-#: a rotation series from DIALS files whose experiment's scan is exactly the images given also shares these (with its
-#: amplitudes): DIALS refined them from no more data than this run has, so held they would leave their uncertainty
-#: out of the cell's esds (on the real L-cysteine wedge c was 17 of them off; docs/many-images.md)
-DIALS_ROTATION_GEOMETRY = ("distance", "beam_centre")
-
 
 def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[str, ...]:
     """``"cell,distance"`` -> ``("cell", "distance")`` (``default`` for None)."""
@@ -239,31 +224,6 @@ def _drop_stored(pixels: list) -> None:
             px.path.unlink(missing_ok=True)
 
 
-#: a rotation series from DIALS files starts from its indexed spots when it has at least this many
-MIN_ALIGN_SPOTS = 6
-
-
-def _start_from_spots(args: Options, image: str, index: int | None, symmetry: str, say) -> Options:
-    """``args`` with ``--start`` completed by the cell and orientation fitted to the indexed spots of ``--refl``
-    (:func:`refine.inputs.spot_start.align_to_spots`) from the ``--expt`` model and ``--start``: a rotation series
-    from DIALS files whose start is off by more than the pixels can capture begins where the spots put it."""
-    indexed = refl_indexed(args)
-    if not args.many.rotation_series or indexed is None or len(indexed[0]) < MIN_ALIGN_SPOTS:
-        return args
-    hkl, xyz, phi = indexed
-    a = args.with_fields(image=image, expt_image=index)
-    sim = Simulator(config_from_args(list(model_tokens(a))), compile=False)
-    start = {**{k: float(v) for k, v in sim.setup.params.items()}, **{k: 0.0 for k in ORIENTATION_DELTAS},
-             "scale": 1.0, "background": 0.0, "background_x": 0.0, "background_y": 0.0, **start_values(args.fit.start)}
-    fit = align_to_spots(sim, start, hkl, xyz, phi, scan_oscillation(read_experiment(args).scan)[1], symmetry)
-    say(f"  start from the {fit.n} indexed spots of {Path(args.dials.refl).name}: rms {fit.rms_px_start:.3g} px, "
-        f"{fit.rms_frames_start:.3g} frames -> {fit.rms_px_final:.3g} px, {fit.rms_frames_final:.3g} frames (cell "
-        + " ".join(f"{fit.values[k]:.5g}" for k in ("cell_a", "cell_b", "cell_c")) + ")")
-    moved = {k: v for k, v in fit.values.items() if k.startswith(("cell_", "orient_"))}
-    given = {k: v for k, v in start_values(args.fit.start).items() if k not in moved}
-    return args.with_fields(start=tuple(f"{k}={v!r}" for k, v in {**given, **moved}.items()))
-
-
 def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
     """Check the images against ``--expt``, load this process's images, refine all jointly, write
     ``joint.json``/``joint.h5``; the exit status.  A run refused with an :class:`InputError` leaves no ``--out-dir``
@@ -284,63 +244,6 @@ def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
     return code
 
 
-def _from_dials_sweep(args: Options) -> bool:
-    return bool(args.many.rotation_series and args.dials.expt and args.dials.refl)
-
-
-def _resolve_amplitudes(args: Options, say) -> Options:
-    """``--structure-factors`` not given: on for a rotation series from DIALS files whose amplitudes have a space
-    group (``--space-group``, ``--symmetry`` or the experiment's), off otherwise.  One amplitude for every reflection
-    cannot explain a sweep's intensities, and on the real sweep the pixels then pull the cell (a +0.26 against +0.09 %
-    with the amplitudes; docs/many-images.md)."""
-    if args.amplitudes.structure_factors is not None:
-        return args
-    group = amplitude_group(args) if _from_dials_sweep(args) else None
-    if group is None:
-        return args.with_fields(structure_factors=False)
-    say(f"  structure factors: one amplitude per unique reflection in {group}, refined with the shared names (a "
-        f"rotation series from DIALS files; --no-structure-factors keeps one F for every reflection)")
-    return args.with_fields(structure_factors=True)
-
-
-def _default_shared(args: Options, symmetry: str, say, indices: list[int | None]) -> tuple[str, ...]:
-    """``--shared`` when not given: the cell (and the orientation for ``--rotation-series``); for a rotation series from
-    DIALS files with its amplitudes refined, whose experiment's scan is exactly the images given, also the distance
-    and beam centre (:data:`DIALS_ROTATION_GEOMETRY`; DIALS's geometry is held when it came from more images), and
-    the mosaic spread and domain size (``mosaic``) when the observed spots decide them: at least
-    :data:`~refine.quality.fit_quality.MIN_SPOTS_PER_PARAMETER` per shared name, the rule by which a single run decides
-    which names its spots can refine (:mod:`refine.quality.identifiability`).  ``indices``: each image's index in
-    the experiment's scan (:func:`refine.inputs.dials.scan_indices`)."""
-    if not args.many.rotation_series:
-        return ("cell",)
-    indexed = refl_indexed(args) if _from_dials_sweep(args) else None
-    if indexed is None:
-        return ROTATION_SHARED
-    base = ROTATION_SHARED
-    if args.amplitudes.structure_factors and _whole_scan(args, indices):
-        base = ROTATION_SHARED + DIALS_ROTATION_GEOMETRY
-        say(f"  shared: the distance and beam centre too: DIALS refined them from these same {len(indices)} images (the "
-            f"experiment's whole scan), so they are refined with the cell and their uncertainty is in its esds "
-            f"(--shared cell,orientation holds DIALS's)")
-    space = ParameterSpace(symmetry=symmetry)
-    names = space.expand(base + ("mosaic",))
-    if len(indexed[0]) >= MIN_SPOTS_PER_PARAMETER * len(names):
-        say(f"  shared: {', '.join(base)} and mosaic (mosaic spread and domain size): {len(indexed[0])} observed spots "
-            f"decide {len(names)} names")
-        return base + ("mosaic",)
-    say(f"  mosaic spread and domain size held at the DIALS profile's: {len(indexed[0])} observed spots are fewer than "
-        f"{MIN_SPOTS_PER_PARAMETER} per name for {len(names)} names (--shared {','.join(base)},mosaic refines them)")
-    return base
-
-
-def _whole_scan(args: Options, indices: list[int | None]) -> bool:
-    """The images given are exactly the ``--expt`` scan's (each once): DIALS had no other image to refine from."""
-    if None in indices or not indices:
-        return False
-    first, last = (int(x) for x in read_experiment(args).scan["image_range"])
-    return sorted(indices) == list(range(last - first + 1))
-
-
 def _held_geometry(free: Sequence[str]) -> str:
     """The printed note on the detector geometry a joint run holds; ``free``: its shared names, expanded
     (:meth:`~refine.fitting.parameters.ParameterSpace.expand`: ``beam_centre`` and ``detector`` are their names)."""
@@ -357,11 +260,11 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         raise InputError(f"--background {background}: a joint refinement fits constant or planar "
                          "backgrounds only (refine each image alone for resolution:K or planes)")
     series = args.many.rotation_series
-    args = _resolve_amplitudes(args, say)
+    args = resolve_amplitudes(args, say)
     amplitudes = amplitude_options(args)  # its space group checked before any image is loaded
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
     indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
-    shared = split_names(args.many.shared, _default_shared(args, symmetry, say, indices)
+    shared = split_names(args.many.shared, default_shared(args, symmetry, say)
                          if args.many.shared is None else (), "--shared")
     per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
                             "--per-image")
@@ -377,7 +280,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     previous = None if args.many.add_to is None else previous_run(
         args.many.add_to, images, shared_names, space.expand(per_image), symmetry)
     checkpoint = _checkpoint_path(args, images, out_dir, hkl)
-    args = _start_from_spots(args, images[0], indices[0], symmetry, say)
+    args, priors = start_and_priors(args, images[0], indices[0], symmetry, shared_names, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this "
         f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; "
         f"{_held_geometry(shared_names)}; results in {out_dir}/"
@@ -389,7 +292,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         kw = dict(shared=shared, per_image=per_image, symmetry=symmetry, image_starts=starts,
                   strategy=args.optimiser.optimizer, convergence=conv, background=background, loss=args.optimiser.loss,
                   esds=not args.output.no_esds, checkpoint=checkpoint, checkpoint_every=args.output.checkpoint_every,
-                  structure_factors=amplitudes)
+                  structure_factors=amplitudes, priors=priors)
         if args.many.screen:
             kw.pop("image_starts")
             result = refine_screened(sims, pixels, starts, failed, previous, image_shard(n), **kw)

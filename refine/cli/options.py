@@ -35,7 +35,7 @@ from refine.fitting.structure_factors import DEFAULT_MIN_PHOTONS
 __all__ = [
     "Options", "ImageOptions", "ModelOptions", "DialsOptions", "ManyOptions", "FitOptions", "AmplitudeFlags",
     "OptimiserOptions", "PixelOptions", "OutputOptions", "ComputeOptions", "options_from_namespace",
-    "DEFAULT_DATASET", "PROG", "GROUP_TITLES",
+    "DEFAULT_DATASET", "PROG", "GROUP_TITLES", "GEOMETRY_PRIORS",
 ]
 
 #: the ``--help`` heading of each group of :class:`Options`
@@ -53,6 +53,9 @@ GROUP_TITLES = {
 }
 #: the command's name, in its messages
 PROG = "nbtorch-refine"
+#: ``--geometry-prior``: DIALS's detector geometry as a prior (``dials``, the default of a rotation series from DIALS
+#: files) or not (``none``); :mod:`refine.cli.dials_sweep`
+GEOMETRY_PRIORS = ("dials", "none")
 #: the HDF5 dataset read when ``--dataset`` is not given
 DEFAULT_DATASET = "/entry/data/data"
 
@@ -111,6 +114,7 @@ class ManyOptions:
     pixel_memory: float | None = None
     screen: bool = False
     add_to: str | None = None
+    geometry_prior: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Sequence
 from nbtorch.cli_support import Parser
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
-from refine.cli.options import DEFAULT_DATASET, GROUP_TITLES, PROG, Options, options_from_namespace
+from refine.cli.options import DEFAULT_DATASET, GEOMETRY_PRIORS, GROUP_TITLES, PROG, Options, options_from_namespace
 from refine.cli.values import csv_names
 from refine.inputs.dials import add_options as add_dials_options
 from refine.fitting.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
@@ -65,7 +65,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g = p.add_argument_group(GROUP_TITLES["model"])
     g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
                                    "the image header fills in wavelength, distance, beam centre, pixel size and "
-                                   "detector size that the flags leave out")
+                                   "detector size that the flags leave out; a mosaic spread without -mosaic_dom gets "
+                                   "40 domains of the even set (-mosaic_model ball); with --expt and no --model the "
+                                   "DIALS profile gives -N, -mosaic and 40 domains")
     g.add_argument("--f-column", help="amplitude column of an MTZ or mmCIF -hkl file in --model (e.g. FP, F-obs, "
                                       "F_meas_au; adds -hkl_column to the model's flags)")
     g.add_argument("--problem", help="refine a synthetic problem of the bank instead of --image (refine.PROBLEMS)")
@@ -90,6 +92,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--rotation-series", action="store_true", help="joint mode for a sweep of rotation images of one "
                    "crystal, each with its phi start and width from its header: --joint with --shared "
                    "cell,orientation and --per-image scale,background unless given (docs/many-images.md)")
+    g.add_argument("--geometry-prior", choices=GEOMETRY_PRIORS, help="a rotation series from --expt/--refl: dials "
+                   "(default) refines the distance and beam centre (and any detector name of --shared) with a Gaussian "
+                   "prior at DIALS's values, each as wide as the esd the .refl's indexed spots give it, so the cell's "
+                   "esds carry the geometry's uncertainty; none: the shared geometry without a prior (--shared "
+                   "cell,orientation holds it; --prior name=mean:sigma replaces one)")
     g.add_argument("--pixel-memory", type=float, metavar="MB", help="joint mode: megabytes of fitted pixels each "
                    "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
@@ -120,7 +127,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--bounds", type=csv_names, help="name=low:high,... refine inside open intervals")
     g.add_argument("--prior", type=csv_names, help="name=mean:sigma,... Gaussian priors (restraints) on refined names, "
                                               "each in its own unit (e.g. distance=150:0.5); they add "
-                                              "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds")
+                                              "0.5 ((value - mean)/sigma)^2 to the loss and count in the esds; "
+                                              "in a joint run, on shared names, once")
     g = p.add_argument_group(GROUP_TITLES["amplitudes"])
     g.add_argument("--structure-factors", action=argparse.BooleanOptionalAction, default=None,
                    help="then refine one amplitude F_h_k_l per symmetry-unique reflection the fitted pixels see, with "
@@ -293,7 +301,7 @@ def _check_modes(args: argparse.Namespace) -> None:
         args.joint = True
     for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image),
                         ("--pixel-memory", args.pixel_memory is not None), ("--screen", args.screen),
-                        ("--add-to", args.add_to is not None)):
+                        ("--add-to", args.add_to is not None), ("--geometry-prior", args.geometry_prior is not None)):
         if value and not (args.images and args.joint):
             raise InputError(f"{flag}: only with --images and --joint (joint mode)")
     if args.add_to is not None:

@@ -62,7 +62,7 @@ fluence, ``default_F`` and ``scale`` are positive, ``Multiplicative(v, step)``
 let a misplaced model subtract intensity between its spots); the planar
 background slopes are ``Identity``; a knot ``background_<k>`` is ``Positive`` like ``background``; the Kahn factor is ``Bounded(-1, 1)``; a
 user bound ``(lo, hi)`` gives ``Bounded(lo, hi)``; an amplitude ``F_h_k_l`` is
-``Multiplicative(F_start, step of default_F)`` (positive by construction).  The steps are in :data:`STEPS`.
+``Multiplicative(F_start, step of default_F, AMPLITUDE_LIMIT)`` (positive by construction, within 10^4 of its start).  The steps are in :data:`STEPS`.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ from nbtorch.parameters import (
 )
 from nbtorch.resolve import check_cell, check_size_matrix
 from refine.fitting.background import is_knot, parse_background
-from refine.fitting.structure_factors import is_amplitude
+from refine.fitting.structure_factors import AMPLITUDE_LIMIT, is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
 from nbtorch.panels import split_panel_parameter
 
@@ -447,7 +447,7 @@ class ParameterSpace:
         if kind == "mul":
             if not v > 0:
                 raise InputError(f"start: {name} must be > 0 to be refined, got {v:g}")
-            return Multiplicative(v, step)
+            return Multiplicative(v, step, AMPLITUDE_LIMIT if is_amplitude(name) else None)
         if name in ("beam_x", "beam_y"):
             step = self.pixel_mm
         elif name == "background":

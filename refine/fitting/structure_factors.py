@@ -16,7 +16,10 @@ over its equivalents (the start may be pixels away from the spots).  When the am
 starts, at the geometry refined so far, a candidate is *visible*, and refined, when the model with its
 starting amplitude puts at least ``min_photons`` photons on the fitted pixels (:func:`amplitude_photons`);
 the others are held at their starting value, and F(000) (the direct beam) is never refined.  Positive by construction: each amplitude is refined through
-``F = F_start exp(step raw)`` (:class:`refine.fitting.transforms.Multiplicative`).
+``F = F_start exp(L tanh(step raw / L))`` (:class:`refine.fitting.transforms.Multiplicative` with the limit
+``L`` = :data:`AMPLITUDE_LIMIT`): within a factor 10^4 of its start either way, so that a line search's long trial
+step along an amplitude the pixels hardly see gives a large finite loss, never an Inf one (on the real L-cysteine
+sweep an unlimited ``exp`` made such trials Inf).
 
 Starting values (``start``): ``"file"`` (the ``-hkl`` table), ``"one"`` (``-default_F`` for all, or the
 table's rms over the free reflections when ``-default_F`` is 0) or
@@ -49,7 +52,7 @@ from nbtorch.io.reflections import rotation_parts
 
 __all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
            "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS",
-           "touched_range", "start_grid", "entry_photons", "table_from_photons", "em_sums", "em_update",
+           "touched_range", "start_grid", "entry_photons", "table_from_photons", "em_sums", "em_update", "AMPLITUDE_LIMIT",
            "check_table_size"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^F_(-?\d+)_(-?\d+)_(-?\d+)$")
 #: how the free amplitudes start
 AMPLITUDE_STARTS = ("auto", "file", "one", "estimate")
+#: an amplitude stays within e^AMPLITUDE_LIMIT (10^4) of its start either way (its transform's saturation)
+AMPLITUDE_LIMIT = math.log(1e4)
 #: Bragg photons on the fitted pixels below which a reflection's amplitude is not refined
 DEFAULT_MIN_PHOTONS = 10.0
 #: fraction of min_photons a reflection needs at the start to be a candidate

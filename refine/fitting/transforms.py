@@ -21,7 +21,8 @@ transform                  value = forward(raw)                   domain of valu
 ``Multiplicative(reference, step)`` is the refiner's transform for positive
 quantities (:mod:`refine.fitting.parameters`): raw 0 is the reference (starting)
 value and a raw step of 1 multiplies the value by ``e^step`` (about
-``1 + step``), so ``step = 0.01`` makes one raw unit a 1% change.
+``1 + step``), so ``step = 0.01`` makes one raw unit a 1% change; ``Multiplicative(r, s, L)``
+saturates the exponent at ``+-L`` (``r * exp(L tanh(s * raw / L))``: a structure factor's).
 
 ``softplus(x) = log(1 + e^x)`` and its inverse ``log(e^y - 1)`` are computed
 in overflow-free forms (``max(x, 0) + log1p(e^-|x|)`` and
@@ -219,26 +220,41 @@ class Multiplicative(Transform):
     """``value = reference * exp(step * raw)`` (> 0); ``raw = log(value / reference) / step``.
 
     A raw step of 1 multiplies the value by ``e^step``; ``scale = reference * step``
-    (the change per raw unit at raw = 0).
+    (the change per raw unit at raw = 0).  With ``limit`` the exponent saturates smoothly,
+    ``value = reference * exp(limit * tanh(step * raw / limit))``: the value stays within
+    ``e^limit`` of the reference either way, so that no trial step of a line search, however
+    long, overflows to Inf (a refined structure factor; the exponent is ``step * raw`` to
+    0.1 % up to a third of ``limit``).
     """
 
-    def __init__(self, reference: float, step: float = 0.01) -> None:
+    def __init__(self, reference: float, step: float = 0.01, limit: float | None = None) -> None:
         super().__init__()
         self.reference = _positive("reference", reference)
         self.step = _positive("step", step)
+        self.limit = None if limit is None else _positive("limit", limit)
         self.scale = self.reference * self.step
 
     def forward(self, raw: Tensor) -> Tensor:
-        return self.reference * torch.exp(self.step * _floating("raw", raw))
+        x = self.step * _floating("raw", raw)
+        if self.limit is not None:
+            x = self.limit * torch.tanh(x / self.limit)
+        return self.reference * torch.exp(x)
 
     def inverse(self, value: Tensor) -> Tensor:
         value = _floating("value", value)
         if not bool((value > 0).all()):
             raise InputError("value: Multiplicative.inverse needs values > 0")
-        return torch.log(value / self.reference) / self.step
+        x = torch.log(value / self.reference)
+        if self.limit is not None:
+            if not bool((x.abs() < self.limit).all()):
+                raise InputError(f"value: Multiplicative.inverse needs values within e^{self.limit:g} of "
+                                 f"{self.reference:g}")
+            x = self.limit * torch.atanh(x / self.limit)
+        return x / self.step
 
     def extra_repr(self) -> str:
-        return f"reference={self.reference}, step={self.step}"
+        return f"reference={self.reference}, step={self.step}" + (
+            "" if self.limit is None else f", limit={self.limit}")
 
 
 class Held(Transform):

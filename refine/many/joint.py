@@ -96,6 +96,7 @@ from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_d
                                     read_joint_checkpoint, write_joint_checkpoint)
 from refine.many.distributed import Comm, held_images, image_shard
 import refine.many.esds as esds_module
+from refine.many.priors import add_priors, shared_priors
 from refine.many.esds import MAX_DENSE, JointCovariances, assemble, joint_covariances, shared_covariance
 from refine.many.schur import (ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner, eliminate,
                                own_covariances)
@@ -498,9 +499,9 @@ def refine_joint(
     structure_factors: AmplitudeOptions | None = None,
     geometry_first: bool = True,
     local_images: Sequence[int] | None = None,
+    priors: Mapping[str, tuple[float, float]] | None = None,
 ) -> JointResult:
-    """Refine shared parameters (default the cell) and per-image ones of many stills together: a
-    :class:`JointResult` (the same in every process).
+    """Refine shared parameters (default the cell) and per-image ones of many stills together: a :class:`JointResult`.
 
     Arguments:
         simulators: one :class:`nbtorch.Simulator` per image (its parameters are the image's starting model);
@@ -509,31 +510,31 @@ def refine_joint(
             per image, True = use the pixel.
         shared: groups/names with one value for all images (:data:`refine.fitting.parameters.GROUPS`, names).
         per_image: groups/names with one value per image; every other name stays at its start.
-        symmetry: crystal system of the cell; ``start``: the shared names' start (default: image 0's simulator's).
-        image_starts: per image, starting values overriding its simulator's (e.g. a known beam centre).
-        strategy: ``"lbfgs"`` (default), ``"adam"`` or an object; ``convergence``: (:data:`DEFAULT_CONVERGENCE`).
-        precondition: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``, None.
+        symmetry: crystal system of the cell; ``start``: the shared names' start (default: image 0's simulator's);
+            ``image_starts``: per image, starting values overriding its simulator's (e.g. a known beam centre).
+        strategy: ``"lbfgs"`` (default), ``"adam"`` or an object; ``convergence``: (:data:`DEFAULT_CONVERGENCE`);
+            ``precondition``: ``"full"`` (default: whiten by the joint Fisher matrix at the start), ``"diagonal"``, None.
         background: ``"constant"`` or ``"planar"``; ``loss``: as for :func:`refine.refine`; ``esds``: estimate
             esds at the end (module docstring).
         checkpoint: HDF5 file of the whole state (:mod:`refine.many.checkpoint`; its folder must exist), written by
             process 0 every ``checkpoint_every`` steps, when the loop ends and on Ctrl-C; under a torchrun restart
             (``TORCHELASTIC_RESTART_COUNT`` > 0) an existing checkpoint of this problem is resumed without ``resume``.
-        resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ).
-        on_checkpoint: ``(step, path)`` called in every process after each checkpoint is complete.
-        structure_factors: one amplitude per symmetry-unique reflection, one table for all images
-            (:class:`~refine.fitting.structure_factors.AmplitudeOptions`; :mod:`refine.many.amplitudes`); the visible
-            amplitudes appended to the shared names, image 0's scale held.
-        geometry_first: with ``structure_factors``, first the same names without the amplitudes (no esds; its
-            checkpoint :func:`geometry_checkpoint`), then everything from that result, as a single run's last stage:
-            which amplitudes the pixels see and their EM start judged at the refined geometry (``False``: one loop).
-        local_images: the images this process holds (each in one process; default :func:`image_shard`'s block).
+        resume: a checkpoint to continue from (same images, names and settings; the stopping rules may differ);
+            ``on_checkpoint``: ``(step, path)`` called in every process after each checkpoint is complete.
+        structure_factors: one amplitude per symmetry-unique reflection, one table for all images (:class:`~refine.
+            fitting.structure_factors.AmplitudeOptions`; :mod:`refine.many.amplitudes`), image 0's scale held.
+        geometry_first: with ``structure_factors``, first the names without the amplitudes (no esds; checkpoint
+            :func:`geometry_checkpoint`), then everything from that result (the amplitudes judged there; False: one loop).
+        local_images: the images this process holds (each in one process; default :func:`image_shard`'s block);
+            ``priors``: shared name -> (mean, sigma), once in the loss, preconditioner and esds (:mod:`refine.many.priors`).
 
     Raises:
         InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the symmetry,
             an image without usable pixels, a time budget under several processes, a bad ``resume`` (missing, damaged,
-            of another problem or settings), structure factors without a space group, per image or with a shared scale.
-        RefinementInterrupted: Ctrl-C, after writing the checkpoint.
-        LoopAborted: another process died (torchrun then restarts the job when asked to).
+            of another problem or settings), structure factors without a space group, per image or with a shared scale,
+            a prior on a name that is not shared.
+        RefinementInterrupted: Ctrl-C, after writing the checkpoint; LoopAborted: another process died (torchrun
+            then restarts the job when asked to).
     """
     t0 = time.monotonic()
     _check_lengths(simulators, observed_images, masks, image_starts)
@@ -542,14 +543,14 @@ def refine_joint(
             simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
             dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
                  precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
-                 on_checkpoint=on_checkpoint, local_images=local_images))
+                 on_checkpoint=on_checkpoint, local_images=local_images, priors=priors))
     comm = Comm()
     conv = convergence or DEFAULT_CONVERGENCE
     if comm.world > 1 and conv.time_budget_s is not None:
         raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
     problem = _joint_problem(comm, simulators, observed_images, masks, start, image_starts, shared=shared,
                              per_image=per_image, symmetry=symmetry, background=background, loss=loss,
-                             structure_factors=structure_factors, local_images=local_images)
+                             structure_factors=structure_factors, local_images=local_images, priors=priors)
     step_rule = get_strategy(strategy)
     saver, resumed = _start_or_resume(problem, step_rule, precondition, checkpoint, checkpoint_every, resume,
                                       on_checkpoint, t0)
@@ -584,11 +585,12 @@ class _Problem:
     map_starts: list
     raw0: Tensor
     amps: SharedAmplitudes | None
+    priors: dict
 
 
 def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_starts, *, shared, per_image,
                    symmetry: str, background: str, loss, structure_factors: AmplitudeOptions | None,
-                   local_images: Sequence[int] | None) -> _Problem:
+                   local_images: Sequence[int] | None, priors: Mapping[str, tuple[float, float]] | None) -> _Problem:
     """The names, this process's prepared images (with the shared amplitude table) and the raw start."""
     n = len(simulators)
     local = held_images(comm, n, local_images)
@@ -601,6 +603,7 @@ def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_
     if structure_factors is not None:
         check_options(structure_factors, shared, per_image)
     shared_names, per_names = _names(space, shared, per_image, structure_factors is not None)
+    priors = shared_priors(priors, shared_names)
     loss_fn = resolve_loss(loss)
     base, shared_start = _shared_starts(simulators, observed_images, masks, start, image_starts, shared_names, comm,
                                         local)
@@ -623,8 +626,9 @@ def _joint_problem(comm: Comm, simulators, observed_images, masks, start, image_
         ParameterMap(space, map_starts[i], per_names).raw0(torch.float64) for i in range(n)])
     if amps is not None:
         _share_amplitudes(joint, amps, ParameterMap(space, map_starts[0], shared_names), per_names)
+    add_priors(joint, priors, ParameterMap(space, map_starts[0], shared_names))
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
-    return _Problem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, raw0, amps)
+    return _Problem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, raw0, amps, priors)
 
 
 def _image0_model(comm: Comm, simulators, local: Sequence[int]) -> tuple[float, bool, tuple[str, ...]]:
@@ -665,7 +669,8 @@ def _start_or_resume(problem: _Problem, step_rule: AbstractStrategy, preconditio
         p.comm.gather({im.index: im.digest for im in p.joint.images}, p.joint.n, (DIGEST_BYTES,), torch.float64),
         p.starts, shared=list(p.shared_names), per_image=list(p.per_names), symmetry=p.space.symmetry,
         background=p.space.background, loss=p.loss_name, strategy=step_rule.hparams(), precondition=precondition,
-        **({"structure_factors": p.amps.fingerprint()} if p.amps is not None else {}))
+        **({"structure_factors": p.amps.fingerprint()} if p.amps is not None else {}),
+        **({"priors": {k: list(v) for k, v in sorted(p.priors.items())}} if p.priors else {}))
     saver = _Checkpoints(checkpoint, checkpoint_every, p.comm, fingerprint, on_checkpoint, t0)
     resumed = _resume_point(p.comm, checkpoint, resume, fingerprint)
     saver.pre = (_preconditioner(precondition, p.joint, p.raw0) if resumed is None
@@ -685,6 +690,7 @@ def _finish(problem: _Problem, res: LoopResult, saver: "_Checkpoints", resumed: 
                            per_names=p.per_names, background=p.space.background, symmetry=p.space.symmetry,
                            loss_name=p.loss_name, wall_s=saver.clock.elapsed(), world=p.comm.world,
                            resumed_from_step=None if resumed is None else resumed.step)
+    result = dataclasses.replace(result, priors=dict(p.priors))
     result = _with_fit(result, joint, raw, p.amps is not None) if p.loss_name == "poisson" else result
     if p.amps is None:
         return result

@@ -32,7 +32,7 @@ run adds ``n_images``, ``shared_names``, ``per_image_names``, ``loss`` (its name
 (one row per point of its loop), ``resumed_from_step`` and ``images``, one entry per image: ``params``,
 ``initial_params``, ``esds``, ``esds_by_kind`` (as above, the image's own names), ``loss_final`` and, when known,
 ``fit`` and ``spots`` (the image's fit against shot noise and its spot offsets; ``fit`` and ``spots`` at the top:
-over every image); ``shared``,
+over every image), ``priors`` (the Gaussian priors on shared names: name -> ``{mean, sigma}``, when any); ``shared``,
 ``shared_esds``, ``initial_shared`` and ``shared_correlation`` repeat ``params``, ``esds``, ``initial_params`` and
 ``correlation`` under the names joint files had before they took this schema.
 
@@ -348,6 +348,7 @@ class JointResult:
     spots: dict = field(default_factory=dict)
     image_spots: tuple = ()
     mosaic_domains: dict = field(default_factory=dict)
+    priors: dict = field(default_factory=dict)
 
     @property
     def n_images(self) -> int:
@@ -388,6 +389,8 @@ class JointResult:
                    history=list(self.history), resumed_from_step=self.resumed_from_step, images=images,
                    shared=self.shared, shared_esds=self.shared_esds, initial_shared=self.initial_shared,
                    shared_correlation=doc["correlation"], fit=self.fit, spots=self.spots)
+        if self.priors:
+            doc["priors"] = {k: {"mean": float(m), "sigma": float(s)} for k, (m, s) in self.priors.items()}
         for image, fit, spots in zip(images, self.image_fit or [None] * self.n_images,
                                      self.image_spots or [None] * self.n_images):
             image.update({k: v for k, v in (("fit", fit), ("spots", spots)) if v is not None})

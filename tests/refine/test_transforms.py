@@ -204,3 +204,21 @@ def test_multiplicative() -> None:
         tr.inverse(t(0.0))
     with pytest.raises(ValueError, match="step"):
         Multiplicative(1.0, 0.0)
+
+
+def test_multiplicative_with_a_limit_saturates_and_never_overflows() -> None:
+    """A structure factor's transform: near the start as the plain one, within e^limit of it for any raw value, so a
+    line search's longest trial gives a finite value (the real sweep's NaN trials were exp overflowing to Inf)."""
+    limit = math.log(1e4)
+    tr, plain = Multiplicative(50.0, 0.01, limit), Multiplicative(50.0, 0.01)
+    raw = torch.tensor([-1e6, -300.0, -10.0, 0.0, 10.0, 300.0, 1e6], dtype=torch.float64)
+    v = tr(raw)
+    assert torch.isfinite(v).all() and bool((v > 50.0 / 1e4 * 0.999).all()) and bool((v < 50.0 * 1e4 * 1.001).all())
+    assert torch.isinf(plain(torch.tensor([1e6], dtype=torch.float64))).all()  # the unlimited one overflows
+    near = torch.tensor([-50.0, 5.0, 50.0], dtype=torch.float64)  # within 1.7x of the start
+    assert tr(near).numpy() == pytest.approx(plain(near).numpy(), rel=2e-3)
+    values = torch.tensor([1e-2, 1.0, 50.0, 4e5], dtype=torch.float64)
+    assert tr(tr.inverse(values)).numpy() == pytest.approx(values.numpy(), rel=1e-10)
+    assert torch.autograd.gradcheck(tr, (torch.tensor([-200.0, 3.0, 400.0], dtype=torch.float64, requires_grad=True),))
+    with pytest.raises(ValueError, match="within e\\^"):
+        tr.inverse(torch.tensor([50.0 * 2e4], dtype=torch.float64))
