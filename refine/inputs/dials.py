@@ -272,12 +272,12 @@ class StillModel:
     def flags(self) -> dict[str, list[str]]:
         """nanoBragg flags by :data:`PROFILE_FLAGS` quantity: the size and spread known, ``-default_F 100`` and one
         sample per pixel (the thaumatin tutorial's ``-oversample 1``; DIALS's spots are wider than a pixel)."""
-        out = {"F": ["-default_F", "100"], "oversample": ["-oversample", "1"]}
+        out = {}
         if self.N is not None:
             out["size"] = ["-Na", str(self.N[0]), "-Nb", str(self.N[1]), "-Nc", str(self.N[2])]
         if self.mosaic_deg is not None:
             out["mosaic"] = ["-mosaic", f"{self.mosaic_deg:.6g}"]
-        return out
+        return {**out, "F": ["-default_F", "100"], "oversample": ["-oversample", "1"]}
 
     def missing(self) -> tuple[str, ...]:
         """The quantities the experiment does not give (``size``, ``mosaic``)."""

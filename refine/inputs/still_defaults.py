@@ -14,7 +14,8 @@ default only where its option is not given:
   carries the distance's error (docs/refinement.md, "The distance"); where the spots are too few for the names,
   ``--too-few-spots`` fixes the least determined (:mod:`refine.quality.identifiability`);
 * **crystal model** (``--model`` optional): the experiment's domain size and mosaic
-  (:func:`refine.inputs.dials.still_model`); without them ``--model`` must give them.
+  (:func:`refine.inputs.dials.still_model`); without a size ``--model`` must give one, without a spread the model
+  has none (and ``N`` is refined instead of the ``mosaic`` group).
 """
 
 from __future__ import annotations
@@ -69,12 +70,13 @@ def dials_still(args: Options) -> bool:
     return is_still(read_experiment(args))
 
 
-def _refined(args: Options) -> tuple[tuple[str, ...] | None, str | None]:
-    """The default names and their note; None where ``--refine``, ``--stages`` or ``[[stages]]`` choose."""
+def _refined(args: Options, mosaic: bool) -> tuple[tuple[str, ...] | None, str | None]:
+    """The default names and their note; None where ``--refine``, ``--stages`` or ``[[stages]]`` choose.  Without a
+    mosaic spread in the model (``mosaic`` False) the crystal size ``N`` is refined instead of the ``mosaic`` group."""
     if args.fit.refine is not None or args.fit.stages is not None or args.fit.stage_tables:
         return None, None
     fixed = {n for n in (args.fit.fix or ()) if n != "none"}
-    names = tuple(n for n in STILL_REFINE if n not in fixed)
+    names = tuple(n if mosaic or n != "mosaic" else "N" for n in STILL_REFINE if n not in fixed)
     held = f"; --fix holds {', '.join(sorted(fixed))}" if fixed else ""
     return names, (f"refine {','.join(names)} in one stage (at most {args.optimiser.max_steps or 200} steps; the "
                    f"distance with the cell: one still measures their ratio{held}; --refine)")
@@ -90,34 +92,37 @@ def _pixels(args: Options) -> tuple[int | None, float | None, float | None, list
     subsample, ratio = None, None
     if args.pixels.subsample is None:
         subsample, ratio = REST_FRACTION, REST_PER_WINDOW_PIXEL
-        notes.append(f"and {100 * REST_FRACTION:g} % of the other pixels, at most {REST_PER_WINDOW_PIXEL:g} per window "
-                     "pixel (the background, and model spots where none was observed; --subsample)")
+        notes.append(f"{100 * REST_FRACTION:g} % of the pixels outside the windows, at most {REST_PER_WINDOW_PIXEL:g} per "
+                     "window pixel (the background, and model spots where none was observed; --subsample)")
     return half, subsample, ratio, notes
 
 
-def _check_crystal(args: Options) -> None:
-    """A crystal size and mosaic spread from the experiment or ``--model``; else one line naming ``--model``."""
+def _crystal(args: Options) -> tuple[bool, list[str]]:
+    """Whether the starting model has a mosaic spread (the experiment's or ``--model``'s), and its note; a crystal
+    size from neither is one line naming ``--model``."""
     user = expand_model_args(args.model.model) if args.model.model else []
     model = still_model(read_experiment(args), mosaic_model_of_tokens(user))
     missing = [q for q in model.missing() if not any(t in PROFILE_FLAGS[q] for t in user)]
-    if missing:
-        what = " or ".join({"size": "crystal size (-N)", "mosaic": "mosaic spread (-mosaic)"}[q] for q in missing)
-        raise InputError(f"--model: the experiment ({args.dials.expt}) gives no {what} of the still (no "
-                         "ML_domain_size_ang / ML_half_mosaicity_deg in its crystal, no profile sigma_b); give them, "
-                         'e.g. --model "-N 20 -mosaic 0.2"')
+    if "size" in missing:
+        raise InputError(f"--model: the experiment ({args.dials.expt}) gives no crystal size of the still (no "
+                         "ML_domain_size_ang in its crystal, no profile sigma_b); give one, e.g. --model \"-N 20\"")
+    if "mosaic" in missing:
+        return False, ["no mosaic spread (the experiment's crystal has no ML_half_mosaicity_deg): the model has none "
+                       "(-mosaic in --model gives one)"]
+    return True, []
 
 
 def still_defaults(args: Options) -> StillDefaults | None:
     """The defaults of one still from DIALS files (module docstring); None for any other run.
 
     Raises:
-        InputError: the experiment and ``--model`` give no crystal size or mosaic spread (``--model``).
+        InputError: the experiment and ``--model`` give no crystal size (``--model``).
     """
     if not dials_still(args):
         return None
-    _check_crystal(args)
-    names, refine_note = _refined(args)
+    mosaic, crystal_notes = _crystal(args)
+    names, refine_note = _refined(args, mosaic)
     half, subsample, ratio, notes = _pixels(args)
-    lines = ([refine_note] if refine_note else []) + notes
+    lines = crystal_notes + ([refine_note] if refine_note else []) + notes
     return StillDefaults(refine=names, spot_window=half, subsample=subsample, rest_ratio=ratio,
                          notes=tuple(lines))

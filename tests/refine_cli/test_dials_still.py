@@ -148,9 +148,9 @@ def test_natural_command_prints_its_choices_and_fits_the_windows(refine_cli, sti
     assert lines[1].startswith("  refine scale,background,orientation,cell,mosaic,beam_centre,distance in one stage")
     assert lines[2].startswith("  spot windows of +-2 pixels around the --refl spots (3 sigma along each axis, from "
                                "the profile's sigma_b 0.15 deg = 0.654 px")
-    assert lines[3].startswith("  and 2 % of the other pixels, at most 0.25 per window pixel")
+    assert lines[3].startswith("  2 % of the pixels outside the windows, at most 0.25 per window pixel")
     assert "crystal model of the still from the DIALS experiment (ML_domain_size_ang 400 A; ML_half_mosaicity_deg " \
-           "0.3): -default_F 100 -oversample 1 -Na 10 -Nb 10 -Nc 7 -mosaic 0.3" in r.out
+           "0.3): -Na 10 -Nb 10 -Nc 7 -mosaic 0.3 -default_F 100 -oversample 1" in r.out
     assert "distance fixed" not in r.out
     spots = r.json()["spots"]["observed"]
     windows = int(window_mask((SIZE, SIZE), np.asarray(spots)[:, :2], 2).sum())
@@ -172,7 +172,7 @@ def test_explicit_flags_win(refine_cli, still):
                    "--max-steps", "1", "--no-esds")
     assert r.code == 0, r.err
     assert "defaults:" in r.out and "  refine " not in r.out and "spot windows of" not in r.out
-    assert "% of the other pixels" not in r.out and "-Na 10" not in r.out and "-mosaic 0.3" in r.out
+    assert "% of the pixels outside the windows" not in r.out and "-Na 10" not in r.out and "-mosaic 0.3" in r.out
     assert set(r.json()["free"]) == {"scale", "background", "orient_x", "orient_y", "orient_z"}
     windows = int(window_mask((SIZE, SIZE), np.asarray(r.json()["spots"]["observed"])[:, :2], 2).sum())
     used, total = _fitted(r.out)
@@ -185,13 +185,21 @@ def test_explicit_flags_win(refine_cli, still):
 
 
 def test_still_without_a_crystal_size_needs_the_model(refine_cli, still):
-    """No ML values, no profile: one line naming --model, exit 2, nothing written; with --model it runs."""
+    """No ML values, no profile: one line naming --model, exit 2, nothing written; a size from --model and no
+    spread anywhere: the model has none, and N is refined instead of the mosaic group."""
     _copy(still, Path.cwd(), "obs.cbf", "obs.refl")
     (Path.cwd() / "bare.expt").write_text(json.dumps(still_document(crystal_model=False, profile=False)))
     r = refine_cli("--image", "obs.cbf", "--expt", "bare.expt", "--refl", "obs.refl")
     assert r.code == 2 and r.err.count("\n") == 1, r.err
-    assert "--model: the experiment (bare.expt) gives no crystal size (-N) or mosaic spread (-mosaic)" in r.err
+    assert "--model: the experiment (bare.expt) gives no crystal size of the still" in r.err
     assert not (Path.cwd() / "result.json").exists()
+    r = refine_cli("--image", "obs.cbf", "--expt", "bare.expt", "--refl", "obs.refl", "--model", "-N 10",
+                   "--max-steps", "1", "--no-esds")
+    assert r.code == 0, r.err
+    assert "  no mosaic spread (the experiment's crystal has no ML_half_mosaicity_deg)" in r.out
+    assert "  refine scale,background,orientation,cell,N,beam_centre,distance in one stage" in r.out
+    assert "spot windows of +-5 pixels around the --refl spots (the experiment has no profile" in r.out
+    assert "mosaic_spread" not in r.json()["free"] and "N" in r.json()["free"]
 
 
 @pytest.mark.slow
