@@ -47,7 +47,8 @@ _REFL_MAGIC = "dials::af::reflection_table"
 class DialsExperiment:
     """One experiment of a ``.expt`` file: its models (dicts as in the file, DIALS lab frame).
 
-    ``goniometer`` and ``scan`` are None for a still.  ``document`` is the whole file, ``index``
+    ``goniometer`` and ``scan`` are None for a still (also one whose scan has a width of 0: DIALS predicts a still
+    from its crystal alone).  ``document`` is the whole file, ``index``
     the experiment's position in it (also the ``id`` of its reflections in a ``.refl``).
     """
 
@@ -158,11 +159,29 @@ def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = 
         _vector(name, "crystal", crystal, key)
     if gonio is not None:
         _check_goniometer(name, gonio)
+    if scan is not None and _zero_width(scan):
+        gonio = scan = None  # a still that dials.import gave a scan: nothing turns during the exposure
     if scan is not None:
         scan_oscillation(scan, name)
         _vector(name, "scan", scan, "image_range", 2)
     return DialsExperiment(path=name, document=doc, index=index, identifier=str(exp.get("identifier", "")),
                            beam=beam, detector=detector, crystal=crystal, goniometer=gonio, scan=scan)
+
+
+def _zero_width(scan) -> bool:
+    """Whether ``scan`` turns the crystal by nothing: an ``oscillation`` (or one image's ``properties``
+    ``oscillation_width``) of width 0."""
+    if not isinstance(scan, dict):
+        return False
+    props = scan.get("properties") if isinstance(scan.get("properties"), dict) else {}
+    pair = scan.get("oscillation")
+    if isinstance(pair, list) and len(pair) == 2:
+        width = pair[1]
+    elif isinstance(props.get("oscillation"), list) and len(props["oscillation"]) == 1:
+        width = (props.get("oscillation_width") or [None])[0]
+    else:
+        return False
+    return isinstance(width, (int, float)) and width == 0
 
 
 def _panel_label(index: int, panel) -> str:

@@ -66,8 +66,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
                                    "the image header fills in wavelength, distance, beam centre, pixel size and "
                                    "detector size that the flags leave out; a mosaic spread without -mosaic_dom gets "
-                                   "40 domains of the even set (-mosaic_model ball); with --expt and no --model the "
-                                   "DIALS profile gives -N, -mosaic and 40 domains")
+                                   "40 domains of the even set (-mosaic_model ball). With --expt: a sweep's DIALS "
+                                   "profile gives -N, -mosaic and 40 domains; a still's experiment (ML_domain_size_ang, "
+                                   "ML_half_mosaicity_deg, profile sigma_b) makes --model optional; its flags replace "
+                                   "those")
     g.add_argument("--f-column", help="amplitude column of an MTZ or mmCIF -hkl file in --model (e.g. FP, F-obs, "
                                       "F_meas_au; adds -hkl_column to the model's flags)")
     g.add_argument("--problem", help="refine a synthetic problem of the bank instead of --image (refine.PROBLEMS)")
@@ -110,11 +112,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--refine", type=csv_names, help="one stage refining these canonical names and groups (comma-separated): "
                                                "cell orientation mosaic mosaic_aniso Ndef detector beam_centre wavelength "
                                                "beam (the beam's widths) scale background, or names such as beam_x, "
-                                               "mosaic_spread, N, distance, dispersion")
+                                               "mosaic_spread, N, distance, dispersion. Default: the stage_a schedule; "
+                                               "one still from --expt and --refl: scale,background,orientation,cell,"
+                                               "mosaic,beam_centre,distance less the --fix names")
     g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
     g.add_argument("--fix", type=csv_names, help="names or groups never refined (default with --image and the default "
                                             "schedule: distance, which one image cannot separate from the cell; "
-                                            "--fix none refines everything)")
+                                            "one still from --expt and --refl: nothing, the distance is refined with "
+                                            "the cell; --fix none refines everything)")
     g.add_argument("--start", type=csv_names, help="starting values overriding the model: name=value,... "
                                               "(cell values tied by --symmetry follow)")
     g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
@@ -163,7 +168,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--dmin", type=float, help="high-resolution limit (Å): mask pixels with d < dmin")
     g.add_argument("--dmax", type=float, help="low-resolution limit (Å): mask pixels with d > dmax")
     g.add_argument("--subsample", type=float, help="fit a random fraction of the pixels (with --spot-window: of "
-                                                   "the pixels outside the spot windows)")
+                                                   "the pixels outside the spot windows). Default: none; one still "
+                                                   "from --expt and --refl: 0.02 of the pixels outside the windows, "
+                                                   "at most a quarter as many as the windows hold")
     g.add_argument("--spots", help="observed spots: a text table (pixels, centres at i+0.5; x and y named by its "
                                    "header, e.g. 'x y', 'x_px y_px', 'xyzobs.px.value', or a header-less 'x y [z]') "
                                    "or 'find'; reports the rms spot offset before and after")
@@ -175,7 +182,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                                           "two header names or 1-based column numbers (e.g. "
                                                           "xobs,yobs or 6,7)")
     g.add_argument("--spot-window", type=int, help="fit the pixels within this many pixels of a spot "
-                                                   "(plus --subsample of the others)")
+                                                   "(plus --subsample of the others). Default: none; DIALS spots (--expt "
+                                                   "and --refl) from the profile's sigma_b, 5 without one: a rotation "
+                                                   "scan ceil(3 sigma_b)+1 pixels, a still ceil(3 sigma_b/sqrt 2), at least 2")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of --subsample and of the spot noise floor's Poisson draws (default %(default)s)")
     g = p.add_argument_group(GROUP_TITLES["output"])

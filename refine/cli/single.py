@@ -55,6 +55,7 @@ from refine.inputs.selection import check_roi
 from refine.quality.misfit import spot_misfit
 from refine.quality.spot_floor import spot_floor
 from refine.inputs.spots import read_spot_list, spot_offsets
+from refine.inputs.still_defaults import still_defaults
 from refine.fitting.structure_factors import AmplitudeOptions, check_space_group
 
 __all__ = ["run", "check_arguments", "load_inputs", "prepare", "plan_arguments", "Prepared", "write_and_report"]
@@ -488,11 +489,27 @@ class Prepared:
     start: dict
     model: Simulator
     background: Any = "constant"
+    args: Options | None = None
+
+
+def _still_defaults(args: Options, say) -> tuple[Options, Any]:
+    """``args`` with the defaults of one still from DIALS files filled in (:mod:`refine.inputs.still_defaults`),
+    said in the run's first lines, and those defaults (None for any other run)."""
+    defaults = still_defaults(args)
+    if defaults is None:
+        return args, None
+    say(f"{PROG}: a still from DIALS files (--expt {args.dials.expt}, --refl {args.dials.refl}); defaults:")
+    for line in defaults.notes:
+        say(f"  {line}")
+    return defaults.apply(args), defaults
 
 
 def prepare(args: Options, say) -> Prepared:
     """Check the arguments, load the inputs, build the simulator and choose the pixels (steps 1-3); also what
-    :mod:`refine.tools.bench` measures, so that it times the objective a run fits."""
+    :mod:`refine.tools.bench` measures, so that it times the objective a run fits.  ``Prepared.args``: the options
+    the run goes on with (a still from DIALS files: its defaults filled in)."""
+    check_dials_options(args)
+    args, defaults = _still_defaults(args, say)
     checked = check_arguments(args)
     inputs = load_inputs(args, checked, say)
     sim = _simulator(args, checked, inputs)
@@ -503,11 +520,14 @@ def prepare(args: Options, say) -> Prepared:
     window = spot_window(args, say)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
                            spot_window_px=window, subsample=args.pixels.subsample, seed=args.pixels.seed,
-                           spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}")
+                           spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}",
+                           rest_ratio=defaults.rest_ratio if defaults is not None else None)
     if args.dials.refl and choice.spots is not None:  # the neighbours' spots are fitted, the image's compared
         choice = dataclasses.replace(choice, spots=on_image(choice.spots))
     if choice.spots is not None:
-        say(f"  {len(choice.spots)} observed spots in the fitted region")
+        say(f"  {len(choice.spots)} observed spots in the fitted region"
+            + (f": {choice.windows} pixels in their windows and {100 * choice.rest_fraction:.3g} % of the others"
+               if choice.rest_fraction else ""))
     model = sim
     sim = choice.simulator(sim)
     sim.set_compile(*runtime.compile_policy("refinement", choice.n_used * sim.evaluations_per_pixel(),
@@ -523,7 +543,7 @@ def prepare(args: Options, say) -> Prepared:
     model.set_compile(sim.compile_mode == "compiled", sim.compile_reason)
     background = _background(args, sim, inputs, choice, start, window, say)
     return Prepared(checked=checked, inputs=inputs, sim=sim, choice=choice, start=start, model=model,
-                    background=background)
+                    background=background, args=args)
 
 
 def _background(args: Options, sim: Simulator, inputs, choice, start: dict, window: int | None, say):
@@ -562,6 +582,7 @@ def run(args: Options) -> int:
     say = Printer(args.output.quiet)
     t0 = time.monotonic()
     p = prepare(args, say)
+    args = p.args if p.args is not None else args
     checked, inputs, sim, choice, start = p.checked, p.inputs, p.sim, p.choice, p.start
     before = None if choice.spots is None else _spot_offsets(sim, model_values(sim, start), choice.spots)
     for directory in checked.make_dirs:

@@ -41,7 +41,9 @@ def add_options(group) -> None:
                              help="rotation scans: image of the scan that --image is, 0 = the first (default: from the "
                                   "image's file name and the experiment's template, else 0)")
     group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
-                                            "spot list (as --spots)")
+                                            "spot list (as --spots); with a still's --expt, one --image is fitted in "
+                                            "windows about them with the defaults --refine, --spot-window and "
+                                            "--subsample say (docs/refinement.md, 'From DIALS')")
     group.add_argument("--panel-groups", type=int, default=None, metavar="LEVEL",
                        help="a multi-panel --expt: the level of its hierarchy whose groups move as rigid bodies "
                             "(0 the whole detector, the last each panel; default 0); the detector names refine "
@@ -74,6 +76,11 @@ def read_experiment(args: Options):
         return read_expt(args.dials.expt, args.dials.expt_index, multi_panel=True)
     except InputError as exc:
         raise InputError(f"--expt {exc}") from None
+
+
+def is_still(exp) -> bool:
+    """A still: an experiment without a scan (:func:`nbtorch.io.dials.read_expt` drops a scan of zero width)."""
+    return exp.scan is None
 
 
 def _template_pattern(template: str) -> re.Pattern:
@@ -251,6 +258,113 @@ def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = 
                         sigma_m_deg=float(profile["sigma_m"]), spot_px=sb * _panel_distance_mm(exp) / _pixel_mm(exp))
 
 
+@dataclass(frozen=True)
+class StillModel:
+    """The starting crystal model of a still that its DIALS experiment gives (:func:`still_model`): unit cells along
+    a, b, c and nanoBragg's ``-mosaic`` spread (deg), each None where the experiment does not give it, with what
+    each came from."""
+
+    N: tuple[int, int, int] | None
+    mosaic_deg: float | None
+    size_from: str = ""
+    mosaic_from: str = ""
+
+    def flags(self) -> dict[str, list[str]]:
+        """nanoBragg flags by :data:`PROFILE_FLAGS` quantity: the size and spread known, ``-default_F 100`` and one
+        sample per pixel (the thaumatin tutorial's ``-oversample 1``; DIALS's spots are wider than a pixel)."""
+        out = {}
+        if self.N is not None:
+            out["size"] = ["-Na", str(self.N[0]), "-Nb", str(self.N[1]), "-Nc", str(self.N[2])]
+        if self.mosaic_deg is not None:
+            out["mosaic"] = ["-mosaic", f"{self.mosaic_deg:.6g}"]
+        return {**out, "F": ["-default_F", "100"], "oversample": ["-oversample", "1"]}
+
+    def missing(self) -> tuple[str, ...]:
+        """The quantities the experiment does not give (``size``, ``mosaic``)."""
+        return tuple(k for k, v in (("size", self.N), ("mosaic", self.mosaic_deg)) if v is None)
+
+    def note(self, kept: dict[str, list[str]]) -> str:
+        """The printed note of the ``kept`` flags (those ``--model`` did not replace)."""
+        whence = "; ".join(w for k, w in (("size", self.size_from), ("mosaic", self.mosaic_from)) if k in kept and w)
+        return (f"crystal model of the still from the DIALS experiment{' (' + whence + ')' if whence else ''}: "
+                f"{' '.join(t for v in kept.values() for t in v)} (the scale is fitted; --model flags replace these)")
+
+
+def still_model(exp, mosaic_model: str = "ball") -> StillModel:
+    """The starting crystal model of a still (no scan) from its DIALS experiment.
+
+    * size: the crystal's ``ML_domain_size_ang`` (the domain size of dials.stills_process's mosaic model, Sauter et
+      al. 2014) as ``N_i`` = size / cell length ``i``; without it, the profile's ``sigma_b`` taken as the lattice
+      factor's whole width (``sigma_q = sigma_b / lambda``, domains of ``LATTICE_SIGMA_NH / sigma_q``, the bound of
+      :func:`profile_model`; a still's ``sigma_m`` is 0);
+    * mosaic: the crystal's ``ML_half_mosaicity_deg`` (the half-width of the domains' misorientation) as the
+      spread of nanoBragg's ball (``-mosaic``, also a half-width); another ``mosaic_model``'s spread has the ball's
+      rocking width (``rocking_sigma_per_spread``, :mod:`nbtorch.physics.mosaic`)."""
+    from nbtorch.resolve import rocking_sigma_per_spread
+
+    crystal = exp.crystal
+    lengths = [float(np.linalg.norm(crystal[k])) for k in ("real_space_a", "real_space_b", "real_space_c")]
+    size, size_from = _number(crystal.get("ML_domain_size_ang")), ""
+    if size is not None:
+        size_from = f"ML_domain_size_ang {size:.4g} A"
+    else:
+        sb = sigma_b_deg(exp)
+        if sb is not None:
+            size = LATTICE_SIGMA_NH * float(exp.beam["wavelength"]) / math.radians(sb)
+            size_from = f"domains of {size:.0f} A from the profile's sigma_b {sb:.4g} deg"
+    half = _number(crystal.get("ML_half_mosaicity_deg"), zero=True)
+    mosaic = None
+    if half is not None:
+        try:
+            mosaic = half * rocking_sigma_per_spread("ball") / rocking_sigma_per_spread(mosaic_model)
+        except ValueError:
+            raise InputError(f"-mosaic_model: unknown model {mosaic_model!r}") from None
+    return StillModel(N=None if size is None else tuple(max(1, round(size / x)) for x in lengths),
+                      mosaic_deg=mosaic, size_from=size_from,
+                      mosaic_from="" if half is None else f"ML_half_mosaicity_deg {half:.4g}")
+
+
+def _number(value, zero: bool = False) -> float | None:
+    """A positive finite number (or zero, with ``zero``) from a JSON value; None otherwise."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and (v > 0 or (zero and v == 0)) else None
+
+
+def sigma_b_deg(exp) -> float | None:
+    """The experiment's profile ``sigma_b`` (deg; ``gaussian_rs``, a still's too, whose ``sigma_m`` is 0), or None."""
+    profiles = exp.document.get("profile") or []
+    ref = exp.document["experiment"][exp.index].get("profile")
+    profile = profiles[ref] if isinstance(ref, int) and 0 <= ref < len(profiles) else None
+    return _number(profile.get("sigma_b")) if isinstance(profile, dict) else None
+
+
+#: the spot windows' half-width (pixels) when the experiment has no profile: the thaumatin tutorial's
+WINDOW_PX_WITHOUT_PROFILE = 5
+
+
+def window_half_px(exp, still: bool = False) -> tuple[int, str]:
+    """The half-width (pixels) of a window that holds a DIALS spot, and why; from the profile's ``sigma_b``, else
+    :data:`WINDOW_PX_WITHOUT_PROFILE`:
+
+    * a rotation scan: ``ceil(3 sigma_b distance / pixel) + 1``, DIALS's foreground (``n_sigma`` 3) and a pixel;
+    * a still (``still``): ``ceil(3 sigma_b distance / (sqrt 2 pixel))``, at least 2: three standard deviations
+      along each detector axis.  DIALS's ``sigma_b`` is the rms of the whole angle between a spot's pixels and its
+      centre (two axes), ``sqrt 2`` times the spread along one; on the thaumatin still (``sigma_b`` 2.0 pixels) this
+      is the tutorial's hand-chosen 5.
+    """
+    sb = sigma_b_deg(exp)
+    if sb is None:
+        return WINDOW_PX_WITHOUT_PROFILE, "the experiment has no profile"
+    px = math.radians(sb) * _panel_distance_mm(exp) / _pixel_mm(exp)
+    if still:
+        return (max(2, math.ceil(3.0 * px / math.sqrt(2.0) - 1e-9)),
+                f"3 sigma along each axis, from the profile's sigma_b {sb:.4g} deg = {px:.3g} px")
+    return math.ceil(3.0 * px) + 1, f"3 sigma_b of the profile, sigma_b {sb:.4g} deg"
+
+
 def _lab_panel(exp) -> dict:
     """Panel 0 with its frame in the lab (a hierarchy's frames composed)."""
     from nbtorch.io.dials import panel_lab_frames
@@ -296,8 +410,9 @@ def _typical_dstar(args: Options, exp) -> float:
 
 def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | list[str] | None:
     """The starting model for :func:`refine.inputs.start_model.model_config`: ``--model`` alone, or the ``--expt`` flags
-    (geometry, crystal, the scan's rotation of the image; the crystal model of the profile, :func:`profile_model`)
-    followed by the ``--model`` tokens, whose flags replace the profile's.  ``say``: where the profile's note goes.
+    (geometry, crystal, the scan's rotation of the image; the crystal model of the profile, :func:`profile_model`,
+    or of a still's crystal and profile, :func:`still_model`) followed by the ``--model`` tokens, whose flags replace
+    those.  ``say``: where the profile's note goes.
     ``multi_panel``: a detector of several panels is taken (the flags are panel 0's; :mod:`refine.inputs.panels`
     gives every panel's), else refused."""
     if not args.dials.expt:
@@ -321,7 +436,8 @@ def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | li
         raise InputError(exc if str(exc).startswith("--expt") else f"--expt {exc}") from None
     user = expand_model_args(args.model.model) if args.model.model else []
     osc = scan_oscillation(exp.scan, exp.path)[1] if exp.scan is not None else None
-    profile = profile_model(exp, _typical_dstar(args, exp), osc, mosaic_model_of_tokens(user))
+    profile = (still_model(exp, mosaic_model_of_tokens(user)) if exp.scan is None
+               else profile_model(exp, _typical_dstar(args, exp), osc, mosaic_model_of_tokens(user)))
     if profile is not None:
         kept = {k: v for k, v in profile.flags().items() if not any(t in PROFILE_FLAGS[k] for t in user)}
         if exp.scan is None:
@@ -397,19 +513,16 @@ def scan_indices(args: Options, images: list[str]) -> list[int | None]:
 
 def spot_window(args: Options, say=None) -> int | None:
     """``--spot-window``, or for DIALS spots of a rotation scan (``--refl`` with an ``--expt`` scan) by default the
-    half-width that holds a spot: ``ceil(3 sigma_b distance / pixel) + 1`` pixels from the profile's ``sigma_b``
-    (DIALS' ``n_sigma`` 3), 5 without a profile; None otherwise (every pixel of the fitted region)."""
+    half-width that holds a spot (:func:`window_half_px`); None otherwise (every pixel of the fitted region; a
+    still's default windows: :mod:`refine.inputs.still_defaults`)."""
     if args.pixels.spot_window is not None or not (args.dials.refl and args.dials.expt):
         return args.pixels.spot_window
     exp = read_experiment(args)
     if exp.scan is None:
         return None
-    half = 5
-    profile = _profile(exp)
-    if profile is not None:
-        half = math.ceil(3.0 * math.radians(float(profile["sigma_b"])) * _panel_distance_mm(exp) / _pixel_mm(exp)) + 1
+    half, why = window_half_px(exp)
     if say is not None:
-        say(f"  spot windows of +-{half} pixels around the DIALS spots (3 sigma_b of the profile; --spot-window)")
+        say(f"  spot windows of +-{half} pixels around the DIALS spots ({why}; --spot-window)")
     return half
 
 

@@ -17,7 +17,7 @@
    ``"find"`` for :func:`refine.inputs.spots.find_spots` on the image): the spots outside the pixels chosen so
    far are dropped; with ``spot_window_px`` the fit keeps the square windows of that half-width around
    the spots OR a random ``subsample`` fraction of the other pixels (so background, and model spots
-   where nothing was observed, still count);
+   where nothing was observed, still count; ``rest_ratio``: at most that many of them per window pixel);
 4. otherwise a random ``subsample`` fraction (seeded by ``seed``: the same pixels every run).
 
 :func:`starting_scale_background` gives the Poisson maximum-likelihood ``scale`` and ``background``
@@ -47,10 +47,14 @@ class PixelChoice:
     Attributes:
         mask: (slow, fast) bool, True = fitted.
         spots: ``(n, 2+)`` the observed spots inside the fitted region (None without spots).
+        windows: pixels in the spot windows (0 without them); rest_fraction: the fraction of the other pixels
+            fitted with them (None without windows).
     """
 
     mask: np.ndarray
     spots: np.ndarray | None
+    windows: int = 0
+    rest_fraction: float | None = None
 
     @property
     def n_used(self) -> int:
@@ -89,7 +93,8 @@ def check_pixel_options(subsample: float | None, spot_window_px: int | None, has
 
 def choose_pixels(sim, observed, mask=None, *, dmin_A: float | None = None, dmax_A: float | None = None,
                   spots: np.ndarray | str | None = None, spot_window_px: int | None = None,
-                  subsample: float | None = None, seed: int = 0, spots_source: str = "spots") -> PixelChoice:
+                  subsample: float | None = None, seed: int = 0, spots_source: str = "spots",
+                  rest_ratio: float | None = None) -> PixelChoice:
     """The fitted pixels of ``observed`` (slow, fast) for the starting model ``sim`` (see the module).
 
     Arguments:
@@ -98,6 +103,8 @@ def choose_pixels(sim, observed, mask=None, *, dmin_A: float | None = None, dmax
         spots: observed spot positions (x, y first) or ``"find"``; ``spot_window_px``: half-width of the
             windows around them (needs spots).
         subsample: fraction in (0, 1] of the pixels (with windows: of the pixels outside them).
+        rest_ratio: with windows, the subsample of the other pixels lowered to hold at most this many pixels per
+            window pixel (None: ``subsample`` as given).
         seed: of the subsample.  ``spots_source``: how errors name the spots (``--spots FILE`` in the CLI).
 
     Raises:
@@ -112,21 +119,33 @@ def choose_pixels(sim, observed, mask=None, *, dmin_A: float | None = None, dmax
     use &= roi_mask(observed.shape, roi)
     if dmin_A is not None or dmax_A is not None:
         use &= resolution_mask(sim, dmin_A, dmax_A, roi)
-    chosen_spots = None
+    chosen_spots, windows, rest_fraction = None, 0, None
     if spots is not None:
         found = find_spots(observed, use, roi=roi) if isinstance(spots, str) and spots == "find" else spots
         found = np.asarray(found, dtype=np.float64)
         found = found.reshape(len(found), -1) if found.size else np.zeros((0, 2))
         chosen_spots = _spots_inside(found, use, roi, spots_source)
         if spot_window_px is not None:
-            win = window_mask(observed.shape, chosen_spots[:, :2], int(spot_window_px))
-            rest = subsample_mask(use & ~win, subsample, seed) if subsample else np.zeros_like(use)
-            use = (use & win) | rest
+            win = use & window_mask(observed.shape, chosen_spots[:, :2], int(spot_window_px))
+            windows, rest_fraction = int(win.sum()), _rest_fraction(subsample, rest_ratio, win, use)
+            rest = subsample_mask(use & ~win, rest_fraction, seed) if rest_fraction else np.zeros_like(use)
+            use = win | rest
     if subsample and spot_window_px is None:
         use = subsample_mask(use, subsample, seed)
     if not use.any():
         raise InputError("no pixel left to fit: the mask, --roi, --dmin/--dmax and --subsample exclude every pixel")
-    return PixelChoice(mask=use, spots=chosen_spots)
+    return PixelChoice(mask=use, spots=chosen_spots, windows=windows, rest_fraction=rest_fraction or None)
+
+
+def _rest_fraction(subsample: float | None, rest_ratio: float | None, windows: np.ndarray, use: np.ndarray) -> float:
+    """The fraction of the usable pixels outside the ``windows`` that is fitted: ``subsample`` (0 without it), at
+    most ``rest_ratio`` of them per window pixel."""
+    if not subsample:
+        return 0.0
+    if rest_ratio is None:
+        return float(subsample)
+    rest = int((use & ~windows).sum())
+    return float(min(subsample, rest_ratio * int(windows.sum()) / rest)) if rest else 0.0
 
 
 def model_values(sim, start: Mapping[str, float] | None = None) -> dict[str, float]:

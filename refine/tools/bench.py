@@ -86,7 +86,7 @@ class Bench:
         args = parse_args(list(argv))
         prepared = prepare(args, lambda text: log.info("%s", text))
         self.sim = prepared.sim
-        self.plan = make_plan(prepared.sim, prepared.inputs.observed, **plan_arguments(args, prepared))
+        self.plan = make_plan(prepared.sim, prepared.inputs.observed, **plan_arguments(prepared.args or args, prepared))
         stage, names = self.plan.stages[-1]
         self.objective = stage_objective(self.plan, stage, names, self.plan.start)
         self.pmap = ParameterMap(self.plan.space, self.plan.start, names)
