@@ -79,6 +79,28 @@ def _rotation(axis, angle_deg: float) -> np.ndarray:
     return np.eye(3) + math.sin(a) * kx + (1 - math.cos(a)) * kx @ kx
 
 
+def one_panel_sweep(identifier: str, template: str, size: int, pixel_mm: float, origin, profile: bool = False) -> dict:
+    """The experiment list's experiment, image set (``template``), beam (1 A along +z) and one square panel (``size``
+    pixels of ``pixel_mm``; fast +x, slow -y; ``origin`` in mm) in dxtbx's layout; ``profile``: the experiment names
+    profile 0."""
+    return {
+        "__id__": "ExperimentList",
+        "experiment": [{"__id__": "Experiment", "identifier": identifier, "beam": 0, "detector": 0, "goniometer": 0,
+                        "scan": 0, "crystal": 0, **({"profile": 0} if profile else {}), "imageset": 0}],
+        "imageset": [{"__id__": "ImageSequence", "template": template, "mask": "", "gain": "", "pedestal": "",
+                      "dx": "", "dy": "", "params": {}}],
+        "beam": [{"direction": [0.0, 0.0, 1.0], "wavelength": 1.0, "divergence": 0.0, "sigma_divergence": 0.0,
+                  "polarization_normal": [0.0, 1.0, 0.0], "polarization_fraction": 0.999, "flux": 0.0,
+                  "transmission": 1.0}],
+        "detector": [{"panels": [{"name": "Panel", "type": "SENSOR_PAD", "fast_axis": [1.0, 0.0, 0.0],
+                                  "slow_axis": [0.0, -1.0, 0.0], "origin": [float(v) for v in origin],
+                                  "raw_image_offset": [0, 0], "image_size": [size, size],
+                                  "pixel_size": [pixel_mm, pixel_mm], "trusted_range": [-1.0, 1e9], "thickness": 0.0,
+                                  "material": "", "mu": 0.0, "identifier": "", "mask": [], "gain": 1.0,
+                                  "pedestal": 0.0, "px_mm_strategy": {"type": "SimplePxMmStrategy"}}]}],
+    }
+
+
 def document(w: Wedge) -> dict:
     """The wedge's true DIALS ExperimentList (dxtbx's layout)."""
     rng = np.random.default_rng(w.seed)
@@ -91,21 +113,7 @@ def document(w: Wedge) -> dict:
     half = w.size * PIXEL_MM / 2
     hall = {"tetragonal": " P 4 2", "orthorhombic": " P 2 2", "cubic": " P 2 2 3"}[w.symmetry]
     return {
-        "__id__": "ExperimentList",
-        "experiment": [{"__id__": "Experiment", "identifier": w.name, "beam": 0, "detector": 0, "goniometer": 0,
-                        "scan": 0, "crystal": 0, "imageset": 0}],
-        "imageset": [{"__id__": "ImageSequence", "template": "wedge_#####.cbf", "mask": "", "gain": "", "pedestal": "",
-                      "dx": "", "dy": "", "params": {}}],
-        "beam": [{"direction": [0.0, 0.0, 1.0], "wavelength": 1.0, "divergence": 0.0, "sigma_divergence": 0.0,
-                  "polarization_normal": [0.0, 1.0, 0.0], "polarization_fraction": 0.999, "flux": 0.0,
-                  "transmission": 1.0}],
-        "detector": [{"panels": [{"name": "Panel", "type": "SENSOR_PAD", "fast_axis": [1.0, 0.0, 0.0],
-                                  "slow_axis": [0.0, -1.0, 0.0],
-                                  "origin": [OFFSET_MM - half, half, -DISTANCE_MM],
-                                  "raw_image_offset": [0, 0], "image_size": [w.size, w.size],
-                                  "pixel_size": [PIXEL_MM, PIXEL_MM], "trusted_range": [-1.0, 1e9], "thickness": 0.0,
-                                  "material": "", "mu": 0.0, "identifier": "", "mask": [], "gain": 1.0,
-                                  "pedestal": 0.0, "px_mm_strategy": {"type": "SimplePxMmStrategy"}}]}],
+        **one_panel_sweep(w.name, "wedge_#####.cbf", w.size, PIXEL_MM, [OFFSET_MM - half, half, -DISTANCE_MM]),
         "goniometer": [{"axes": [[1.0, 0.0, 0.0]], "angles": [0.0], "names": ["GON_OMEGA"], "scan_axis": 0}],
         "scan": [{"image_range": [1, w.n_images], "batch_offset": 0, "oscillation": [START_DEG, w.osc_deg],
                   "exposure_time": [0.1] * w.n_images, "epochs": [0.0] * w.n_images, "valid_image_ranges": {}}],

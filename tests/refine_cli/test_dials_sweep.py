@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import simulate
+from experiments.wedge_calibration import one_panel_sweep
 from nbtorch.dials_geometry import bragg_positions_px, experiment_flags, goniometer_rotations
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
@@ -64,20 +65,8 @@ def sweep_document(axes=AXES, angles=ANGLES, scan_axis=1) -> dict:
     real = (u @ np.diag(CELL)).T  # rows a, b, c
     half = SIZE * 0.1 / 2
     return {
-        "__id__": "ExperimentList",
-        "experiment": [{"__id__": "Experiment", "identifier": "synthetic", "beam": 0, "detector": 0, "goniometer": 0,
-                        "scan": 0, "crystal": 0, "profile": 0, "imageset": 0}],
-        "imageset": [{"__id__": "ImageSequence", "template": "sweep_#####.cbf", "mask": "", "gain": "", "pedestal": "",
-                      "dx": "", "dy": "", "params": {}}],
-        "beam": [{"direction": [0.0, 0.0, 1.0], "wavelength": 1.0, "divergence": 0.0, "sigma_divergence": 0.0,
-                  "polarization_normal": [0.0, 1.0, 0.0], "polarization_fraction": 0.999, "flux": 0.0,
-                  "transmission": 1.0}],
-        "detector": [{"panels": [{"name": "Panel", "type": "SENSOR_PAD", "fast_axis": [1.0, 0.0, 0.0],
-                                  "slow_axis": [0.0, -1.0, 0.0], "origin": [OFFSET - half, half - 0.05, -DISTANCE],
-                                  "raw_image_offset": [0, 0], "image_size": [SIZE, SIZE], "pixel_size": [0.1, 0.1],
-                                  "trusted_range": [-1.0, 1e9], "thickness": 0.0, "material": "", "mu": 0.0,
-                                  "identifier": "", "mask": [], "gain": 1.0, "pedestal": 0.0,
-                                  "px_mm_strategy": {"type": "SimplePxMmStrategy"}}]}],
+        **one_panel_sweep("synthetic", "sweep_#####.cbf", SIZE, 0.1, [OFFSET - half, half - 0.05, -DISTANCE],
+                          profile=True),
         "goniometer": [{"axes": axes, "angles": angles, "names": ["GON_PHI", "GON_OMEGA"][:len(axes)],
                         "scan_axis": scan_axis}],
         "scan": [{"image_range": [1, N_IMAGES], "batch_offset": 0, "oscillation": [START, WIDTH],
