@@ -119,15 +119,20 @@ def table(rows: list[dict]) -> str:
 PROG = "python -m experiments.mosaic_convergence"
 
 
-def _run(argv: list[str]) -> int:
-    refine_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
+def build_parser() -> argparse.ArgumentParser:
+    """The script's own options (those before ``--``; nbtorch-refine's arguments follow ``--``)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", required=True, help="one folder per run, and the table")
     p.add_argument("--counts", type=int, nargs="+", default=[4, 8, 16, 32, 64], help="domain counts (default %(default)s)")
     p.add_argument("--models", nargs="+", default=["ball", "random"], help="mosaic models (default %(default)s)")
     p.add_argument("--table-only", action="store_true", help="run nothing: tabulate the runs already in --out-dir")
-    args = p.parse_args(own)
+    return p
+
+
+def _run(argv: list[str]) -> int:
+    refine_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args(own)
     if not refine_args:
         raise InputError("give the refinement's command line after --")
     if any(c < 2 for c in args.counts):

@@ -52,13 +52,18 @@ def run_case(folder: Path, dtype: torch.dtype, c_parity: bool) -> dict:
     }
 
 
-def _main(argv: list[str]) -> int:
+def build_parser() -> Parser:
+    """The script's options."""
     ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("cases", nargs="*")
     ap.add_argument("--golden", type=Path, default=DEFAULT_GOLDEN)
     ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     ap.add_argument("--spec", action="store_true", help="run spec mode (report only)")
-    ns = ap.parse_args(argv)
+    return ap
+
+
+def _main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     if not ns.golden.is_dir():
         raise InputError(f"--golden {ns.golden}: no golden folder there")
     names = ns.cases or sorted(p.name for p in ns.golden.iterdir() if (p / "args.txt").is_file())

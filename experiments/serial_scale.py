@@ -76,7 +76,8 @@ def measure(n: int, seed: int, bad_fraction: float, h5: str | None = None) -> di
     return doc
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stills", type=int, required=True, help="number of stills")
     ap.add_argument("--seed", type=int, default=1)
@@ -86,7 +87,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-dense", type=int, help="raw parameters above which the preconditioner and esds take the "
                                                    "arrowhead (Schur complement) path (default: refine.many.esds's "
                                                    "MAX_DENSE); 0 exercises it on a small set")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if a.max_dense is not None:
         import refine.many.esds

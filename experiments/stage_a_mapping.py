@@ -412,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The script's options, then nbtorch-refine's option groups (``--lr``: Adam's learning rate, default 0.05;
     ``--coarse``: Stage-A's binned low-resolution views, more compiles)."""
     ap, g = experiment_parser(PROG, __doc__.split("\n")[0], "Stage-A mapping")
+    # nbtorch-refine's help gives Adam's default there (0.1); this script's is _learning_rate's
+    ap._option_string_actions["--lr"].help = "Adam's learning rate (default 0.05, constant)"
     g.add_argument("--phases", type=_phases, default=[1, 2, 3, 4, 5], help="comma-separated, default 1,2,3,4,5")
     g.add_argument("--outdir", default="out/stage_a_mapping", help="artefacts folder (default %(default)s)")
     g.add_argument("--steps", type=int_at_least(1), default=2, help="Adam steps per stage in phases 3-4 (default 2)")

@@ -270,14 +270,19 @@ def table(stats: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _run(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", required=True, help="one folder per wedge (its files and one folder per variant)")
     p.add_argument("--wedges", type=int, default=len(WEDGES), help=f"the first N of the {len(WEDGES)} wedges "
                    "(default all)")
     p.add_argument("--variants", nargs="+", default=["dials"], choices=sorted(VARIANTS),
                    help="geometry treatments (default %(default)s)")
-    args = p.parse_args(argv)
+    return p
+
+
+def _run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if not 1 <= args.wedges <= len(WEDGES):
         raise InputError(f"--wedges: expected 1..{len(WEDGES)}, got {args.wedges}")
     say, root, rows = Printer(), Path(args.out_dir), []

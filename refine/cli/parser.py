@@ -122,7 +122,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                             "the cell; --fix none refines everything)")
     g.add_argument("--start", type=csv_names, help="starting values overriding the model: name=value,... "
                                               "(cell values tied by --symmetry follow)")
-    g.add_argument("--symmetry", help="crystal system: triclinic (default; --problem: its own), monoclinic, orthorhombic, tetragonal, "
+    g.add_argument("--symmetry", help="crystal system (default: an --expt crystal's, a --problem's own, else triclinic): triclinic, monoclinic, orthorhombic, tetragonal, "
                                       "trigonal, hexagonal, rhombohedral, cubic; or a space-group name such as P41212")
     g.add_argument("--background", default="auto",
                    help="background model: constant, planar, resolution[:K] (a linear spline in 1/d with K refined "
