@@ -31,7 +31,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["DialsExperiment", "read_expt", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation",
+__all__ = ["DialsExperiment", "read_expt", "experiment_image", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation",
            "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
 
 #: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
@@ -114,11 +114,13 @@ def _vector(path: str, what: str, model: dict, key: str, n: int = 3) -> list[flo
     return vec
 
 
-def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = False) -> DialsExperiment:
+def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = False,
+              document: dict | None = None) -> DialsExperiment:
     """Experiment ``index`` of a DIALS ``.expt`` file (checked: one panel, the vectors and sizes present).
 
     ``multi_panel``: accept a detector of several panels and its hierarchy (:func:`check_hierarchy`); every
-    panel is checked, and an error names the panel.
+    panel is checked, and an error names the panel.  ``document``: the file's JSON already read (the
+    ``document`` of another of its experiments), so that reading every experiment of a file reads it once.
 
     Raises:
         InputError: unreadable, not JSON, no experiment, ``index`` out of range, a model missing,
@@ -126,7 +128,7 @@ def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = 
             than one scan axis, a field missing or not numbers.
     """
     name = os.fspath(path)
-    doc = _load_json(name)
+    doc = document if document is not None else _load_json(name)
     exps = doc["experiment"]
     if not isinstance(exps, list) or not exps:
         raise InputError(f"{name}: no experiment in the file")
@@ -166,6 +168,46 @@ def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = 
         _vector(name, "scan", scan, "image_range", 2)
     return DialsExperiment(path=name, document=doc, index=index, identifier=str(exp.get("identifier", "")),
                            beam=beam, detector=detector, crystal=crystal, goniometer=gonio, scan=scan)
+
+
+def experiment_image(exp: DialsExperiment) -> tuple[str | None, int | None]:
+    """``(file, frame)`` of the one image a still experiment names: its imageset's one ``images`` entry (or a
+    ``template`` without ``#``), ``frame`` its ``single_file_indices`` ``[k]`` (frame k of a multi-image file such as
+    an HDF5 master; None: the file's only image).  A relative path is taken from the ``.expt``'s folder, as dxtbx
+    does.  ``(None, None)`` when the experiment names no imageset or no file.
+
+    Raises:
+        InputError: an imageset of several images without one chosen, a template of numbered files (``#``),
+            several frames chosen, a frame that is not a number >= 0.
+    """
+    ref = exp.document["experiment"][exp.index].get("imageset")
+    imagesets = exp.document.get("imageset")
+    if not isinstance(ref, int) or not isinstance(imagesets, list) or not 0 <= ref < len(imagesets) \
+            or not isinstance(imagesets[ref], dict):
+        return None, None
+    iset, where = imagesets[ref], f"{exp.path}: experiment {exp.index}"
+    files = [f for f in (iset.get("images") or []) if isinstance(f, str) and f]
+    template = iset.get("template")
+    if not files and isinstance(template, str) and template:
+        if "#" in template:
+            raise InputError(f"{where}: its imageset is the numbered files {os.path.basename(template)}, not one still")
+        files = [template]
+    indices = iset.get("single_file_indices")
+    if len(files) > 1:
+        raise InputError(f"{where}: its imageset names {len(files)} images; one image per still experiment is read "
+                         "(dials.split_experiments gives each still its own)")
+    if not files:
+        return None, None
+    frame = None
+    if indices is not None:
+        if not isinstance(indices, list) or len(indices) != 1 or isinstance(indices[0], bool) \
+                or not isinstance(indices[0], int) or indices[0] < 0:
+            raise InputError(f"{where}: single_file_indices {indices!r} is not one frame number >= 0")
+        frame = int(indices[0])
+    path = files[0]
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(exp.path)), path)
+    return os.path.normpath(path), frame
 
 
 def _zero_width(scan) -> bool:

@@ -52,7 +52,7 @@ from nbtorch.io.atomic import atomic_output_path
 from nbtorch.io.nexus import beam_polarization, nexus_goniometry, nexus_rest
 from nbtorch.io.panel_images import read_nexus_panels
 
-__all__ = ["write_h5", "h5_writer", "read_h5_image"]
+__all__ = ["write_h5", "h5_writer", "read_h5_image", "h5_frame_count"]
 
 _DETECTOR_FIELDS = {
     "distance_mm": "distance",
@@ -295,6 +295,26 @@ def _pixel_notes(meta: dict[str, Any]) -> None:
     if x is not None and y is not None and y != x:
         meta["unused"]["y_pixel_size"] = (f"{y:g} mm", "the model's pixels are square (-pixel): x_pixel_size is "
                                           "taken; y_pixel_size turns beam_center_y into pixels")
+
+
+def h5_frame_count(path: str | os.PathLike[str], dataset: str = DEFAULT_DATASET) -> int:
+    """How many frames the image ``dataset`` of an HDF5 file holds (a 2-D dataset: 1; an Eiger master: the frames of
+    its data files), from the shapes alone (no pixel read).
+
+    Raises:
+        InputError: not found, not HDF5, no such dataset, a data file of a master missing.
+    """
+    h5py = _h5py(path)
+    name = str(path)
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise InputError(f"{name}: HDF5 file not found") from None
+    except OSError as exc:
+        raise InputError(f"{name}: cannot open as HDF5: {_first_line(exc)}") from None
+    with f:
+        nodes = _image_datasets(h5py, f, name, dataset)
+        return sum(int(n.shape[0]) if len(n.shape) == 3 else 1 for n in nodes)
 
 
 def read_h5_image(

@@ -19,15 +19,18 @@ from refine.cli.options import PROG, Options
 from refine.cli.parser import parse_args
 from refine.cli.single import run
 from refine.many.batch import run_batch
+from refine.many.dials_stills import many_dials_stills, run_dials_stills
 from refine.solver.runner import RefinementInterrupted
 
 __all__ = ["main", "dispatch"]
 
 
 def dispatch(args: Options) -> int:
-    """Joint, independent or single mode; returns the exit status."""
+    """Joint, independent (many images, or many stills of one DIALS file) or single mode; returns the exit status."""
     if args.many.images and args.many.joint:
         return run_joint(args, Printer(args.output.quiet))
+    if many_dials_stills(args):
+        return run_dials_stills(args, run, Printer(args.output.quiet))
     if args.many.images:
         return run_batch(args, run, Printer(args.output.quiet))
     return run(args)

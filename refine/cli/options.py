@@ -107,6 +107,7 @@ class ManyOptions:
     images: tuple[str, ...] | None = None
     out_dir: str | None = None
     redo: bool = False
+    skip_missing: bool = False
     joint: bool = False
     shared: str | None = None
     per_image: str | None = None

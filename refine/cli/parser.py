@@ -84,6 +84,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--out-dir", help="independent mode: folder of the per-image results and summary.csv/summary.h5 "
                                      "(default out/batch)")
     g.add_argument("--redo", action="store_true", help="independent mode: refine images already done again")
+    g.add_argument("--skip-missing", action="store_true", help="many stills of one DIALS file (--expt and --refl "
+                   "without --image): skip the experiments whose image is not there, each listed with the reason in "
+                   "the summary, instead of refusing the run (docs/many-images.md)")
     g.add_argument("--joint", action="store_true", help="joint mode: refine the --images together, with --shared "
                    "names common to all; writes --out-dir/joint.json and joint.h5 (docs/many-images.md)")
     g.add_argument("--shared", help="joint mode: groups/names shared by every image, comma-separated (default cell; "
@@ -298,10 +301,13 @@ def parse_namespace(argv: Sequence[str], parser: argparse.ArgumentParser | None 
 def _check_modes(args: argparse.Namespace) -> None:
     """Options that belong to a mode (independent, joint) given without it; ``--f-column`` folded into
     ``--model``; ``--rotation-series`` implies ``--joint``."""
+    stills = bool(args.expt and args.refl and not args.image and not args.problem)  # many stills of one DIALS file
     for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
-        if value and not args.images:
+        if value and not (args.images or stills):
             raise InputError(f"{flag}: only with --images (independent mode)")
-    if args.images and (args.out != "result.h5" or args.json):
+    if args.skip_missing and not stills:
+        raise InputError("--skip-missing: only with --expt and --refl without --image (many stills of one DIALS file)")
+    if (args.images or stills) and (args.out != "result.h5" or args.json):
         flag = "--out" if args.out != "result.h5" else "--json"
         raise InputError(f"{flag}: with --images the results go to a folder per image under --out-dir, not to one file")
     if args.rotation_series:

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -46,8 +47,8 @@ if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 
-__all__ = ["expand_image_list", "image_stem", "per_image_args", "run_batch", "process_group", "restart_count",
-           "SUMMARY_COLUMNS"]
+__all__ = ["BatchItem", "expand_image_list", "image_stem", "per_image_args", "run_batch", "process_group",
+           "restart_count", "SUMMARY_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,23 @@ SUMMARY_COLUMNS = ("image", "status", "reason", *_CELL, *_ORIENTATION, "beam_x",
 _NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in ("image", "status", "reason", "folder"))
 #: options whose text may hold {stem}
 _PER_IMAGE = ("model", "spots", "mask", "expt", "refl", "config")
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One run of independent mode: its image (and the label of its summary row), its folder under ``--out-dir``,
+    the options it sets beyond the image (e.g. ``expt_index`` and ``frame`` of a still of a DIALS file), and why it
+    is skipped (None: refined)."""
+
+    image: str
+    name: str
+    fields: dict = field(default_factory=dict)
+    label: str = ""
+    skipped: str | None = None
+
+    @property
+    def row_label(self) -> str:
+        return self.label or self.image
 
 
 def image_stem(path: str | Path) -> str:
@@ -112,9 +130,10 @@ def expand_image_list(items: Sequence[str]) -> list[str]:
     return unique
 
 
-def per_image_args(args: Options, image: str, out_dir: Path) -> Options:
-    """The single-image options of ``image``: its folder's output paths and ``{stem}`` filled in."""
-    stem = image_stem(image)
+def per_image_args(args: Options, image: str, out_dir: Path, name: str | None = None, **fields) -> Options:
+    """The single-image options of ``image``: its folder's output paths (``out_dir/name``, default the image's stem),
+    ``{stem}`` (``name``) filled in and the ``fields`` set."""
+    stem = name or image_stem(image)
     folder = out_dir / stem
     checkpoint = str(folder / "result.ckpt.h5")
     named = {name: args.get(name).replace("{stem}", stem) for name in _PER_IMAGE
@@ -124,7 +143,7 @@ def per_image_args(args: Options, image: str, out_dir: Path) -> Options:
         checkpoint=checkpoint, logdir=str(folder / "runs") if args.output.logdir else None,
         report=str(folder / "report.html") if args.output.report else None,
         hkl_out=str(folder / "result.hkl") if args.output.hkl_out else None,  # else --out's .hkl
-        quiet=True, resume=bool(args.output.resume) and Path(checkpoint).is_file(), **named)
+        quiet=True, resume=bool(args.output.resume) and Path(checkpoint).is_file(), **named, **fields)
 
 
 def _row(image: str, folder: Path) -> dict:
@@ -159,8 +178,8 @@ def _row(image: str, folder: Path) -> dict:
 
 def _line(row: dict) -> str:
     """One printed line per image: status, cell, spot rms and fit (or the reason it failed)."""
-    if row["status"] == "error":
-        return f"  {row['image']}: error: {row['reason']}"
+    if row["status"] in ("error", "skipped"):
+        return f"  {row['image']}: {row['status']}: {row['reason']}"
     parts = [f"  {row['image']}: {row['status']}",
              "cell " + " ".join(f"{row[k]:.4f}" for k in _CELL[:3])]
     if np.isfinite(row["spot_rms_px_final"]):
@@ -247,51 +266,76 @@ def end_process_group(wait: bool = True) -> None:
         dist.destroy_process_group()
 
 
+def _refine_one(args: Options, item: BatchItem, out_dir: Path, run_one: Callable[[Options], int],
+                say: Callable[[str], None]) -> None:
+    """Refine ``item`` into its folder (kept when done before, unless ``--redo``); a failure's reason in ``error.txt``."""
+    a = per_image_args(args, item.image, out_dir, item.name, **item.fields)
+    folder = Path(a.output.out).parent
+    if not args.many.redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
+        say(f"  {item.row_label}: done before, kept ({folder})")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "error.txt").unlink(missing_ok=True)
+    reason = None
+    try:
+        if not Path(item.image).is_file():
+            raise InputError(f"{item.image}: image file not found")
+        run_one(a)
+    except InputError as exc:
+        reason = str(exc)
+    except Exception as exc:  # noqa: BLE001 - one bad image must not stop the job; its reason is kept
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        log.exception("refinement of %s failed", item.row_label)
+    if reason is not None:
+        with atomic_write(folder / "error.txt", "w") as fh:
+            fh.write(reason + "\n")
+    say(_line(_row(item.row_label, folder)))
+
+
+def _summary_row(item: BatchItem, out_dir: Path) -> dict:
+    """The summary row of ``item``: from its folder, or ``skipped`` with the reason."""
+    if item.skipped is None:
+        return _row(item.row_label, out_dir / item.name)
+    row: dict = {c: "" for c in SUMMARY_COLUMNS}
+    row.update({c: float("nan") for c in _NUMERIC})
+    row.update(image=item.row_label, status="skipped", reason=item.skipped, folder="")
+    return row
+
+
 def run_batch(args: Options, run_one: Callable[[Options], int],
-              say: Callable[[str], None] = print) -> int:
-    """Refine every image of ``args.many.images`` with ``run_one`` (``refine.cli.single.run``); returns the exit status."""
-    images = expand_image_list(args.many.images)
+              say: Callable[[str], None] = print, items: Sequence[BatchItem] | None = None) -> int:
+    """Refine every image of ``args.many.images`` (or every ``items``, :class:`BatchItem`) with ``run_one``
+    (``refine.cli.single.run``); returns the exit status (skipped items do not count as failed, but a run that
+    refined none is 1)."""
+    if items is None:
+        items = [BatchItem(image, image_stem(image)) for image in expand_image_list(args.many.images)]
     out_dir = Path(args.many.out_dir or "out/batch")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     rank, world, dist = process_group()
-    mine = images[rank::world]
-    say(f"nbtorch-refine: {len(images)} images, {len(mine)} in this process (rank {rank} of {world}); "
-        f"results in {out_dir}/")
+    todo = [item for item in items if item.skipped is None]
+    mine = todo[rank::world]
+    say(f"nbtorch-refine: {len(todo)} images, {len(mine)} in this process (rank {rank} of {world}); "
+        f"results in {out_dir}/" + (f"; {len(items) - len(todo)} skipped" if len(todo) < len(items) else ""))
     from tqdm.auto import tqdm
 
     t0 = time.monotonic()
-    for image in tqdm(mine, desc="images", unit="image", disable=args.output.quiet or None, leave=False):
-        a = per_image_args(args, image, out_dir)
-        folder = Path(a.output.out).parent
-        if not args.many.redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
-            say(f"  {image}: done before, kept ({folder})")
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "error.txt").unlink(missing_ok=True)
-        reason = None
-        try:
-            if not Path(image).is_file():
-                raise InputError(f"{image}: image file not found")
-            run_one(a)
-        except InputError as exc:
-            reason = str(exc)
-        except Exception as exc:  # noqa: BLE001 - one bad image must not stop the job; its reason is kept
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            log.exception("refinement of %s failed", image)
-        if reason is not None:
-            with atomic_write(folder / "error.txt", "w") as fh:
-                fh.write(reason + "\n")
-        say(_line(_row(image, folder)))
+    for item in tqdm(mine, desc="images", unit="image", disable=args.output.quiet or None, leave=False):
+        _refine_one(args, item, out_dir, run_one, say)
     if dist is not None:
         dist.barrier()
-    rows = [_row(image, out_dir / image_stem(image)) for image in images]
-    failed = [r for r in rows if r["status"] not in ("converged", "max_steps")]
+    rows = [_summary_row(item, out_dir) for item in items]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    failed = [r for r in rows if r["status"] not in ("converged", "max_steps", "skipped")]
     if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)  # every image skipped: no folder made yet
         csv_path, h5_path = write_summary(rows, out_dir)
-        say(f"{len(rows) - len(failed)} of {len(rows)} images refined, {len(failed)} failed "
-            f"({time.monotonic() - t0:.1f} s); summary: {csv_path} and {h5_path}")
+        say(f"{len(rows) - len(failed) - len(skipped)} of {len(rows)} images refined, {len(failed)} failed"
+            + (f", {len(skipped)} skipped" if skipped else "")
+            + f" ({time.monotonic() - t0:.1f} s); summary: {csv_path} and {h5_path}")
+        for r in skipped:
+            say(f"  skipped: {r['image']}: {r['reason']}")
         for r in failed:
             say(f"  failed: {r['image']}: {r['status']}: {r['reason']}")
     end_process_group()
-    return 1 if failed else 0
+    return 1 if failed or len(skipped) == len(rows) else 0
