@@ -38,7 +38,12 @@ CRYSTAL = "-N 2 -default_F 100 -mosaic 0.2 -mosaic_dom 4 -oversample 1 -phisteps
 DISTANCE_MM, OFFSET_MM, PIXEL_MM, START_DEG = 25.0, 6.7, 0.1, 10.0
 #: the centroid scatter of the ``.refl``'s observed spots (pixels, frames)
 SCATTER = 0.25
-VARIANTS = {"dials": [], "held": ["--shared", "cell,orientation"], "free": ["--geometry-prior", "none"]}
+VARIANTS = {"dials": [], "held": ["--shared", "cell,orientation"], "free": ["--geometry-prior", "none"],
+            "one_f": ["--no-structure-factors"]}
+#: the truths of the amplitudes: one F for every reflection, or F drawn from Wilson's distribution
+TRUTH_F = ("constant", "wilson")
+#: the largest Miller index of a Wilson truth's table (the panels see d* up to 0.45 1/A: 41 for 90 A)
+MAX_INDEX = 42
 AXES = {"tetragonal": ("cell_a", "cell_c"), "orthorhombic": ("cell_a", "cell_b", "cell_c"), "cubic": ("cell_a",)}
 
 
@@ -185,9 +190,36 @@ def _dials_model(truth_expt: Path, w: Wedge, hkl: np.ndarray, observed: np.ndarr
                                                                      "beam_x", "beam_y")}
 
 
-def make_wedge(w: Wedge, folder: Path) -> dict:
-    """The wedge's files in ``folder``: images ``wedge_#####.cbf`` of the truth, ``dials.expt`` (DIALS's model),
-    ``dials.refl``, and ``truth.json`` (the cell, the spot count, DIALS's cell and geometry)."""
+def _canonical(hkl: np.ndarray, symmetry: str) -> np.ndarray:
+    """Each reflection's representative under the point group of the wedge's space group with Friedel's law (422,
+    222 or 23): equivalent reflections share it."""
+    a = np.abs(hkl)
+    if symmetry == "tetragonal":
+        return np.c_[a[:, :2].max(1), a[:, :2].min(1), a[:, 2]]
+    if symmetry == "cubic":  # the three cyclic permutations: the largest as the representative
+        perms = np.stack([a, a[:, [1, 2, 0]], a[:, [2, 0, 1]]])
+        keys = (perms * np.array([10000, 100, 1])).sum(-1)
+        return perms[keys.argmax(0), np.arange(len(a))]
+    return a
+
+
+def wilson_table(w: Wedge):
+    """The wedge's true amplitudes: F = 100 sqrt(E), E exponential (acentric Wilson statistics, mean F^2 = 100^2),
+    one draw per symmetry-unique reflection, every index to :data:`MAX_INDEX`."""
+    from nbtorch.io.hkl import HKLTable
+
+    r = np.arange(-MAX_INDEX, MAX_INDEX + 1)
+    hkl = np.array(np.meshgrid(r, r, r, indexing="ij")).reshape(3, -1).T
+    unique, inverse = np.unique(_canonical(hkl, w.symmetry), axis=0, return_inverse=True)
+    draws = 100.0 * np.sqrt(np.random.default_rng(w.seed + 11).exponential(size=len(unique)))
+    F = draws[inverse.reshape(-1)]
+    return HKLTable(hkl[:, 0], hkl[:, 1], hkl[:, 2], F, source=f"{w.name} truth")
+
+
+def make_wedge(w: Wedge, folder: Path, truth_f: str = "constant") -> dict:
+    """The wedge's files in ``folder``: images ``wedge_#####.cbf`` of the truth (``truth_f``: one F, or
+    :func:`wilson_table`'s, written to ``truth.hkl``), ``dials.expt`` (DIALS's model), ``dials.refl``, and
+    ``truth.json`` (the cell, the spot count, DIALS's cell and geometry)."""
     import torch
 
     from nbtorch import Simulator, config_from_args
@@ -200,8 +232,14 @@ def make_wedge(w: Wedge, folder: Path) -> dict:
     truth = document(w)
     (folder / "truth.expt").write_text(json.dumps(truth))
     exp = read_expt(folder / "truth.expt")
+    crystal = CRYSTAL.split()
+    if truth_f == "wilson":
+        from nbtorch.io.hkl import write_hkl
+
+        write_hkl(folder / "truth.hkl", wilson_table(w))
+        crystal += ["-hkl", str(folder / "truth.hkl")]
     for k in range(w.n_images):
-        sim = Simulator(config_from_args(experiment_flags(exp, k) + CRYSTAL.split()), compile=False)
+        sim = Simulator(config_from_args(experiment_flags(exp, k) + crystal), compile=False)
         with torch.no_grad():
             img = sim().numpy()
         write_cbf(folder / f"wedge_{k + 1:05d}.cbf", rng.poisson(20.0 * img + 2.0).astype(np.int32),
@@ -211,13 +249,14 @@ def make_wedge(w: Wedge, folder: Path) -> dict:
     write_refl(folder / "dials.refl", columns, {0: w.name})
     doc, dials = _dials_model(folder / "truth.expt", w, hkl.astype(float), columns["xyzobs.px.value"][1])
     (folder / "dials.expt").write_text(json.dumps(doc))
-    info = {"cell": list(w.cell), "symmetry": w.symmetry, "spots": int(len(hkl)), "dials": dials}
+    info = {"cell": list(w.cell), "symmetry": w.symmetry, "spots": int(len(hkl)), "dials": dials, "truth_f": truth_f}
     (folder / "truth.json").write_text(json.dumps(info))
     return info
 
 
-def run_variant(w: Wedge, folder: Path, variant: str) -> dict:
-    """The natural command on the wedge's files (with the variant's flags); its ``joint.json`` (run when absent)."""
+def run_variant(w: Wedge, folder: Path, variant: str, truth_f: str = "constant") -> dict:
+    """The natural command on the wedge's files (with the variant's flags; one F, the truth's, unless the truth's
+    amplitudes are Wilson's); its ``joint.json`` (run when absent)."""
     from refine.cli.main import main
 
     out = folder / variant
@@ -225,7 +264,9 @@ def run_variant(w: Wedge, folder: Path, variant: str) -> dict:
     if not result.exists():
         argv = ["--images", str(folder / "wedge_*.cbf"), "--expt", str(folder / "dials.expt"), "--refl",
                 str(folder / "dials.refl"), "--rotation-series", "--model", CRYSTAL, "--symmetry", w.symmetry,
-                "--no-structure-factors", "--out-dir", str(out), "--quiet", *VARIANTS[variant]]
+                "--out-dir", str(out), "--quiet", *VARIANTS[variant]]
+        if truth_f == "constant" and "--no-structure-factors" not in argv:
+            argv.append("--no-structure-factors")
         code = main(argv)
         if not result.exists():
             raise RuntimeError(f"{w.name} {variant}: nbtorch-refine exited {code} without {result}")
@@ -277,7 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wedges", type=int, default=len(WEDGES), help=f"the first N of the {len(WEDGES)} wedges "
                    "(default all)")
     p.add_argument("--variants", nargs="+", default=["dials"], choices=sorted(VARIANTS),
-                   help="geometry treatments (default %(default)s)")
+                   help="dials (the default command), held, free (the geometry), one_f (no amplitudes) "
+                        "(default %(default)s)")
+    p.add_argument("--truth-f", choices=TRUTH_F, default="constant", help="the simulation's amplitudes: constant "
+                   "(one F; the runs then refine one F) or wilson (drawn per unique reflection; the runs refine one "
+                   "amplitude per reflection, the default, unless one_f) (default %(default)s)")
     return p
 
 
@@ -289,9 +334,12 @@ def _run(argv: list[str]) -> int:
     for w in WEDGES[:args.wedges]:
         folder = root / w.name
         info = json.loads((folder / "truth.json").read_text()) if (folder / "truth.json").exists() \
-            else make_wedge(w, folder)
+            else make_wedge(w, folder, args.truth_f)
+        if info.get("truth_f", "constant") != args.truth_f:
+            raise InputError(f"--truth-f {args.truth_f}: {folder} holds a wedge with {info.get('truth_f')} "
+                             "amplitudes; give another --out-dir")
         for variant in args.variants:
-            row = row_of(w, variant, info, run_variant(w, folder, variant))
+            row = row_of(w, variant, info, run_variant(w, folder, variant, args.truth_f))
             rows.append(row)
             say(f"{w.name} {variant}: {info['spots']} spots, {row['steps']} steps, error/esd "
                 + " ".join(f"{k[5]} {v:+.2f}" for k, v in row.items() if k.endswith("_z")))

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.wedge_calibration import WEDGES, main, reflections, document, summary, table
+from experiments.wedge_calibration import WEDGES, document, main, reflections, summary, table, wilson_table
 from nbtorch.io.dials import read_expt, read_refl
 
 
@@ -24,6 +24,20 @@ def test_each_wedge_has_spots_on_every_image_and_a_distinct_seed():
         hkl, xyz = reflections(document(w), w)
         assert len(hkl) >= 8, w
         assert set(np.floor(xyz[:, 2]).astype(int)) == set(range(w.n_images)), w
+
+
+@pytest.mark.parametrize("index, equivalents", [
+    (0, [(1, 2, 3), (-2, 1, 3), (2, 1, -3), (-1, -2, -3)]),   # 422: 4-fold about c, 2-folds, Friedel
+    (4, [(1, 2, 3), (-1, -2, 3), (1, -2, -3), (-1, 2, -3)]),  # 222
+    (8, [(1, 2, 3), (2, 3, 1), (3, 1, 2), (-1, 2, -3)]),      # 23: the cyclic permutations, 2-folds
+])
+def test_wilson_amplitudes_are_the_same_for_equivalent_reflections(index, equivalents):
+    w = WEDGES[index]
+    table = wilson_table(w)
+    F = {(h, k, l): f for h, k, l, f in zip(table.h, table.k, table.l, table.F) if abs(h) + abs(k) + abs(l) <= 8}
+    assert len({F[e] for e in equivalents}) == 1, w.symmetry
+    assert F[(1, 2, 3)] != F[(1, 2, 4)]  # not one F for every reflection
+    assert float((table.F ** 2).mean()) == pytest.approx(100.0 ** 2, rel=0.02)  # Wilson: mean F^2 = 100^2
 
 
 def test_summary_and_table():
