@@ -5,8 +5,8 @@ refined distance and beam centre with the esds its spots give them (:mod:`refine
 user's ``--prior``.  It enters the joint run once, not once per image:
 
 * the loss: ``0.5 ((value - mean) / sigma)^2`` (the half deviance's scale: 0.5 is one standard deviation), added
-  to the sum over images with its gradient (:attr:`~refine.many.joint._Joint.extra`);
-* the curvature ``1 / sigma^2`` on its diagonal (:attr:`~refine.many.joint._Joint.curvature`), in the
+  to the sum over images with its gradient (:attr:`~refine.many.joint_images.Joint.extra`);
+* the curvature ``1 / sigma^2`` on its diagonal (:attr:`~refine.many.joint_images.Joint.curvature`), in the
   preconditioner (raw units, ``D^2 / sigma^2`` with ``D = d physical / d raw``) and in both covariances (physical
   units), in the Fisher matrix and the sandwich's meat: a measurement's score varies as its information, so the
   cell's esds carry the geometry's uncertainty.

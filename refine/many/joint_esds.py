@@ -1,0 +1,143 @@
+"""A joint run's esds (:mod:`refine.many.joint`, ``esds=True``): the images' Fisher and score blocks summed,
+densely up to :data:`refine.many.esds.MAX_DENSE` raw parameters, else by the distributed Schur complement; and the
+mosaic domain count check on the shared cell (:mod:`refine.quality.domain_count`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from refine.fitting.parameters import ParameterMap, ParameterSpace
+from refine.fitting.structure_factors import is_amplitude
+import refine.many.esds as esds_module
+from refine.many.esds import JointCovariances, joint_covariances, shared_covariance
+from refine.many.schur import eliminate, own_covariances
+from refine.quality.domain_count import (CELL_NAMES, CountProbe, DomainCountCheck, check_names, reduced_terms,
+                                         secant_factor, shared_shift)
+from refine.quality.uncertainty import correlation_matrix, image_information, mark_blind, named_esds
+from refine.solver.loop import LoopAborted
+from refine.many.joint_images import Joint
+
+
+log = logging.getLogger(__name__)
+
+
+
+def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | None):
+    """``(fisher, sandwich, condition)`` by the Schur complement with each image's own block eliminated on the
+    process that holds it: only ``(S, S)`` and ``(K, K)`` rows per image are gathered (:mod:`refine.many.schur`)."""
+    S, K, n = joint.S, joint.K, joint.n
+    held = {(h - S) // K: (h - S) % K for h in joint.held}
+    parts = {i: eliminate(F, M, S, held.get(i)) for i, (_, F, M) in info.items()}
+    schur = joint.comm.gather({i: e.schur for i, e in parts.items()}, n, (S, S), torch.float64)
+    meat = joint.comm.gather({i: e.meat for i, e in parts.items()}, n, (S, S), torch.float64)
+    conds = joint.comm.gather({i: torch.tensor([e.condition]) for i, e in parts.items()}, n, (1,), torch.float64)
+    C_ss, blind, Q, cond = shared_covariance(schur, meat, R)
+    own = {i: own_covariances(e, C_ss, Q, K) for i, e in parts.items()}
+    fisher_own = joint.comm.gather({i: o[0] for i, o in own.items()}, n, (K, K), torch.float64)
+    sandwich_own = joint.comm.gather({i: o[1] for i, o in own.items()}, n, (K, K), torch.float64)
+    S_ss = C_ss @ Q @ C_ss
+    return (JointCovariances(mark_blind(C_ss, blind), fisher_own),
+            JointCovariances(mark_blind(0.5 * (S_ss + S_ss.T), blind), sandwich_own),
+            max([cond] + conds.reshape(-1).tolist()))
+
+
+def _esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
+          starts: Sequence[dict]) -> tuple[dict, float, np.ndarray]:
+    """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices:
+    dense up to :data:`MAX_DENSE` raw parameters, else by the distributed Schur complement."""
+    S, K, n = joint.S, joint.K, joint.n
+    q = S + K
+    info = {im.index: image_information(im.objective, im.pmap, joint.image_raw(raw, im.index)) for im in joint.images}
+    thetas = joint.comm.gather({i: v[0] for i, v in info.items()}, n, (q,), torch.float64)
+    R = joint.curvature(raw[:S], False).to(torch.float64) if joint.curvature is not None else None
+    if S + n * K > esds_module.MAX_DENSE:
+        fisher, sandwich, cond = _blocked_covariances(joint, info, R)
+    else:
+        F_blocks = joint.comm.gather({i: v[1] for i, v in info.items()}, n, (q, q), torch.float64)
+        M_blocks = joint.comm.gather({i: v[2] for i, v in info.items()}, n, (q, q), torch.float64)
+        fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held, blocked=False)
+    shared_map = ParameterMap(space, starts[0], shared_names)
+    own_maps = [ParameterMap(space, starts[i], per_names) for i in range(n)] if K else []
+    out: dict[str, dict] = {}
+    for kind, cov in (("sandwich", sandwich), ("fisher", fisher)):
+        images = [named_esds(own_maps[i], thetas[i, S:], cov.own[i]) if K else {} for i in range(n)]
+        for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
+            images[(k - S) // K].pop(per_names[(k - S) % K], None)
+        out[kind] = {"shared": named_esds(shared_map, thetas[0, :S], cov.shared), "images": images}
+    S0 = sum(1 for nm in shared_names if not is_amplitude(nm))  # the amplitudes follow the other shared names
+    count = _domain_count(joint, info, R, shared_names, out["sandwich"]["shared"])
+    return out, cond, correlation_matrix(sandwich.shared[:S0, :S0]).numpy().copy(), count
+
+
+def _domain_count(joint: Joint, info: Mapping[int, tuple], R: Tensor | None, shared_names,
+                  esds: Mapping[str, float]) -> DomainCountCheck | None:
+    """Would the shared cell move at twice the mosaic domain count (:mod:`refine.quality.domain_count`)?  Each image's
+    gradient difference and Fisher block are reduced to the shared names on the process that holds it and summed
+    (the Fisher step of the shared names); each image's own names follow the step, and the slope of the loss at
+    twice the count along the whole step gives its length (the secant).  None without a shared cell name or mosaic
+    domains, or when the check fails (it is a report)."""
+    S = joint.S
+    if not any(n in CELL_NAMES for n in shared_names):
+        return None
+    try:
+        local, probes, domains = {}, {}, 0
+        for im in joint.images:
+            theta, F, _ = info[im.index]
+            probe = CountProbe(im.objective, im.pmap)
+            if not probe.active:
+                local[im.index] = torch.zeros(S * S + S, dtype=torch.float64)
+                continue
+            g_own, g_two = probe.gradients(theta)
+            probes[im.index] = (probe, theta, F.to(torch.float64), g_own, g_two - g_own)
+            domains = probe.domains
+            A, gs = reduced_terms(F, g_two - g_own, S)
+            local[im.index] = torch.cat([A.reshape(-1), gs])
+        rows = joint.comm.gather(local, joint.n, (S * S + S,), torch.float64)
+        counts = joint.comm.gather({im.index: torch.tensor([float(domains)]) for im in joint.images}, joint.n, (1,),
+                                   torch.float64)
+        if float(counts.max()) < 2:
+            return None
+        d_s = shared_shift([(r[:S * S].reshape(S, S), r[S * S:]) for r in rows], R)
+        slopes = {}
+        for i, (probe, theta, F, g_own, diff) in probes.items():
+            B, D = F[:S, S:], F[S:, S:]
+            d_o = -(torch.linalg.pinv(D) @ (diff[S:] + B.T @ d_s)) if D.numel() else d_s.new_zeros(0)
+            d = torch.cat([d_s, d_o])
+            _, g_end = probe.gradients(theta.to(torch.float64) + d.to(theta.dtype), own=False)
+            slopes[i] = torch.tensor([float(d @ diff), float(d @ (g_end - g_own))], dtype=torch.float64)
+        for im in joint.images:
+            slopes.setdefault(im.index, torch.zeros(2, dtype=torch.float64))
+        h = joint.comm.gather(slopes, joint.n, (2,), torch.float64).sum(0)
+        alpha = secant_factor(float(h[0]), float(h[1]))
+        return check_names(list(shared_names)[:S], alpha * d_s, esds, int(counts.max()), alpha)
+    except LoopAborted:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a report, not the refinement
+        log.warning("mosaic domain count check failed: %s", exc)
+        return None
+
+
+def joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts) -> tuple[list[str], dict]:
+    """The joint esds as the result's fields, and the warnings (the estimate failed)."""
+    warnings: list[str] = []
+    esd_fields: dict[str, Any] = {}
+    if esds:
+        try:
+            by_kind, cond, corr, count = _esds(joint, raw, space, shared_names, per_names, starts)
+            esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)
+            if count is not None:
+                esd_fields["mosaic_domains"] = count.to_dict()
+                if count.warning is not None:
+                    warnings.append(count.warning)
+        except LoopAborted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - esds are a report, not the refinement
+            log.warning("joint esd estimation failed: %s", exc)
+            warnings.append(f"esd estimation failed: {exc}")
+    return warnings, esd_fields

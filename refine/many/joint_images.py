@@ -1,0 +1,181 @@
+"""The images of a joint run and its loss (:mod:`refine.many.joint`): each image's fitted pixels, starting
+values and map ``[shared, own]`` (:class:`JointImage`), and the joint loss and gradient summed over the images of
+every process (:class:`Joint`, :class:`JointLoss`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nbtorch.errors import InputError
+from nbtorch.simulator import Simulator
+from refine.fitting.objective import ImageObjective, LossFn
+from refine.fitting.parameters import BASE_NAMES, ParameterMap, ParameterSpace
+from refine.fitting.transforms import Held
+from refine.many.amplitudes import PreparedImage
+from refine.many.distributed import Comm
+from refine.many.pixel_table import FittedPixels, StoredPixels
+from refine.solver.plan import observed_pixels, starting_values
+
+
+log = logging.getLogger(__name__)
+
+
+
+# -- the images -----------------------------------------------------------------------------------------
+@dataclass
+class JointImage:
+    """One image this process holds: its index, prepared pixels (whose objective it evaluates) and map
+    ``[shared, own]``."""
+
+    index: int
+    prepared: PreparedImage
+    pmap: ParameterMap
+    start: dict
+    digest: Tensor
+
+    @property
+    def objective(self) -> ImageObjective:
+        """The image's objective on its fitted pixels (:attr:`PreparedImage.objective`: read from the file at each
+        use while the pixels are stored)."""
+        return self.prepared.objective
+
+
+def fitted_pixels(index: int, sim: Simulator, observed, mask) -> FittedPixels | StoredPixels:
+    """The image's fitted pixels: ``observed`` itself when it is :class:`~refine.many.pixel_table.FittedPixels` or
+    :class:`~refine.many.pixel_table.StoredPixels` (less any the model's own ``-mask`` excludes), else the usable
+    pixels of the dense image (:func:`refine.solver.plan.observed_pixels`)."""
+    if not isinstance(observed, (FittedPixels, StoredPixels)):
+        obs, valid = observed_pixels(sim, observed, mask)
+        return FittedPixels.from_image(obs, valid, source=f"image {index}")
+    if mask is not None:
+        raise InputError(f"masks[{index}]: give None for fitted pixels (they are the pixels to fit)")
+    if tuple(observed.shape) != tuple(sim.shape):
+        raise InputError(f"observed_images[{index}]: fitted pixels of a {tuple(observed.shape)} detector, the model's "
+                         f"is {tuple(sim.shape)} (slow, fast)")
+    if sim.setup.pixel_mask is None:
+        return observed
+    px = observed.load()
+    keep = torch.as_tensor(np.asarray(sim.setup.pixel_mask, dtype=bool)).reshape(-1)[px.index.cpu()]
+    if bool(keep.all()):
+        return observed
+    log.info("image %d: %d fitted pixels lie under the model's -mask and are left out", index, int((~keep).sum()))
+    keep = keep.to(px.index.device)
+    return FittedPixels(px.shape, px.index[keep], px.observed[keep], px.source)
+
+
+def prepare_image(index: int, sim: Simulator, observed, mask, start: Mapping[str, float] | None, shared_start: dict,
+             space: ParameterSpace, loss_fn: LossFn) -> PreparedImage:
+    """One image's pixels and starting values (the shared names at the shared start)."""
+    if not isinstance(sim, Simulator):
+        raise InputError(f"simulators[{index}]: expected a Simulator, got {type(sim).__name__}")
+    pixels = fitted_pixels(index, sim, observed, mask)
+    px = pixels.load().to(sim.dtype, sim.device)
+    values = starting_values(sim, px.observed, torch.ones_like(px.observed, dtype=torch.bool), start)
+    values.update(shared_start)
+    try:
+        space.check_start(values)
+    except InputError as exc:
+        raise InputError(f"image {index}: {exc}") from None
+    return PreparedImage(index, sim, px if isinstance(pixels, FittedPixels) else pixels, values, px.digest(), loss_fn)
+
+
+def share_tables(prepared: list[PreparedImage]) -> None:
+    """The last image's simulator holds the structure-factor table of an earlier one when they are equal
+    (:meth:`nbtorch.Simulator.sharing_structure_factors`): one copy per process for images of one crystal."""
+    last, tried = prepared[-1], set()
+    for im in prepared[:-1]:
+        if im.sim.F_grid is None or id(im.sim.F_grid) in tried:  # each distinct table once
+            continue
+        tried.add(id(im.sim.F_grid))
+        shared = last.sim.sharing_structure_factors(im.sim)
+        if shared is not last.sim:
+            last.sim = shared
+            return
+
+
+def joint_image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], hold_scale: bool) -> JointImage:
+    """The image's map (its objective is the prepared image's: the shared table's, when the structure factors
+    are refined); with ``hold_scale`` (image 0 next to shared structure factors) its scale keeps its start
+    (:class:`Held`)."""
+    pmap = ParameterMap(space, im.values, names)
+    if hold_scale and "scale" in names:
+        pmap.transforms[names.index("scale")] = Held(im.values["scale"])
+    return JointImage(im.index, im, pmap, im.values, im.digest)
+
+
+class Joint:
+    """The joint loss and gradient over the images of every process (:mod:`refine.many.joint`'s docstring)."""
+
+    def __init__(self, images: Sequence[JointImage], n: int, n_shared: int, n_own: int, comm: Comm,
+                 dtype: torch.dtype) -> None:
+        self.images, self.n, self.S, self.K, self.comm, self.dtype = images, n, n_shared, n_own, comm, dtype
+        #: ``raw[:S] -> (loss, gradient (S,))`` added once to the sum over images (the amplitude restraint)
+        self.extra: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None
+        #: raw positions that are not refined (image 0's held scale): left out of the esds
+        self.held: list[int] = []
+        #: ``(raw[:S], raw_units) -> (S, S)``: the restraint's curvature on the shared names (physical units, or
+        #: raw ones for the preconditioner)
+        self.curvature: Callable[[Tensor, bool], Tensor] | None = None
+
+    def image_raw(self, raw: Tensor, i: int) -> Tensor:
+        lo = self.S + i * self.K
+        return torch.cat([raw[:self.S], raw[lo:lo + self.K]])
+
+    def rows(self, raw: Tensor) -> Tensor:
+        """(n, 1 + S + K): each image's loss and gradient in ``[shared, own]``; NaN where an image failed."""
+        local = {}
+        for im in self.images:
+            r = self.image_raw(raw.detach(), im.index).clone().requires_grad_(True)
+            try:
+                with torch.enable_grad():
+                    loss, _ = im.objective.evaluate(im.pmap.expand(im.pmap.physical(r)))
+                    (g,) = torch.autograd.grad(loss, r, allow_unused=True)
+                g = torch.zeros_like(r) if g is None else g
+                # the loss on the model's device (a GPU), the gradient beside the raw values (the CPU)
+                local[im.index] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()])
+            except Exception:  # noqa: BLE001 - every process must stop together: NaN tells them
+                log.exception("image %d: evaluating the model failed", im.index)
+                local[im.index] = torch.full((1 + self.S + self.K,), math.nan, dtype=self.dtype)
+        return self.comm.gather(local, self.n, (1 + self.S + self.K,), self.dtype)
+
+    def loss_and_grad(self, raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(joint loss, joint gradient (P,), per-image losses (n,)), summed in image order."""
+        rows = self.rows(raw)
+        loss = rows[:, 0].sum()
+        grad = torch.cat([rows[:, 1:1 + self.S].sum(0), rows[:, 1 + self.S:].reshape(-1)])
+        if self.extra is not None:
+            term, g = self.extra(raw.detach()[:self.S])
+            loss = loss + term.to(loss.dtype)
+            grad[:self.S] += g.to(grad.dtype)
+        return loss, grad, rows[:, 0].clone()
+
+class JointLoss(torch.autograd.Function):
+    """``raw -> joint loss``: the forward pass computes the loss and the all-reduced gradient, the backward
+    pass hands the stored gradient back (every process gets the same)."""
+
+    @staticmethod
+    def forward(ctx, raw: Tensor, joint: Joint, out: list) -> Tensor:  # type: ignore[override]
+        loss, grad, losses = joint.loss_and_grad(raw.detach())
+        ctx.save_for_backward(grad)
+        out.append(losses)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return g * grad, None, None
+
+
+def all_values(joint: Joint, local: Mapping[int, Mapping[str, float]]) -> list[dict]:
+    """Every image's base values (``local``: those of this process's images, by index), in every process."""
+    rows = {i: torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64) for i, v in local.items()}
+    return [{k: float(x) for k, x in zip(BASE_NAMES, row)}
+            for row in joint.comm.gather(rows, joint.n, (len(BASE_NAMES),), torch.float64)]
