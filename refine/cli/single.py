@@ -1,7 +1,7 @@
 """What ``nbtorch-refine`` does with parsed arguments, as named steps (:func:`run`).
 
-1. :func:`check_arguments`: every check that needs no data (names, numbers, outputs, the device);
-2. :func:`load_inputs`: the observed image (or synthetic problem) and the starting model's configuration;
+1. :func:`~refine.cli.single_inputs.check_arguments`: every check that needs no data (names, numbers, outputs, the device);
+2. :func:`~refine.cli.single_inputs.load_inputs`: the observed image (or synthetic problem) and the starting model's configuration;
 3. the simulator and the pixel choice (:mod:`refine.inputs.pixels`, the public API the docs use too), the
    starting scale and background;
 4. :func:`refine.refine` (plan, stages, finalise), then the spot offsets and extra esds;
@@ -15,85 +15,43 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nbtorch import Simulator, config_from_args, eager, runtime
-from nbtorch.cli_support import Printer, check_outputs
+from nbtorch import Simulator, eager, runtime
+from nbtorch.cli_support import Printer
 from nbtorch.errors import InputError
-from nbtorch.io.atomic import check_not_inputs
 from refine.output.callbacks import TensorBoardCallback
-from refine.cli.options import DEFAULT_DATASET, PROG, Options
-from refine.cli.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
-from refine.inputs.detector_counts import check_counts, detector_counts, header_counts
-from refine.inputs.images import load_image
+from refine.cli.options import PROG, Options
 from refine.quality.cell_distance import cell_distance_note, note_line
 from refine.quality.degeneracy import extended_uncertainties
-from refine.inputs.dials import (check_dials_options, experiment_space_group, experiment_symmetry, model_tokens,
-                                 on_image, refl_spots, spot_window, write_expt_out)
+from refine.inputs.dials import check_dials_options, on_image, refl_spots, spot_window, write_expt_out
 from refine.quality.identifiability import drift_warning
-from refine.fitting.space_groups import crystal_system
-from refine.inputs.start_model import ANISOTROPIC_MOSAIC_NAMES, model_config, tie_start_cell, with_anisotropic_mosaic
-from refine.fitting.background import AUTO, parse_background, resolve_auto
+from refine.inputs.start_model import ANISOTROPIC_MOSAIC_NAMES, tie_start_cell, with_anisotropic_mosaic
+from refine.fitting.background import resolve_auto
 from refine.fitting.parameters import ParameterSpace, check_widths
-from refine.inputs.pixels import check_pixel_options, choose_pixels, model_values, starting_scale_background
-from refine.inputs.problems import make_problem
-from refine.inputs.panels import (panel_configs, panel_count, panel_groups, refl_panel_spots, stacked_image,
-                                  write_panels_expt)
-from nbtorch.panels import resolve_panels
+from refine.inputs.pixels import choose_pixels, model_values, starting_scale_background
+from refine.inputs.panels import refl_panel_spots, write_panels_expt
 from refine.output.report import ESD_NOTE, floor_line, misfit_lines, results_table, write_outputs
 from refine.solver.plan import background_model
 from refine.solver.runner import refine
-from refine.inputs.selection import check_roi
 from refine.quality.misfit import spot_misfit
 from refine.quality.spot_floor import spot_floor
 from refine.inputs.spots import read_spot_list, spot_offsets
 from refine.inputs.still_defaults import still_defaults
-from refine.fitting.structure_factors import AmplitudeOptions, check_space_group
+# amplitude_group and amplitude_options: named here too, where the joint and sweep commands find them
+from refine.cli.single_inputs import (Checked, Inputs, amplitude_group, amplitude_options,  # noqa: F401
+                                      check_arguments, load_inputs)
 
 __all__ = ["run", "check_arguments", "load_inputs", "prepare", "plan_arguments", "Prepared", "write_and_report"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Checked:
-    """The arguments converted and checked (step 1)."""
-
-    symmetry: str | None
-    stages: Any
-    start: dict
-    bounds: dict
-    priors: dict
-    outputs: dict
-    make_dirs: list
-    json_path: str
-    ckpt_path: str
-    dtype: torch.dtype
-    amplitudes: AmplitudeOptions | None = None
-
-
-@dataclass
-class Inputs:
-    """The observed image and the starting model (step 2)."""
-
-    observed: np.ndarray
-    mask: np.ndarray
-    cfg: Any
-    start: dict
-    symmetry: str | None
-    free_default: Any
-    fixed: tuple
-    truth: dict | None = None
-    extra: dict = field(default_factory=dict)
-    panels: tuple | None = None  # a multi-panel --expt: (configs, names, groups, group labels)
 
 
 class _EagerForEsds:
@@ -145,185 +103,6 @@ class _EndLater:
 
     def end(self, result) -> None:
         self.inner.on_run_end(result)
-
-
-def _check_numbers(args: Options) -> None:
-    for flag, value in (("--time-budget", args.optimiser.time_budget), ("--checkpoint-every", args.output.checkpoint_every),
-                        ("--tb-every", args.output.tb_every), ("--saturation", args.image.saturation)):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise InputError(f"{flag}: must be a positive number, got {value:g}")
-    if args.pixels.seed < 0:
-        raise InputError(f"--seed: must be >= 0, got {args.pixels.seed}")
-    check_counts(args.image.gain, args.image.adc_offset)
-    for flag, names in (("--refine", args.fit.refine), ("--fix", args.fit.fix), ("--esd-extra", args.output.esd_extra)):
-        if names is not None and not names:
-            raise InputError(f"{flag}: no names given")
-    both = sorted(set(args.fit.refine or ()) & set(args.fit.fix or ()))
-    if both:
-        raise InputError(f"--refine and --fix both name {', '.join(both)}: a parameter is either refined or fixed")
-    check_pixel_options(args.pixels.subsample, args.pixels.spot_window, bool(args.pixels.spots or args.dials.refl))
-    if args.pixels.spot_columns and (not args.pixels.spots or args.pixels.spots == "find"):
-        raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
-
-
-def check_arguments(args: Options) -> Checked:
-    """Every check that needs no data; nothing is read or written."""
-    if bool(args.image.image) == bool(args.model.problem):
-        raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
-    check_dials_options(args)
-    if args.image.image and not (args.model.model or args.dials.expt):
-        raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "
-                         '(e.g. --model "-cell 58 58 150 90 90 90 -misset 10 20 30 -N 20 -default_F 100")')
-    symmetry = crystal_system(args.fit.symmetry)
-    if args.fit.background != AUTO and parse_background(args.fit.background).kind == "planes" and not (
-            args.pixels.spots or args.dials.refl):
-        raise InputError("--background planes: needs observed spots (--spots or --refl) and --spot-window")
-    stages = build_stages(args)
-    check_loss(args.optimiser.loss)
-    start, bounds, priors = start_values(args.fit.start), bounds_values(args.fit.bounds), prior_values(args.fit.prior)
-    _check_numbers(args)
-    runtime.check_device(args.compute.device, "--device")
-    if Path(args.output.out).is_dir() or not Path(args.output.out).name or Path(args.output.out).name in (".", ".."):
-        raise InputError(f"--out {args.output.out}: is a directory; give a file name such as result.h5")
-    json_path = args.output.json or str(Path(args.output.out).with_suffix(".json"))
-    ckpt_path = args.output.checkpoint or str(Path(args.output.out).with_suffix("")) + ".ckpt.h5"
-    outputs = {"--out": args.output.out, "--json": json_path, "--checkpoint": ckpt_path}
-    if args.output.report:
-        from refine.output.figures import require_matplotlib  # matplotlib is an extra: only when a report is asked for
-
-        require_matplotlib("--report")
-        outputs["--report"] = args.output.report
-    if args.dials.expt_out:
-        outputs["--expt-out"] = args.dials.expt_out
-    amplitudes = amplitude_options(args)
-    if amplitudes is not None:
-        outputs["--hkl-out"] = args.output.hkl_out or str(Path(args.output.out).with_suffix(".hkl"))
-    make_dirs = check_outputs({**outputs, "--logdir": args.output.logdir}, folders=("--logdir",), make_missing=True)
-    check_not_inputs(command_inputs(args), outputs.items())  # before anything is read
-    if args.output.resume and not Path(ckpt_path).is_file():
-        raise InputError(f"--resume: checkpoint {ckpt_path} not found "
-                         "(run once without --resume, or give --checkpoint)")
-    return Checked(symmetry=symmetry, stages=stages, start=start, bounds=bounds, priors=priors, outputs=outputs,
-                   make_dirs=make_dirs, json_path=json_path, ckpt_path=ckpt_path,
-                   dtype=torch.float64 if args.compute.dtype == "float64" else torch.float32, amplitudes=amplitudes)
-
-
-def amplitude_group(args: Options) -> str | None:
-    """The amplitudes' space group: ``--space-group``, a ``--symmetry`` that names a space group, or the ``--expt``
-    crystal's; None where none is given."""
-    group = args.amplitudes.space_group
-    if group is None and args.fit.symmetry and crystal_system(args.fit.symmetry) != args.fit.symmetry.strip().lower():
-        group = args.fit.symmetry
-    return group if group is not None else experiment_space_group(args)
-
-
-def amplitude_options(args: Options) -> AmplitudeOptions | None:
-    """``--structure-factors`` and its options (None without it); the space group from :func:`amplitude_group`."""
-    named = [f for f, v in (("--space-group", args.amplitudes.space_group), ("--f-restraint", args.amplitudes.f_restraint),
-                            ("--hkl-out", args.output.hkl_out)) if v is not None]
-    if not args.amplitudes.structure_factors:
-        if named:
-            raise InputError(f"{named[0]}: only with --structure-factors")
-        return None
-    group = amplitude_group(args)
-    if group is None:
-        raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
-                         "equivalent reflections share one amplitude")
-    check_space_group(group)
-    return AmplitudeOptions(group, start=args.amplitudes.f_start, min_photons=args.amplitudes.f_min_photons,
-                            restraint_sigma=args.amplitudes.f_restraint)
-
-
-def _load_problem(args: Options, checked: Checked, say) -> Inputs:
-    problem = make_problem(args.model.problem, size=args.model.size, option_prefix="--")
-    say(f"{PROG}: problem {problem.name}: {problem.description}")
-    cfg = config_from_args(list(problem.args))
-    counts = detector_counts(problem.counts, args.image.gain, args.image.adc_offset)
-    say(f"  {counts.describe()}")
-    observed, mask, below = counts.photons(problem.observed)
-    _say_below_offset(say, below, counts)
-    if args.pixels.roi:
-        cfg = cfg.replace(roi=tuple(check_roi(args.pixels.roi, observed.shape)))
-    truth = counts.photon_values(problem.truth)  # the problem's values are those of a fit to its counts
-    return Inputs(observed=observed, mask=mask, cfg=cfg,
-                  start={**counts.photon_values(problem.start), **checked.start},
-                  symmetry=checked.symmetry or problem.symmetry,
-                  free_default=problem.free, fixed=tuple(args.fit.fix) if args.fit.fix is not None else problem.fixed,
-                  truth=truth, extra={"input": {"problem": problem.name, "size": problem.size,
-                                                "model": list(problem.args)}, "truth": truth,
-                                      "detector_counts": counts.as_dict()})
-
-
-def _say_below_offset(say, below: int, counts) -> None:
-    if below:
-        say(f"  {below} pixels below the ADC offset ({counts.adc_offset:g} counts) masked: not counts of photons")
-
-
-def _load_image(args: Options, checked: Checked, say) -> Inputs:
-    obs = load_image(args.image.image, frame=args.image.frame, shape=args.image.shape, dtype=args.image.raw_dtype, dataset=args.image.dataset,
-                     mask=args.image.mask, saturation=args.image.saturation, nonfinite="mask" if args.image.mask_nan else "error")
-    if args.image.dataset != DEFAULT_DATASET and obs.format != "hdf5":
-        raise InputError(f"--dataset {args.image.dataset}: {args.image.image} is a {obs.format} file, not HDF5")
-    say(f"{PROG}: {obs.describe()}")
-    counts = detector_counts(header_counts(obs.path, obs.format, obs.header), args.image.gain, args.image.adc_offset)
-    say(f"  {counts.describe()}")
-    photons, mask, below = counts.photons(obs.image, obs.mask)
-    _say_below_offset(say, below, counts)
-    if not mask.any():
-        raise InputError(f"{obs.path}: every pixel is masked after the ADC offset {counts.adc_offset:g} is taken off")
-    panels = _multi_panel_model(args, say) if args.dials.expt and panel_count(args) > 1 else None
-    if panels is None and obs.header.get("panels_stacked"):
-        raise InputError(f"--image {obs.path}: the file holds {len(obs.header['panel_boxes'])} detector panels "
-                         "(stacked); give their geometry with a multi-panel --expt")
-    if panels is not None:
-        photons, mask = stacked_image(args, resolve_panels(panels[0], panels[1])[1], photons, mask,
-                                      boxes=obs.header.get("panel_boxes"))
-        cfg, tokens, notes = panels[0][0], list(panels[4]), []
-        panels = panels[:4]
-    else:
-        roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
-        cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax,
-                                          given_by=("--expt" if not args.model.model else "--expt/--model")
-                                          if args.dials.expt else "--model")
-    for note in notes:
-        say(f"  {note}")
-    # the default schedule on one image: the distance fixed (it cannot be separated from the cell scale; their
-    # correlation: --esd-extra distance); a --refine list or [[stages]] tables say themselves what is refined
-    default_fix = args.fit.fix is None and args.fit.refine is None and not args.fit.stage_tables
-    if default_fix and not (args.many.joint or args.many.rotation_series):  # a joint run's names: --shared/--per-image
-        say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
-    fixed = ("distance",) if default_fix else tuple(n for n in (args.fit.fix or ()) if n != "none")
-    symmetry = checked.symmetry or experiment_symmetry(args)
-    if symmetry and not checked.symmetry:
-        say(f"  symmetry {symmetry} from the experiment's space group (--symmetry)")
-    masked = {**obs.masked, **({"below_offset": below} if below else {})}
-    return Inputs(observed=photons, mask=mask, cfg=cfg, start=dict(checked.start), symmetry=symmetry,
-                  free_default=None, fixed=fixed, panels=panels,
-                  extra={"input": {"image": obs.path, "format": obs.format, "frame": args.image.frame,
-                                   "geometry": obs.geometry, "masked": masked, "model": tokens},
-                         "detector_counts": counts.as_dict()})
-
-
-def _multi_panel_model(args: Options, say) -> tuple:
-    """A multi-panel ``--expt``: ``(configs, names, groups, group labels, panel 0's flags)`` (:mod:`refine.inputs.panels`)."""
-    if args.pixels.roi:
-        raise InputError("--roi: not with a multi-panel --expt detector (fit spot windows: --refl, --spot-window)")
-    tokens = list(model_tokens(args, say, multi_panel=True))
-    configs, names = panel_configs(args, tokens, args.compute.dtype)
-    groups, labels = panel_groups(args, args.dials.panel_groups)
-    say(f"  {len(configs)} detector panels; {len(groups)} rigid panel group{'s' if len(groups) > 1 else ''} "
-        f"(--panel-groups {args.dials.panel_groups or 0}): " + ", ".join(f"{k} {label}" for k, label in enumerate(labels)))
-    return configs, names, groups, labels, tokens
-
-
-def load_inputs(args: Options, checked: Checked, say) -> Inputs:
-    """The observed image (measured or a synthetic problem) and the starting model's configuration."""
-    inputs = _load_problem(args, checked, say) if args.model.problem else _load_image(args, checked, say)
-    inputs.extra["command"] = " ".join([PROG, *args.argv])
-    check_not_inputs([(f"--model {flag}", path) for flag, path in inputs.cfg.model_files()], checked.outputs.items())
-    if args.compute.dtype != inputs.cfg.dtype:
-        inputs.cfg = inputs.cfg.replace(dtype=args.compute.dtype)
-    return inputs
 
 
 def tile_evaluations(device: str | torch.device) -> int:
