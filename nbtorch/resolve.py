@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,21 +34,24 @@ import torch
 from nbtorch import beam_centre as bc
 from nbtorch import crng
 from nbtorch.beam_sources import resolve_sources
-from nbtorch.config import ANISOTROPIC_SHAPE, SHAPES, SimulationConfig
+from nbtorch.config import SimulationConfig
 from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import read_fdump, read_hkl
 from nbtorch.io.reflections import is_reflection_file, read_reflection_file
 from nbtorch.io.matrix import read_mosflm_matrix
-from nbtorch.io.smv import read_smv
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.physics.crystal import orientation_from_reciprocal
 from nbtorch.physics.mosaic import EVEN_MOSAIC_MODELS, MOSAIC_MODELS, even_mosaic_domains, rocking_sigma_per_spread
 from nbtorch.physics.rotation import rotation_matrix_xyz
+from nbtorch.resolve_checks import check_cell, check_positive, check_size_matrix, read_mask, validate
+from nbtorch.resolved_setup import (CrystalSetup, DetectorSetup, SamplingSetup, SensorSetup, Setup,
+                                    StructureFactorSetup)
 
 __all__ = ["PARAMETER_NAMES", "Setup", "DetectorSetup", "CrystalSetup", "SamplingSetup", "SensorSetup",
            "StructureFactorSetup", "resolve", "resolve_detector", "resolve_crystal", "resolve_sampling",
-           "resolve_sensor", "resolve_structure_factors", "beam_centre_defaults", "check_cell", "corner_dmin_A",
+           "resolve_sensor", "resolve_structure_factors", "beam_centre_defaults", "check_cell", "check_size_matrix",
+           "corner_dmin_A",
            "DEFAULT_FLUENCE", "MAX_AUTO_OVERSAMPLE", "MAX_SAMPLES_PER_PIXEL", "mosaic_model_of", "with_mosaic_domains",
            "EVEN_MOSAIC_DOMAINS", "MAX_EVEN_MOSAIC_DOMAINS", "DEFAULT_MOSAIC_MODEL", "EVEN_MOSAIC_MODELS", "MOSAIC_MODELS",
            "rocking_sigma_per_spread"]
@@ -68,164 +70,6 @@ MAX_AUTO_OVERSAMPLE = 100
 #: oversample: the simulator holds every sample of a tile (at least 16 pixels) at once, ~175 bytes
 #: each (float64), so 2^20 per pixel is ~3 GB per tile; beyond it is an error, not an allocator crash
 MAX_SAMPLES_PER_PIXEL = 1 << 20
-
-
-# --------------------------------------------------------------------------------------
-# the pieces of a Setup (frozen: a Setup never changes once resolved)
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DetectorSetup:
-    """The detector: pixels, ROI, unit axes (lab frame), pivot and the canonical geometry values."""
-
-    convention: str
-    pivot: str  # "beam" or "sample"
-    beam: np.ndarray  # (3,) unit, propagation direction
-    fdet: np.ndarray  # (3,) unit, fast axis (unrotated)
-    sdet: np.ndarray  # (3,) unit, slow axis (unrotated)
-    odet: np.ndarray  # (3,) unit, normal (unrotated)
-    twotheta_axis: np.ndarray
-    polar_axis: np.ndarray  # (3,) unit, E-vector of the incident beam
-    spindle: np.ndarray  # (3,) unit, phi rotation axis
-    pixel_m: float
-    fpixels: int
-    spixels: int
-    detsize_s_m: float
-    roi: tuple[int, int, int, int]  # xmin xmax ymin ymax inclusive, clipped to the detector
-    close_distance_given_m: float | None
-    distance_m: float  # canonical: sample to detector plane along the beam
-    close_distance_m: float  # signed close distance (ratio x distance) the oversample rule uses
-    beam_x_m: float  # canonical beam centre (nbtorch.beam_centre)
-    beam_y_m: float
-
-
-@dataclass(frozen=True)
-class CrystalSetup:
-    """The crystal: cell (A, deg), starting orientation, misset (deg), size (unit cells), spot shape."""
-
-    cell: np.ndarray  # (6,) a b c (A) alpha beta gamma (deg)
-    orientation0: np.ndarray  # (3, 3) U0: identity for -cell, the matrix's rotation for -mat
-    cell_quirk: bool  # the C's triclinic formula applies (C parity with -cell)
-    misset_deg: tuple[float, float, float]
-    n_cells: tuple[float, float, float]  # N_a N_b N_c, at least 1
-    shape: str
-    fudge: float
-    water_F2N: float  # the water droplet's scattering (F^2 x number of molecules)
-
-
-@dataclass(frozen=True)
-class SamplingSetup:
-    """What each pixel sums over: phi steps, mosaic domains, sources and sub-pixels."""
-
-    phisteps: int
-    phistep_deg: float
-    phi_quirk: bool  # the C's phi=0 stale rotation (C parity, or -phi_carryover_mode c-parity)
-    mosaic_spread_deg: float
-    mosaic_axes: np.ndarray  # (M, 3)
-    mosaic_fractions: np.ndarray  # (M,) angle = spread * fraction (the random draw: domain 0 has 0)
-    incident: np.ndarray  # (Q, 3) unit vectors source -> sample
-    wavelength_factor: np.ndarray  # (Q,) source wavelength / wavelength parameter
-    oversample: int
-    steps: int  # sources x phi steps x mosaic domains x oversample^2 (the C's normalisation)
-    #: (Q,) wavelength_factor - 1 at the resolved dispersion; (Q, 2) each source's horizontal and vertical
-    #: angle (rad) at the resolved divergence; the resolved widths (dispersion %, divergence_h/_v mrad; 0:
-    #: no spread along that axis).  The simulator scales the offsets with the width parameters.
-    wavelength_offset: np.ndarray
-    source_angles_rad: np.ndarray
-    source_widths: dict
-    #: one spread per crystal axis (-mosaic_abc, nbtorch.physics.mosaic), the canonical names mosaic_spread_a/b/c;
-    #: False: nanoBragg's isotropic mosaic_spread (the default; mosaic_spread_a/b/c are then not used)
-    mosaic_anisotropic: bool = False
-    #: the domains' model (nbtorch.physics.mosaic.MOSAIC_MODELS): gaussian or ball (even sets) or random (the C's draw)
-    mosaic_model: str = "ball"
-
-
-@dataclass(frozen=True)
-class SensorSetup:
-    """The sensor: layers through its thickness and their attenuation."""
-
-    thicksteps: int
-    layer_thickness_m: float
-    mu_per_m: float
-    has_thickness: bool
-
-
-@dataclass(frozen=True)
-class StructureFactorSetup:
-    """The structure-factor table (None without ``-hkl``/``-dump``) and how it is looked up."""
-
-    F_grid: np.ndarray | None
-    F_present: np.ndarray | None  # bool, entries listed in the HKL file (others follow default_F)
-    hkl_min: np.ndarray | None
-    hkl_max: np.ndarray | None
-    interpolate: bool
-    dmin_A: float  # resolution cut (0 = none)
-    notes: tuple[str, ...] = ()
-
-
-def _delegate(piece: str, name: str) -> property:
-    """A read-only Setup attribute that is ``setup.<piece>.<name>``."""
-    return property(lambda self: getattr(getattr(self, piece), name), doc=f"``{piece}.{name}``")
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Everything static about a simulation (numbers and numpy arrays, SI where noted).
-
-    The five pieces hold the values; the attributes below delegate to them, so that
-    ``setup.pixel_m`` is ``setup.detector.pixel_m`` and so on.
-    """
-
-    config: SimulationConfig
-    c_parity: bool
-    params: dict  # canonical name -> float (units: nbtorch.parameters)
-    detector: DetectorSetup
-    crystal: CrystalSetup
-    sampling: SamplingSetup
-    sensor: SensorSetup
-    structure_factors: StructureFactorSetup
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    #: ``-mask``: bool (spixels, fpixels), True = simulate the pixel, False = skip it (value 0,
-    #: as the C's zero mask pixels); None without ``-mask``.  A field of its own (not of the
-    #: detector) so that ``dataclasses.replace(setup, pixel_mask=...)`` restricts a simulator.
-    pixel_mask: np.ndarray | None = None
-
-    @property
-    def samples_per_pixel(self) -> int:
-        """Sensor layers x sub-pixels x sources: the scattering vectors of one pixel."""
-        return self.thicksteps * self.oversample**2 * len(self.incident)
-
-    @property
-    def evaluations_per_pixel(self) -> int:
-        """Samples x phi steps x mosaic domains: the lattice-factor evaluations of one pixel."""
-        return self.samples_per_pixel * self.phisteps * len(self.mosaic_fractions)
-
-
-#: the Setup attributes that are fields of one of its pieces (read through, never copied)
-_DELEGATED = {
-    "detector": ("convention", "pivot", "beam", "fdet", "sdet", "odet", "twotheta_axis", "polar_axis", "spindle",
-                 "pixel_m", "fpixels", "spixels", "detsize_s_m", "roi", "close_distance_given_m"),
-    "crystal": ("orientation0", "cell_quirk", "shape", "fudge", "water_F2N"),
-    "sampling": ("phisteps", "phistep_deg", "phi_quirk", "mosaic_axes", "mosaic_fractions", "mosaic_anisotropic",
-                 "mosaic_model", "incident", "wavelength_factor", "oversample", "steps"),
-    "sensor": ("thicksteps", "layer_thickness_m", "mu_per_m", "has_thickness"),
-    "structure_factors": ("F_grid", "F_present", "hkl_min", "hkl_max", "interpolate", "dmin_A"),
-}
-for _piece, _names in _DELEGATED.items():
-    for _name in _names:
-        setattr(Setup, _name, _delegate(_piece, _name))
-del _piece, _names, _name
-
-
-# --------------------------------------------------------------------------------------
-# small rules: positive values, the C's phi steps
-# --------------------------------------------------------------------------------------
-def _check_positive(name: str, value, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    bad = (value < 0) if allow_zero else (value <= 0)
-    if not math.isfinite(value) or bad:
-        need = "non-negative" if allow_zero else "positive"
-        raise InputError(f"{name}: must be {need} and finite, got {value:g}")
 
 
 def _resolve_phi(cfg: SimulationConfig):
@@ -494,7 +338,7 @@ def resolve_sensor(cfg: SimulationConfig, c_parity: bool, sampling: SamplingSetu
         if math.isinf(cfg.detector_abs_um) or cfg.detector_abs_um == 0:
             thick, mu = 0.0, 0.0
         else:
-            _check_positive("-detector_abs", cfg.detector_abs_um)
+            check_positive("-detector_abs", cfg.detector_abs_um)
             mu = 1.0 / (cfg.detector_abs_um * 1e-6)
     n_layers = cfg.detector_thicksteps if cfg.detector_thicksteps not in (None, 0) else None
     if thick > 0:
@@ -588,7 +432,7 @@ def _fluence(cfg: SimulationConfig) -> float:
     """``-fluence``, or ``-flux x -exposure / -beamsize^2`` when all three are given, or the default."""
     fluence = cfg.fluence if cfg.fluence is not None else DEFAULT_FLUENCE
     beamsize = cfg.beamsize_mm / 1000.0
-    if cfg.flux != 0.0 and cfg.exposure_s > 0.0 and beamsize > 0:  # (all positive: _validate)
+    if cfg.flux != 0.0 and cfg.exposure_s > 0.0 and beamsize > 0:  # (all positive: validate)
         fluence = cfg.flux * cfg.exposure_s / beamsize / beamsize
     return fluence
 
@@ -621,10 +465,10 @@ def _canonical_params(cfg: SimulationConfig, detector: DetectorSetup, crystal: C
 
 def resolve(cfg: SimulationConfig) -> Setup:
     """Apply nanoBragg's rules to a config.  Raises InputError for impossible input."""
-    _validate(cfg)
+    validate(cfg)
     c_parity = bool(cfg.c_parity)
     detector = resolve_detector(cfg)
-    pixel_mask = (_read_mask(cfg.mask_file, detector.fpixels, detector.spixels)
+    pixel_mask = (read_mask(cfg.mask_file, detector.fpixels, detector.spixels)
                   if cfg.mask_file is not None else None)
     crystal = resolve_crystal(cfg, c_parity)
     sampling = resolve_sampling(cfg, c_parity, detector, crystal)
@@ -635,117 +479,3 @@ def resolve(cfg: SimulationConfig) -> Setup:
         detector=detector, crystal=crystal, sampling=sampling, sensor=sensor,
         structure_factors=structure_factors, notes=structure_factors.notes, pixel_mask=pixel_mask,
     )
-
-
-# --------------------------------------------------------------------------------------
-# checks of the config
-# --------------------------------------------------------------------------------------
-def check_cell(cell, label: str) -> None:
-    """Raise unless ``(a, b, c, alpha, beta, gamma)`` (Å, degrees) is a possible unit cell."""
-    a, b, c, al, be, ga = (float(v) for v in cell)
-    for name, v in zip(("a", "b", "c"), (a, b, c)):
-        _check_positive(f"{label} {name}", v)
-    for name, v in zip(("alpha", "beta", "gamma"), (al, be, ga)):
-        if not (0.0 < v < 180.0):
-            raise InputError(f"{label} {name}: angle must be between 0 and 180 degrees, got {v:g}")
-    if not (al < be + ga and be < al + ga and ga < al + be and al + be + ga < 360.0):
-        raise InputError(f"{label}: angles {al:g} {be:g} {ga:g} do not make a unit cell "
-                         "(each < sum of the others, sum < 360)")
-
-
-def check_size_matrix(n_cells, label: str) -> None:
-    """Raise unless the symmetric size matrix of ``n_cells`` (Na Nb Nc Nd Ne Nf, unit cells) is positive
-    definite (``-gauss_aniso_xtal``: the crystal's extent along every direction must be positive)."""
-    na, nb, nc, nd, ne, nf = (float(v) for v in n_cells)
-    if not all(math.isfinite(v) for v in (na, nb, nc, nd, ne, nf)):
-        raise InputError(f"{label}: the crystal sizes must be finite, got {na:g} {nb:g} {nc:g} {nd:g} {ne:g} {nf:g}")
-    eig = np.linalg.eigvalsh(np.array([[na, nd, nf], [nd, nb, ne], [nf, ne, nc]]))
-    if not eig.min() > 0:
-        raise InputError(f"{label}: the size matrix [[Na Nd Nf] [Nd Nb Ne] [Nf Ne Nc]] = [[{na:g} {nd:g} {nf:g}] "
-                         f"[{nd:g} {nb:g} {ne:g}] [{nf:g} {ne:g} {nc:g}]] is not positive definite (eigenvalues "
-                         f"{' '.join(f'{v:.3g}' for v in eig)}); make the off-diagonal terms smaller")
-
-
-def _check_size_matrix(cfg: SimulationConfig) -> None:
-    """The off-diagonal sizes -Nd -Ne -Nf: only with -gauss_aniso_xtal, and N positive definite there."""
-    off = {"-Nd": cfg.N_d, "-Ne": cfg.N_e, "-Nf": cfg.N_f}
-    for flag, v in off.items():
-        if not math.isfinite(v):
-            raise InputError(f"{flag}: value is not finite ({v})")
-    if cfg.shape != ANISOTROPIC_SHAPE:
-        given = [f"{k} {v:g}" for k, v in off.items() if v != 0]
-        if given:
-            raise InputError(f"{', '.join(given)}: the off-diagonal crystal sizes act only with -gauss_aniso_xtal "
-                             f"(the crystal shape is {cfg.shape})")
-        return
-    diag = (max(1.0, float(v)) for v in (cfg.N_a, cfg.N_b, cfg.N_c))
-    check_size_matrix((*diag, cfg.N_d, cfg.N_e, cfg.N_f), "-gauss_aniso_xtal")
-
-
-def _check_mosaic_abc(cfg: SimulationConfig) -> None:
-    """``-mosaic_abc``: three finite spreads >= 0 (deg), spec mode only (the C has no anisotropic mosaic)."""
-    abc = cfg.mosaic_spread_abc_deg
-    if abc is None:
-        return
-    if cfg.c_parity:
-        raise InputError("-mosaic_abc: the anisotropic mosaic is a spec-mode model; drop it or -c_parity")
-    if len(abc) != 3 or not all(math.isfinite(v) and v >= 0 for v in abc):
-        raise InputError(f"-mosaic_abc: expected three finite spreads >= 0 (deg), got {' '.join(map(str, abc))}")
-
-
-def _validate(cfg: SimulationConfig) -> None:
-    if cfg.cell is None and cfg.mat_file is None:
-        raise InputError("no crystal: give -cell a b c alpha beta gamma or -mat FILE")
-    if cfg.cell is not None and cfg.mat_file is not None:
-        raise InputError("-cell and -mat both given: use one to define the lattice")
-    if cfg.cell is not None:
-        check_cell(cfg.cell, "-cell")
-    flag = cfg.flag_for  # the flag the user typed for a field (e.g. -N for N_a), else the default name
-    for field_, default in (("wavelength_A", "-lambda"), ("pixel_mm", "-pixel"), ("distance_mm", "-distance"),
-                            ("close_distance_mm", "-close_distance"), ("detsize_f_mm", "-detsize_f"),
-                            ("detsize_s_mm", "-detsize_s"), ("source_distance_mm", "-source_distance"),
-                            ("fluence", "-fluence"), ("hkl_dmin_A", "-hkl_dmin")):
-        _check_positive(flag(field_, default), getattr(cfg, field_))
-    for field_, default in (("N_a", "-Na"), ("N_b", "-Nb"), ("N_c", "-Nc"), ("flux", "-flux"),
-                            ("exposure_s", "-exposure"), ("beamsize_mm", "-beamsize")):
-        _check_positive(flag(field_, default), getattr(cfg, field_), allow_zero=True)
-    for field_, default in (("fpixels", "-detpixels_f"), ("spixels", "-detpixels_s"), ("oversample", "-oversample")):
-        v = getattr(cfg, field_)
-        if v is not None and v <= 0:
-            raise InputError(f"{flag(field_, default)}: must be a positive count, got {v}")
-    for field_, default in (("phisteps", "-phisteps"), ("mosaic_domains", "-mosaic_dom"), ("dispsteps", "-dispsteps"),
-                            ("hdivsteps", "-hdivsteps"), ("vdivsteps", "-vdivsteps"),
-                            ("detector_thicksteps", "-thicksteps")):
-        v = getattr(cfg, field_)
-        if v is not None and v < 0:
-            raise InputError(f"{flag(field_, default)}: must not be negative, got {v}")
-    for field_, default in (("mosaic_spread_deg", "-mosaic"), ("dispersion_pct", "-dispersion"),
-                            ("detector_thick_um", "-detector_thick"), ("water_um", "-water"), ("dmin_A", "-dmin"),
-                            ("hdivrange_mrad", "-hdivrange"), ("vdivrange_mrad", "-vdivrange")):
-        _check_positive(flag(field_, default), getattr(cfg, field_), allow_zero=True)
-    _check_mosaic_abc(cfg)
-    if cfg.flux > 0:  # fluence = flux * exposure / beamsize^2
-        for field_, default in (("exposure_s", "-exposure"), ("beamsize_mm", "-beamsize")):
-            if getattr(cfg, field_) == 0:
-                raise InputError(f"{flag(field_, default)}: must be positive to compute the fluence from -flux, got 0")
-    if cfg.shape not in SHAPES:
-        raise InputError(f"unknown crystal shape {cfg.shape!r}")
-    _check_size_matrix(cfg)
-    if cfg.dtype not in ("float32", "float64"):
-        raise InputError(f"-dtype: expected float32 or float64, got {cfg.dtype!r}")
-    if not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
-        raise InputError(f"-device: expected cpu or cuda[:N], got {cfg.device!r}")
-
-
-def _read_mask(path: str, fpixels: int, spixels: int) -> np.ndarray:
-    """``-mask``: True where the SMV pixel is non-zero (simulated), False where it is 0 (skipped)."""
-    try:
-        image, _ = read_smv(path)
-    except InputError as exc:
-        raise InputError(f"-mask {exc}") from None
-    if image.shape != (spixels, fpixels):
-        raise InputError(f"-mask {path}: mask is {image.shape[1]} x {image.shape[0]} pixels but the detector is "
-                         f"{fpixels} x {spixels} (fast x slow)")
-    mask = np.asarray(image != 0)
-    mask.setflags(write=False)
-    return mask
