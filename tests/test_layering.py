@@ -136,12 +136,13 @@ def project_modules(root: Path) -> dict[str, Path]:
 
 
 def _type_checking_only(tree: ast.AST) -> set[int]:
-    """ids of the nodes under ``if TYPE_CHECKING:`` (imports for annotations only)."""
+    """Line numbers of the statements under ``if TYPE_CHECKING:`` (imports for annotations only; lines, not node
+    ids: :func:`_bindings` walks a tree of its own)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.body:
-                skip.update(id(k) for k in ast.walk(child))
+                skip.update(range(child.lineno, child.end_lineno + 1))
     return skip
 
 
@@ -172,7 +173,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     for module, path in modules.items():
         skip = _type_checking_only(ast.parse(path.read_text()))
         graph[module] = {t for node, _, _, _, t in _bindings(module, path, modules)
-                         if t is not None and t != module and id(node) not in skip}
+                         if t is not None and t != module and node.lineno not in skip}
     return graph
 
 

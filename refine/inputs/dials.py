@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nbtorch.errors import InputError
-from refine.inputs.dials_profile import (PROFILE_FLAGS, mosaic_model_of_tokens, profile_model, still_model,
-                                         window_half_px)
+from refine.inputs.dials_profile import (PROFILE_FLAGS, lab_panel, mosaic_model_of_tokens, profile_model,
+                                         still_model, window_half_px)
 
 if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
@@ -134,25 +134,6 @@ def image_index(args: Options) -> int:
     return 0 if index is None else index
 
 
-def _lab_panel(exp) -> dict:
-    """Panel 0 with its frame in the lab (a hierarchy's frames composed)."""
-    from nbtorch.io.dials import panel_lab_frames
-
-    f, s, o = panel_lab_frames(exp.detector)[0]
-    return dict(exp.panel, fast_axis=list(f), slow_axis=list(s), origin=list(o))
-
-
-def _panel_distance_mm(exp) -> float:
-    """The panel's distance from the sample along its normal (mm; a multi-panel detector: panel 0's)."""
-    panel = _lab_panel(exp)
-    normal = np.cross(panel["fast_axis"], panel["slow_axis"])
-    return abs(float(np.dot(panel["origin"], normal / np.linalg.norm(normal))))
-
-
-def _pixel_mm(exp) -> float:
-    return float(exp.panel["pixel_size"][0])
-
-
 def _typical_dstar(args: Options, exp) -> float:
     """The median ``1/d`` of the ``--refl`` spots (its ``d`` column), else of the panel's pixels (1/A)."""
     from nbtorch.dials_geometry import nb_from_dials
@@ -166,7 +147,7 @@ def _typical_dstar(args: Options, exp) -> float:
         d = d[np.isfinite(d) & (d > 0)]
         if len(d):
             return float(np.median(1.0 / d))
-    panel = _lab_panel(exp)
+    panel = lab_panel(exp)
     nf, ns = (int(v) for v in panel["image_size"])
     px = float(panel["pixel_size"][0])
     u, v = np.meshgrid(np.linspace(0, nf, 17), np.linspace(0, ns, 17))

@@ -11,7 +11,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from nbtorch.errors import InputError
-from refine.inputs.dials import _panel_distance_mm, _pixel_mm
+
+
+def lab_panel(exp) -> dict:
+    """Panel 0 with its frame in the lab (a hierarchy's frames composed)."""
+    from nbtorch.io.dials import panel_lab_frames
+
+    f, s, o = panel_lab_frames(exp.detector)[0]
+    return dict(exp.panel, fast_axis=list(f), slow_axis=list(s), origin=list(o))
+
+
+def panel_distance_mm(exp) -> float:
+    """The panel's distance from the sample along its normal (mm; a multi-panel detector: panel 0's)."""
+    panel = lab_panel(exp)
+    normal = np.cross(panel["fast_axis"], panel["slow_axis"])
+    return abs(float(np.dot(panel["origin"], normal / np.linalg.norm(normal))))
+
+
+def pixel_mm(exp) -> float:
+    return float(exp.panel["pixel_size"][0])
 
 
 #: sigma of the main lobe of nanoBragg's square lattice factor ``sin^2(pi N h) / sin^2(pi h)`` in ``N h`` (a Gaussian
@@ -134,7 +152,7 @@ def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = 
         raise InputError(f"-mosaic_model: unknown model {mosaic_model!r}") from None
     return ProfileModel(N=n_abc, mosaic_deg=math.degrees(eta) / per_spread, domains=domains, mosaic_model=mosaic_model,
                         phisteps=phisteps, domain_A=size, dstar=dstar, sigma_b_deg=float(profile["sigma_b"]),
-                        sigma_m_deg=float(profile["sigma_m"]), spot_px=sb * _panel_distance_mm(exp) / _pixel_mm(exp))
+                        sigma_m_deg=float(profile["sigma_m"]), spot_px=sb * panel_distance_mm(exp) / pixel_mm(exp))
 
 
 @dataclass(frozen=True)
@@ -237,7 +255,7 @@ def window_half_px(exp, still: bool = False) -> tuple[int, str]:
     sb = sigma_b_deg(exp)
     if sb is None:
         return WINDOW_PX_WITHOUT_PROFILE, "the experiment has no profile"
-    px = math.radians(sb) * _panel_distance_mm(exp) / _pixel_mm(exp)
+    px = math.radians(sb) * panel_distance_mm(exp) / pixel_mm(exp)
     if still:
         return (max(2, math.ceil(3.0 * px / math.sqrt(2.0) - 1e-9)),
                 f"3 sigma along each axis, from the profile's sigma_b {sb:.4g} deg = {px:.3g} px")
