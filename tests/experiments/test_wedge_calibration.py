@@ -89,3 +89,17 @@ def test_the_cell_esds_cover_the_error_across_the_wedges(tmp_path):
     assert dials["wedges"] >= 20 and dials["converged"] == dials["wedges"]
     assert 0.7 <= dials["rms_z"] <= 1.5 and dials["max_abs_z"] <= 3.5, dials
     assert stats["held"]["rms_z"] > 5, stats["held"]  # DIALS's geometry held: its error is not in the esds
+
+
+@pytest.mark.slow
+def test_one_amplitude_per_reflection_on_wedges_of_wilson_amplitudes(tmp_path):
+    """The amplitude default on the set (measured 2026-11-29, docs/many-images.md "DIALS's geometry as a prior"): with
+    amplitudes drawn per reflection, the default (one amplitude per unique reflection) keeps the esds honest where one
+    F for every reflection leaves the cell several times further off than its esds say."""
+    out = tmp_path / "wilson"
+    assert main(["--out-dir", str(out), "--truth-f", "wilson", "--variants", "dials", "one_f"]) == 0
+    stats = {s["variant"]: s for s in json.loads((out / "rows.json").read_text())["summary"]}
+    default, one_f = stats["dials"], stats["one_f"]
+    assert default["converged"] == default["wedges"] >= 20
+    assert 0.7 <= default["rms_z"] <= 1.5 and default["max_abs_z"] <= 3.5, default
+    assert one_f["rms_z"] > 1.5 * default["rms_z"] and one_f["rms_rel_pct"] > 2 * default["rms_rel_pct"], one_f
