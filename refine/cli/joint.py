@@ -56,6 +56,7 @@ from refine.many.batch import end_process_group, expand_image_list, per_image_ar
 from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
                                     start_and_priors)
 from refine.cli.single import amplitude_options, prepare
+from refine.cli.stills_file import write_joint_expt
 from refine.inputs.dials import experiment_symmetry, refl_shoeboxes, scan_indices, write_expt_out
 from refine.fitting.parameters import GROUPS, ParameterSpace
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
@@ -81,13 +82,15 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
     return names
 
 
-def image_args(args: Options, image: str, out_dir: Path, index: int | None) -> Options:
+def image_args(args: Options, image: str, out_dir: Path, index: int | dict | None) -> Options:
     """The single-run options that load ``image`` in a joint run: its ``{stem}`` and, with ``--expt``, its image of
-    the scan (``index``, :func:`refine.inputs.dials.scan_indices`); the joint run's checkpoint is resumed, not a single
-    run's, and the structure factors are the joint run's (one shared table), not each image's."""
+    the scan (``index``, :func:`refine.inputs.dials.scan_indices`) or, a dict, its fields as a still of a many-still
+    file (``expt_index``, ``frame``: :func:`refine.cli.stills_file.still_images`); the joint run's checkpoint is
+    resumed, not a single run's, and the structure factors are the joint run's (one shared table), not each image's."""
+    still = index if isinstance(index, dict) else {}
     return per_image_args(args, image, out_dir).with_fields(
         quiet=args.output.quiet, resume=False, structure_factors=False, space_group=None, f_restraint=None,
-        hkl_out=None, expt_image=args.dials.expt_image if index is None else index)
+        hkl_out=None, expt_image=args.dials.expt_image if index is None or still else index, **still)
 
 
 class _SayOnce:
@@ -224,17 +227,19 @@ def _drop_stored(pixels: list) -> None:
             px.path.unlink(missing_ok=True)
 
 
-def run_joint(args: Options, say: Callable[[str], None] = print) -> int:
+def run_joint(args: Options, say: Callable[[str], None] = print,
+              stills: tuple[list[str], list[dict]] | None = None) -> int:
     """Check the images against ``--expt``, load this process's images, refine all jointly, write
     ``joint.json``/``joint.h5``; the exit status.  A run refused with an :class:`InputError` leaves no ``--out-dir``
-    it made behind."""
-    images = expand_image_list(args.many.images)
+    it made behind.  ``stills``: the images and per-image fields of the stills of one DIALS file
+    (:func:`refine.cli.stills_file.still_images`), also written as ``OUT_DIR/refined.expt``."""
+    images = expand_image_list(args.many.images) if stills is None else stills[0]
     out_dir = Path(args.many.out_dir or "out/joint")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     made = not out_dir.exists()
     try:
-        code = _run_joint(args, images, out_dir, say)
+        code = _run_joint(args, images, out_dir, say, None if stills is None else stills[1])
     except InputError:
         if made and Comm().rank == 0:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -253,7 +258,8 @@ def _held_geometry(free: Sequence[str]) -> str:
     return f"every other parameter ({', '.join(held)}) held" if held else "every other parameter held"
 
 
-def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None]) -> int:
+def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None],
+               stills: list[dict] | None = None) -> int:
     t0 = time.monotonic()
     background = resolve_auto(args.fit.background, False, False)  # auto: constant
     if parse_background(background).kind not in ("constant", "planar"):
@@ -263,7 +269,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     args = resolve_amplitudes(args, say)
     amplitudes = amplitude_options(args)  # its space group checked before any image is loaded
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
-    indices = scan_indices(args, images)  # every image matched to the --expt scan, before any work
+    indices = scan_indices(args, images) if stills is None else stills  # matched to the --expt scan, before any work
     shared = split_names(args.many.shared, default_shared(args, symmetry, say)
                          if args.many.shared is None else (), "--shared")
     per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
@@ -304,8 +310,24 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         result = _with_spots(result, sims, spots, _sweep_boxes(args, indices))
     if Comm().rank == 0:  # the process group refine_joint used
         _write_and_say(args, result, images, out_dir, hkl, sims, say, t0)
+    if stills is not None:
+        _write_stills_expt(args, result, images, stills, out_dir, sims, say)
     joint = result.joint if isinstance(result, SerialResult) else result
     return 0 if joint.status.ok else 1
+
+
+def _write_stills_expt(args: Options, result, images: list[str], stills: list[dict], out_dir: Path, sims: list,
+                       say) -> None:
+    """``OUT_DIR/refined.expt`` of a joint run of the stills of one DIALS file (every process its own images';
+    :func:`refine.cli.stills_file.write_joint_expt`)."""
+    if isinstance(result, SerialResult):  # the images a screened run kept
+        values = {i: result.joint.images[j] for j, i in enumerate(result.used)}
+    else:
+        values = dict(enumerate(result.images))
+    per_image = [image_args(args, image, out_dir, fields) for image, fields in zip(images, stills)]
+    path = write_joint_expt(args, out_dir, values, sims, per_image)
+    if path is not None:
+        say(f"refined experiments: {path}")
 
 
 def _sweep_boxes(args: Options, indices: list) -> tuple | None:

@@ -18,19 +18,24 @@ from refine.cli.joint import run_joint
 from refine.cli.options import PROG, Options
 from refine.cli.parser import parse_args
 from refine.cli.single import run
+from refine.cli.stills_file import joint_stills, run_stills_independent, still_images
 from refine.many.batch import run_batch
-from refine.many.dials_stills import many_dials_stills, run_dials_stills
+from refine.many.dials_stills import many_dials_stills
 from refine.solver.runner import RefinementInterrupted
 
 __all__ = ["main", "dispatch"]
 
 
 def dispatch(args: Options) -> int:
-    """Joint, independent (many images, or many stills of one DIALS file) or single mode; returns the exit status."""
+    """Joint (many images, or many stills of one DIALS file), independent (the same) or single mode; returns the
+    exit status."""
+    if joint_stills(args):
+        say = Printer(args.output.quiet)
+        return run_joint(args, say, still_images(args, say))
     if args.many.images and args.many.joint:
         return run_joint(args, Printer(args.output.quiet))
     if many_dials_stills(args):
-        return run_dials_stills(args, run, Printer(args.output.quiet))
+        return run_stills_independent(args, run, Printer(args.output.quiet))
     if args.many.images:
         return run_batch(args, run, Printer(args.output.quiet))
     return run(args)

@@ -317,8 +317,9 @@ def _check_modes(args: argparse.Namespace) -> None:
     for flag, value in (("--joint", args.joint), ("--shared", args.shared), ("--per-image", args.per_image),
                         ("--pixel-memory", args.pixel_memory is not None), ("--screen", args.screen),
                         ("--add-to", args.add_to is not None), ("--geometry-prior", args.geometry_prior is not None)):
-        if value and not (args.images and args.joint):
-            raise InputError(f"{flag}: only with --images and --joint (joint mode)")
+        if value and not ((args.images or stills) and args.joint):
+            raise InputError(f"{flag}: only with --images and --joint (joint mode), or --expt and --refl with --joint "
+                             "(the stills of one DIALS file)")
     if args.add_to is not None:
         args.screen = True
     if args.screen and args.resume:

@@ -20,7 +20,7 @@ import pytest
 from cli_helpers import simulate
 from nbtorch.dials_geometry import experiment_flags
 from nbtorch.io import write_cbf
-from nbtorch.io.dials import read_expt, write_refl
+from nbtorch.io.dials import experiment_image, read_expt, write_refl
 from nbtorch.io.hdf5 import write_h5
 from refine.inputs.spots import find_spots
 from refine.many.dials_stills import read_dials_stills
@@ -109,8 +109,8 @@ def test_real_serial_file_read_and_its_missing_images_refused(refine_cli, tmp_pa
 
 
 def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
-    """Each experiment with its image (relative to the .expt), crystal and reflections: results in out/<identifier>/
-    and the summary; an image missing with --skip-missing: the other refined, the missing one listed; --images gives
+    """Each experiment with its image (relative to the .expt), crystal and reflections: results in out/<identifier>/,
+    the summary and out/refined.expt (both experiments, each crystal refined; a skipped one as given); an image missing with --skip-missing: the other refined, the missing one listed; --images gives
     moved images in experiment order."""
     data = _copy_data(stills)
     counts = [s.reflections for s in read_dials_stills(str(data / "many.expt"), str(data / "many.refl"))]
@@ -125,6 +125,12 @@ def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
     rows = _summary(tmp_path / "out" / "summary.csv")
     assert [Path(row["image"]).name for row in rows] == ["a.cbf", "b.cbf"]
     assert [Path(row["folder"]).name for row in rows] == ["s0", "s1"]
+    before = [read_expt(data / "many.expt", k) for k in range(2)]
+    after = [read_expt(tmp_path / "out" / "refined.expt", k) for k in range(2)]  # both experiments, each refined
+    assert after[0].n_experiments() == 2 and [e.identifier for e in after] == ["s0", "s1"]
+    assert [experiment_image(e) for e in after] == [experiment_image(e) for e in before]
+    assert all(a.crystal["real_space_a"] != b.crystal["real_space_a"] for a, b in zip(after, before))
+    assert "refined experiments (2 of 2 refined, the others as given)" in r.out
     moved = tmp_path / "moved"
     moved.mkdir()
     (data / "b.cbf").rename(moved / "b.cbf")
@@ -133,10 +139,14 @@ def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
     assert r.code == 0, r.err
     assert "1 of 2 images refined, 0 failed, 1 skipped" in r.out and "experiment 1: image not found" in r.out
     assert [row["status"] for row in _summary(tmp_path / "out2" / "summary.csv")][1] == "skipped"
+    kept = read_expt(tmp_path / "out2" / "refined.expt", 1)  # the skipped still: its input crystal
+    assert kept.crystal["real_space_a"] == before[1].crystal["real_space_a"]
+    assert kept.n_experiments() == 2 and experiment_image(kept) == experiment_image(before[1])
     r = refine_cli("--expt", "data/many.expt", "--refl", "data/many.refl", "--images", "data/a.cbf", "moved/b.cbf",
                    "--out-dir", "out3", "--max-steps", "1", "--no-esds")
     assert r.code == 0, r.err
     assert r.json("out3/s1/result.json")["spots"]["n"] == counts[1]
+    assert experiment_image(read_expt(tmp_path / "out3" / "refined.expt", 1))[0] == str(moved / "b.cbf")
 
 
 def _refused(refine_cli, tmp_path, *argv) -> str:

@@ -1,0 +1,176 @@
+"""The stills of one DIALS file refined jointly, and the refined ``.expt`` of all of them (issue #44)::
+
+    nbtorch-refine --expt indexed.expt --refl indexed.refl --joint --out-dir out/joint
+    nbtorch-refine --expt indexed.expt --refl indexed.refl --out-dir out/stills
+
+``--joint`` with ``--expt`` and ``--refl`` of many still experiments (no ``--image``; ``--images`` relocates the
+images, one per experiment) refines the file's stills together (:func:`refine.cli.joint.run_joint`): image ``i`` is
+experiment ``i``'s image, read and checked as :mod:`refine.many.dials_stills` reads them (a missing image refused in
+one line before any work, or left out with ``--skip-missing``), each prepared as ``--image IMAGE --expt FILE
+--expt-index i --refl FILE`` (:func:`still_images`: the per-image fields :func:`refine.cli.joint.image_args` takes).
+
+Both modes write ``OUT_DIR/refined.expt`` (:func:`combined_document`): the ``--expt`` document with every experiment
+(identifiers, imagesets and the other models kept; the images' paths made absolute, those ``--images`` gave
+written in), each refined experiment's crystal, beam and detector replaced by
+its refined ones; models that came out equal (a shared detector of a joint run) are written once.  Independent mode
+takes each still's from its ``OUT_DIR/<name>/refined.expt`` (its ``--expt-out``); an experiment that did not refine
+keeps its input models.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Callable
+
+from nbtorch.errors import InputError
+from refine.cli.options import Options
+from refine.many.batch import expand_image_list
+from refine.many.dials_stills import many_dials_stills, read_dials_stills, relocate_images, run_dials_stills, still_items
+from refine.many.distributed import Comm
+
+__all__ = ["joint_stills", "still_images", "refined_part", "combined_document", "write_joint_expt",
+           "run_stills_independent"]
+
+KINDS = ("beam", "detector", "crystal")
+
+
+def joint_stills(args: Options) -> bool:
+    """Whether ``args`` ask for the stills of one DIALS file refined jointly: ``--joint`` (not ``--rotation-series``)
+    with the ``--expt``/``--refl`` that :func:`refine.many.dials_stills.many_dials_stills` takes."""
+    return bool(args.many.joint and not args.many.rotation_series
+                and many_dials_stills(args.with_fields(joint=False)))
+
+
+def still_images(args: Options, say: Callable[[str], None] = print) -> tuple[list[str], list[dict]]:
+    """``(images, per-image fields)`` of the ``--expt`` stills for :func:`refine.cli.joint.run_joint`: each
+    experiment's image (``--images`` in experiment order where given) and ``{"expt_index": k, "frame": ...}``;
+    checked before any work (:func:`refine.many.dials_stills.still_items`), a missing image left out with
+    ``--skip-missing`` (said).
+
+    Raises:
+        InputError: as :mod:`refine.many.dials_stills` (one line naming the input).
+    """
+    expt, refl = args.dials.expt, args.dials.refl
+    stills = read_dials_stills(expt, refl)
+    if args.many.images:
+        stills = relocate_images(stills, expand_image_list(args.many.images), expt)
+    items = still_items(stills, expt, args.many.skip_missing, args.image.dataset)
+    for item in items:
+        if item.skipped is not None:
+            say(f"  skipped: {item.row_label}: {item.skipped}")
+    kept = [item for item in items if item.skipped is None]
+    if not kept:
+        raise InputError(f"--expt {expt}: none of its {len(items)} experiments' images is here (--skip-missing)")
+    say(f"nbtorch-refine: {len(kept)} stills of --expt {expt} ({sum(s.reflections for s in stills)} reflections in "
+        f"--refl {refl}), refined jointly")
+    return [item.image for item in kept], [dict(item.fields) for item in kept]
+
+
+def refined_part(args: Options, sim, values: dict) -> dict:
+    """``{"beam", "detector", "crystal"}`` of experiment ``--expt-index`` with ``sim``'s geometry at ``values``
+    (``args``: the image's single-run options; a multi-panel detector with every panel)."""
+    from nbtorch.dials_geometry import refined_document
+    from nbtorch.dials_panels import refined_panels_document
+    from refine.inputs.dials import image_index, read_experiment
+
+    exp = read_experiment(args)
+    write = refined_panels_document if sim.panel_layout is not None else refined_document
+    return _part(write(exp, sim, dict(values), image_index(args)), exp.index)
+
+
+def _part(document: dict, index: int) -> dict:
+    exp = document["experiment"][index]
+    return {kind: copy.deepcopy(document[kind][exp[kind]]) for kind in KINDS}
+
+
+def combined_document(document: dict, parts: dict[int, dict]) -> dict:
+    """A copy of ``document`` with experiment ``k``'s beam, detector and crystal those of ``parts[k]``
+    (:func:`refined_part`); equal models written once, and those no experiment uses dropped."""
+    doc = copy.deepcopy(document)
+    for k, part in parts.items():
+        exp = doc["experiment"][k]
+        for kind in KINDS:
+            doc[kind].append(copy.deepcopy(part[kind]))
+            exp[kind] = len(doc[kind]) - 1
+    for kind in KINDS:
+        models: list = []
+        for exp in doc["experiment"]:
+            if exp.get(kind) is None:
+                continue
+            model = doc[kind][exp[kind]]
+            if model not in models:
+                models.append(model)
+            exp[kind] = models.index(model)
+        doc[kind] = models
+    return doc
+
+
+def _image_paths(doc: dict, folder: str, images: dict[int, str]) -> None:
+    """Each imageset's files as absolute paths (the output is in another folder than the ``.expt``), experiment
+    ``k``'s the image it was refined from (``images[k]``: as relocated by ``--images``) where it names one file."""
+    def absolute(p):
+        return os.path.abspath(os.path.join(folder, p)) if isinstance(p, str) and p else p
+
+    for k, exp in enumerate(doc["experiment"]):
+        ref = exp.get("imageset")
+        iset = doc.get("imageset", [])[ref] if isinstance(ref, int) and ref < len(doc.get("imageset", [])) else None
+        if not isinstance(iset, dict):
+            continue
+        files = iset.get("images") or []
+        if k in images and len(files) == 1:
+            iset["images"] = [os.path.abspath(images[k])]
+        elif isinstance(files, list):
+            iset["images"] = [absolute(f) for f in files]
+        if iset.get("template"):
+            iset["template"] = os.path.abspath(images[k]) if k in images and not files else absolute(iset["template"])
+
+
+def _write(expt: str, parts: dict[int, dict], path: Path, images: dict[int, str]) -> Path:
+    """``path``: :func:`combined_document` of ``expt`` with ``parts``, its images' paths absolute (:func:`_image_paths`)."""
+    from nbtorch.io.dials import read_expt, write_expt
+
+    doc = combined_document(read_expt(expt, 0, multi_panel=True).document, parts)
+    _image_paths(doc, os.path.dirname(os.path.abspath(expt)), images)
+    write_expt(path, doc)
+    return path
+
+
+def write_joint_expt(args: Options, out_dir: Path, values: dict[int, dict], sims: list, image_args: list) -> Path | None:
+    """A joint run's ``OUT_DIR/refined.expt``: every process its held images' parts (``values``: image -> refined
+    values; ``image_args``: each image's single-run options), gathered; process 0 writes (the path; None elsewhere)."""
+    local = {i: refined_part(image_args[i], sims[i], values[i]) for i in values if sims[i] is not None}
+    comm = Comm()
+    gathered = comm.gather_objects(local, len(sims))
+    if comm.rank != 0:
+        return None
+    parts = {int(image_args[i].dials.expt_index): part for i, part in enumerate(gathered) if part is not None}
+    images = {int(a.dials.expt_index): a.image.image for a in image_args}
+    return _write(args.dials.expt, parts, out_dir / "refined.expt", images)
+
+
+def run_stills_independent(args: Options, run_one: Callable[[Options], int],
+                           say: Callable[[str], None] = print) -> int:
+    """:func:`refine.many.dials_stills.run_dials_stills`, each still also writing its ``--expt-out``
+    (``OUT_DIR/<name>/refined.expt``), then ``OUT_DIR/refined.expt`` of all (process 0); the exit status."""
+    def one(a: Options) -> int:
+        return run_one(a.with_fields(expt_out=str(Path(a.output.out).parent / "refined.expt")))
+
+    code = run_dials_stills(args, one, say)
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return code
+    from nbtorch.io.dials import read_expt
+
+    expt, out_dir = args.dials.expt, Path(args.many.out_dir or "out/batch")
+    stills = read_dials_stills(expt, args.dials.refl)
+    if args.many.images:
+        stills = relocate_images(stills, expand_image_list(args.many.images), expt)
+    parts = {}
+    for s, item in zip(stills, still_items(stills, expt, True, args.image.dataset)):
+        done = out_dir / item.name / "refined.expt"
+        if item.skipped is None and done.is_file() and (out_dir / item.name / "result.json").is_file():
+            parts[s.index] = _part(read_expt(done, s.index, multi_panel=True).document, s.index)
+    path = _write(expt, parts, out_dir / "refined.expt", {s.index: s.image for s in stills if s.image})
+    say(f"refined experiments ({len(parts)} of {len(stills)} refined, the others as given): {path}")
+    return code
