@@ -304,17 +304,22 @@ def h5_frame_count(path: str | os.PathLike[str], dataset: str = DEFAULT_DATASET)
     Raises:
         InputError: not found, not HDF5, no such dataset, a data file of a master missing.
     """
+    h5py, f = _open_h5(path)
+    with f:
+        nodes = _image_datasets(h5py, f, str(path), dataset)
+        return sum(int(n.shape[0]) if len(n.shape) == 3 else 1 for n in nodes)
+
+
+def _open_h5(path: str | os.PathLike[str]):
+    """``(h5py, the open file)``; a missing or non-HDF5 file is an :class:`InputError` naming it."""
     h5py = _h5py(path)
     name = str(path)
     try:
-        f = h5py.File(path, "r")
+        return h5py, h5py.File(path, "r")
     except FileNotFoundError:
         raise InputError(f"{name}: HDF5 file not found") from None
     except OSError as exc:
         raise InputError(f"{name}: cannot open as HDF5: {_first_line(exc)}") from None
-    with f:
-        nodes = _image_datasets(h5py, f, name, dataset)
-        return sum(int(n.shape[0]) if len(n.shape) == 3 else 1 for n in nodes)
 
 
 def read_h5_image(
@@ -327,14 +332,8 @@ def read_h5_image(
     (external links to the data files) as one stack.  Compressed datasets (bitshuffle/LZ4 ...) need the
     filters of hdf5plugin (``nbtorch[formats]``), loaded here when it is installed.
     """
-    h5py = _h5py(path)
+    h5py, f = _open_h5(path)
     name = str(path)
-    try:
-        f = h5py.File(path, "r")
-    except FileNotFoundError:
-        raise InputError(f"{name}: HDF5 file not found") from None
-    except OSError as exc:
-        raise InputError(f"{name}: cannot open as HDF5: {_first_line(exc)}") from None
     try:
         with f:
             nodes = _image_datasets(h5py, f, name, dataset)
