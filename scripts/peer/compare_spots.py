@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"compare_spots: {a.result}: no nbtorch spots ({exc})", file=sys.stderr)
         return 2
-    n_obs = np.asarray(spots["observed"], dtype=float)
-    n_cal = np.asarray([p if p[0] is not None else [np.nan, np.nan] for p in spots["predicted_final"]], dtype=float)
+    # x, y only: spots from a .refl carry their frame z as a third column
+    n_obs = np.asarray(spots["observed"], dtype=float).reshape(len(spots["observed"]), -1)[:, :2]
+    n_cal = np.asarray([p[:2] if p[0] is not None else [np.nan, np.nan] for p in spots["predicted_final"]],
+                       dtype=float).reshape(-1, 2)
     mine = np.all(np.isfinite(n_cal), axis=1)
 
     dist = np.linalg.norm(n_obs[:, None, :] - d_obs[None, :, :], axis=2)
