@@ -17,6 +17,7 @@ from nbtorch.cli_support import Printer, run_main
 from refine.cli.joint import run_joint
 from refine.cli.options import PROG, Options
 from refine.cli.parser import parse_args
+from nbtorch.errors import InputError
 from refine.cli.single import run
 from refine.cli.stills_file import joint_stills, run_stills_independent, still_images
 from refine.many.batch import run_batch
@@ -29,6 +30,10 @@ __all__ = ["main", "dispatch"]
 def dispatch(args: Options) -> int:
     """Joint (many images, or many stills of one DIALS file), independent (the same) or single mode; returns the
     exit status."""
+    stills = joint_stills(args) or many_dials_stills(args)
+    if stills and args.dials.expt_out:
+        raise InputError(f"--expt-out {args.dials.expt_out}: the stills of one DIALS file are written together, "
+                         "every experiment refined, to OUT_DIR/refined.expt")
     if joint_stills(args):
         say = Printer(args.output.quiet)
         return run_joint(args, say, still_images(args, say))

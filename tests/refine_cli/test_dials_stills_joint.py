@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from nbtorch.io.dials import experiment_image, read_expt
 from refine.cli.stills_file import combined_document
@@ -50,6 +51,16 @@ def test_joint_stills_missing_image_refused(refine_cli, stills, tmp_path):
     (data / "b.cbf").unlink()
     err = _refused(refine_cli, tmp_path, "--expt", "data/many.expt", "--refl", "data/many.refl", "--joint")
     assert "--expt data/many.expt: experiment 1 (s1): image" in err and "b.cbf not found" in err
+
+
+@pytest.mark.parametrize("mode", [[], ["--joint"]])
+def test_expt_out_is_refused_for_the_stills_of_one_file(refine_cli, stills, tmp_path, mode):
+    """Every experiment goes to OUT_DIR/refined.expt; an --expt-out would hold one still (or be overwritten)."""
+    _copy_data(stills)
+    err = _refused(refine_cli, tmp_path, "--expt", "data/many.expt", "--refl", "data/many.refl", *mode,
+                   "--expt-out", "mine.expt")
+    assert "--expt-out mine.expt: the stills of one DIALS file are written together" in err
+    assert not (tmp_path / "mine.expt").exists()
 
 
 def test_combined_document_keeps_unrefined_and_merges_equal_models():
