@@ -77,7 +77,8 @@ def _wedges() -> list[Wedge]:
 WEDGES = _wedges()
 
 
-def _rotation(axis, angle_deg: float) -> np.ndarray:
+def rotation(axis, angle_deg: float) -> np.ndarray:
+    """The rotation matrix by ``angle_deg`` about ``axis`` (right-handed; Rodrigues)."""
     k = np.asarray(axis, dtype=float) / np.linalg.norm(axis)
     a = math.radians(angle_deg)
     kx = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
@@ -127,34 +128,43 @@ def document(w: Wedge) -> dict:
     }
 
 
-def reflections(doc: dict, w: Wedge) -> tuple[np.ndarray, np.ndarray]:
-    """``(hkl, xyz)``: the reflections crossing the Ewald sphere during the scan onto the panel, at their crossing (x, y
-    pixels, z frames), from the document alone (DIALS's frame; no nbtorch code)."""
+def sphere_crossings(doc: dict, axis, start_deg: float, width_deg: float, n_images: int, fixed=None,
+                     dstar=(0.1, 0.45), max_index: int = 25) -> tuple[np.ndarray, np.ndarray]:
+    """``(hkl, xyz)``: the reflections (``dstar`` 1/A, indices to ``max_index``) that cross the Ewald sphere while the
+    crystal turns about ``axis`` from ``start_deg`` through ``n_images`` of ``width_deg`` (after the ``fixed``
+    rotation), each at its crossing (x, y pixels, z frames) and on the document's one panel (2 pixels from its
+    edges), from the document alone (DIALS's frame; no nbtorch code): an ideal ``.refl`` of indexed spots."""
     panel, beam = doc["detector"][0]["panels"][0], doc["beam"][0]
+    pixel_mm, size = float(panel["pixel_size"][0]), panel["image_size"]
     real = np.array([doc["crystal"][0][k] for k in ("real_space_a", "real_space_b", "real_space_c")])
-    recip0 = np.linalg.inv(real)  # columns a*, b*, c*
+    recip0 = (np.eye(3) if fixed is None else fixed) @ np.linalg.inv(real)  # columns a*, b*, c* at the datum
     s0 = -np.asarray(beam["direction"]) / beam["wavelength"]
     f, sl, origin = (np.asarray(panel[k]) for k in ("fast_axis", "slow_axis", "origin"))
     normal = np.cross(f, sl)
-    frames = np.linspace(0.0, w.n_images, 40 * w.n_images + 1)
-    turns = np.stack([_rotation([1, 0, 0], START_DEG + z * w.osc_deg) for z in frames])
-    grid = np.array(np.meshgrid(*[np.arange(-25, 26)] * 3)).reshape(3, -1).T
-    dstar = np.linalg.norm(grid @ recip0.T, axis=1)
-    grid = grid[(dstar > 0.1) & (dstar < 0.45)]
+    frames = np.linspace(0.0, n_images, 40 * n_images + 1)
+    turns = np.stack([rotation(axis, start_deg + z * width_deg) for z in frames])
+    grid = np.array(np.meshgrid(*[np.arange(-max_index, max_index + 1)] * 3)).reshape(3, -1).T
+    lengths = np.linalg.norm(grid @ recip0.T, axis=1)
+    grid = grid[(lengths > dstar[0]) & (lengths < dstar[1])]
     r = np.einsum("fij,nj->fni", turns, grid @ recip0.T)
     g = 2 * r @ s0 + (r * r).sum(-1)  # zero on the sphere
     hkl_out, xyz_out = [], []
     for i, n in zip(*np.nonzero(np.sign(g[:-1]) != np.sign(g[1:]))):
         z = frames[i] - g[i, n] * (frames[i + 1] - frames[i]) / (g[i + 1, n] - g[i, n])
-        s1 = s0 + _rotation([1, 0, 0], START_DEG + z * w.osc_deg) @ recip0 @ grid[n]
+        s1 = s0 + rotation(axis, start_deg + z * width_deg) @ recip0 @ grid[n]
         if s1 @ normal <= 0:
             continue
         t = (origin @ normal) / (s1 @ normal)
-        x, y = np.linalg.solve(np.stack([f, sl, normal], 1), t * s1 - origin)[:2] / PIXEL_MM
-        if 2 <= x <= w.size - 2 and 2 <= y <= w.size - 2:
+        x, y = np.linalg.solve(np.stack([f, sl, normal], 1), t * s1 - origin)[:2] / pixel_mm
+        if 2 <= x <= size[0] - 2 and 2 <= y <= size[1] - 2:
             hkl_out.append(grid[n])
             xyz_out.append((x, y, z))
     return np.asarray(hkl_out, dtype=np.int32).reshape(-1, 3), np.asarray(xyz_out).reshape(-1, 3)
+
+
+def reflections(doc: dict, w: Wedge) -> tuple[np.ndarray, np.ndarray]:
+    """The wedge's indexed spots at their true centroids (:func:`sphere_crossings` about its scan axis, +x)."""
+    return sphere_crossings(doc, [1, 0, 0], START_DEG, w.osc_deg, w.n_images)
 
 
 def _spot_columns(hkl: np.ndarray, xyz: np.ndarray, rng: np.random.Generator) -> dict:
@@ -175,13 +185,12 @@ def _dials_model(truth_expt: Path, w: Wedge, hkl: np.ndarray, observed: np.ndarr
     from nbtorch import Simulator, config_from_args
     from nbtorch.dials_geometry import experiment_flags, refined_document
     from nbtorch.io.dials import read_expt
-    from nbtorch.parameters import ORIENTATION_DELTAS
     from refine.inputs.spot_start import align_to_spots
+    from refine.solver.plan import model_values
 
     exp = read_expt(truth_expt)
     sim = Simulator(config_from_args(experiment_flags(exp, 0) + CRYSTAL.split()), compile=False)
-    values = {**{k: float(v) for k, v in sim.setup.params.items()}, **{k: 0.0 for k in ORIENTATION_DELTAS},
-              "scale": 1.0, "background": 0.0, "background_x": 0.0, "background_y": 0.0}
+    values = model_values(sim)
     phi = START_DEG + observed[:, 2] * w.osc_deg
     fit = align_to_spots(sim, values, hkl, observed, phi, w.osc_deg, w.symmetry,
                          names=("cell", "orientation", "distance", "beam_centre"))

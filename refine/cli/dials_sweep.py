@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.errors import InputError
 from nbtorch.io.dials import scan_oscillation
-from nbtorch.parameters import ORIENTATION_DELTAS
 from refine.cli.options import GEOMETRY_PRIORS, Options
 from refine.cli.single import amplitude_group
 from refine.cli.values import prior_values, start_values
@@ -35,7 +33,9 @@ from refine.fitting.parameters import GROUPS, ParameterSpace, units_of
 from refine.inputs.dials import model_tokens, read_experiment, refl_indexed, spot_window
 from refine.inputs.geometry_prior import spot_geometry_prior
 from refine.inputs.spot_start import align_to_spots
+from refine.many.priors import shared_priors
 from refine.quality.fit_quality import MIN_SPOTS_PER_PARAMETER
+from refine.solver.plan import model_values
 
 __all__ = ["ROTATION_SHARED", "ROTATION_PER_IMAGE", "DIALS_ROTATION_GEOMETRY", "GEOMETRY_PRIORS", "MIN_ALIGN_SPOTS",
            "ALIGN_MARGIN_PX",
@@ -110,25 +110,20 @@ def start_and_priors(args: Options, image: str, index: int | None, symmetry: str
     (:func:`refine.inputs.spot_start.align_to_spots`) and, with ``--geometry-prior
     dials``, give the shared detector names their priors (:func:`refine.inputs.geometry_prior.spot_geometry_prior`;
     ``--prior`` over them).  Otherwise ``(args, --prior)``."""
-    user = prior_values(args.fit.prior)
-    other = [k for k in user if k not in shared_names]
-    if other:
-        raise InputError(f"--prior: {', '.join(other)} not among the shared names ({', '.join(shared_names)}); a joint "
-                         "run's priors restrain shared names (--shared)")
+    user = shared_priors(prior_values(args.fit.prior), shared_names, "--prior")
     indexed = refl_indexed(args)
     if not args.many.rotation_series or indexed is None or len(indexed[0]) < MIN_ALIGN_SPOTS:
         return args, user
     hkl, xyz, phi = indexed
     a = args.with_fields(image=image, expt_image=index)
     sim = Simulator(config_from_args(list(model_tokens(a))), compile=False)
-    start = {**{k: float(v) for k, v in sim.setup.params.items()}, **{k: 0.0 for k in ORIENTATION_DELTAS},
-             "scale": 1.0, "background": 0.0, "background_x": 0.0, "background_y": 0.0, **start_values(args.fit.start)}
+    start = {**model_values(sim), **start_values(args.fit.start)}
     osc = scan_oscillation(read_experiment(args).scan)[1]
-    geometry = [n for n in _geometry_names(shared_names) if n not in user]
+    shared_geometry = _geometry_names(shared_names)
+    geometry = [n for n in shared_geometry if n not in user]
     prior_on = (args.many.geometry_prior or "dials") == "dials" and bool(geometry)
     # the shared geometry moves with the cell: a distance error must not go into the cell
-    fit = align_to_spots(sim, start, hkl, xyz, phi, osc, symmetry,
-                         names=("cell", "orientation") + tuple(_geometry_names(shared_names)))
+    fit = align_to_spots(sim, start, hkl, xyz, phi, osc, symmetry, names=("cell", "orientation") + shared_geometry)
     name, aligned = Path(args.dials.refl).name, dict(fit.values)
     limit = (spot_window(args) or 0) - ALIGN_MARGIN_PX
     if fit.rms_px_start <= limit:
@@ -139,9 +134,8 @@ def start_and_priors(args: Options, image: str, index: int | None, symmetry: str
         say(f"  start from the {fit.n} indexed spots of {name}: rms {fit.rms_px_start:.3g} px, "
             f"{fit.rms_frames_start:.3g} frames -> {fit.rms_px_final:.3g} px, {fit.rms_frames_final:.3g} frames (cell "
             + " ".join(f"{fit.values[k]:.5g}" for k in ("cell_a", "cell_b", "cell_c"))
-            + "".join(f", {k} {fit.values[k]:.5g}" for k in _geometry_names(shared_names)) + ")")
-        moved = {k: v for k, v in fit.values.items()
-                 if k.startswith(("cell_", "orient_")) or k in _geometry_names(shared_names)}
+            + "".join(f", {k} {fit.values[k]:.5g}" for k in shared_geometry) + ")")
+        moved = {k: v for k, v in fit.values.items() if k.startswith(("cell_", "orient_")) or k in shared_geometry}
         given = {k: v for k, v in start_values(args.fit.start).items() if k not in moved}
         args = args.with_fields(start=tuple(f"{k}={v!r}" for k, v in {**given, **moved}.items()))
     if not prior_on:

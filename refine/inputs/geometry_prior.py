@@ -70,13 +70,11 @@ def spot_geometry_prior(sim, values: Mapping[str, float], hkl: np.ndarray, xyz: 
     with torch.no_grad():
         r = residuals(raw0)
     n, p = len(hkl_t), len(fitted)
-    dof = max(3 * n - p, 1)
-    ss = float((r[:, :2] ** 2).sum()) + float((r[:, 2] ** 2).sum())
-    scale = math.sqrt(3 * n / dof) if 3 * n > p else math.inf
+    if 3 * n <= p or not bool(torch.isfinite(r).all()):  # no degrees of freedom left, or no prediction
+        return GeometryPrior({}, n, math.nan, math.nan)
+    scale = math.sqrt(3 * n / (3 * n - p))
     s_xy = max(math.sqrt(float((r[:, :2] ** 2).mean())) * scale, MIN_SCATTER)
     s_z = max(math.sqrt(float((r[:, 2] ** 2).mean())) * scale, MIN_SCATTER)
-    if not (math.isfinite(ss) and math.isfinite(scale)):
-        return GeometryPrior({}, n, math.nan, math.nan)
     J = torch.autograd.functional.jacobian(residuals, raw0)  # (n, 3, p)
     w = torch.tensor([1 / s_xy, 1 / s_xy, 1 / s_z], dtype=dtype)
     Jw = (J * w[None, :, None]).reshape(3 * n, p)

@@ -29,14 +29,14 @@ from refine.solver.precondition import physical_per_raw
 __all__ = ["shared_priors", "add_priors", "prior_terms"]
 
 
-def shared_priors(priors: Mapping[str, tuple[float, float]] | None,
-                  shared_names: Sequence[str]) -> dict[str, tuple[float, float]]:
+def shared_priors(priors: Mapping[str, tuple[float, float]] | None, shared_names: Sequence[str],
+                  what: str = "priors") -> dict[str, tuple[float, float]]:
     """``priors`` checked (:func:`refine.fitting.objective.check_priors`), each on a shared name: a per-image name's
-    prior would be one per image, and a held name's would restrain nothing."""
-    out = check_priors(priors, "priors")
+    prior would be one per image, and a held name's would restrain nothing; errors name ``what``."""
+    out = check_priors(priors, what)
     other = [k for k in out if k not in shared_names]
     if other:
-        raise InputError(f"priors: {', '.join(other)} not among the shared names ({', '.join(shared_names)}); a joint "
+        raise InputError(f"{what}: {', '.join(other)} not among the shared names ({', '.join(shared_names)}); a joint "
                          "run's priors restrain shared names (--shared)")
     return out
 

@@ -37,7 +37,8 @@ from refine.fitting.structure_factors import (
 )
 from refine.solver.strategies import AbstractStrategy
 
-__all__ = ["RunPlan", "make_plan", "observed_pixels", "starting_values", "background_model", "panel_space"]
+__all__ = ["RunPlan", "make_plan", "observed_pixels", "model_values", "starting_values", "background_model",
+           "panel_space"]
 
 log = logging.getLogger(__name__)
 
@@ -190,13 +191,21 @@ def check_refined_groups(sim: Simulator, space: ParameterSpace, names: tuple[str
         check_rigid_group(sim.panel_layout, space.panel_groups[k], str(k))
 
 
+def model_values(sim: Simulator) -> dict:
+    """Every base value of the simulator's model: its parameters, no rotation, scale 1, no background (what a fit of
+    spot positions starts from; :func:`starting_values` adds the observed background)."""
+    values = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
+    values.update({n: 0.0 for n in ORIENTATION_DELTAS})
+    values.update({"scale": 1.0, "background": 0.0, "background_x": 0.0, "background_y": 0.0})
+    return values
+
+
 def starting_values(sim: Simulator, obs: Tensor, valid: Tensor, start: Mapping[str, float] | None,
                     panel_groups=None) -> dict:
     """The simulator's parameters, no rotation, scale 1, the median observed pixel as background (a multi-panel
     detector: its per-panel values and group changes 0), then ``start`` over them (names checked)."""
-    values = {n: float(sim.setup.params[n]) for n in PARAMETER_NAMES}
-    values.update({n: 0.0 for n in ORIENTATION_DELTAS})
-    values.update({"scale": 1.0, "background": float(obs[valid].median()), "background_x": 0.0, "background_y": 0.0})
+    values = model_values(sim)
+    values["background"] = float(obs[valid].median())
     if sim.panel_layout is not None:  # every panel's geometry, and each group's change (0 at the start)
         values.update(sim.panel_layout.values())
         values.update({n: 0.0 for n in panel_space(sim, panel_groups).group_changes})

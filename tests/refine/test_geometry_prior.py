@@ -18,9 +18,9 @@ from experiments.wedge_calibration import CRYSTAL, START_DEG, WEDGES, document, 
 from nbtorch import Simulator, config_from_args
 from nbtorch.dials_geometry import experiment_flags
 from nbtorch.io.dials import read_expt
-from nbtorch.parameters import ORIENTATION_DELTAS
 from refine.inputs.geometry_prior import MIN_SCATTER, spot_geometry_prior
 from refine.inputs.spot_start import align_to_spots
+from refine.solver.plan import model_values
 
 WEDGE = WEDGES[0]
 SCATTER = 0.3
@@ -32,8 +32,7 @@ def wedge(tmp_path_factory):
     doc = document(WEDGE)
     path.write_text(json.dumps(doc))
     sim = Simulator(config_from_args(experiment_flags(read_expt(path), 0) + CRYSTAL.split()), compile=False)
-    values = {**{k: float(v) for k, v in sim.setup.params.items()}, **{k: 0.0 for k in ORIENTATION_DELTAS},
-              "scale": 1.0, "background": 0.0, "background_x": 0.0, "background_y": 0.0}
+    values = model_values(sim)
     hkl, xyz = reflections(doc, WEDGE)
     return sim, values, hkl.astype(float), xyz
 

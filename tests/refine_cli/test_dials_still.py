@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import simulate
+from experiments.wedge_calibration import rotation
 from nbtorch.dials_geometry import experiment_flags
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, write_refl
@@ -33,18 +34,11 @@ EXPECTED_FREE = {"scale", "background", "orient_x", "orient_y", "orient_z", "cel
                  "beam_x", "beam_y", "distance"}
 
 
-def _rotation(axis, angle_deg: float) -> np.ndarray:
-    k = np.asarray(axis, dtype=float) / np.linalg.norm(axis)
-    a = math.radians(angle_deg)
-    kx = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
-    return np.eye(3) + math.sin(a) * kx + (1 - math.cos(a)) * kx @ kx
-
-
 def still_document(turn_deg: float = 0.0, cell_scale: float = 1.0, shift_px=(0.0, 0.0), crystal_model: bool = True,
                    profile: bool = True) -> dict:
     """A DIALS still experiment (no goniometer, no scan): a 96 x 96 panel of 0.1 mm normal to the beam at 25 mm, a
     tetragonal crystal (P 4) with the stills mosaic model's values, a gaussian_rs profile of a still."""
-    u = _rotation([0.3, -0.5, 1.0], turn_deg) @ _rotation([1, 2, 3], 40.0)
+    u = rotation([0.3, -0.5, 1.0], turn_deg) @ rotation([1, 2, 3], 40.0)
     real = (u @ np.diag(np.asarray(CELL) * cell_scale)).T
     half = SIZE * PIXEL / 2
     crystal = {"__id__": "crystal", "real_space_a": list(real[0]), "real_space_b": list(real[1]),

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import simulate
-from experiments.wedge_calibration import one_panel_sweep
+from experiments.wedge_calibration import one_panel_sweep, rotation, sphere_crossings
 from nbtorch.dials_geometry import bragg_positions_px, experiment_flags, goniometer_rotations
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
@@ -50,18 +50,11 @@ START, WIDTH, N_IMAGES, SIZE = 10.0, 0.5, 3, 48
 CRYSTAL = "-N 2 -default_F 100 -mosaic 0.2 -mosaic_dom 4 -oversample 1 -phisteps 5"
 
 
-def _rotation(axis, angle_deg: float) -> np.ndarray:
-    k = np.asarray(axis, dtype=float) / np.linalg.norm(axis)
-    a = math.radians(angle_deg)
-    kx = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
-    return np.eye(3) + math.sin(a) * kx + (1 - math.cos(a)) * kx @ kx
-
-
 def sweep_document(axes=AXES, angles=ANGLES, scan_axis=1) -> dict:
     """A DIALS ExperimentList (dxtbx's layout) of the synthetic sweep: a 48 x 48 panel of 0.1 mm normal to the beam at
     25 mm, its centre 15 deg off the beam, the multi-axis goniometer, images 1..3 of template ``sweep_#####.cbf``
     from 10 deg in 0.5 deg steps."""
-    u = _rotation([1, 2, 3], 40.0)
+    u = rotation([1, 2, 3], 40.0)
     real = (u @ np.diag(CELL)).T  # rows a, b, c
     half = SIZE * 0.1 / 2
     return {
@@ -84,8 +77,8 @@ def test_multi_axis_goniometer_is_one_spindle_with_fixed_and_setting_rotations(t
     axes, angles = [[0.5774, -0.8165, 0.0], [1.0, 0.0, 0.0], [0.0, 0.6, 0.8]], [30.0, 10.0, -20.0]
     multi = sweep_document(axes, angles)
     fixed, setting, axis = goniometer_rotations(multi["goniometer"][0])
-    assert np.allclose(fixed, _rotation(axes[0], 30.0), atol=1e-12)
-    assert np.allclose(setting, _rotation(axes[2], -20.0), atol=1e-12) and np.allclose(axis, [1, 0, 0])
+    assert np.allclose(fixed, rotation(axes[0], 30.0), atol=1e-12)
+    assert np.allclose(setting, rotation(axes[2], -20.0), atol=1e-12) and np.allclose(axis, [1, 0, 0])
     single = sweep_document()
     single["goniometer"] = [{"rotation_axis": [1.0, 0.0, 0.0], "fixed_rotation": list(fixed.ravel()),
                              "setting_rotation": list(setting.ravel())}]
@@ -138,32 +131,8 @@ def _reflections(doc: dict) -> tuple[np.ndarray, np.ndarray]:
     """``(hkl, xyz)``: the reflections that cross the Ewald sphere during the scan and hit the panel, at their crossing
     (x, y pixels; z frames), from the document alone in the DIALS frame, with the fixed rotation made by hand: an
     ideal ``.refl`` of indexed spots, independent of nbtorch's reduction of the goniometer."""
-    panel, beam = doc["detector"][0]["panels"][0], doc["beam"][0]
-    fixed = _rotation(AXES[0], ANGLES[0])
-    real = np.array([doc["crystal"][0][k] for k in ("real_space_a", "real_space_b", "real_space_c")])
-    recip0 = fixed @ np.linalg.inv(real)  # columns a*, b*, c* at the datum, after the fixed rotation
-    s0 = -np.asarray(beam["direction"]) / beam["wavelength"]
-    f, sl, origin = (np.asarray(panel[k]) for k in ("fast_axis", "slow_axis", "origin"))
-    normal = np.cross(f, sl)
-    frames = np.linspace(0.0, N_IMAGES, 121)
-    turns = np.stack([_rotation(AXES[1], START + z * WIDTH) for z in frames])
-    grid = np.array(np.meshgrid(*[np.arange(-30, 31)] * 3)).reshape(3, -1).T
-    dstar = np.linalg.norm(grid @ recip0.T, axis=1)
-    grid = grid[(dstar > 0.15) & (dstar < 0.4)]  # the panel's shell
-    r = np.einsum("fij,nj->fni", turns, grid @ recip0.T)
-    g = 2 * r @ s0 + (r * r).sum(-1)  # zero on the Ewald sphere
-    hkl_out, xyz_out = [], []
-    for i, n in zip(*np.nonzero(np.sign(g[:-1]) != np.sign(g[1:]))):
-        z = frames[i] - g[i, n] * (frames[i + 1] - frames[i]) / (g[i + 1, n] - g[i, n])
-        s1 = s0 + _rotation(AXES[1], START + z * WIDTH) @ recip0 @ grid[n]
-        if s1 @ normal <= 0 or not grid[n].any():
-            continue
-        t = (origin @ normal) / (s1 @ normal)
-        x, y = np.linalg.solve(np.stack([f, sl, normal], 1), t * s1 - origin)[:2] / 0.1
-        if 2 <= x <= SIZE - 2 and 2 <= y <= SIZE - 2:
-            hkl_out.append(grid[n])
-            xyz_out.append((x, y, z))
-    return np.asarray(hkl_out, dtype=np.int32), np.asarray(xyz_out)
+    return sphere_crossings(doc, AXES[1], START, WIDTH, N_IMAGES, fixed=rotation(AXES[0], ANGLES[0]),
+                            dstar=(0.15, 0.4), max_index=30)
 
 
 @pytest.fixture(scope="module")
