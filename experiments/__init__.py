@@ -8,5 +8,5 @@
   writer);
 * their argument checks and one-line errors (exit status 2) come from :mod:`nbtorch.cli_support`.
 
-See docs/experiments.md.
+See docs/stage-a.md and docs/hyperparameter-sweeps.md.
 """

@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int_at_least(1), default=1, help="worker processes (default 1: in this process)")
     g.add_argument("--timeout", type=positive_float, help="stop starting trials after this many seconds (per worker; "
                                                           "--time-budget bounds each trial's refinement)")
-    g.add_argument("--space", help="TOML search space overriding the default (docs/experiments.md)")
+    g.add_argument("--space", help="TOML search space overriding the default (docs/hyperparameter-sweeps.md)")
     g.add_argument("--objective", choices=OBJECTIVES, help="figure to minimise (default: error with a --problem's "
                                                            "truth, excess for a measured image)")
     g.add_argument("--outdir", default="out/sweep", help="output folder (default %(default)s)")

@@ -52,8 +52,8 @@ OUTPUT_PATHS = ("out", "json", "hkl_out", "report", "logdir", "checkpoint", "exp
 def experiment_parser(prog: str, description: str, title: str) -> tuple[argparse.ArgumentParser, Any]:
     """A parser with nbtorch-refine's option groups (``--size`` default :data:`DEFAULT_SIZE`) and an empty
     group ``title`` for the script's own options."""
-    parser = Parser(prog=prog, description=description, epilog="nbtorch-refine's options: docs/refinement.md; "
-                    "this script: docs/experiments.md")
+    parser = Parser(prog=prog, description=description, epilog="nbtorch-refine's options: docs/options.md; "
+                    "the scripts: docs/stage-a.md, docs/hyperparameter-sweeps.md")
     own = parser.add_argument_group(title)
     build_parser(parser)
     parser.set_defaults(size=DEFAULT_SIZE)

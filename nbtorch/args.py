@@ -2,7 +2,7 @@
 
 Flags are single-dash, matched exactly (the C's substring matching is not
 reproduced, except where it changes the image and ``-c_parity`` is given: see
-``docs/c-parity.md``).  Units are the C's: mm for distances, sizes and beam
+``docs/simulator.md``).  Units are the C's: mm for distances, sizes and beam
 centres, A for wavelength and cell, degrees for angles, mrad for divergence,
 percent for dispersion, um for sensor thickness, attenuation depth and water,
 metres for ``-pix0_vector``.
@@ -18,7 +18,7 @@ The headers of ``-mask FILE`` and then ``-img FILE`` (SMV) are applied before
 any other flag, as the C reads them first, so explicit flags override them
 (:func:`apply_smv_header`).  Conflicting flags (``-nonoise`` with
 ``-noisefile``, ``-nopgm`` with ``-pgmfile``/``-pgmscale``) are errors rather
-than "the later one wins".  Every flag is listed in ``docs/cli.md``
+than "the later one wins".  Every flag is listed in ``docs/simulator.md``
 (:func:`flag_names`).
 
 Every problem is an :class:`~nbtorch.errors.InputError` naming the flag.

@@ -1,6 +1,6 @@
 """The ``nbtorch`` command: a drop-in for the C ``nanoBragg`` program.
 
-Takes nanoBragg's flags (see ``docs/cli.md``), plus ``-c_parity``, ``-dtype``,
+Takes nanoBragg's flags (see ``docs/simulator.md``), plus ``-c_parity``, ``-dtype``,
 ``-device``, ``-h5file`` and ``-pix0_vector_mm``.  Like the C program it writes
 ``floatimage.bin``, ``intimage.img``, ``image.pgm`` (unless ``-nopgm``) and
 ``noiseimage.img`` (unless ``-nonoise``) by default;

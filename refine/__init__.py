@@ -9,7 +9,7 @@ Front door::
 
 Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
 ``strategies``, ``stages``, ``uncertainty``, ``results``, ``checkpoint``,
-``callbacks``, ``problems``, ``transforms``; see docs/refinement-api.md):
+``callbacks``, ``problems``, ``transforms``; see docs/python.md):
 
 * :func:`refine`, :class:`RefinementResult`, :class:`RefinementInterrupted`, :func:`save_json`,
   :func:`save_h5`, :func:`load_h5`;

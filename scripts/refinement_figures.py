@@ -1,4 +1,4 @@
-"""Figures for docs/refinement.md from a finished ``nbtorch-refine`` run (run from the checkout)::
+"""Figures for docs/still-from-images.md from a finished ``nbtorch-refine`` run (run from the checkout)::
 
     .venv/bin/nbtorch-refine --config examples/thaumatin_still.toml --report out/thaumatin/report.html
     .venv/bin/python scripts/refinement_figures.py out/thaumatin docs/img
@@ -13,7 +13,7 @@ Writes into the second folder (matplotlib, :mod:`refine.output.figures`):
   step), read back from the event file with TensorBoard's ``EventAccumulator``.
 
 The report page itself (``--report``) is screenshotted for the docs with headless Chromium (see
-docs/refinement.md).
+docs/still-from-images.md).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 ::
 
-    python scripts/thaumatin_dials_still.py [--data ../shared/real/thaumatin_i24_still] [--image 0003] [--out-dir out/thaumatin_dials]
+    python scripts/thaumatin_dials_still.py [--data ../shared/real/thaumatin_i24_still] [--image 0003 [0004]] [--out-dir out/thaumatin_dials]
     nbtorch-refine --image $DATA/thau_3_2_0003.cbf.bz2 --expt out/thaumatin_dials/thau_3_2_0003.expt \\
-        --refl out/thaumatin_dials/thau_3_2_0003.refl          # the natural command (docs/refinement.md)
+        --refl out/thaumatin_dials/thau_3_2_0003.refl          # the natural command (docs/still-from-dials.md)
 
 No DIALS output exists for these images here; this turns the data folder's own indexing (``*_solution.json``: beam,
 detector, crystal vectors, all in the DIALS laboratory frame) and spot list (``*_spots.txt``) into the files
@@ -132,7 +132,7 @@ def experiment(solution: dict, image_name: str, sigma_b: float, size_a: float, h
     nf, ns = det["image_size_fast_slow"]
     return {
         "__id__": "ExperimentList",
-        "experiment": [{"__id__": "Experiment", "identifier": Path(image_name).stem, "beam": 0, "detector": 0,
+        "experiment": [{"__id__": "Experiment", "identifier": Path(image_name).name.split(".")[0], "beam": 0, "detector": 0,
                         "crystal": 0, "profile": 0, "imageset": 0}],
         "imageset": [{"__id__": "ImageSet", "images": [image_name], "mask": "", "gain": "", "pedestal": "", "dx": "",
                       "dy": "", "params": {}}],
@@ -154,34 +154,72 @@ def experiment(solution: dict, image_name: str, sigma_b: float, size_a: float, h
     }
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=str(Path(__file__).resolve().parents[1].parent / "shared/real/thaumatin_i24_still"))
-    p.add_argument("--image", default="0003", help="image number (0003 or 0004)")
-    p.add_argument("--out-dir", default="out/thaumatin_dials")
-    a = p.parse_args(argv)
-    data, stem = Path(a.data), f"thau_3_2_{a.image}"
+def still_files(data: Path, number: str) -> tuple[dict, dict[str, tuple[str, np.ndarray]], str]:
+    """One still's experiment document, its reflection columns and a summary line."""
+    stem = f"thau_3_2_{number}"
     solution = json.loads((data / f"{stem}_solution.json").read_text())
     spots = read_spots(data / f"{stem}_spots.txt")
     image = load_image(data / f"{stem}.cbf.bz2").image
     sigma_b = sigma_b_deg(image, solution, spots["xy"])
     dpsi, d = delta_psi(solution, spots["hkl"])
     size_a, half_deg = mosaic_model(dpsi, d)
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_expt(out / f"{stem}.expt", experiment(solution, f"{stem}.cbf.bz2", sigma_b, size_a, half_deg))
     n = len(d)
-    write_refl(out / f"{stem}.refl", {
+    columns = {
         "miller_index": ("cctbx::miller::index<>", spots["hkl"]),
         "xyzobs.px.value": ("vec3<double>", np.c_[spots["xy"], np.zeros(n)]),
         "xyzcal.px": ("vec3<double>", np.c_[spots["pred"], np.zeros(n)]),
         "d": ("double", d), "intensity.sum.value": ("double", spots["counts"]),
         "flags": ("std::size_t", np.full(n, INDEXED | USED_IN_REFINEMENT | STRONG, dtype=np.uint64)),
-        "id": ("int", np.zeros(n, dtype=np.int32)), "panel": ("std::size_t", np.zeros(n, dtype=np.uint64))},
-        {0: Path(stem).stem})
-    print(f"wrote {out / (stem + '.expt')} and {out / (stem + '.refl')}: {n} indexed reflections, sigma_b "
-          f"{sigma_b:.4g} deg, ML_domain_size_ang {size_a:.4g}, ML_half_mosaicity_deg {half_deg:.4g} "
-          f"(|delta psi| median {math.degrees(float(np.median(np.abs(dpsi)))):.3g} deg)")
+        "id": ("int", np.zeros(n, dtype=np.int32)), "panel": ("std::size_t", np.zeros(n, dtype=np.uint64))}
+    line = (f"{n} indexed reflections, sigma_b {sigma_b:.4g} deg, ML_domain_size_ang {size_a:.4g}, "
+            f"ML_half_mosaicity_deg {half_deg:.4g} (|delta psi| median {math.degrees(float(np.median(np.abs(dpsi)))):.3g} deg)")
+    image_path = str((data / f"{stem}.cbf.bz2").resolve())
+    return experiment(solution, image_path, sigma_b, size_a, half_deg), columns, line
+
+
+def combined(experiments: list[dict], tables: list[dict]) -> tuple[dict, dict]:
+    """Several stills as one file pair, as dials.stills_process's composite output: experiment ``i`` with its own
+    beam, detector, crystal, profile and imageset ``i``; its reflections ``id`` ``i``."""
+    doc = {"__id__": "ExperimentList", "experiment": []}
+    for key in ("imageset", "beam", "detector", "crystal", "profile"):
+        doc[key] = [e[key][0] for e in experiments]
+    for i, e in enumerate(experiments):
+        entry = dict(e["experiment"][0])
+        entry.update({key: i for key in ("beam", "detector", "crystal", "profile", "imageset")})
+        doc["experiment"].append(entry)
+    columns = {}
+    for name, (kind, _) in tables[0].items():
+        parts = [t[name][1] if name != "id" else np.full(len(t["d"][1]), i, dtype=np.int32)
+                 for i, t in enumerate(tables)]
+        columns[name] = (kind, np.concatenate(parts))
+    return doc, columns
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=str(Path(__file__).resolve().parents[1].parent / "shared/real/thaumatin_i24_still"))
+    p.add_argument("--image", nargs="+", default=["0003"],
+                   help="image numbers (0003, 0004); with several, also one file pair of them all: thau_3_2_stills")
+    p.add_argument("--out-dir", default="out/thaumatin_dials")
+    a = p.parse_args(argv)
+    data, out = Path(a.data), Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    experiments, tables = [], []
+    for number in a.image:
+        stem = f"thau_3_2_{number}"
+        doc, columns, line = still_files(data, number)
+        write_expt(out / f"{stem}.expt", doc)
+        write_refl(out / f"{stem}.refl", columns, {0: stem})
+        print(f"wrote {out / (stem + '.expt')} and {out / (stem + '.refl')}: {line}")
+        experiments.append(doc)
+        tables.append(columns)
+    if len(experiments) > 1:
+        doc, columns = combined(experiments, tables)
+        write_expt(out / "thau_3_2_stills.expt", doc)
+        write_refl(out / "thau_3_2_stills.refl", columns,
+                   {i: e["experiment"][0]["identifier"] for i, e in enumerate(experiments)})
+        print(f"wrote {out / 'thau_3_2_stills.expt'} and {out / 'thau_3_2_stills.refl'}: {len(experiments)} "
+              f"experiments, {len(columns['d'][1])} indexed reflections")
     return 0
 
 

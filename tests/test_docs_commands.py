@@ -35,7 +35,7 @@ REPO_DIRS = ("nbtorch", "refine", "losses", "experiments", "examples", "scripts"
 #: ``@FILE`` names in the pages that are the reader's own files, not the repository's (illustrations)
 READERS_FILES = {
     "stills.txt",     # a list of the reader's images (--images @stills.txt)
-    "{stem}.model",   # one model per image, the --images template (docs/many-images.md)
+    "{stem}.model",   # one model per image, the --images template (docs/many-stills.md)
     "start.model",    # the reader's starting model of a sweep
     "nope.txt",       # docs/bad-inputs.md: the missing argument file whose error is shown
 }
@@ -92,8 +92,8 @@ def command_of(line: str) -> tuple[str, list[str]] | None:
         line = line[5:].strip()
     if not _START.match(line):
         return None
-    if re.match(r"^(?:\.venv/bin/)?(?:nbtorch-refine|nbtorch|python -m [\w.]+)\s*:", line):  # output lines
-        return None
+    if re.match(r"^(?:\.venv/bin/)?(?:nbtorch-refine|nbtorch|python -m [\w.]+)\s*(?::|\((?:spec|C) )", line):
+        return None  # output lines: "nbtorch-refine: ...", "nbtorch (spec mode, ...): ..."
     text = line
     while True:  # optional parts, innermost first; a '[' starts a word (not -hkl[...] or $([ ... ]))
         shorter = re.sub(r"(^|\s)\[[^\[\]]*\]", r"\1", text)
@@ -333,7 +333,7 @@ def missing_paths(text: str, page_dir: Path = ROOT) -> list[str]:
     return missing
 
 
-#: absolute paths that are not this project's machines': the conda build's paths a dxtbx wheel records (docs/inputs.md)
+#: absolute paths that are not this project's machines': the conda build's paths a dxtbx wheel records (docs/formats.md)
 OTHERS_PATHS = ("/home/conda/feedstock_root/",)
 
 

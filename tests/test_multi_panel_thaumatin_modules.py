@@ -1,4 +1,4 @@
-"""The committed reproduction of docs/refinement.md's "60 modules against one rigid panel" (issue 35):
+"""The committed reproduction of docs/validation.md's "60 modules" (issue 35):
 examples/thaumatin_modules.toml refines the tutorial's crystal with the detector's panel groups, one setting for
 both groupings, and scripts/peer/thaumatin_modules.sh (the DIALS steps and the four runs) refuses cleanly without
 DIALS.  The runs themselves need DIALS's 60-panel experiment, which the reference data do not hold."""

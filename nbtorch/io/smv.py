@@ -167,7 +167,7 @@ def format_smv_header(header: Mapping[str, object]) -> bytes:
     CUSTOM geometry with many digits) is padded to the next multiple of 512
     bytes and ``HEADER_BYTES`` says that size, which SMV readers honour (the C
     would write the longer text unpadded under ``HEADER_BYTES=512``, shifting
-    the pixels; see docs/cli.md).  ``HEADER_BYTES`` is always first (the
+    the pixels; see docs/simulator.md).  ``HEADER_BYTES`` is always first (the
     writer's value replaces any given one).  Values that are not strings are
     formatted with ``%d`` (int) or ``%g`` (float); sequences are comma-joined.
     """

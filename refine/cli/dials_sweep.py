@@ -1,5 +1,5 @@
 """The defaults of a rotation series from DIALS files (``nbtorch-refine --images ... --expt --refl --rotation-series``;
-docs/many-images.md, "Rotation sweeps from DIALS files"): what is shared, whether one amplitude per reflection is
+docs/sweep-from-dials.md): what is shared, whether one amplitude per reflection is
 refined, where the cell and orientation start, and DIALS's detector geometry as a prior.
 
 * **Shared names** (:func:`default_shared`): the cell and orientation; the distance and beam centre
@@ -62,7 +62,7 @@ def from_dials_sweep(args: Options) -> bool:
 def resolve_amplitudes(args: Options, say: Callable[[str], None]) -> Options:
     """``--structure-factors`` not given: on for a rotation series from DIALS files whose amplitudes have a space
     group (``--space-group``, ``--symmetry`` or the experiment's), off otherwise.  One amplitude for every reflection
-    cannot explain a sweep's intensities, and on the real sweep the pixels then pull the cell (docs/many-images.md)."""
+    cannot explain a sweep's intensities, and on the real sweep the pixels then pull the cell (docs/sweep-from-dials.md)."""
     if args.amplitudes.structure_factors is not None:
         return args
     group = amplitude_group(args) if from_dials_sweep(args) else None

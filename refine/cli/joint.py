@@ -56,7 +56,7 @@ from refine.many.batch import end_process_group, expand_image_list, per_image_ar
 from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
                                     start_and_priors)
 from refine.cli.single import amplitude_options, prepare
-from refine.cli.stills_file import write_joint_expt
+from refine.cli.stills_file import stills_shared, write_joint_expt
 from refine.inputs.dials import experiment_symmetry, refl_shoeboxes, scan_indices, write_expt_out
 from refine.fitting.parameters import GROUPS, ParameterSpace
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
@@ -270,8 +270,11 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     amplitudes = amplitude_options(args)  # its space group checked before any image is loaded
     symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
     indices = scan_indices(args, images) if stills is None else stills  # matched to the --expt scan, before any work
-    shared = split_names(args.many.shared, default_shared(args, symmetry, say)
-                         if args.many.shared is None else (), "--shared")
+    if args.many.shared is not None:
+        default = ()
+    else:
+        default = stills_shared(say) if stills is not None else default_shared(args, symmetry, say)
+    shared = split_names(args.many.shared, default, "--shared")
     per_image = split_names(args.many.per_image, ROTATION_PER_IMAGE if series else ("scale", "background", "orientation"),
                             "--per-image")
     n = len(images)

@@ -11,7 +11,7 @@
                    [--device cpu|cuda] [--dtype float64|float32] [--kernel-dtype float32] [--quiet]
     nbtorch-refine --problem tetragonal_mosflm --size 64 ...      # a synthetic problem with known truth
 
-Every option is documented in ``docs/refinement.md`` and by ``--help``; its groups there are the groups of
+Every option is documented by ``--help`` and in ``docs/options.md`` (generated from this parser); its groups there are the groups of
 :class:`refine.cli.options.Options`.  The run itself: :mod:`refine.cli.main`.
 """
 
@@ -43,7 +43,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p = parser if parser is not None else Parser(
         prog=PROG, description="Refine a nanoBragg model against measured images: one still, many stills "
                                "(independent or joint) or a rotation sweep.",
-        epilog="Tutorial and every option: docs/refinement.md")
+        epilog="Every option: docs/options.md; a still from DIALS: docs/still-from-dials.md; a sweep: "
+               "docs/sweep-from-dials.md; many stills: docs/many-stills.md")
     g = p.add_argument_group(GROUP_TITLES["image"])
     g.add_argument("--image", help="measured image: SMV (.img), mini-CBF (.cbf, .cbf.bz2, .cbf.gz), "
                                    "HDF5/NeXus or Eiger master (.h5, .nxs), TIFF or Pilatus TIFF (.tif), "
@@ -57,7 +58,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--mask-nan", action="store_true", help="mask NaN/Inf pixels instead of refusing the image")
     g.add_argument("--no-parallax", dest="parallax", action="store_false",
                    help="leave the sensor's thickness and absorption (parallax) out of the model; by default a "
-                        "header's sensor thickness enters it with silicon's attenuation length (docs/refinement.md)")
+                        "header's sensor thickness enters it with silicon's attenuation length (docs/formats.md)")
     g.add_argument("--gain", type=float, help="detector counts per photon (default: the header's; 1 for photon "
                                               "counters and nanoBragg's noise images): photons = (counts - offset) / gain")
     g.add_argument("--adc-offset", type=float, help="counts the detector adds to every pixel (default: the header's; "
@@ -80,23 +81,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g = p.add_argument_group(GROUP_TITLES["many"])
     g.add_argument("--images", nargs="+", metavar="IMAGE", help="independent mode: refine each of these images on its "
                    "own (paths, quoted glob patterns, @LIST files); {stem} in --model/--spots/--mask is the image's "
-                   "name; results in --out-dir/<stem>/ and a summary (docs/refinement.md, 'Many images')")
+                   "name; results in --out-dir/<stem>/ and a summary (docs/many-stills.md)")
     g.add_argument("--out-dir", help="independent mode: folder of the per-image results and summary.csv/summary.h5 "
                                      "(default out/batch)")
     g.add_argument("--redo", action="store_true", help="independent mode: refine images already done again")
     g.add_argument("--skip-missing", action="store_true", help="many stills of one DIALS file (--expt and --refl "
                    "without --image): skip the experiments whose image is not there, each listed with the reason in "
-                   "the summary, instead of refusing the run (docs/many-images.md)")
+                   "the summary, instead of refusing the run (docs/many-stills.md)")
     g.add_argument("--joint", action="store_true", help="joint mode: refine the --images together, with --shared "
-                   "names common to all; writes --out-dir/joint.json and joint.h5 (docs/many-images.md)")
-    g.add_argument("--shared", help="joint mode: groups/names shared by every image, comma-separated (default cell; "
-                                    "cell,orientation with --rotation-series)")
+                   "names common to all; writes --out-dir/joint.json and joint.h5 (docs/many-stills.md)")
+    g.add_argument("--shared", help="joint mode: groups/names shared by every image, comma-separated (default cell; the "
+                                    "stills of one --expt/--refl file: cell,distance; "
+                                    "cell,orientation with --rotation-series; a rotation series from --expt and "
+                                    "--refl adds distance, beam_centre (with DIALS's prior, --geometry-prior) and "
+                                    "mosaic where its spots decide them)")
     g.add_argument("--per-image", help="joint mode: groups/names of each image, comma-separated "
                                        "(default scale,background,orientation; scale,background with "
-                                       "--rotation-series)")
+                                       "--rotation-series; the same with --expt and --refl)")
     g.add_argument("--rotation-series", action="store_true", help="joint mode for a sweep of rotation images of one "
                    "crystal, each with its phi start and width from its header: --joint with --shared "
-                   "cell,orientation and --per-image scale,background unless given (docs/many-images.md)")
+                   "cell,orientation and --per-image scale,background unless given (docs/sweep-from-dials.md)")
     g.add_argument("--geometry-prior", choices=GEOMETRY_PRIORS, help="a rotation series from --expt/--refl: dials "
                    "(default) refines the distance and beam centre (and any detector name of --shared) with a Gaussian "
                    "prior at DIALS's values, each as wide as the esd the .refl's indexed spots give it, so the cell's "
@@ -107,7 +111,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
     g.add_argument("--screen", action="store_true", help="joint mode for serial data: refine in rounds and drop the "
                    "images that do not fit (a NaN loss, a fit far worse than the others, no diffraction), each listed "
-                   "with its reason in the summary, joint.json and joint.h5; the run goes on (docs/many-images.md)")
+                   "with its reason in the summary, joint.json and joint.h5; the run goes on (docs/many-stills.md)")
     g.add_argument("--add-to", metavar="JOINT_H5", help="joint mode: add images to a finished --screen run (its "
                    "OUT_DIR/joint.h5), whose images come first in --images, in the same order: they continue from "
                    "their refined values, the new ones are added (implies --screen)")
@@ -117,8 +121,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                                "beam (the beam's widths) scale background, or names such as beam_x, "
                                                "mosaic_spread, N, distance, dispersion. Default: the stage_a schedule; "
                                                "one still from --expt and --refl: scale,background,orientation,cell,"
-                                               "mosaic,beam_centre,distance less the --fix names")
-    g.add_argument("--stages", help="a named schedule: stage_a (default; coarse-to-fine, see docs/refinement.md)")
+                                               "mosaic,beam_centre,distance less the --fix names; a rotation series from --expt and "
+                                               "--refl: --shared and --per-image")
+    g.add_argument("--stages", help="a named schedule: stage_a (default without --expt and --refl; coarse-to-fine, docs/python.md)")
     g.add_argument("--fix", type=csv_names, help="names or groups never refined (default with --image and the default "
                                             "schedule: distance, which one image cannot separate from the cell; "
                                             "one still from --expt and --refl: nothing, the distance is refined with "

@@ -191,6 +191,9 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     if not mask.any():
         raise InputError(f"{obs.path}: every pixel is masked after the ADC offset {counts.adc_offset:g} is taken off")
     panels = _multi_panel_model(args, say) if args.dials.expt and panel_count(args) > 1 else None
+    if panels is None and args.dials.panel_groups:
+        raise InputError(f"--panel-groups {args.dials.panel_groups}: the --expt detector has one panel, whose only "
+                         "level is 0 (panel groups are a multi-panel detector's)")
     if panels is None and obs.header.get("panels_stacked"):
         raise InputError(f"--image {obs.path}: the file holds {len(obs.header['panel_boxes'])} detector panels "
                          "(stacked); give their geometry with a multi-panel --expt")

@@ -30,10 +30,23 @@ from refine.many.batch import expand_image_list
 from refine.many.dials_stills import many_dials_stills, read_dials_stills, relocate_images, run_dials_stills, still_items
 from refine.many.distributed import Comm
 
-__all__ = ["joint_stills", "still_images", "refined_part", "combined_document", "write_joint_expt",
-           "run_stills_independent"]
+__all__ = ["STILLS_SHARED", "stills_shared", "joint_stills", "still_images", "refined_part", "combined_document",
+           "write_joint_expt", "run_stills_independent"]
 
 KINDS = ("beam", "detector", "crystal")
+
+
+#: ``--shared`` of a joint run of one DIALS file's stills: the cell and the detector distance.  The stills share one
+#: detector, and a still measures the cell only over the distance (docs/still-from-dials.md): held at the file's
+#: value, the distance's error becomes the cell's (1 % on the thaumatin stills at their header distance)
+STILLS_SHARED = ("cell", "distance")
+
+
+def stills_shared(say: Callable[[str], None]) -> tuple[str, ...]:
+    """:data:`STILLS_SHARED`, said in the run's first lines."""
+    say("  shared: cell and distance (one detector for every still; a still measures the cell over the distance, so "
+        "a distance held at the file's would put its error into the cell; --shared cell holds it)")
+    return STILLS_SHARED
 
 
 def joint_stills(args: Options) -> bool:

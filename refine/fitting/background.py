@@ -116,7 +116,7 @@ def parse_background(text: str) -> BackgroundSpec:
 
 
 def resolve_auto(text: str, measured: bool, windows: bool) -> str:
-    """``text``, or for :data:`AUTO` the default chosen from the thaumatin stills (docs/refinement.md, "What each
+    """``text``, or for :data:`AUTO` the default chosen from the thaumatin stills (docs/still-from-images.md, "What each
     model term removes"): ``planes`` for a measured image fitted in spot windows (observed spots and a window),
     ``constant`` otherwise (simulated problems, whole images, joint runs)."""
     if str(text).strip() != AUTO:

@@ -42,7 +42,7 @@ def add_options(group) -> None:
     group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
                                             "spot list (as --spots); with a still's --expt, one --image is fitted in "
                                             "windows about them with the defaults --refine, --spot-window and "
-                                            "--subsample say (docs/refinement.md, 'From DIALS')")
+                                            "--subsample say (docs/still-from-dials.md)")
     group.add_argument("--panel-groups", type=int, default=None, metavar="LEVEL",
                        help="a multi-panel --expt: the level of its hierarchy whose groups move as rigid bodies "
                             "(0 the whole detector, the last each panel; default 0); the detector names refine "

@@ -60,7 +60,7 @@ class ProfileModel:
 
     def flags(self) -> dict[str, list[str]]:
         """nanoBragg flags, by :data:`PROFILE_FLAGS` quantity (``-oversample 1`` where the spots are at least a pixel
-        wide, ``spot_px``: sampling each pixel once then changes no partial by 1e-3, docs/many-images.md)."""
+        wide, ``spot_px``: sampling each pixel once then changes no partial by 1e-3, docs/log.md)."""
         return {"size": ["-Na", str(self.N[0]), "-Nb", str(self.N[1]), "-Nc", str(self.N[2])],
                 "mosaic": ["-mosaic", f"{self.mosaic_deg:.6g}"], "domains": ["-mosaic_dom", str(self.domains)],
                 "phisteps": ["-phisteps", str(self.phisteps)], "F": ["-default_F", "100"],
@@ -118,7 +118,7 @@ def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = 
     * the mosaic spread carries the rest of the rocking width, ``sigma_eta^2 = sigma_m^2 - (sigma_q / d*)^2``, and
       ``-mosaic = sigma_eta / rocking_sigma_per_spread(mosaic_model)`` (:mod:`nbtorch.physics.mosaic`: the Gaussian
       model's spread is sigma_eta itself, the C's law's about twice it);
-    * sampling (measured on the real L-cysteine sweep, docs/many-images.md): phi steps of at most a third of the
+    * sampling (measured on the real L-cysteine sweep, docs/log.md): phi steps of at most a third of the
       narrowest rocking width (the reflections at ``1.5 dstar``) and at most
       :data:`refine.inputs.start_model.PHI_STEP_DEG`; an even mosaic set of
       :data:`refine.inputs.start_model.MEASURED_MOSAIC_DOMAINS` domains (the random draw: ``clip(ceil(6 sigma_eta / sigma_rock),``

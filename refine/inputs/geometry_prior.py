@@ -1,5 +1,5 @@
 """DIALS's detector geometry as a measurement: its values with the esds its indexed spots give them (the prior of a
-rotation series from DIALS files; ``nbtorch-refine --expt --refl --rotation-series``, docs/many-images.md).
+rotation series from DIALS files; ``nbtorch-refine --expt --refl --rotation-series``, docs/sweep-from-dials.md).
 
 DIALS refines the distance and beam centre from the centroids of its indexed spots, with the cell and orientation.
 On a narrow wedge the distance and the cell are nearly one parameter, so DIALS's distance is as uncertain as the

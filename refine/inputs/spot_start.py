@@ -1,5 +1,5 @@
 """A rotation sweep's start from its indexed spots: the cell and orientation fitted to the observed centroids before
-the pixels are (``nbtorch-refine --images ... --expt --refl --rotation-series``; docs/many-images.md).
+the pixels are (``nbtorch-refine --images ... --expt --refl --rotation-series``; docs/sweep-from-dials.md).
 
 The pixels of a 0.1 deg image see a reflection only within a fraction of a degree of its rocking angle and a few
 pixels of its position: from a cell 1 % off, a reflection at 800 pixels from the beam is 8 pixels away and rocks

@@ -1,17 +1,18 @@
 """Defaults of ``nbtorch-refine`` on one still from DIALS files: ``--image X --expt X.expt --refl X.refl``.
 
-An experiment without a scan (or with a scan of zero width) and its reflections, refined on their own (not
-``--joint``/``--rotation-series``), get what the thaumatin tutorial chooses by hand (docs/refinement.md), each
-default only where its option is not given:
+An experiment without a scan (or with a scan of zero width) and its reflections, refined on their own or as one
+image of a ``--joint`` run of stills (not ``--rotation-series``), get what the thaumatin tutorial chooses by hand
+(docs/still-from-images.md), each default only where its option is not given:
 
 * **pixels** (``--spot-window``, ``--subsample``): square windows about every observed reflection of the
   ``.refl``, half-width from the profile's ``sigma_b`` (:func:`refine.inputs.dials.window_half_px`: three
   standard deviations along each detector axis; 5 pixels without a profile), and :data:`REST_FRACTION` of the other
   pixels (background, and model spots where nothing was observed), lowered to at most :data:`REST_PER_WINDOW_PIXEL`
   of them per window pixel;
-* **refined names** (``--refine``): :data:`STILL_REFINE` in one stage, less the ``--fix`` names.  The distance
+* **refined names** (``--refine``; on its own only, a joint run's are ``--shared`` and ``--per-image``):
+  :data:`STILL_REFINE` in one stage, less the ``--fix`` names.  The distance
   is refined with the cell: one still measures the cell over the distance, and held at a header's value the cell
-  carries the distance's error (docs/refinement.md, "The distance"); where the spots are too few for the names,
+  carries the distance's error (docs/esds-and-fit.md); where the spots are too few for the names,
   ``--too-few-spots`` fixes the least determined (:mod:`refine.quality.identifiability`);
 * **crystal model** (``--model`` optional): the experiment's domain size and mosaic
   (:func:`refine.inputs.dials.still_model`); without a size ``--model`` must give one, without a spread the model
@@ -34,7 +35,7 @@ __all__ = ["STILL_REFINE", "REST_FRACTION", "REST_PER_WINDOW_PIXEL", "StillDefau
 
 #: what one still from DIALS refines by default: the crystal (orientation, cell, its size and mosaic spread) and the
 #: detector's distance and beam centre; the tilt is left to ``--refine`` (a detector calibration, better measured on
-#: several stills jointly: docs/many-images.md)
+#: several stills jointly: docs/many-stills.md)
 STILL_REFINE = ("scale", "background", "orientation", "cell", "mosaic", "beam_centre", "distance")
 #: fraction of the pixels outside the spot windows fitted with them (the thaumatin tutorial's ``--subsample``)
 REST_FRACTION = 0.02
@@ -62,10 +63,11 @@ class StillDefaults:
 
 def dials_still(args: Options) -> bool:
     """Whether ``args`` refine one measured still from DIALS files: ``--image``, ``--expt`` (a still) and ``--refl``,
-    not joint (independent mode's images are each such a run)."""
+    on its own or as one image of a joint run of stills (independent and joint modes' images are each such a run;
+    a rotation series is not)."""
     if not (args.image.image and args.dials.expt and args.dials.refl):
         return False
-    if args.many.joint or args.many.rotation_series:
+    if args.many.rotation_series:
         return False
     return is_still(read_experiment(args))
 
@@ -73,7 +75,7 @@ def dials_still(args: Options) -> bool:
 def _refined(args: Options, mosaic: bool) -> tuple[tuple[str, ...] | None, str | None]:
     """The default names and their note; None where ``--refine``, ``--stages`` or ``[[stages]]`` choose.  Without a
     mosaic spread in the model (``mosaic`` False) the crystal size ``N`` is refined instead of the ``mosaic`` group."""
-    if args.fit.refine is not None or args.fit.stages is not None or args.fit.stage_tables:
+    if args.fit.refine is not None or args.fit.stages is not None or args.fit.stage_tables or args.many.joint:
         return None, None
     fixed = {n for n in (args.fit.fix or ()) if n != "none"}
     names = tuple(n if mosaic or n != "mosaic" else "N" for n in STILL_REFINE if n not in fixed)

@@ -1,6 +1,6 @@
 """What a joint run (``nbtorch-refine --joint`` / ``--rotation-series``) reports per image, as a single run reports its
 image: the observed spots against the model's spots at the start and at the end, per image and pooled over the
-images, and the warnings about the spots (docs/many-images.md, "Rotation sweeps from DIALS").
+images, and the warnings about the spots (docs/sweep-from-dials.md).
 
 :func:`spot_rows` measures each image of this process (:func:`refine.inputs.spots.spot_offsets` at the image's
 starting and final values, on its unrestricted simulator) and gathers the rows of every process;

@@ -1,5 +1,5 @@
 """A rotation sweep's spots compared as DIALS measured them: each observed centroid against the model's centroid over
-the whole shoebox, on every image of the run the reflection spans (docs/many-images.md, "Rotation sweeps from DIALS").
+the whole shoebox, on every image of the run the reflection spans (docs/sweep-from-dials.md).
 
 DIALS's ``xyzobs.px.value`` of a strong spot is the intensity-weighted centroid of its shoebox in three dimensions:
 the fast and slow pixel over every frame the reflection lights (``bbox``, frames from the scan's start).  A 0.1 deg

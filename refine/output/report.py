@@ -86,7 +86,7 @@ def _esd(e: float | None) -> str:
 
 #: printed under the table when it has both esd columns
 ESD_NOTE = ("esd: robust (sandwich) esd, valid when the model misses part of the image; esd if right: the Fisher "
-            "esd, which assumes the model explains the image (docs/refinement.md, 'Esds')")
+            "esd, which assumes the model explains the image (docs/esds-and-fit.md)")
 
 
 def _pair(a, b, digits: int = 3) -> str:

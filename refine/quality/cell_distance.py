@@ -7,7 +7,7 @@ larger at a distance ``k`` times longer moves every spot by less than a pixel up
 is ``cell / distance`` (Å per mm), and a 1 % error in the header's distance is a 1 % error in the cell.
 
 :func:`cell_distance_note` gives, for a refinement of a measured image that refined cell lengths and held the
-distance, that ratio and the ways out (``docs/refinement.md``, "The distance"): refine the distance (its esd
+distance, that ratio and the ways out (``docs/esds-and-fit.md``): refine the distance (its esd
 then carries the degeneracy into the cell's), share it between stills (``--joint --shared cell,distance``,
 which also takes the stills' cells from their common distance), or restrain it (``--prior distance=MEAN:SIGMA``).
 """
@@ -46,4 +46,4 @@ def note_line(note: Mapping) -> str:
     return (f"the cell rests on the distance {note['distance_mm']:.6g} mm, which was held fixed: one still measures "
             f"cell / distance ({shown} A/mm), so a 1 % error in the distance is 1 % in the cell; refine the distance "
             "(add distance to --refine), share it between stills (--images ... --joint --shared cell,distance) or "
-            "restrain it (--prior distance=MEAN:SIGMA) (docs/refinement.md, 'The distance')")
+            "restrain it (--prior distance=MEAN:SIGMA) (docs/esds-and-fit.md)")

@@ -2,7 +2,7 @@
 # Build DIALS' dxtbx from its public source against the pip cctbx-base wheel, so that a plain Python has
 # `from dxtbx.model.experiment_list import ExperimentListFactory` (the reader of every DIALS program).
 # Opt-in: never run by CI or the tests.  Its Python is what NBTORCH_DXTBX_PYTHON names for the opt-in tests
-# (docs/inputs.md, "Read by DIALS itself").
+# (docs/formats.md).
 #
 #   usage: scripts/peer/build_dxtbx.sh TARGET_DIR [DXTBX_SOURCE_DIR]
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The thaumatin stills with the Pilatus3 6M as one rigid panel and as 60 modules, the crystal refined (issue 35;
-# docs/refinement.md, "60 modules against one rigid panel").  Opt-in: needs the DIALS that
+# docs/validation.md, "60 modules").  Opt-in: needs the DIALS that
 # scripts/peer/build_dials.sh built, for the 60-panel experiment and its indexed spots (never run by the tests).
 #
 #   usage: scripts/peer/thaumatin_modules.sh DIALS_TARGET_DIR [OUT_DIR] [SHARED_DIR]

@@ -81,7 +81,7 @@ def test_bad_arguments_are_one_line(capsys):
 
 @pytest.mark.slow
 def test_the_cell_esds_cover_the_error_across_the_wedges(tmp_path):
-    """The issue's calibration (measured 2026-11-29, docs/many-images.md "The geometry's prior")."""
+    """The issue's calibration (measured 2026-11-29, docs/sweep-from-dials.md)."""
     out = tmp_path / "wedges"
     assert main(["--out-dir", str(out), "--variants", "dials", "held"]) == 0
     stats = {s["variant"]: s for s in json.loads((out / "rows.json").read_text())["summary"]}
@@ -93,7 +93,7 @@ def test_the_cell_esds_cover_the_error_across_the_wedges(tmp_path):
 
 @pytest.mark.slow
 def test_one_amplitude_per_reflection_on_wedges_of_wilson_amplitudes(tmp_path):
-    """The amplitude default on the set (measured 2026-11-29, docs/many-images.md "DIALS's geometry as a prior"): with
+    """The amplitude default on the set (measured 2026-11-29, docs/sweep-from-dials.md): with
     amplitudes drawn per reflection, the default (one amplitude per unique reflection) keeps the esds honest where one
     F for every reflection leaves the cell several times further off than its esds say."""
     out = tmp_path / "wilson"

@@ -247,7 +247,7 @@ def test_no_mosaic_in_config_gives_exactly_zero_spread_gradient():
 
 def test_c_parity_phi_zero_quirk_has_finite_gradient():
     """C parity at phi0 = 0 with several phi steps: the C reuses the previous rotation for the
-    step at exactly 0, so the image jumps there (docs/c-parity.md); the gradient stays finite
+    step at exactly 0, so the image jumps there (docs/simulator.md); the gradient stays finite
     (it is the derivative of the branch taken) but is not a derivative of the jump."""
     probe = get_probe("c_parity")
     grads = _leaf_grads(probe, {"phi0": 0.0})

@@ -4,7 +4,7 @@ the same truth; the refinement starts at the truth, so only the noise moves it),
 nbtorch-refine prints.  The Fisher esds are printed beside them: they assume every count has Poisson noise, which
 holds now that refine(problem) takes the bank's noiseless 40-count pedestal off (fitted as photons, it made the
 background's Fisher esd too large).  A slow test (about 5 minutes on 2 idle
-cores); docs/refinement.md "Esds" summarises its table (printed with -s; the full table is in docs/log.md)."""
+cores); docs/esds-and-fit.md summarises its table (printed with -s; the full table is in docs/log.md)."""
 
 from __future__ import annotations
 

@@ -297,7 +297,7 @@ def test_torchrun_restarts_a_killed_worker_from_the_checkpoint(joint, tmp_path):
 def test_sixteen_stills(tmp_path):
     """The issue's check: 16 stills (48 x 48): the joint cell error is at most 1.5 x the single-still error
     (rms over the stills) / sqrt(16), the joint esds are consistent with it, and 2 processes give the same
-    result as 1 (the wall times are printed; docs/many-images.md has the measured numbers)."""
+    result as 1 (the wall times are printed; docs/log.md has the measured numbers)."""
     one = _script(tmp_path, "one.json", 1, n=16, size=48, extra=("--singles",))
     two = _script(tmp_path, "two.json", 2, n=16, size=48)
     assert all(s["status"] in ("converged", "max_steps") for s in one["singles"])

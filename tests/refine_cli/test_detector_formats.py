@@ -150,7 +150,7 @@ def test_malformed_files_are_one_line_errors(tmp_path):
     write_marccd(tmp_path / "x.mccd", _pixels(), MARCCD)
     (tmp_path / "cut.mccd").write_bytes((tmp_path / "x.mccd").read_bytes()[:3000])
     write_mar345(tmp_path / "x.mar2300", _pixels(shape=(40, 40), dtype=np.int32))
-    # cut in the header (fabio decodes a packed stream cut short without a word: docs/refinement.md)
+    # cut in the header (fabio decodes a packed stream cut short without a word: docs/formats.md)
     (tmp_path / "cut.mar2300").write_bytes((tmp_path / "x.mar2300").read_bytes()[:2000])
     for name in ("cut.tif", "fake.tif", "cut.mccd", "cut.mar2300"):
         with pytest.raises(InputError) as err:

@@ -217,3 +217,13 @@ def test_natural_command_converges_to_the_truth(refine_cli, still):
         assert math.degrees(math.acos(min(1.0, float(u @ v)))) < 0.02, key
     spots = result["spots"]
     assert spots["rms_px_start_common"] > 0.5 and spots["rms_px_final_common"] < 0.2, spots["rms_px_final_common"]
+
+
+def test_panel_groups_of_a_one_panel_detector_are_refused(refine_cli, still):
+    """``--panel-groups`` names a level of a multi-panel detector's hierarchy; a one-panel ``--expt`` has only level 0,
+    so any other level is one line naming the option, exit 2, nothing written (it was taken and ignored)."""
+    _copy(still, Path.cwd(), "obs.cbf", "start.expt", "obs.refl")
+    r = refine_cli("--image", "obs.cbf", "--expt", "start.expt", "--refl", "obs.refl", "--panel-groups", "7")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "--panel-groups 7: the --expt detector has one panel, whose only level is 0" in r.err
+    assert not (Path.cwd() / "result.json").exists() and not (Path.cwd() / "result.h5").exists()

@@ -5,6 +5,7 @@ synthetic pair of stills, two steps."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -30,11 +31,19 @@ def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path):
                    "--max-steps", "2", "--no-esds")
     assert r.code == 0, r.err
     assert "2 stills of --expt data/many.expt" in r.out and "refined jointly" in r.out
+    # each still fitted as one still from DIALS files is: windows about its spots and a sample of the rest, not the
+    # whole image (the refined names are the joint run's --shared and --per-image, not one still's)
+    assert "a still from DIALS files" in r.out and "spot windows of +-" in r.out, r.out
+    assert "refine scale,background,orientation,cell,mosaic" not in r.out
+    fitted = [tuple(map(int, m)) for m in re.findall(r"fitting (\d+) of (\d+) pixels", r.out)]
+    assert len(fitted) == 2 and all(n < total / 2 for n, total in fitted), fitted
     joint = r.json("out/joint.json")
     assert [im["spots"]["n"] for im in joint["images"]] == counts  # each image its own rows of the .refl
     starts = [im["initial_params"] for im in joint["images"]]
     assert abs(starts[0]["misset_x"] - starts[1]["misset_x"]) > 1  # each from its own experiment's crystal
-    assert "cell_a" in joint["shared_names"]
+    # one detector for the stills: the distance shared with the cell (a held distance's error would be the cell's)
+    assert "  shared: cell and distance (one detector for every still" in r.out
+    assert "cell_a" in joint["shared_names"] and "distance" in joint["shared_names"]
     before = _read_back(data / "many.expt", 2)
     after = _read_back(tmp_path / "out" / "refined.expt", 2)
     assert [e.identifier for e in after] == ["s0", "s1"]

@@ -1,4 +1,4 @@
-"""Rotation sweeps from DIALS, end to end (issue #34; docs/many-images.md "Rotation sweeps from DIALS").
+"""Rotation sweeps from DIALS, end to end (issue #34; docs/sweep-from-dials.md).
 
 * a multi-axis goniometer reduces exactly to one spindle: against hand-made fixed and setting rotations, and on the
   real L-cysteine sweep against DIALS's own predictions (skipped where the data are absent);
@@ -364,7 +364,7 @@ def test_real_lcysteine_sweep(refine_cli):
     """The issue's command on the real sweep, no hand-made file or model flag, from DIALS's model and from a start
     1 % off in the cell and 0.3 deg in orientation: both converge (not the step limit) to the same cell and spots.
 
-    Measured (docs/many-images.md, 2026-11-29): the defaults for a sweep from DIALS files (one amplitude per unique
+    Measured (docs/sweep-from-dials.md; docs/log.md 2026-11-29): the defaults for a sweep from DIALS files (one amplitude per unique
     reflection in the experiment's space group; the distance and beam centre refined with a prior at DIALS's values
     as wide as its 17 spots allow, 0.17 mm and 0.05, 0.03 mm; the even set of 40 mosaic domains of the C's law) give
     a -0.086 %, b +0.037 %, c +0.079 % from the full-data cell (DIALS's own wedge cell: +0.46, +0.07, +0.15 %),

@@ -4,7 +4,7 @@ Starting from the header geometry, the indexing orientation and a textbook cell 
 c = 150.0 Å), the refinement must move the model's spots onto the observed ones (rms spot offset
 before and after) and return a thaumatin cell (P4(1)2(1)2, a = b ~ 57.7, c ~ 150.4 Å) with the distance refined
 (~346 mm; the header's 351 mm would make the cell 1.3 % long), with esds and the distance-cell correlation.  Same
-options as the tutorial (docs/refinement.md, examples/thaumatin_still.toml).
+options as the tutorial (docs/still-from-images.md, examples/thaumatin_still.toml).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     assert s["rms_px_start_common"] > 3.0
     assert s["rms_px_final_common"] < 1.6
     assert s["matched_final"] >= 0.95 * s["n"]
-    # ... far above their shot-noise floor (0.17 px on 2026-11-25; docs/refinement.md, "The spot noise floor")
+    # ... far above their shot-noise floor (0.17 px on 2026-11-25; docs/log.md, "The spot noise floor")
     assert 0.05 < s["rms_px_floor"] < 0.4 * s["rms_px_final"] and s["floor_spots"] >= 0.75 * s["matched_final"]
-    # what the model misses (docs/refinement.md, "What the model still misses", 2026-11-27): observed spots sharper
+    # what the model misses (docs/log.md, "What the model still misses", 2026-11-27): observed spots sharper
     # than the model's; the held planes of --background auto put the background between spots at the observed
     # level (6.85 vs 6.88 photons/pixel; the flat background gave 10.7)
     diag = doc["diagnostics"]
@@ -59,11 +59,11 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     assert abs(table["model_mean"] / table["observed_mean"] - 1) < 0.1, table
 
     # the detector's tilt, which both stills measure alike (-0.068 / -0.066 deg about x, +0.373 / +0.405 deg about y,
-    # esds 0.02; docs/refinement.md, "What each model term removes")
+    # esds 0.02; docs/log.md, "What each model term removes")
     assert -0.15 < p["detector_rotx"] < 0.0 and 0.25 < p["detector_roty"] < 0.5, (p["detector_rotx"], p["detector_roty"])
     assert s["rms_px_final"] < 1.45  # 1.37 px with 40 domains of the even set (2026-11-29); 1.16 with the random 10
     # the cell: thaumatin, tetragonal, with the distance refined (57.760, 150.399 A at 346.45 mm on 2026-11-27;
-    # docs/refinement.md, "The distance")
+    # docs/log.md, "The distance")
     assert 344.0 < p["distance"] < 349.0, p["distance"]
     assert p["cell_a"] == p["cell_b"] and p["cell_alpha"] == p["cell_beta"] == p["cell_gamma"] == 90.0
     assert 57.5 <= p["cell_a"] <= 58.0, p["cell_a"]
@@ -81,7 +81,7 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
 
 
 def test_thaumatin_stills_with_structure_factors(tmp_path, monkeypatch, capsys):
-    """Both stills, same settings, one F for all and with the amplitudes refined (docs/refinement.md, "Measured on
+    """Both stills, same settings, one F for all and with the amplitudes refined (docs/log.md, "Measured on
     the two thaumatin stills"): the amplitudes lower the fit excess by at least a fifth on each still, the cell over
     the distance stays, and the two stills' cells agree within 3 combined esds.  The issue's thresholds
     (spot rms <= 0.7 px, fit <= 3x) are not reached: the spot shape limits them."""
