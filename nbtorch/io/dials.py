@@ -23,7 +23,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,8 +33,8 @@ from nbtorch.errors import InputError
 from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
-__all__ = ["DialsExperiment", "read_expt", "experiment_image", "write_expt", "read_refl", "write_refl", "REFL_TYPES", "scan_oscillation",
-           "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
+__all__ = ["DialsExperiment", "parsed", "forget_parsed", "read_expt", "experiment_image", "write_expt", "read_refl",
+           "write_refl", "REFL_TYPES", "scan_oscillation", "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
 
 #: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
 REFL_TYPES: dict[str, tuple[str, int]] = {
@@ -76,7 +78,43 @@ class DialsExperiment:
         return len(self.document["experiment"])
 
 
+#: the DIALS files this process has parsed, by path and file identity (:func:`parsed`)
+_PARSED: OrderedDict = OrderedDict()
+#: how many parsed files are kept (a run has one or two of each kind)
+PARSED_KEPT = 4
+
+
+def parsed(path: str, parse: Callable[[str], Any]) -> Any:
+    """``parse(path)``, parsed once per process for as long as the file is unchanged: the key is the resolved path
+    with the file's inode, size and modification and change times, so a rewritten file is parsed again.  A run's
+    steps (its checks, each image, the spots, the profile, the prior, the written files) each ask for the ``.expt``
+    and the ``.refl``; the file is parsed once.  The parsed document is shared: change a copy
+    (``copy.deepcopy``), as :func:`updated_document` does.  The last :data:`PARSED_KEPT` are kept."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return parse(path)  # the parser names the problem
+    key = (parse.__name__, os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key in _PARSED:
+        _PARSED.move_to_end(key)
+        return _PARSED[key]
+    value = parse(path)
+    _PARSED[key] = value
+    while len(_PARSED) > PARSED_KEPT:
+        _PARSED.popitem(last=False)
+    return value
+
+
+def forget_parsed() -> None:
+    """Forget every parsed file (:func:`parsed`)."""
+    _PARSED.clear()
+
+
 def _load_json(path: str) -> dict:
+    return parsed(path, _parse_json)
+
+
+def _parse_json(path: str) -> dict:
     raw = read_file_bytes(path, "DIALS experiment file")
     try:
         doc = json.loads(raw.decode("utf-8"))
@@ -421,6 +459,10 @@ def updated_document(experiment: DialsExperiment, beam: dict, detector_panel: di
 
 
 def _unpack(path: str):
+    return parsed(path, _parse_refl)
+
+
+def _parse_refl(path: str):
     try:
         import msgpack
     except ImportError:

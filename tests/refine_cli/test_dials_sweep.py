@@ -411,3 +411,35 @@ def test_default_schedule_with_spot_windows_far_from_the_beam(refine_cli, tmp_pa
     assert r.code == 0, r.err
     doc = r.json()
     assert [s["name"] for s in doc["stages"]][:2] == ["beam_centre", "orientation"] and doc["spots"]["n"] >= 3
+
+
+def test_the_sweeps_natural_command_parses_each_dials_file_once(refine_cli, sweep, monkeypatch):
+    """The natural command (``--images --expt --refl --rotation-series``) parses its ``.expt`` once and its ``.refl``
+    once, however many of its steps (checks, images, spots, profile, prior, windows, the written files) look at
+    them (:func:`nbtorch.io.dials.parsed`); a file changed on disk is parsed again."""
+    import nbtorch.io.dials as dials_io
+
+    parses: dict[str, int] = {}
+
+    def counting(parse):
+        def counted(path):
+            parses[os.path.basename(path)] = parses.get(os.path.basename(path), 0) + 1
+            return parse(path)
+        counted.__name__ = parse.__name__
+        return counted
+
+    monkeypatch.setattr(dials_io, "_parse_json", counting(dials_io._parse_json))
+    monkeypatch.setattr(dials_io, "_parse_refl", counting(dials_io._parse_refl))
+    dials_io.forget_parsed()
+    folder, _ = sweep
+    r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
+                   str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--max-steps", "1",
+                   "--no-esds", "--out-dir", "once")
+    assert r.code == 0, r.err
+    assert parses == {"truth.expt": 1, "sweep.refl": 1}, parses
+    copy = r.tmp / "changed.expt"
+    copy.write_bytes((folder / "truth.expt").read_bytes())
+    dials_io.read_expt(copy)
+    copy.write_text(copy.read_text() + " ")  # another size: parsed again
+    dials_io.read_expt(copy)
+    assert parses["changed.expt"] == 2
