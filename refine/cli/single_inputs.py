@@ -85,10 +85,23 @@ def _check_numbers(args: Options) -> None:
         raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
 
 
+def _refuse_image_file_options(args: Options) -> None:
+    """Options that describe a measured image's file, given with a simulated ``--problem`` (they were ignored)."""
+    given = (("--frame", args.image.frame is not None), ("--shape", args.image.shape is not None),
+             ("--mask", bool(args.image.mask)), ("--saturation", args.image.saturation is not None),
+             ("--mask-nan", args.image.mask_nan))
+    for flag, present in given:
+        if present:
+            raise InputError(f"{flag}: describes a measured --image file; --problem {args.model.problem} is simulated "
+                             "and has none")
+
+
 def check_arguments(args: Options) -> Checked:
     """Every check that needs no data; nothing is read or written."""
     if bool(args.image.image) == bool(args.model.problem):
         raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
+    if args.model.problem:
+        _refuse_image_file_options(args)
     check_dials_options(args)
     if args.image.image and not (args.model.model or args.dials.expt):
         raise InputError("--model: the starting model's nanoBragg flags (or --expt) are required with --image "

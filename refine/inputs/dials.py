@@ -60,6 +60,8 @@ def check_dials_options(args: Options) -> None:
         raise InputError("--refl and --spots both give the observed spots; drop one")
     if args.dials.panel_groups is not None and not args.dials.expt:
         raise InputError("--panel-groups: the groups of a multi-panel --expt detector; give --expt")
+    if args.dials.expt_image is not None and not args.dials.expt:
+        raise InputError("--expt-image: the image of an --expt rotation scan that --image is; give --expt")
     for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image),
                         ("--panel-groups", args.dials.panel_groups)):
         if value is not None and value < 0:

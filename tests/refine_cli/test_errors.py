@@ -122,6 +122,15 @@ CASES = {
                                         "mosaic_spread_a/b/c: the anisotropic mosaic is a spec-mode model"),
     "axis mosaic spread start": (["--problem", "cubic_mosflm", "--size", "16", "--refine", "mosaic_aniso",
                                   "--start", "mosaic_spread_b=-0.1"], "start: mosaic_spread_b=-0.1 is impossible"),
+    # options of a measured image's file, given with a simulated problem: refused (they were taken and ignored)
+    "frame of a problem": (["--problem", "cubic_mosflm", "--size", "16", "--frame", "3"],
+                           "--frame: describes a measured --image file; --problem cubic_mosflm is simulated"),
+    "mask of a problem": (["--problem", "cubic_mosflm", "--size", "16", "--mask", "ok.cbf"], "--mask: describes"),
+    "saturation of a problem": (["--problem", "cubic_mosflm", "--size", "16", "--saturation", "100"],
+                                "--saturation: describes"),
+    "mask-nan of a problem": (["--problem", "cubic_mosflm", "--size", "16", "--mask-nan"], "--mask-nan: describes"),
+    "expt-image without expt": (["--image", "ok.cbf", "--model", SMALL_MODEL, "--expt-image", "2"],
+                                "--expt-image: the image of an --expt rotation scan that --image is; give --expt"),
 }
 
 
