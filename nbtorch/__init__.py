@@ -8,10 +8,10 @@ Public API::
     eager()                                        # context: no torch.compile inside (gradcheck-safe)
 """
 
-from nbtorch.args import config_from_args
+from nbtorch.cli.args import config_from_args
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
-from nbtorch.runtime import eager
+from nbtorch.runtime.policy import eager
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 
