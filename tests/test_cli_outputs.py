@@ -12,7 +12,7 @@ import pytest
 
 from golden import GOLDEN, golden_args, golden_cases
 from nbtorch import Simulator, config_from_args
-from nbtorch.cli.main import main as cli
+from nbtorch.cli import main as cli
 from nbtorch.cli.main import main
 from nbtorch.io import read_fdump, read_h5_image, read_pgm, read_raw_float, read_smv, write_hkl, HKLTable
 
