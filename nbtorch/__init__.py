@@ -6,6 +6,9 @@ Public API::
     Simulator(config, dtype=, device=)             # nn.Module; forward(**overrides) -> image
     SimulationConfig, InputError, PARAMETER_NAMES
     eager()                                        # context: no torch.compile inside (gradcheck-safe)
+
+The rest lives in rooms by job (docs/architecture.md): ``geometry``, ``sampling``, ``rules``, ``runtime``, ``cli``,
+``dials``, ``physics``, ``io`` and ``tools``.
 """
 
 from nbtorch.cli.args import config_from_args
