@@ -6,7 +6,7 @@
 * ``sweep``: optuna hyper-parameter sweeps of the refinement (``workload`` and ``png``
   are their helpers: nbtorch-refine's options and preparation as the scripts' input, and a minimal PNG
   writer);
-* their argument checks and one-line errors (exit status 2) come from :mod:`nbtorch.cli_support`.
+* their argument checks and one-line errors (exit status 2) come from :mod:`nbtorch.cli.support`.
 
 See docs/stage-a.md and docs/hyperparameter-sweeps.md.
 """

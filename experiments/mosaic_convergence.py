@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from nbtorch.cli_support import Printer, run_main
+from nbtorch.cli.support import Printer, run_main
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 
@@ -154,7 +154,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command: bad input is one line and exit status 2 (:func:`nbtorch.cli_support.run_main`)."""
+    """The command: bad input is one line and exit status 2 (:func:`nbtorch.cli.support.run_main`)."""
     return run_main(PROG, _run, argv)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from nbtorch import InputError, Simulator, config_from_args
-from nbtorch.cli_support import Parser, run_main
+from nbtorch.cli.support import Parser, run_main
 
 PROG = "parity_report"
 
@@ -90,7 +90,7 @@ def _main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; bad input: one line ``parity_report: error: ...`` on stderr, status 2
-    (:func:`nbtorch.cli_support.run_main`)."""
+    (:func:`nbtorch.cli.support.run_main`)."""
     return run_main(PROG, _main, argv)
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nbtorch.args import config_from_args
+from nbtorch.cli.args import config_from_args
 from nbtorch.errors import InputError
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import Simulator

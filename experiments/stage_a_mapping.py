@@ -49,8 +49,9 @@ import torch
 import nbtorch
 from experiments.png import write_png_pair
 from experiments.workload import Workload, experiment_parser, load_workload, parse_experiment
-from nbtorch import Simulator, runtime
-from nbtorch.cli_support import Printer, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
+from nbtorch import Simulator
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.support import Printer, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
 from nbtorch.errors import InputError
 from refine import Adam, TensorBoardCallback, refine, stage_a
 from refine.fitting.objective import ImageObjective, make_view

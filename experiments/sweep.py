@@ -59,7 +59,7 @@ import nbtorch
 from experiments.workload import (IMAGE_FREE, Workload, experiment_parser, load_workload, parameter_error,
                                   parse_experiment, refine_config_toml)
 from losses import LOSSES
-from nbtorch.cli_support import Printer, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
+from nbtorch.cli.support import Printer, check_output_dir, int_at_least, make_output_dir, positive_float, run_main
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 from refine import refine

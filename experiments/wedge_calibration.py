@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nbtorch.cli_support import Printer, run_main
+from nbtorch.cli.support import Printer, run_main
 from nbtorch.errors import InputError
 
 PROG = "python -m experiments.wedge_calibration"
@@ -183,7 +183,7 @@ def _dials_model(truth_expt: Path, w: Wedge, hkl: np.ndarray, observed: np.ndarr
     """DIALS's model: the cell, orientation, distance and beam centre fitted to the noisy spots from the truth, as
     DIALS's refinement fits them (:func:`refine.inputs.spot_start.align_to_spots`); ``(its document, its values)``."""
     from nbtorch import Simulator, config_from_args
-    from nbtorch.dials_geometry import experiment_flags, refined_document
+    from nbtorch.dials.geometry import experiment_flags, refined_document
     from nbtorch.io.dials import read_expt
     from refine.inputs.spot_start import align_to_spots
     from refine.solver.plan import model_values
@@ -232,7 +232,7 @@ def make_wedge(w: Wedge, folder: Path, truth_f: str = "constant") -> dict:
     import torch
 
     from nbtorch import Simulator, config_from_args
-    from nbtorch.dials_geometry import experiment_flags
+    from nbtorch.dials.geometry import experiment_flags
     from nbtorch.io import write_cbf
     from nbtorch.io.dials import read_expt, write_refl
 

@@ -26,8 +26,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from nbtorch import Simulator, runtime
-from nbtorch.cli_support import Parser
+from nbtorch import Simulator
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.support import Parser
 from nbtorch.errors import InputError
 from refine.cli.options import GROUP_TITLES, Options, options_from_namespace
 from refine.cli.parser import build_parser, parse_namespace

@@ -2,6 +2,6 @@
 
 import sys
 
-from nbtorch.cli import main
+from nbtorch.cli.main import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """SimulationConfig: every nanoBragg setting, in the units of its command-line flag.
 
 A field left at ``None`` means "not given": the C program's automatic rule
-applies (see :mod:`nbtorch.resolve`, which resolves the config into tensors).
+applies (see :mod:`nbtorch.rules.resolve`, which resolves the config into tensors).
 Units are in the field names (``_mm``, ``_A``, ``_deg``, ``_mrad``, ``_um``).
 """
 
@@ -37,7 +37,7 @@ class SimulationConfig:
     mosaic_domains: int | None = None
     mosaic_seed: int | None = None  # as given to -mosaic_seed (C stores -value)
     #: -mosaic_model: gaussian or ball (even, deterministic domain sets) or random (the C's draw); None: ball in
-    #: spec mode, random with -c_parity or -mosaic_seed (nbtorch.resolve.mosaic_model_of)
+    #: spec mode, random with -c_parity or -mosaic_seed (nbtorch.rules.resolve.mosaic_model_of)
     mosaic_model: str | None = None
     #: -mosaic_abc: one spread per crystal axis (deg; spec mode only, nbtorch.physics.mosaic); None = isotropic
     mosaic_spread_abc_deg: tuple[float, float, float] | None = None
@@ -137,7 +137,7 @@ class SimulationConfig:
     ignored_flags: tuple[str, ...] = field(default_factory=tuple)
     #: field name -> the command-line flag that last set it (``-N`` for ``N_a``, ``-detpixels`` for
     #: ``fpixels``...), so that errors name the flag the user typed; filled by
-    #: :func:`nbtorch.args.config_from_args`, empty for configs built in Python
+    #: :func:`nbtorch.cli.args.config_from_args`, empty for configs built in Python
     flags: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def flag_for(self, name: str, default: str) -> str:

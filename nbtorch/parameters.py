@@ -2,7 +2,7 @@
 
 Every place that names a simulator parameter reads this table: the
 :class:`~nbtorch.simulator.Simulator` (the overrides it accepts), the set-up
-(:func:`nbtorch.resolve.resolve` fills ``Setup.params`` in this order), and, in
+(:func:`nbtorch.rules.resolve.resolve` fills ``Setup.params`` in this order), and, in
 ``refine``, the units of result files (:data:`refine.fitting.parameters.UNITS`), the
 refinement steps (:data:`refine.fitting.parameters.STEPS`), the ``detector`` group and
 the TensorBoard tags (:mod:`refine.output.callbacks`).  ``nbtorch`` never imports
@@ -21,13 +21,13 @@ Columns:
 * ``description``: one line.
 
 ``dispersion``, ``divergence_h``, ``divergence_v`` are the beam's widths as nanoBragg's rules resolved
-``-dispersion/-dispsteps`` and ``-hdivrange/-vdivrange/-divsteps ...`` (:mod:`nbtorch.beam_sources`): the
+``-dispersion/-dispsteps`` and ``-hdivrange/-vdivrange/-divsteps ...`` (:mod:`nbtorch.sampling.beam_sources`): the
 number of sources and their places in units of the width stay as resolved, and each source's wavelength
 factor ``1 + offset`` and angles scale with the width (0 where the sources have no spread along that axis;
 such a width cannot change).
 
 ``beam_x, beam_y`` are the ``-Xbeam/-Ybeam`` values for MOSFLM, DENZO, ADXV and
-CUSTOM and ``ORGX*pixel, ORGY*pixel`` for XDS and DIALS (:mod:`nbtorch.beam_centre`).
+CUSTOM and ``ORGX*pixel, ORGY*pixel`` for XDS and DIALS (:mod:`nbtorch.geometry.beam_centre`).
 """
 
 from __future__ import annotations

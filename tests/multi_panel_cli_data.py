@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.dials_geometry import refined_document, still_experiment
-from nbtorch.dials_panels import panels_simulator
+from nbtorch.dials.geometry import refined_document, still_experiment
+from nbtorch.dials.panels import panels_simulator
 from nbtorch.io.cbf import write_cbf
 from nbtorch.io.dials import read_expt, write_refl
 from refine.inputs.spots import find_spots

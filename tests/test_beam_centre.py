@@ -1,4 +1,4 @@
-"""nbtorch.beam_centre: the beam-centre rules of the six conventions, both ways, and their users."""
+"""nbtorch.geometry.beam_centre: the beam-centre rules of the six conventions, both ways, and their users."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.beam_centre import (
+from nbtorch.geometry.beam_centre import (
     CONVENTIONS, beam_centre_flags, beam_centre_from_offsets_m, close_from_org_m, close_point_m,
     default_beam_centre_m, detector_offsets_m, header_beam_offsets, org_from_close_px,
 )
-from nbtorch.cli import header_values
+from nbtorch.cli.main import header_values
 
 CRYSTAL = "-cell 50 60 70 90 90 90 -N 3 -lambda 1.0 -default_F 10 -distance 80 -pixel 0.2 -detpixels_f 40 -detpixels_s 30"
 #: flags selecting each convention (CUSTOM: MOSFLM's vectors given explicitly)

@@ -1,7 +1,7 @@
 """The beam's widths as canonical parameters: ``dispersion`` (%), ``divergence_h``, ``divergence_v`` (mrad).
 
 The sources' number and their places in units of each width are resolved from the flags
-(nbtorch.beam_sources); the widths move each source's wavelength and direction.  At the resolved widths the
+(nbtorch.sampling.beam_sources); the widths move each source's wavelength and direction.  At the resolved widths the
 sources are exactly the resolved ones (images and goldens unchanged); at other widths they are the sources a
 simulator configured with those widths resolves (the same count); a width without spread refuses other values.
 The derivatives against finite differences: tests/gradients (case ``sources_curved``) and below on a flat
@@ -15,7 +15,7 @@ import torch
 
 import nbtorch
 from nbtorch import Simulator, config_from_args
-from nbtorch.beam_sources import WIDTH_NAMES
+from nbtorch.sampling.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.tools.gradcheck_report import GradientProbe
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from nbtorch.args import flag_names
+from nbtorch.cli.args import flag_names
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "simulator.md"
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from nbtorch.cli import main
+from nbtorch.cli.main import main
 from nbtorch.io.smv import write_smv
 
 BASE = "-cell 100 100 100 90 90 90 -default_F 10 -N 3 -detpixels 16 -pixel 0.1 -distance 100 -noprogress".split()

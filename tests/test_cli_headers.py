@@ -9,7 +9,7 @@ import pytest
 
 from golden import GOLDEN, golden_cases
 from nbtorch import Simulator, config_from_args
-from nbtorch.cli import main
+from nbtorch.cli.main import main
 from nbtorch.io import read_raw_float, read_smv, write_smv
 
 HEADER = {"PIXEL_SIZE": "0.2", "DISTANCE": "150", "CLOSE_DISTANCE": "149", "WAVELENGTH": "1.5",

@@ -12,8 +12,8 @@ import pytest
 
 from golden import GOLDEN, golden_args, golden_cases
 from nbtorch import Simulator, config_from_args
-from nbtorch import cli
-from nbtorch.cli import main
+from nbtorch.cli import main as cli
+from nbtorch.cli.main import main
 from nbtorch.io import read_fdump, read_h5_image, read_pgm, read_raw_float, read_smv, write_hkl, HKLTable
 
 SMALL = ("-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1 -distance 100 -detpixels 48 -pixel 0.1 "

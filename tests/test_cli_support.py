@@ -1,4 +1,4 @@
-"""The plumbing shared by the command lines (nbtorch.cli_support): printer, parser, @FILE argument files,
+"""The plumbing shared by the command lines (nbtorch.cli.support): printer, parser, @FILE argument files,
 output checks; and ``nbtorch @FILE``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbtorch.cli import main
-from nbtorch.cli_support import (Parser, Printer, check_output_dir, check_outputs, expand_argument_files,
+from nbtorch.cli.main import main
+from nbtorch.cli.support import (Parser, Printer, check_output_dir, check_outputs, expand_argument_files,
                                  make_output_dir, read_argument_file, run_main)
 from nbtorch.errors import InputError
 from nbtorch.io.raw import read_raw_float

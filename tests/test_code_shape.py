@@ -5,12 +5,13 @@
 * no module in ``nbtorch/`` or ``refine/`` is longer than 600 lines (issue #46), except those of
   :data:`MODULES_TO_SPLIT` (each still over it: split it, then strike it off);
 * ``nbtorch``'s import graph has no cycle (function-level imports count), in particular neither
-  ``nbtorch.runtime`` <-> ``nbtorch.precompile`` nor ``nbtorch.physics.kernel`` <-> ``nbtorch.physics.jacobian``;
-* one home per concept: ``torch.compile`` is called in :mod:`nbtorch.runtime` only (the compile policy's one
+  ``nbtorch.runtime.policy`` <-> ``nbtorch.runtime.precompile`` nor ``nbtorch.physics.kernel`` <-> ``nbtorch.physics.jacobian``;
+* one home per concept: ``torch.compile`` is called in :mod:`nbtorch.runtime.policy` only (the compile policy's one
   decision point); image formats are told in :mod:`nbtorch.io.images` only; the "``PROG: error: ...``, exit 2"
-  wrapper is :func:`nbtorch.cli_support.run_main` only; the beam-centre conventions' rules live in
-  :mod:`nbtorch.beam_centre` (the DIALS frame in :mod:`nbtorch.dials_geometry`);
-* module names say what they hold: no ``nbtorch.setup`` (configuration resolution is ``nbtorch.resolve``), no
+  wrapper is :func:`nbtorch.cli.support.run_main` only; the beam-centre conventions' rules live in
+  :mod:`nbtorch.geometry.beam_centre` (the DIALS frame in :mod:`nbtorch.dials.geometry`);
+* ``nbtorch/`` keeps its rooms: at most 12 modules directly in it (:data:`NBTORCH_ROOMS` hold the rest);
+* module names say what they hold: no ``nbtorch.setup`` (configuration resolution is ``nbtorch.rules.resolve``), no
   ``experiments.imagefile`` (the PNG writer is ``experiments.png``).
 """
 
@@ -62,7 +63,7 @@ def test_the_length_check_counts_lines(tmp_path):
 # ------------------------------------------------------------------------------ module length
 MAX_MODULE_LINES = 600
 #: modules still over MAX_MODULE_LINES, not yet split by job (issue #46)
-MODULES_TO_SPLIT = {"nbtorch/simulator.py"}
+MODULES_TO_SPLIT: set[str] = set()
 
 
 def long_modules(paths, limit: int = MAX_MODULE_LINES, root: Path = ROOT) -> list[str]:
@@ -96,9 +97,9 @@ def test_the_module_length_check_counts_lines(tmp_path):
 # the rule (no cycle anywhere in the packages) and its checker live in tests/test_layering.py
 
 
-@pytest.mark.parametrize("module, never", [("nbtorch.precompile", "nbtorch.runtime"),
+@pytest.mark.parametrize("module, never", [("nbtorch.runtime.precompile", "nbtorch.runtime.policy"),
                                            ("nbtorch.physics.kernel", "nbtorch.physics.jacobian"),
-                                           ("nbtorch.cache", "nbtorch.runtime")])
+                                           ("nbtorch.runtime.cache", "nbtorch.runtime.policy")])
 def test_the_former_cycles_stay_broken(module, never):
     from test_layering import import_graph
 
@@ -117,7 +118,7 @@ def _calls(path: Path, dotted: str) -> list[int]:
 def test_torch_compile_is_called_by_the_runtime_only():
     found = [f"{p.relative_to(ROOT)}:{line}" for p in _sources("nbtorch", "refine", "losses", "experiments")
              for line in _calls(p, "torch.compile")]
-    assert found and all(f.startswith("nbtorch/runtime.py:") for f in found), found
+    assert found and all(f.startswith("nbtorch/runtime/policy.py:") for f in found), found
 
 
 def _defines(path: Path, name: str) -> bool:
@@ -126,14 +127,14 @@ def _defines(path: Path, name: str) -> bool:
 
 @pytest.mark.parametrize("name, home", [
     ("detect_format", "nbtorch/io/images.py"),
-    ("run_main", "nbtorch/cli_support.py"),
-    ("close_point_m", "nbtorch/beam_centre.py"),
-    ("header_beam_offsets", "nbtorch/beam_centre.py"),
-    ("swung_beam_spot_m", "nbtorch/beam_centre.py"),
-    ("dials_from_nb", "nbtorch/dials_geometry.py"),
-    ("dials_origin_mm", "nbtorch/dials_geometry.py"),
-    ("configure_inductor_cache", "nbtorch/cache.py"),
-    ("cache_dir", "nbtorch/cache.py"),
+    ("run_main", "nbtorch/cli/support.py"),
+    ("close_point_m", "nbtorch/geometry/beam_centre.py"),
+    ("header_beam_offsets", "nbtorch/geometry/beam_centre.py"),
+    ("swung_beam_spot_m", "nbtorch/geometry/beam_centre.py"),
+    ("dials_from_nb", "nbtorch/dials/geometry.py"),
+    ("dials_origin_mm", "nbtorch/dials/geometry.py"),
+    ("configure_inductor_cache", "nbtorch/runtime/cache.py"),
+    ("cache_dir", "nbtorch/runtime/cache.py"),
     ("fit_scale_background", "refine/inputs/scale_start.py"),
     ("crystal_system", "refine/fitting/space_groups.py"),
 ])
@@ -155,17 +156,17 @@ def _own_exit_2(path: Path) -> bool:
 
 def test_bad_input_exit_2_goes_through_run_main():
     found = [p.relative_to(ROOT).as_posix() for p in _sources("nbtorch", "refine", "experiments") if _own_exit_2(p)]
-    assert set(found) == {"nbtorch/cli_support.py"}
+    assert set(found) == {"nbtorch/cli/support.py"}
 
 
 def test_no_hand_coded_beam_centre_rules_in_the_command():
-    """nbtorch.cli asks nbtorch.beam_centre and nbtorch.dials_geometry (no half pixels or axis swaps of its own)."""
-    text = (ROOT / "nbtorch" / "cli.py").read_text()
+    """nbtorch.cli.main asks nbtorch.geometry.beam_centre and nbtorch.dials.geometry (no half pixels or axis swaps of its own)."""
+    text = (ROOT / "nbtorch" / "cli" / "main.py").read_text()
     assert "close_point_m(" in text and "dials_origin_mm(" in text
     assert "-1000 * pix0" not in text and "close_from_org_m(" not in text
 
 
-@pytest.mark.parametrize("gone, now", [("nbtorch/setup.py", "nbtorch/resolve.py"),
+@pytest.mark.parametrize("gone, now", [("nbtorch/setup.py", "nbtorch/rules/resolve.py"),
                                        ("experiments/imagefile.py", "experiments/png.py")])
 def test_names_say_what_the_module_holds(gone, now):
     assert not (ROOT / gone).exists() and (ROOT / now).is_file()
@@ -173,3 +174,28 @@ def test_names_say_what_the_module_holds(gone, now):
     users = [p.relative_to(ROOT).as_posix() for p in _sources("nbtorch", "refine", "losses", "experiments", "tests")
              if old in p.read_text() and p.name != "test_code_shape.py"]
     assert users == []
+
+
+# ------------------------------------------------------------------------------ rooms
+MAX_TOP_MODULES = 12
+#: nbtorch's rooms, each a package by job (docs/architecture.md)
+NBTORCH_ROOMS = ("geometry", "sampling", "rules", "runtime", "cli", "dials", "physics", "io", "tools")
+
+
+def top_modules(package: Path) -> list[str]:
+    """The modules directly in ``package`` (not in its rooms)."""
+    return sorted(p.name for p in package.glob("*.py"))
+
+
+def test_nbtorch_keeps_its_rooms():
+    top = top_modules(ROOT / "nbtorch")
+    assert len(top) <= MAX_TOP_MODULES, top
+    assert all((ROOT / "nbtorch" / room / "__init__.py").is_file() for room in NBTORCH_ROOMS)
+
+
+def test_the_room_check_counts_modules(tmp_path):
+    for i in range(MAX_TOP_MODULES + 1):
+        (tmp_path / f"m{i}.py").write_text("")
+    (tmp_path / "room").mkdir()
+    (tmp_path / "room" / "inner.py").write_text("")
+    assert len(top_modules(tmp_path)) == MAX_TOP_MODULES + 1

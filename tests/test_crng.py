@@ -1,4 +1,4 @@
-"""Tests for nbtorch.crng, the C-parity Numerical Recipes random numbers.
+"""Tests for nbtorch.sampling.crng, the C-parity Numerical Recipes random numbers.
 
 Hard-coded expectations marked "C:" were printed by the reference nanoBragg.c
 (bl831 455534a) compiled with GCC 12.2 -O2 on glibc 2.36 (the goldens' toolchain),
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nbtorch.crng import (
+from nbtorch.sampling.crng import (
     RTD, CRandom, CRandomState, c_mosaic_angle, gammln, mosaic_axis_angle_draws,
     mosaic_domain_draws, mosaic_rotation_umat, mosaic_umats_c, poisson_noise_image,
     random_misset_umat, resolve_mosaic_domains, umat2misset, umat_from_axis_angle,

@@ -74,7 +74,7 @@ def test_parity_compiled_on_device(case):
 
 def test_command_on_device(case_copy):
     """``nbtorch ... -device cuda``: the command's float image matches the C's."""
-    from nbtorch.cli import main
+    from nbtorch.cli.main import main
 
     folder = case_copy("simple_cubic")
     (folder / "float.bin").unlink()

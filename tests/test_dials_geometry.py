@@ -1,4 +1,4 @@
-"""nbtorch.dials_geometry: DIALS experiments as nanoBragg flags and back, checked on real DIALS files.
+"""nbtorch.dials.geometry: DIALS experiments as nanoBragg flags and back, checked on real DIALS files.
 
 * the frame change is a proper rotation taking DIALS' beam (0, 0, -1) to nanoBragg's (1, 0, 0);
 * .expt -> flags -> Simulator -> .expt reproduces every refined field to 1e-9;
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.dials_geometry import (
+from nbtorch.dials.geometry import (
     NB_FROM_DIALS, bragg_positions_px, dials_from_nb, dials_origin_mm, experiment_flags, misset_from_rotation_deg, nb_from_dials,
     refined_document, still_experiment,
 )
@@ -50,7 +50,7 @@ def test_frame_change_is_a_proper_rotation() -> None:
 
 
 def test_dials_origin_is_dials_from_nb_of_pix0_in_mm() -> None:
-    """The SMV header's DIALS_ORIGIN (nbtorch.cli) is the frame change of 1000 pix0, bit for bit, a zero keeping the
+    """The SMV header's DIALS_ORIGIN (nbtorch.cli.main) is the frame change of 1000 pix0, bit for bit, a zero keeping the
     sign the C prints: (1000 pix0_z, 1000 pix0_y, -1000 pix0_x)."""
     for pix0 in np.random.default_rng(2).normal(size=(20, 3)) * 0.1:
         assert np.array_equal(dials_origin_mm(pix0), dials_from_nb(1000 * pix0))

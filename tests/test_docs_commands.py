@@ -3,7 +3,7 @@
 * Every ``nbtorch-refine``, ``nbtorch`` and ``python -m experiments.<name>`` command of README.md and docs/*.md
   (``` blocks and inline `...` spans; backslash continuations; ``.venv/bin/``, ``torchrun ... -m refine.cli``)
   is parsed by the real parser: :func:`refine.cli.parser.parse_namespace` (``--model``'s flags by
-  :func:`nbtorch.args.config_from_args`), :func:`nbtorch.args.config_from_args`, each experiment's
+  :func:`nbtorch.cli.args.config_from_args`), :func:`nbtorch.cli.args.config_from_args`, each experiment's
   ``build_parser()``.  Every option must exist and every value be valid; files the options name need not
   exist (the parsers read none but ``--config`` and ``@FILE``, which must exist when they are the repository's).
 * Every repository path a page names exists, and every example config under ``examples/`` parses.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtorch.args import config_from_args
-from nbtorch.cli_support import expand_argument_files
+from nbtorch.cli.args import config_from_args
+from nbtorch.cli.support import expand_argument_files
 from nbtorch.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

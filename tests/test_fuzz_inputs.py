@@ -374,8 +374,8 @@ _VALUES = ["0", "1", "-1", "2", "3", "16", "100", "0.5", "-0.0", "1e308", "1e999
 
 def test_fuzz_nbtorch_arguments(tmp_path, monkeypatch):
     """Random nanoBragg flag lists: parse (config_from_args) and resolve the geometry (setup.resolve)."""
-    from nbtorch.args import config_from_args, flag_names
-    from nbtorch.resolve import resolve
+    from nbtorch.cli.args import config_from_args, flag_names
+    from nbtorch.rules.resolve import resolve
 
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "P1.hkl", _hkl_text())

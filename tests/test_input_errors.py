@@ -7,7 +7,7 @@ import os
 import pytest
 
 from nbtorch import InputError, Simulator, config_from_args
-from nbtorch.cli import main
+from nbtorch.cli.main import main
 
 GOOD = "-cell 100 100 100 90 90 90 -default_F 10 -N 3 -detpixels 16 -nonoise -nopgm".split()
 
@@ -113,7 +113,7 @@ def test_config_records_the_flag_that_set_each_field():
 # --- the automatic oversample bound ----------------------------------------------------------------
 def test_automatic_oversample_limit_is_inclusive():
     """ceil(3 N a / (lambda d / p)) = ceil(0.3 N) here: N 333 gives 100 (allowed), N 334 gives 101."""
-    from nbtorch.resolve import MAX_AUTO_OVERSAMPLE, resolve
+    from nbtorch.rules.resolve import MAX_AUTO_OVERSAMPLE, resolve
 
     assert MAX_AUTO_OVERSAMPLE == 100
     base = GOOD + "-pixel 0.1 -distance 100 -lambda 1 -detpixels 4".split()

@@ -1,4 +1,4 @@
-"""A detector of several panels rendered in one call (nbtorch.panels, Simulator.from_panels)."""
+"""A detector of several panels rendered in one call (nbtorch.geometry.panels, Simulator.from_panels)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from golden import GOLDEN, assert_parity, golden_args, golden_image, needs_golden
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
-from nbtorch.panels import PANEL_GEOMETRY_NAMES, panel_parameter, split_panel_parameter
+from nbtorch.geometry.panels import PANEL_GEOMETRY_NAMES, panel_parameter, split_panel_parameter
 
 BASE = "-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1.0 -default_F 100 -oversample 1".split()
 #: three panels of different sizes, pivots and rotations, one with a -roi (CUSTOM vectors: one lab frame)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from multi_panel_cli_data import MODEL, PIXEL_MM, W, H, document, write_case
-from nbtorch.dials_panels import panels_simulator, refined_panels_document
+from nbtorch.dials.panels import panels_simulator, refined_panels_document
 from nbtorch.io.cbf import write_cbf
 from nbtorch.io.dials import panel_lab_frames, read_expt
 
@@ -106,7 +106,7 @@ def test_multi_panel_cli_cuts_a_pilatus_image_into_its_modules(tmp_path: Path) -
     from types import SimpleNamespace
 
     from nbtorch.errors import InputError
-    from nbtorch.panels import resolve_panels
+    from nbtorch.geometry.panels import resolve_panels
     from nbtorch import config_from_args
     from refine.inputs.panels import stacked_image
 

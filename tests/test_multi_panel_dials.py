@@ -1,4 +1,4 @@
-"""DIALS multi-panel and hierarchical detectors in and out (nbtorch.dials_panels, read_expt(multi_panel=True)).
+"""DIALS multi-panel and hierarchical detectors in and out (nbtorch.dials.panels, read_expt(multi_panel=True)).
 
 The multi-panel experiment is synthetic but built from a real one: the Pilatus 6M panel of the CuNiR still
 (tests/data/dials/cunir_ssx_indexed.expt, experiment 0) cut into 2 x 4 = 8 panels under a two-level
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.dials_geometry import bragg_positions_px
-from nbtorch.dials_panels import (
+from nbtorch.dials.geometry import bragg_positions_px
+from nbtorch.dials.panels import (
     check_image_panels, hierarchy_groups, panel_flags, panel_lab_frames, panels_simulator, refined_panels_document,
 )
 from nbtorch.errors import InputError
@@ -224,7 +224,7 @@ def test_rendered_spots_on_every_panel_on_dials_predictions(tmp_path: Path) -> N
 def test_one_panel_under_a_moved_hierarchy_root(tmp_path: Path) -> None:
     """A single panel whose hierarchy root is not the lab frame: the flags use the composed lab frame (the same
     detector as the flattened file), and the refined panel is written back local to the root."""
-    from nbtorch.dials_geometry import refined_document
+    from nbtorch.dials.geometry import refined_document
 
     doc = json.loads(STILLS.with_suffix(".expt").read_text())
     doc["experiment"] = doc["experiment"][:1]
@@ -251,6 +251,6 @@ def test_one_panel_under_a_moved_hierarchy_root(tmp_path: Path) -> None:
 
 
 def experiment_flags_of(exp) -> list[str]:
-    from nbtorch.dials_geometry import experiment_flags
+    from nbtorch.dials.geometry import experiment_flags
 
     return experiment_flags(exp) + ["-N", "5", "-default_F", "1"]

@@ -4,14 +4,14 @@ tests/data/dials_cspad (README there): ``multi_stills_combined.expt`` (10 stills
 root, 4 quadrants, 32 sensors, 64 ASIC panels of 194 x 185 pixels of 0.11 mm) and the 87 indexed reflections
 of its first still (``multi_stills_exp0.refl``: ``panel``, ``miller_index``, ``xyzcal.mm`` ...), on 37 panels.
 DIALS's stills predictor turns each reciprocal-lattice point onto the Ewald sphere about ``q x s0`` by its
-``delpsi`` (:func:`nbtorch.dials_geometry.stills_delpsi_rad`); the panels use SimplePxMmStrategy (no
+``delpsi`` (:func:`nbtorch.dials.geometry.stills_delpsi_rad`); the panels use SimplePxMmStrategy (no
 parallax), so ``xyzcal.px = xyzcal.mm / 0.11``.
 
 The still rendered as it is puts a spot where the Ewald sphere cuts the crystal's shape transform around the
 lattice point; for this crystal (``delpsi`` up to 2.3 deg, the points up to 6e-3 1/A off the sphere) that is
 up to ~3 px from DIALS's turned position (``test_unturned_still_misses_xyzcal_by_the_ewald_offset``).
 Rendered with the crystal turned by a reflection's ``delpsi``
-(:func:`nbtorch.dials_geometry.ewald_orientation_deg`), the spot is DIALS's.
+(:func:`nbtorch.dials.geometry.ewald_orientation_deg`), the spot is DIALS's.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from nbtorch.dials_geometry import bragg_positions_px, ewald_orientation_deg, stills_delpsi_rad
-from nbtorch.dials_panels import hierarchy_groups, panel_lab_frames, panels_simulator
+from nbtorch.dials.geometry import bragg_positions_px, ewald_orientation_deg, stills_delpsi_rad
+from nbtorch.dials.panels import hierarchy_groups, panel_lab_frames, panels_simulator
 from nbtorch.io.dials import read_expt, read_refl
 
 DATA = Path(__file__).resolve().parent / "data" / "dials_cspad"
@@ -71,7 +71,7 @@ def test_stills_delpsi_is_dials_delpsical() -> None:
     """Our Ewald offset equals DIALS's own ``delpsical.rad`` of real stills (the 5 CuNiR Pilatus stills, all 360
     predicted reflections; measured 8e-16 rad)."""
     from nbtorch import Simulator, config_from_args
-    from nbtorch.dials_geometry import experiment_flags
+    from nbtorch.dials.geometry import experiment_flags
 
     cunir = Path(__file__).resolve().parent / "data" / "dials" / "cunir_ssx_indexed"
     seen = 0
@@ -177,7 +177,7 @@ def test_unturned_still_misses_xyzcal_by_the_ewald_offset() -> None:
 def test_real_cspad_expt_out_round_trips(tmp_path: Path) -> None:
     """The CSPAD written back (``refined_panels_document``) at its own values keeps every panel's local frame
     to 1e-9 and the four-level hierarchy; one ASIC moved reads back moved, its neighbours not."""
-    from nbtorch.dials_panels import refined_panels_document
+    from nbtorch.dials.panels import refined_panels_document
     from nbtorch.io.dials import write_expt
 
     exp = _experiment()

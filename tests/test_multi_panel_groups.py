@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from multi_panel_data import COLS, ROWS, offset, split_document, write_doc
-from nbtorch.dials_geometry import bragg_positions_px
-from nbtorch.dials_panels import hierarchy_groups, panels_simulator
+from nbtorch.dials.geometry import bragg_positions_px
+from nbtorch.dials.panels import hierarchy_groups, panels_simulator
 from nbtorch.errors import InputError
 from nbtorch.io.dials import read_expt, read_refl
-from nbtorch.panels import group_overrides
+from nbtorch.geometry.panels import group_overrides
 from refine.fitting.panel_groups import fit_panel_groups, identifiable_groups, spots_per_group
 from refine.inputs.spots import window_mask
 

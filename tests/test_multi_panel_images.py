@@ -203,7 +203,7 @@ def test_refine_takes_the_file_panels_in_the_stacked_layout(tmp_path: Path) -> N
     from types import SimpleNamespace
 
     from multi_panel_cli_data import H, write_case
-    from nbtorch.dials_panels import panels_simulator
+    from nbtorch.dials.panels import panels_simulator
     from nbtorch.io.dials import read_expt
     from refine.inputs.panels import stacked_image
 

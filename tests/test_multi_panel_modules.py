@@ -12,7 +12,7 @@ import torch
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
 from nbtorch.io.modules import detector_family, module_grid, split_modules
-from nbtorch.panels import module_configs
+from nbtorch.geometry.panels import module_configs
 
 THAUMATIN = Path(__file__).resolve().parents[1].parent / "shared" / "real" / "thaumatin_i24_still" / "thau_3_2_0003.cbf.bz2"
 

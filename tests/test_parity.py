@@ -52,7 +52,7 @@ def test_parity_float32_correlation(case):
 @pytest.mark.parametrize("case", CASES)
 def test_parity_through_command(case, case_copy):
     """The nbtorch command in a temporary copy of the case: float, int and noise files."""
-    from nbtorch.cli import main
+    from nbtorch.cli.main import main
 
     folder = case_copy(case)
     args = golden_args(case)

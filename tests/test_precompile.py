@@ -1,4 +1,4 @@
-"""Compiled kernels saved and loaded with torch's precompile API (nbtorch.precompile)."""
+"""Compiled kernels saved and loaded with torch's precompile API (nbtorch.runtime.precompile)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nbtorch import precompile, runtime
+from nbtorch.runtime import policy as runtime
+from nbtorch.runtime import precompile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +128,8 @@ def test_eager_and_disable_never_meet_a_precompiled_kernel(cache, monkeypatch):
 
 SCRIPT = """
 import json, sys, torch
-from nbtorch import Simulator, config_from_args, runtime
+from nbtorch import Simulator, config_from_args
+from nbtorch.runtime import policy as runtime
 from torch._dynamo.utils import counters
 args = "-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1 -default_F 100 -distance 100 -detpixels 16 -pixel 0.6"
 sim = Simulator(config_from_args(args.split()), dtype=torch.float64, compile=True)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import nbtorch
-from nbtorch import InputError, Simulator, config_from_args, runtime
+from nbtorch import InputError, Simulator, config_from_args
+from nbtorch.runtime import policy as runtime
 
 SMALL = "-cell 70 80 90 75 85 95 -misset 10 20 30 -N 5 -lambda 1 -default_F 100 -distance 100 -detpixels 24 -pixel 0.6".split()
 
@@ -92,7 +93,7 @@ def test_compile_failure_falls_back_once(no_env, monkeypatch, caplog):
 
     monkeypatch.setattr(runtime, "compiled_kernel", broken)
     sim = make(compile=True)
-    with caplog.at_level(logging.WARNING, logger="nbtorch.simulator"):
+    with caplog.at_level(logging.WARNING, logger="nbtorch.rendering"):
         img = sim()
         sim()
     assert sim.compile_mode == "eager"
@@ -156,7 +157,7 @@ def test_shared_kernel_no_recompile(compiled_pair):
     assert counters["stats"]["unique_graphs"] == before, "a parameter change or a same-key simulator recompiled"
     keys = runtime.cached_kernel_keys()
     assert len(keys) == kernels, "a same-key simulator made kernels of its own"
-    from nbtorch.simulator import tile_pixels
+    from nbtorch.rendering import tile_pixels
 
     tile = tile_pixels(24 * 24, sim2.max_evals_per_tile // sim2.evaluations_per_pixel(), True)  # 640: bucketed
     assert all(sim2._kernel_key(tile, False) + stage in keys
@@ -166,7 +167,7 @@ def test_shared_kernel_no_recompile(compiled_pair):
 
 def test_hot_loop_fusion_options(no_env, compile_spy):
     """Only the hot loop's forward gets the raised fusion thresholds; options this torch lacks are dropped."""
-    from nbtorch.simulator import FUSE_HOT_LOOP
+    from nbtorch.rendering import FUSE_HOT_LOOP
 
     make(compile=True)()
     opts = [kw["options"] for kw in compile_spy]
@@ -218,7 +219,7 @@ def test_check_device_names_the_flag():
     ("esds", None, True, None, False),  # forward-mode tangents never meet a compiled graph, whatever is asked
 ])
 def test_compile_policy(monkeypatch, purpose, evaluations, explicit, env, expected):
-    from nbtorch.runtime import compile_policy
+    from nbtorch.runtime.policy import compile_policy
 
     for name in runtime.ENV_VARS:
         monkeypatch.delenv(name, raising=False)
@@ -229,7 +230,7 @@ def test_compile_policy(monkeypatch, purpose, evaluations, explicit, env, expect
 
 
 def test_compile_policy_inside_eager_and_bad_purpose():
-    from nbtorch.runtime import compile_policy
+    from nbtorch.runtime.policy import compile_policy
 
     with nbtorch.eager():
         assert compile_policy("one-shot", 1e12, explicit=True) == (False, "inside nbtorch.eager()")
@@ -241,13 +242,13 @@ def test_compile_policy_inside_eager_and_bad_purpose():
 
 
 def test_every_command_decides_through_the_policy():
-    """No command line keeps its own threshold or rule: the thresholds live in nbtorch.runtime only."""
+    """No command line keeps its own threshold or rule: the thresholds live in nbtorch.runtime.policy only."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for path in list((root / "refine").rglob("*.py")) + list((root / "nbtorch").glob("*.py")) + \
+    for path in list((root / "refine").rglob("*.py")) + list((root / "nbtorch").rglob("*.py")) + \
             list((root / "experiments").glob("*.py")):
-        if path.name == "runtime.py":
+        if path == root / "nbtorch" / "runtime" / "policy.py":
             continue
         text = path.read_text()
         for literal in ("50_000_000", "5e7", "200_000", "2e5"):
@@ -256,7 +257,8 @@ def test_every_command_decides_through_the_policy():
 
 _FAULTS = """
 import resource, sys, torch
-from nbtorch import Simulator, config_from_args, runtime
+from nbtorch import Simulator, config_from_args
+from nbtorch.runtime import policy as runtime
 tuned = runtime.tune_allocator() if sys.argv[1] == "tune" else None
 cfg = config_from_args("-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100 "
                        "-detpixels 512".split())
@@ -273,7 +275,7 @@ print(tuned, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 4)
 
 _BIG_BUFFER = """
 import resource, sys, torch
-from nbtorch import runtime
+from nbtorch.runtime import policy as runtime
 tuned = runtime.tune_allocator() if sys.argv[1] == "tune" else None
 n = 16 << 20  # 64 MB of float32: above glibc's largest adaptive mmap threshold (32 MB on 64-bit)
 torch.empty(n).fill_(1.0)

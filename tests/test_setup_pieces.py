@@ -1,4 +1,4 @@
-"""nbtorch.resolve: resolve composes frozen per-concern pieces; Setup reads their fields through."""
+"""nbtorch.rules.resolve: resolve composes frozen per-concern pieces; Setup reads their fields through."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nbtorch import config_from_args
-from nbtorch.resolve import (
+from nbtorch.rules.resolve import (
     CrystalSetup, DetectorSetup, SamplingSetup, SensorSetup, Setup, StructureFactorSetup, resolve, resolve_crystal,
     resolve_detector, resolve_sampling, resolve_sensor, resolve_structure_factors,
 )

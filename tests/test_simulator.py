@@ -26,7 +26,7 @@ def test_tiled_equals_untiled():
 def test_a_padded_bucketed_tile_gives_the_same_bits():
     """3600 pixels x 32 evaluations (over JACOBIAN_TILE_EVALUATIONS) in one tile: bucketed to 4096 pixels (496
     padding pixels); the image is the one of many small tiles, bit for bit."""
-    from nbtorch.simulator import tile_pixels
+    from nbtorch.rendering import tile_pixels
 
     extra = "-mosaic 0.3 -mosaic_dom 4 -phi 1 -osc 0.5 -phisteps 2 -oversample 2 -detpixels 60"
     one = make(extra, max_evals_per_tile=1 << 30)
@@ -40,7 +40,7 @@ def test_a_padded_bucketed_tile_gives_the_same_bits():
 def test_tile_pixels_share_a_few_shapes():
     """Bucketed: at least the pixels (up to the most), a multiple of 16, under 25 % padding, four sizes per
     octave; not bucketed: the pixel count rounded up to 16."""
-    from nbtorch.simulator import tile_pixels
+    from nbtorch.rendering import tile_pixels
 
     most = 139810  # a GPU's 2^22 evaluations / 30
     shapes = set()

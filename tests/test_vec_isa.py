@@ -1,4 +1,4 @@
-"""nbtorch.vec_isa: Inductor's vector-ISA probe once per machine (a record of its verdict), not once per process."""
+"""nbtorch.runtime.vec_isa: Inductor's vector-ISA probe once per machine (a record of its verdict), not once per process."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() !=
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys
-import nbtorch.cache as cache
+import nbtorch.runtime.cache as cache
 cache.configure_inductor_cache()
 import torch._inductor.config as c, torch._inductor.cpu_vec_isa as m
 print(json.dumps({"ok": c.cpp.vec_isa_ok, "valid": [str(i) for i in m.valid_vec_isa_list()],
@@ -44,11 +44,11 @@ def test_second_process_trusts_the_first_ones_probe(tmp_path):
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """A process state without a verdict: nbtorch.vec_isa's answer and Inductor's switch reset afterwards."""
+    """A process state without a verdict: nbtorch.runtime.vec_isa's answer and Inductor's switch reset afterwards."""
     import torch._inductor.config as inductor_config
     import torch._inductor.cpu_vec_isa as isa_module
 
-    import nbtorch.vec_isa as vec_isa
+    import nbtorch.runtime.vec_isa as vec_isa
 
     monkeypatch.setattr(vec_isa, "_done", None)
     monkeypatch.delenv(vec_isa.TRUST_ENV, raising=False)

@@ -186,7 +186,7 @@ def read_expt(path: str | os.PathLike[str], index: int = 0, multi_panel: bool = 
         raise InputError(f"{name}: the detector has no panels")
     if len(panels) != 1 and not multi_panel:
         raise InputError(f"{name}: multi-panel detector ({len(panels)} panels); only single-panel detectors "
-                         "are supported here (several panels: nbtorch.dials_panels from Python, docs/multi-panel.md)")
+                         "are supported here (several panels: nbtorch.dials.panels from Python, docs/multi-panel.md)")
     for i, panel in enumerate(panels):
         _check_panel(name, panel, "detector panel" if len(panels) == 1 else _panel_label(i, panel))
     if "hierarchy" in detector:  # its frames place the panels (panel_lab_frames)

@@ -4,7 +4,7 @@
 header as the format's reader gives it (:mod:`nbtorch.io.smv`, :mod:`nbtorch.io.cbf`, :mod:`nbtorch.io.hdf5`,
 :mod:`nbtorch.io.fabio_formats`, :mod:`nbtorch.io.raw`), plus an HDF5 detector's pixel mask, saturation and
 sensor material.  What the header means for a model is the caller's (a refinement's:
-:mod:`refine.inputs.images`; the ``nbtorch`` command's ``-img``/``-mask``: :func:`nbtorch.args.apply_smv_header`).
+:mod:`refine.inputs.images`; the ``nbtorch`` command's ``-img``/``-mask``: :func:`nbtorch.cli.args.apply_smv_header`).
 
 Formats (told by the first bytes, then by the name; TIFF, MarCCD and mar345 need fabio, the optional extra
 ``nbtorch[formats]``, and say so in a one-line error without it; SMV and mini-CBF keep nbtorch's own readers,

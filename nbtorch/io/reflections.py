@@ -11,7 +11,7 @@
 * a **model** (``.pdb``, ``.ent``, or an mmCIF with ``_atom_site``): amplitudes ``|F_calc|`` computed
   by gemmi's direct summation (X-ray form factors, the model's B factors and occupancies, no bulk
   solvent, no hydrogens added) to the resolution ``dmin_A`` (the detector corner's, chosen by
-  :mod:`nbtorch.resolve`, unless ``-hkl_dmin`` gives it), with the space group and cell from the file.
+  :mod:`nbtorch.rules.resolve`, unless ``-hkl_dmin`` gives it), with the space group and cell from the file.
 
 Files list the symmetry-unique reflections only; the simulator's table is a dense grid over
 h, k, l with no symmetry of its own, so every reflection is expanded to its symmetry equivalents

@@ -12,7 +12,7 @@ beam along +z; CUSTOM: user vectors).  Lengths in metres, angles in radians.
   from pix0 (BEAM pivot); ``Fclose, Sclose``: the foot of the perpendicular from
   the sample (SAMPLE pivot); ``close_distance``: sample-to-plane distance.
 
-Several panels (``nbtorch.panels``): each panel's geometry is this module's
+Several panels (``nbtorch.geometry.panels``): each panel's geometry is this module's
 :func:`detector_geometry` of its own values; :func:`stack_geometries` puts the N panels'
 geometries on a leading axis ((N, 3) vectors, (N,) scalars) and :func:`pixel_geometry` gathers
 each pixel's panel into the kernel's per-pixel layout: vectors (3, P) (component first, so

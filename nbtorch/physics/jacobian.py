@@ -23,7 +23,7 @@ computed once per evaluation, then a few products per tangent).  The tangents ar
 multiple of :data:`TANGENT_BLOCK`, so that runs with a few more or fewer free parameters (the esds and
 ``--esd-extra``) share one kernel.
 
-How the kernels are compiled (:mod:`nbtorch.jacobian_kernels`, outside the physics, which compiles and caches
+How the kernels are compiled (:mod:`nbtorch.runtime.jacobian_kernels`, outside the physics, which compiles and caches
 nothing itself): ``torch.func`` inside a ``torch.compile`` graph leaves guards that torch's
 precompile cannot save (so every process would trace again, ~10-40 s), so both functions are traced
 to plain ATen graphs (``make_fx``) and compiled by Inductor's standalone API
@@ -207,7 +207,7 @@ KERNEL_FUNCTIONS = {"image": _image_flat, "tangents": _tangents_flat}
 
 def _run(kind: str, static: _Static, args: list[Tensor]) -> Tensor:
     """``KERNEL_FUNCTIONS[kind](static, *args)`` through the compiled kernel of the runner given to
-    :func:`~nbtorch.physics.kernel.analytic_jvp` (:func:`nbtorch.jacobian_kernels.run`), or eagerly when it has
+    :func:`~nbtorch.physics.kernel.analytic_jvp` (:func:`nbtorch.runtime.jacobian_kernels.run`), or eagerly when it has
     none (compiling off or failed)."""
     runner = jacobian_runner()
     out = None if runner is None else runner(kind, static, args)

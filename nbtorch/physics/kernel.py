@@ -29,10 +29,10 @@ with ``steps = Q Φ M oversample^2`` (layers are not counted).
 Forward-mode switch: :func:`analytic_jvp` sets a context variable that the eager hot stage
 (:func:`eager_orientation_sum`) and the forward-mode kernels (:mod:`nbtorch.physics.jacobian`, through
 :func:`jacobian_runner`) read.  Whether to compile is decided outside the physics
-(:func:`nbtorch.runtime.compile_policy`, purpose ``jacobian``), and the decision arrives here only as the runner
+(:func:`nbtorch.runtime.policy.compile_policy`, purpose ``jacobian``), and the decision arrives here only as the runner
 the caller passes to :func:`analytic_jvp`.  The variable itself must stay in the physics: it is read inside
 the stages, whose signatures are fixed (the compiled stages share them), and the physics may import only torch
-and itself, so it cannot read :mod:`nbtorch.runtime`.  Which implementation renders an eager tile (these stages
+and itself, so it cannot read :mod:`nbtorch.runtime.policy`.  Which implementation renders an eager tile (these stages
 or :func:`nbtorch.physics.jacobian.tile_image_with_tangents`, see :func:`compiled_jacobian_applies`) is chosen
 by the simulator: :mod:`nbtorch.physics.jacobian` is built on this module, never the other way round.
 """
@@ -115,7 +115,7 @@ class TilePixels:
     ``pixel_m``, the (T,) sensor-layer depths ``layers_m`` and ``oversample``
     (sub-pixels per edge, static).
 
-    Several panels (``nbtorch.panels``): ``panel_index`` (P,) gives each pixel's panel, ``geom`` holds the
+    Several panels (``nbtorch.geometry.panels``): ``panel_index`` (P,) gives each pixel's panel, ``geom`` holds the
     panels stacked (:func:`~nbtorch.physics.detector.stack_geometries`), ``slow_index`` is the slow index in
     the pixel's own panel and ``pixel_m`` is () or (N,) per panel; :meth:`per_pixel` gathers each pixel's
     panel inside the first stage (so a compiled stage fuses the gather into its loads).
@@ -321,10 +321,10 @@ def analytic_jvp(compiled: Callable | None = None):
     factors computed once for every tangent) instead of differentiating every operation of the loop.
 
     ``compiled``: a runner of compiled kernels, ``(kind, static, args) -> Tensor or None``
-    (:func:`nbtorch.jacobian_kernels.run`; None from it: run eagerly).  With one, without gradient recording,
+    (:func:`nbtorch.runtime.jacobian_kernels.run`; None from it: run eagerly).  With one, without gradient recording,
     each eager tile of a square crystal without interpolation of at least :data:`JACOBIAN_TILE_EVALUATIONS`
     evaluations goes through the forward-mode kernels of :mod:`nbtorch.physics.jacobian`, which it compiles
-    (the caller decides whether compiling is allowed: :func:`nbtorch.runtime.compile_policy` with purpose
+    (the caller decides whether compiling is allowed: :func:`nbtorch.runtime.policy.compile_policy` with purpose
     ``jacobian``; the physics itself never compiles or caches anything)."""
     token = _ANALYTIC_JVP.set(compiled if compiled is not None else True)
     try:

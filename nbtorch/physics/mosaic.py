@@ -3,7 +3,7 @@
 Frames and units: vectors in the lab frame (``docs/conventions.md``), angles in radians.  Each domain is a unit
 axis ``u_m`` (lab frame) and a fraction ``f_m >= 0`` (its angle in spreads), fixed numbers of the model: an even,
 deterministic set (:func:`even_mosaic_domains`: ``ball``, the C's law and spec mode's default, or ``gaussian``) or the
-C program's random draw (:func:`nbtorch.crng.mosaic_domain_draws`, domain 0 the unrotated crystal); every domain
+C program's random draw (:func:`nbtorch.sampling.crng.mosaic_domain_draws`, domain 0 the unrotated crystal); every domain
 weighs the same.
 
 * Isotropic (nanoBragg): domain ``m`` is the rotation by ``eta f_m`` about ``u_m`` (:func:`isotropic_mosaic_rotations`).
@@ -63,7 +63,7 @@ def anisotropic_mosaic_rotations(axes: Tensor, fractions: Tensor, spreads_rad: T
 
 # --- the mosaic domain sets -------------------------------------------------------------------------------------------
 #: the mosaic models (``-mosaic_model``): ``gaussian`` and ``ball`` are even, deterministic sets of domains
-#: (:func:`even_mosaic_domains`); ``random`` is the C program's random draw (:mod:`nbtorch.crng`).
+#: (:func:`even_mosaic_domains`); ``random`` is the C program's random draw (:mod:`nbtorch.sampling.crng`).
 MOSAIC_MODELS = ("gaussian", "ball", "random")
 #: the models whose domains are an even, deterministic set
 EVEN_MOSAIC_MODELS = ("gaussian", "ball")

@@ -51,8 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nbtorch import runtime
-
+from nbtorch.runtime import policy as runtime
 CASES = {
     "cubic": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100",
     "heavy": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100 "

@@ -53,8 +53,8 @@ import torch
 from torch import Tensor
 
 from nbtorch import simulator as _simulator_module
-from nbtorch.args import config_from_args
-from nbtorch.beam_sources import WIDTH_NAMES
+from nbtorch.cli.args import config_from_args
+from nbtorch.sampling.beam_sources import WIDTH_NAMES
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 from nbtorch.tools.gradcheck_roi import Signal, choose_roi, find_spots, measure_signal

@@ -12,8 +12,8 @@ import contextlib
 import sys
 from typing import Sequence
 
-from nbtorch import runtime
-from nbtorch.cli_support import Printer, run_main
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.support import Printer, run_main
 from refine.cli.joint import run_joint
 from refine.cli.options import PROG, Options
 from refine.cli.parser import parse_args

@@ -22,7 +22,7 @@ import math
 import shlex
 from typing import Sequence
 
-from nbtorch.cli_support import Parser
+from nbtorch.cli.support import Parser
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 from refine.cli.options import DEFAULT_DATASET, GEOMETRY_PRIORS, GROUP_TITLES, PROG, Options, options_from_namespace

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nbtorch import Simulator, eager, runtime
-from nbtorch.cli_support import Printer
+from nbtorch import Simulator, eager
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.support import Printer
 from nbtorch.errors import InputError
 from refine.output.callbacks import TensorBoardCallback
 from refine.cli.options import PROG, Options

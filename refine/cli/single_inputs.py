@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nbtorch import config_from_args, runtime
-from nbtorch.cli_support import check_outputs
+from nbtorch import config_from_args
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.support import check_outputs
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import check_not_inputs
 from refine.cli.options import DEFAULT_DATASET, PROG, Options
@@ -28,7 +29,7 @@ from refine.fitting.background import AUTO, parse_background
 from refine.inputs.pixels import check_pixel_options
 from refine.inputs.problems import make_problem
 from refine.inputs.panels import panel_configs, panel_count, panel_groups, stacked_image
-from nbtorch.panels import resolve_panels
+from nbtorch.geometry.panels import resolve_panels
 from refine.inputs.selection import check_roi
 from refine.fitting.structure_factors import AmplitudeOptions, check_space_group
 

@@ -84,8 +84,8 @@ def still_images(args: Options, say: Callable[[str], None] = print) -> tuple[lis
 def refined_part(args: Options, sim, values: dict) -> dict:
     """``{"beam", "detector", "crystal"}`` of experiment ``--expt-index`` with ``sim``'s geometry at ``values``
     (``args``: the image's single-run options; a multi-panel detector with every panel)."""
-    from nbtorch.dials_geometry import refined_document
-    from nbtorch.dials_panels import refined_panels_document
+    from nbtorch.dials.geometry import refined_document
+    from nbtorch.dials.panels import refined_panels_document
     from refine.inputs.dials import image_index, read_experiment
 
     exp = read_experiment(args)

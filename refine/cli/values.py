@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from losses import LOSSES
-from nbtorch.cli_support import argument_files
+from nbtorch.cli.support import argument_files
 from nbtorch.errors import InputError
 from refine.cli.options import Options
 from refine.fitting.objective import check_priors

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from losses.kernels import PIXEL_TERMS, gaussian_restraint_terms, poisson_deviance
 from losses.registry import LOSSES, get_loss
-from nbtorch import runtime
+from nbtorch.runtime import policy as runtime
 from nbtorch.errors import InputError
 from nbtorch.parameters import PARAMETER_NAMES, SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
 from refine.fitting.parameters import BASE_NAMES
@@ -234,7 +234,7 @@ class ImageObjective:
         view: the :class:`View` to fit.
         loss: ``(model, observed, weights) -> scalar`` (e.g. :func:`poisson_deviance`).
         n_factor: simulate ``N * n_factor`` (spot broadening; 1 = none).
-        compile_loss: wrap ``loss`` in ``torch.compile(fullgraph=True)`` (:func:`nbtorch.runtime.compiled`).
+        compile_loss: wrap ``loss`` in ``torch.compile(fullgraph=True)`` (:func:`nbtorch.runtime.policy.compiled`).
         priors: name -> (mean, sigma), Gaussian restraints added to the loss.
         amplitudes: the run's :class:`~refine.fitting.structure_factors.AmplitudeTable` (the simulator must hold its
             table): the values' ``F_h_k_l`` are put into the structure-factor table of every evaluation.

@@ -1,11 +1,11 @@
 """Refinement of a multi-panel detector's geometry by panel groups: each group one rigid body.
 
 A group is a set of panels of a multi-panel simulator (:meth:`nbtorch.Simulator.from_panels`), e.g. one level
-of a DIALS hierarchy (:func:`nbtorch.dials_panels.hierarchy_groups`: the whole detector, its modules, the
+of a DIALS hierarchy (:func:`nbtorch.dials.panels.hierarchy_groups`: the whole detector, its modules, the
 panels).  The free values of group ``k`` are changes ``<name>_g<k>`` (mm for ``distance``, ``beam_x``,
 ``beam_y``; deg for the rotations) added to the starting value of ``<name>_p<i>`` of every panel ``i`` in the
-group (:func:`nbtorch.panels.group_overrides`): for panels that share their axes, pivot and rotations
-(checked, :func:`nbtorch.panels.check_rigid_group`) the group moves as one rigid body.
+group (:func:`nbtorch.geometry.panels.group_overrides`): for panels that share their axes, pivot and rotations
+(checked, :func:`nbtorch.geometry.panels.check_rigid_group`) the group moves as one rigid body.
 
 Identifiability: a group is fitted only when it holds at least ``min_spots_per_name`` observed spots per free
 name; the others keep their starting geometry and are reported (:attr:`GroupFit.fixed`).
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from nbtorch.errors import InputError
-from nbtorch.panels import PANEL_GEOMETRY_NAMES, check_rigid_group, group_overrides, split_panel_parameter
+from nbtorch.geometry.panels import PANEL_GEOMETRY_NAMES, check_rigid_group, group_overrides, split_panel_parameter
 
 __all__ = ["GroupFit", "spots_per_group", "identifiable_groups", "fit_panel_groups"]
 

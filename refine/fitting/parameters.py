@@ -75,18 +75,18 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from nbtorch.beam_sources import WIDTH_NAMES
+from nbtorch.sampling.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
-from nbtorch.rotation import rotation_matrix_xyz
+from nbtorch.geometry.rotation import rotation_matrix_xyz
 from nbtorch.parameters import (
     CELL_NAMES, EXTRA_TABLE, MOSAIC_AXIS_NAMES, ORIENTATION_DELTAS, PARAMETER_NAMES, SIMULATOR_NAMES, SIZE_DIAGONAL,
     SIZE_OFF_DIAGONAL, TABLE, Parameter, names_in_group,
 )
-from nbtorch.resolve import check_cell, check_size_matrix
+from nbtorch.rules.resolve import check_cell, check_size_matrix
 from refine.fitting.background import is_knot, parse_background
 from refine.fitting.structure_factors import AMPLITUDE_LIMIT, is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
-from nbtorch.panels import split_panel_parameter
+from nbtorch.geometry.panels import split_panel_parameter
 
 
 __all__ = [

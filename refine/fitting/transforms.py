@@ -33,7 +33,7 @@ like ``s * raw`` for large raw and like ``s * e^raw`` for very negative raw.
 values outside the open domain (they would map to an infinite raw value).
 
 :func:`default_transform` picks a transform for each canonical simulator
-parameter (units as in :mod:`nbtorch.resolve`); ``v`` is the starting value:
+parameter (units as in :mod:`nbtorch.rules.resolve`); ``v`` is the starting value:
 
 =====================================  =========================================
 parameter                              transform
@@ -297,7 +297,7 @@ def default_transform(name: str, value: float | Tensor) -> Transform:
     """A sensible transform for canonical parameter ``name`` starting at ``value`` (see module docstring).
 
     Arguments:
-        name: canonical simulator parameter name (``nbtorch.resolve.PARAMETER_NAMES``).
+        name: canonical simulator parameter name (``nbtorch.rules.resolve.PARAMETER_NAMES``).
         value: starting value in the parameter's units (a number or a 1-element tensor).
 
     Raises ``InputError`` (``ValueError``) for an unknown name, a non-finite

@@ -2,14 +2,14 @@
 spot list, and the refined model written back as a DIALS experiment.
 
 * ``--expt FILE`` (experiment ``--expt-index``, default 0; for a rotation scan the image ``--expt-image``,
-  0 = the scan's first): :func:`nbtorch.dials_geometry.experiment_flags` gives the geometry and crystal
+  0 = the scan's first): :func:`nbtorch.dials.geometry.experiment_flags` gives the geometry and crystal
   as nanoBragg flags (CUSTOM convention); the ``--model`` flags come after them, so they win
   (e.g. ``-N``, ``-default_F``, ``-mosaic``, which a DIALS experiment does not give).
 * ``--refl FILE``: the ``xyzobs.px.value`` centroids of experiment ``--expt-index`` (its ``id``;
   for a scan, those whose frame ``z`` lies on image ``--expt-image``) are the spot list, as ``--spots``:
   ``(x fast, y slow)`` pixels, centres at ``i + 0.5`` in both programs.
 * ``--expt-out FILE``: the ``--expt`` document with the refined beam, panel origin and axes and crystal
-  real-space vectors (:func:`nbtorch.dials_geometry.refined_document`).
+  real-space vectors (:func:`nbtorch.dials.geometry.refined_document`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def image_index(args: Options) -> int:
 
 def _typical_dstar(args: Options, exp) -> float:
     """The median ``1/d`` of the ``--refl`` spots (its ``d`` column), else of the panel's pixels (1/A)."""
-    from nbtorch.dials_geometry import nb_from_dials
+    from nbtorch.dials.geometry import nb_from_dials
     from nbtorch.io.dials import read_refl
 
     if args.dials.refl:
@@ -169,7 +169,7 @@ def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | li
     gives every panel's), else refused."""
     if not args.dials.expt:
         return args.model.model
-    from nbtorch.dials_geometry import experiment_flags
+    from nbtorch.dials.geometry import experiment_flags
     from nbtorch.io.dials import scan_oscillation
     from refine.inputs.start_model import expand_model_args
 
@@ -179,7 +179,7 @@ def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | li
                          "one on a single --image (not in joint runs)")
     try:
         if len(exp.panels) > 1:
-            from nbtorch.dials_panels import panel_flags
+            from nbtorch.dials.panels import panel_flags
 
             flags = panel_flags(exp, image_index(args))[0]
         else:
@@ -213,7 +213,7 @@ def _header_index(exp, geo: dict) -> int | None:
 def _check_against_scan(exp, image: str, index: int | None, obs) -> int:
     """``image``'s scan index (``index`` from the file name, else from its header's angle), its size and its
     header's rotation checked against the experiment's panel and scan."""
-    from nbtorch.dials_geometry import nominal_phi_deg
+    from nbtorch.dials.geometry import nominal_phi_deg
     from nbtorch.io.dials import scan_oscillation
 
     nf, ns = (int(v) for v in exp.panel["image_size"])
@@ -439,7 +439,7 @@ def _hall_symbol(symmetry: str | None) -> str:
 def write_expt_out(args: Options, sim, params) -> None:
     """Write ``--expt-out``: the ``--expt`` document (or, without one, a new still experiment of ``--image``)
     with ``sim``'s geometry at the refined ``params``."""
-    from nbtorch.dials_geometry import refined_document, still_experiment
+    from nbtorch.dials.geometry import refined_document, still_experiment
     from nbtorch.io.dials import write_expt
 
     if args.dials.expt:

@@ -92,9 +92,9 @@ MIN_DOMAINS, MAX_DOMAINS = 30, 40
 
 
 def mosaic_model_of_tokens(tokens: list[str]) -> str:
-    """The mosaic model that ``--model`` tokens ask for (:func:`nbtorch.resolve.mosaic_model_of` on their config)."""
-    from nbtorch.args import config_from_args
-    from nbtorch.resolve import mosaic_model_of
+    """The mosaic model that ``--model`` tokens ask for (:func:`nbtorch.rules.resolve.mosaic_model_of` on their config)."""
+    from nbtorch.cli.args import config_from_args
+    from nbtorch.rules.resolve import mosaic_model_of
 
     try:
         cfg = config_from_args(list(tokens))
@@ -124,7 +124,7 @@ def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = 
       :data:`refine.inputs.start_model.MEASURED_MOSAIC_DOMAINS` domains (the random draw: ``clip(ceil(6 sigma_eta / sigma_rock),``
       :data:`MIN_DOMAINS`, :data:`MAX_DOMAINS`)); one sample per pixel where the spots are a pixel wide or more.
     """
-    from nbtorch.resolve import EVEN_MOSAIC_MODELS, rocking_sigma_per_spread
+    from nbtorch.rules.resolve import EVEN_MOSAIC_MODELS, rocking_sigma_per_spread
     from refine.inputs.start_model import MEASURED_MOSAIC_DOMAINS, PHI_STEP_DEG
 
     profile = _profile(exp)
@@ -197,7 +197,7 @@ def still_model(exp, mosaic_model: str = "ball") -> StillModel:
     * mosaic: the crystal's ``ML_half_mosaicity_deg`` (the half-width of the domains' misorientation) as the
       spread of nanoBragg's ball (``-mosaic``, also a half-width); another ``mosaic_model``'s spread has the ball's
       rocking width (``rocking_sigma_per_spread``, :mod:`nbtorch.physics.mosaic`)."""
-    from nbtorch.resolve import rocking_sigma_per_spread
+    from nbtorch.rules.resolve import rocking_sigma_per_spread
 
     crystal = exp.crystal
     lengths = [float(np.linalg.norm(crystal[k])) for k in ("real_space_a", "real_space_b", "real_space_c")]

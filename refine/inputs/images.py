@@ -50,7 +50,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from nbtorch.beam_centre import header_beam_offsets
+from nbtorch.geometry.beam_centre import header_beam_offsets
 from nbtorch.errors import InputError
 from nbtorch.io.images import ImageFile, detect_format, finite_float, read_image_file
 from nbtorch.io.smv import header_value
@@ -115,7 +115,7 @@ def sensor_material(image: MeasuredImage) -> str | None:
 # SMV header keys: how the pixels are stored (read by nbtorch.io.smv, not model values)
 _SMV_LAYOUT = ("HEADER_BYTES", "DIM", "BYTE_ORDER", "TYPE", "SIZE1", "SIZE2")
 # the beam centre, (fast, slow) keys in the order they are taken (mm) and the convention whose terms they are in
-# (nbtorch.beam_centre.header_beam_offsets: MOSFLM's is half a pixel short of the spot; ADSC's BEAM_CENTER_Y/X
+# (nbtorch.geometry.beam_centre.header_beam_offsets: MOSFLM's is half a pixel short of the spot; ADSC's BEAM_CENTER_Y/X
 # read as DENZO's, as DIALS reads ADSC headers), and the keys that restate it in other programs' terms
 _SMV_BEAM = ((("DENZO_Y_BEAM", "DENZO_X_BEAM"), "denzo"), (("MOSFLM_CENTER_Y", "MOSFLM_CENTER_X"), "mosflm"),
              (("BEAM_CENTER_Y", "BEAM_CENTER_X"), "denzo"))

@@ -1,7 +1,7 @@
 """``nbtorch-refine --expt`` with a multi-panel DIALS detector: the panels' simulator, the image and the
 ``--refl`` spots in its stacked layout, the panel groups of ``--panel-groups``, and ``--expt-out``.
 
-Stacked layout (:class:`nbtorch.panels.PanelLayout`): panel ``i``'s pixel (slow ``j``, fast ``k``) is pixel
+Stacked layout (:class:`nbtorch.geometry.panels.PanelLayout`): panel ``i``'s pixel (slow ``j``, fast ``k``) is pixel
 (``i * rows + j``, ``k``) of the stacked image, ``rows`` the tallest panel.  An image is taken as
 
 * already stacked (``N * rows`` x ``cols`` pixels, e.g. written by ``nbtorch`` itself),
@@ -11,7 +11,7 @@ Stacked layout (:class:`nbtorch.panels.PanelLayout`): panel ``i``'s pixel (slow 
 * the file's own panels, in the file's order: the arrays or array sections of a multi-array CBF, the
   ``NXdetector_module`` groups of an NXmx file (:mod:`nbtorch.io.panel_images`),
 
-and each panel's size is checked against the detector's (:func:`nbtorch.dials_panels.check_image_panels`).
+and each panel's size is checked against the detector's (:func:`nbtorch.dials.panels.check_image_panels`).
 The ``.refl`` positions ``xyzobs.px.value`` are panel pixels; its ``panel`` column says which panel.
 """
 
@@ -45,10 +45,10 @@ def panel_count(args: Options) -> int:
 
 def panel_configs(args: Options, tokens: list[str], dtype: str):
     """``(configs, names)``: each panel's configuration, its flags from the experiment
-    (:func:`nbtorch.dials_panels.panel_flags`) followed by ``tokens``' flags after panel 0's (the profile's
+    (:func:`nbtorch.dials.panels.panel_flags`) followed by ``tokens``' flags after panel 0's (the profile's
     crystal model and ``--model``)."""
     from nbtorch import config_from_args
-    from nbtorch.dials_panels import panel_flags
+    from nbtorch.dials.panels import panel_flags
 
     from refine.inputs.dials import image_index
 
@@ -87,7 +87,7 @@ def _panels_of(image: np.ndarray, layout, boxes=None) -> list[np.ndarray]:
 
 def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
                   boxes=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(image, mask)`` of ``--image`` in the stacked ``layout`` (:class:`nbtorch.panels.PanelLayout`; block
+    """``(image, mask)`` of ``--image`` in the stacked ``layout`` (:class:`nbtorch.geometry.panels.PanelLayout`; block
     pixels outside a panel: 0 and masked).  ``boxes``: the file's own panels, ``(name, y0, x0, height,
     width)`` each (``header["panel_boxes"]`` of a multi-array CBF or an NXmx file of modules,
     :mod:`nbtorch.io.panel_images`), matched to the detector's panels in order.
@@ -95,7 +95,7 @@ def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
     Raises:
         InputError: the image's panels do not match the detector's (one line naming the panel and the sizes).
     """
-    from nbtorch.dials_panels import check_image_panels
+    from nbtorch.dials.panels import check_image_panels
 
     exp = _experiment(args)
     parts, masks = _panels_of(np.asarray(image), layout, boxes), _panels_of(np.asarray(mask), layout, boxes)
@@ -113,8 +113,8 @@ def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
 
 def panel_groups(args: Options, level: int | None) -> tuple[list[tuple[int, ...]], list[str]]:
     """``(groups, labels)`` of ``--panel-groups LEVEL``: the groups of that level of the detector's hierarchy
-    (0 the whole detector, the last the panels; :func:`nbtorch.dials_panels.hierarchy_groups`); default 0."""
-    from nbtorch.dials_panels import hierarchy_groups
+    (0 the whole detector, the last the panels; :func:`nbtorch.dials.panels.hierarchy_groups`); default 0."""
+    from nbtorch.dials.panels import hierarchy_groups
 
     levels = hierarchy_groups(_experiment(args).detector)
     level = 0 if level is None else level
@@ -151,8 +151,8 @@ def refl_panel_spots(args: Options, layout) -> np.ndarray:
 
 def write_panels_expt(args: Options, sim, params) -> None:
     """Write ``--expt-out`` of a multi-panel run: every panel at its refined values
-    (:func:`nbtorch.dials_panels.refined_panels_document`)."""
-    from nbtorch.dials_panels import refined_panels_document
+    (:func:`nbtorch.dials.panels.refined_panels_document`)."""
+    from nbtorch.dials.panels import refined_panels_document
     from nbtorch.io.dials import write_expt
 
     from refine.inputs.dials import image_index

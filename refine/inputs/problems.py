@@ -50,13 +50,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from nbtorch.args import config_from_args
+from nbtorch.cli.args import config_from_args
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import write_fdump
-from nbtorch.beam_centre import beam_centre_flags
+from nbtorch.geometry.beam_centre import beam_centre_flags
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
-from nbtorch.rotation import rotation_matrix_axis_angle
-from nbtorch.cache import cache_dir
+from nbtorch.geometry.rotation import rotation_matrix_axis_angle
+from nbtorch.runtime.cache import cache_dir
 from nbtorch.simulator import Simulator
 from refine.inputs.detector_counts import DetectorCounts
 from refine.fitting.parameters import BASE_NAMES, SYMMETRIES, constrained_cell, misset_from_rotation, misset_rotation

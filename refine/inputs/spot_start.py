@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from nbtorch.parameters import SIMULATOR_NAMES
-from nbtorch.rotation import rotation_matrix_axis_angle
+from nbtorch.geometry.rotation import rotation_matrix_axis_angle
 from refine.fitting.parameters import ParameterMap, ParameterSpace
 
 __all__ = ["predict", "align_to_spots", "SpotAlignment", "HUBER"]

@@ -24,7 +24,7 @@ detector      ``-detpixels -detpixels_f/_s/_x/_y -detsize -detsize_f -detsize_s 
 
 The header's beam centre (direct-beam spot ``Fbeam, Sbeam`` along fast and slow
 from the corner of pixel (0, 0)) is written in the model's convention by
-:mod:`nbtorch.beam_centre` (``docs/conventions.md``): MOSFLM ``-Xbeam Sbeam-p/2
+:mod:`nbtorch.geometry.beam_centre` (``docs/conventions.md``): MOSFLM ``-Xbeam Sbeam-p/2
 -Ybeam Fbeam-p/2``, DENZO ``-Xbeam Sbeam -Ybeam Fbeam``, ADXV ``-Xbeam Fbeam
 -Ybeam detsize_s-Sbeam``, XDS/DIALS ``-ORGX Fbeam/p+1/2 -ORGY Sbeam/p+1/2`` (a
 detector normal to the beam), CUSTOM ``-Xbeam Fbeam -Ybeam Sbeam``.
@@ -47,13 +47,13 @@ from typing import Sequence
 
 import numpy as np
 
-from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
-from nbtorch.beam_centre import beam_centre_flags, beam_centre_from_offsets_m, swung_beam_spot_m
-from nbtorch.cli_support import expand_argument_files
+from nbtorch.cli.args import INPUT_FILE_FLAGS, config_from_args
+from nbtorch.geometry.beam_centre import beam_centre_flags, beam_centre_from_offsets_m, swung_beam_spot_m
+from nbtorch.cli.support import expand_argument_files
 from nbtorch.config import SimulationConfig
-from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
+from nbtorch.geometry.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
-from nbtorch.resolve import EVEN_MOSAIC_MODELS, mosaic_model_of
+from nbtorch.rules.resolve import EVEN_MOSAIC_MODELS, mosaic_model_of
 from refine.fitting.parameters import CELL, constrained_cell
 from refine.inputs.images import MeasuredImage, sensor_material
 from refine.inputs.sensor import DEFAULT_THICKSTEPS, HC_KEV_A, silicon_attenuation_length_um

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from nbtorch.beam_sources import WIDTH_NAMES
+from nbtorch.sampling.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.simulator import Simulator
 from refine.fitting.objective import resolve_loss

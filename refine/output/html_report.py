@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from nbtorch.cli_support import run_main
+from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 from refine.output import figures
@@ -245,7 +245,7 @@ def _main(argv: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m refine.output.html_report RESULT.h5 REPORT.html``; bad input: one line on stderr, status 2
-    (:func:`nbtorch.cli_support.run_main`)."""
+    (:func:`nbtorch.cli.support.run_main`)."""
     return run_main(PROG, _main, argv)
 
 if __name__ == "__main__":

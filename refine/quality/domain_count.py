@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from nbtorch import runtime
+from nbtorch.runtime import policy as runtime
 from refine.fitting.objective import ImageObjective
 from refine.fitting.parameters import ParameterMap
 
@@ -96,7 +96,7 @@ class CountProbe:
     two halves of ``M``), at any physical values ``theta`` of ``pmap.names``; ``None``-like (:attr:`active` False)
     when the model has no mosaic (one domain, or no spread).
 
-    The simulators run as a refinement of these pixels would (:func:`nbtorch.runtime.compile_policy`, whatever the
+    The simulators run as a refinement of these pixels would (:func:`nbtorch.runtime.policy.compile_policy`, whatever the
     objective's simulator was last switched to): the halves of ``2 M`` reuse the run's compiled kernel of ``M``."""
 
     def __init__(self, objective: ImageObjective, pmap: ParameterMap) -> None:

@@ -52,7 +52,7 @@ import torch
 import nbtorch
 from torch import Tensor
 
-from nbtorch.jacobian_kernels import JACOBIAN_TILE_EVALUATIONS, forward_mode
+from nbtorch.runtime.jacobian_kernels import JACOBIAN_TILE_EVALUATIONS, forward_mode
 from nbtorch.parameters import SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
 from refine.fitting.objective import ImageObjective, View
 from refine.fitting.parameters import ORIENTATION_DELTAS, ParameterMap, misset_after_rotation
@@ -108,7 +108,7 @@ def pixel_jacobian(model_fn: Callable[[Tensor], Tensor], theta: Tensor) -> tuple
 
     First derivatives only, by forward-mode autograd: one pass of the model with the P tangents
     batched (:func:`torch.func.jacfwd`), the simulator's hot loop through its analytic derivative
-    (:func:`nbtorch.jacobian_kernels.forward_mode`).  Run eagerly (a compiled graph would drop the tangents),
+    (:func:`nbtorch.runtime.jacobian_kernels.forward_mode`).  Run eagerly (a compiled graph would drop the tangents),
     except that, unless compiling is off (inside ``nbtorch.eager()`` or by the environment variable), each
     large tile goes through the compiled forward-mode kernels of :mod:`nbtorch.physics.jacobian`.
     """

@@ -28,7 +28,7 @@ from refine.fitting.background import (
     BackgroundModel, is_knot, parse_background, plane_background, resolution_background,
 )
 from refine.fitting.parameters import BASE_NAMES, ParameterSpace, is_panel_name, split_group_change
-from nbtorch.panels import check_rigid_group
+from nbtorch.geometry.panels import check_rigid_group
 from refine.inputs.selection import resolution_map
 from refine.inputs.problems import Problem
 from refine.solver.stages import Stage, stage_a, with_amplitudes
@@ -184,7 +184,7 @@ def panel_space(sim: Simulator, panel_groups=None) -> dict:
 
 def check_refined_groups(sim: Simulator, space: ParameterSpace, names: tuple[str, ...]) -> None:
     """Every panel group whose changes ``<name>_g<k>`` are among the refined ``names`` must be a rigid body
-    (its panels parallel and equally oriented: :func:`nbtorch.panels.check_rigid_group`); groups whose geometry
+    (its panels parallel and equally oriented: :func:`nbtorch.geometry.panels.check_rigid_group`); groups whose geometry
     is held may be anything (a CSPAD's whole detector, its quadrants turned 90 degrees to each other)."""
     refined = sorted({g[1] for g in map(split_group_change, names) if g is not None})
     for k in refined:

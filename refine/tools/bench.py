@@ -56,8 +56,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from nbtorch import runtime
-from nbtorch.cli_support import run_main
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
 from refine.tools.costs import fit_fixed_cost, operator_counts, parse_fractions, subset
 

@@ -6,7 +6,7 @@ sides of the ROI) float32 itself (eager, against float64) is only good to ~1e-3 
 value, so the net value alone is no yardstick.
 
 Slow (Inductor compiles for a minute or two on a CPU): ``pytest -m slow``.  Two ways in:
-the simulator's own compiled kernel (``Simulator(compile=True)``, what ``nbtorch.runtime``
+the simulator's own compiled kernel (``Simulator(compile=True)``, what ``nbtorch.runtime.policy``
 selects by default) and ``torch.compile(backend="inductor")`` of a closure over an eager
 simulator.  Skipped, with the reason, where compilation is unavailable.  (Double backward
 through a compiled graph is not supported by torch: curvature checks run eager.)

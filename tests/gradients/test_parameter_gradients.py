@@ -29,7 +29,7 @@ import torch
 
 from gradient_probes import get_probe, one_thread_eager  # noqa: F401  (autouse fixture)
 from nbtorch import PARAMETER_NAMES
-from nbtorch.beam_sources import WIDTH_NAMES
+from nbtorch.sampling.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.tools.gradcheck_report import ALL_PARAMS, ATOL, CASES, MIN_GRAD, PROBED_NAMES, RTOL
 

@@ -198,7 +198,7 @@ def test_simulator_computes_from_a_model_to_the_detector_corner(tmp_path):
 
 def test_hkl_flags_errors(tmp_path):
     from nbtorch import config_from_args
-    from nbtorch.resolve import resolve
+    from nbtorch.rules.resolve import resolve
 
     with pytest.raises(InputError, match=r"-hkl_column FP: only with an MTZ or mmCIF -hkl file"):
         resolve(config_from_args(SMALL + ["-hkl_column", "FP"]))

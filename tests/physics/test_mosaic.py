@@ -11,7 +11,7 @@ import torch
 from torch.autograd import gradcheck
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.crng import mosaic_domain_draws
+from nbtorch.sampling.crng import mosaic_domain_draws
 from nbtorch.physics.mosaic import anisotropic_mosaic_rotations, crystal_frame, isotropic_mosaic_rotations
 from nbtorch.physics.rotation import rotation_matrix_axis_angle, rotation_matrix_from_vector
 

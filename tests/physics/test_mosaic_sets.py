@@ -12,10 +12,10 @@ import torch
 from torch.autograd import gradcheck
 
 from nbtorch import Simulator, config_from_args
-from nbtorch.crng import mosaic_axis_angle_draws
+from nbtorch.sampling.crng import mosaic_axis_angle_draws
 from nbtorch.errors import InputError
 from nbtorch.physics.mosaic import even_mosaic_domains, rocking_sigma_per_spread
-from nbtorch.resolve import EVEN_MOSAIC_DOMAINS
+from nbtorch.rules.resolve import EVEN_MOSAIC_DOMAINS
 
 DT = torch.float64
 BASE = ("-cell 70 80 90 75 85 95 -misset 10 20 30 -N 8 -lambda 1.0 -default_F 100 -distance 100 -detpixels 40 "

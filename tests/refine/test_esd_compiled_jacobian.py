@@ -10,12 +10,11 @@ import pytest
 import torch
 
 import nbtorch
-import nbtorch.jacobian_kernels as jacobian_kernels
+import nbtorch.runtime.jacobian_kernels as jacobian_kernels
 import nbtorch.physics.jacobian as jacobian
 import nbtorch.physics.kernel as kernel
 import refine.quality.uncertainty as unc
-from nbtorch import runtime
-
+from nbtorch.runtime import policy as runtime
 from test_esd_first_derivatives import _case, assert_same_esds  # tests/refine is on the path (pytest rootdir insertion)
 
 
@@ -62,7 +61,7 @@ def test_tile_tangents_equal_autograd_forward_mode(problem_cache):
         captured.append((pixels, inp, opt))
         return original(pixels, inp, opt, *a, **k)
 
-    import nbtorch.simulator as simulator
+    import nbtorch.rendering as simulator
     simulator.accumulate_pixels, saved = capture, simulator.accumulate_pixels
     try:
         with torch.no_grad():

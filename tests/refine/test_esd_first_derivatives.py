@@ -17,7 +17,7 @@ import torch
 
 import nbtorch
 from nbtorch import Simulator
-from nbtorch.args import config_from_args
+from nbtorch.cli.args import config_from_args
 import nbtorch.physics.square_sum as square_sum
 import refine.quality.uncertainty as unc
 from refine.fitting.objective import ImageObjective, make_view, poisson_deviance

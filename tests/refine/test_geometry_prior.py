@@ -16,7 +16,7 @@ import pytest
 
 from experiments.wedge_calibration import CRYSTAL, START_DEG, WEDGES, document, reflections
 from nbtorch import Simulator, config_from_args
-from nbtorch.dials_geometry import experiment_flags
+from nbtorch.dials.geometry import experiment_flags
 from nbtorch.io.dials import read_expt
 from refine.inputs.geometry_prior import MIN_SCATTER, spot_geometry_prior
 from refine.inputs.spot_start import align_to_spots

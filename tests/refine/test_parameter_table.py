@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nbtorch
-import nbtorch.resolve
+import nbtorch.rules.resolve
 from nbtorch import Simulator, config_from_args
 from nbtorch.errors import InputError
 from nbtorch.parameters import (
@@ -42,8 +42,8 @@ def test_table_shape():
 
 
 def test_nbtorch_consumers():
-    """nbtorch.resolve and nbtorch re-export the table's names; Setup.params and the simulator follow it."""
-    assert nbtorch.PARAMETER_NAMES is PARAMETER_NAMES and nbtorch.resolve.PARAMETER_NAMES is PARAMETER_NAMES
+    """nbtorch.rules.resolve and nbtorch re-export the table's names; Setup.params and the simulator follow it."""
+    assert nbtorch.PARAMETER_NAMES is PARAMETER_NAMES and nbtorch.rules.resolve.PARAMETER_NAMES is PARAMETER_NAMES
     sim = Simulator(config_from_args(ARGS.split()), compile=False)
     assert tuple(sim.setup.params) == PARAMETER_NAMES
     assert tuple(sim.parameters_dict()) == SIMULATOR_NAMES

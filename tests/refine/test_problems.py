@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from nbtorch.args import config_from_args
+from nbtorch.cli.args import config_from_args
 from refine import PROBLEMS, make_problem
 from refine.fitting.parameters import BASE_NAMES, SYMMETRIES
 from refine.inputs.problems import PEDESTAL, PERTURBATION, misorientation_deg

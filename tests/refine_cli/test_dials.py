@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import simulate
-from nbtorch.dials_geometry import experiment_flags
+from nbtorch.dials.geometry import experiment_flags
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
 

@@ -20,7 +20,7 @@ import pytest
 
 from cli_helpers import simulate
 from experiments.wedge_calibration import rotation
-from nbtorch.dials_geometry import experiment_flags
+from nbtorch.dials.geometry import experiment_flags
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, write_refl
 from refine.inputs.dials import still_model, window_half_px

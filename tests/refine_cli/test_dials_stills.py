@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import simulate
-from nbtorch.dials_geometry import experiment_flags
+from nbtorch.dials.geometry import experiment_flags
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import experiment_image, read_expt, write_refl
 from nbtorch.io.hdf5 import write_h5

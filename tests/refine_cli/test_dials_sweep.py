@@ -29,7 +29,7 @@ import pytest
 
 from cli_helpers import simulate
 from experiments.wedge_calibration import one_panel_sweep, rotation, sphere_crossings
-from nbtorch.dials_geometry import bragg_positions_px, experiment_flags, goniometer_rotations
+from nbtorch.dials.geometry import bragg_positions_px, experiment_flags, goniometer_rotations
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
 from refine.cli.joint import _held_geometry

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from nbtorch.cli import main
+from nbtorch.cli.main import main
 from nbtorch.io import write_smv
 from refine.inputs.images import load_image
 from refine.inputs.start_model import model_config

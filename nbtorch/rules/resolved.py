@@ -1,4 +1,4 @@
-"""The resolved configuration (:mod:`nbtorch.resolve` makes it): the :class:`Setup` of a simulation and its
+"""The resolved configuration (:mod:`nbtorch.rules.resolve` makes it): the :class:`Setup` of a simulation and its
 pieces, the detector, crystal, sampling, sensor and structure factors, each a frozen dataclass.
 """
 
@@ -35,7 +35,7 @@ class DetectorSetup:
     close_distance_given_m: float | None
     distance_m: float  # canonical: sample to detector plane along the beam
     close_distance_m: float  # signed close distance (ratio x distance) the oversample rule uses
-    beam_x_m: float  # canonical beam centre (nbtorch.beam_centre)
+    beam_x_m: float  # canonical beam centre (nbtorch.geometry.beam_centre)
     beam_y_m: float
 
 

@@ -7,7 +7,7 @@ Frames (dxtbx's)
     ``(R f, R s, O + R o)`` with ``R = [F | S | unit(F x S)]`` (columns); the root group's frame is its lab
     frame.  :func:`panel_lab_frames` composes them; :func:`local_frame` inverts one step.
 
-Each panel becomes one nanoBragg configuration (:func:`nbtorch.dials_geometry.experiment_flags` with the
+Each panel becomes one nanoBragg configuration (:func:`nbtorch.dials.geometry.experiment_flags` with the
 panel's lab frame: CUSTOM convention, sample pivot, ``-Xbeam/-Ybeam`` the near point of the panel origin,
 ``-close_distance``) and :func:`panels_simulator` renders them all (:meth:`nbtorch.Simulator.from_panels`;
 panel ``i``'s geometry is ``distance_p<i>``, ``beam_x_p<i>`` ...).  :func:`refined_panels_document` writes
@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nbtorch.args import config_from_args
-from nbtorch.dials_geometry import dials_from_nb, experiment_flags, refined_document
+from nbtorch.cli.args import config_from_args
+from nbtorch.dials.geometry import dials_from_nb, experiment_flags, refined_document
 from nbtorch.errors import InputError
 from nbtorch.io.dials import DialsExperiment, hierarchy_walk, local_frame, panel_lab_frames
 from nbtorch.simulator import Simulator
@@ -46,7 +46,7 @@ def hierarchy_groups(detector: dict) -> list[list[tuple[str, tuple[int, ...]]]]:
 
 
 def panel_flags(exp: DialsExperiment, image_index: int = 0) -> list[list[str]]:
-    """The nanoBragg flags of every panel (:func:`~nbtorch.dials_geometry.experiment_flags` with the panel's
+    """The nanoBragg flags of every panel (:func:`~nbtorch.dials.geometry.experiment_flags` with the panel's
     lab frame); an error names the panel."""
     out = []
     for i, (panel, (f, s, o)) in enumerate(zip(exp.panels, panel_lab_frames(exp.detector))):
@@ -68,7 +68,7 @@ def panels_simulator(exp: DialsExperiment, image_index: int = 0, extra_flags=(),
 
 
 def refined_panels_document(exp: DialsExperiment, sim, values: dict, image_index: int = 0) -> dict:
-    """:func:`~nbtorch.dials_geometry.refined_document` of a multi-panel simulator (:func:`panels_simulator`):
+    """:func:`~nbtorch.dials.geometry.refined_document` of a multi-panel simulator (:func:`panels_simulator`):
     beam and crystal as there, and every panel's origin and axes at ``values`` (per-panel names), written
     local to its unchanged hierarchy group when the detector has a hierarchy."""
     names = set(sim.parameter_names())

@@ -161,7 +161,7 @@ def experiment_flags(exp: DialsExperiment, image_index: int = 0, panel: dict | N
     """nanoBragg flags (CUSTOM convention, nanoBragg frame) for experiment ``exp`` (see the module docstring).
 
     ``panel``: the panel to use instead of the detector's one panel (fast_axis, slow_axis, origin in the lab
-    frame, pixel_size, image_size; :mod:`nbtorch.dials_panels` gives each panel of a multi-panel detector).
+    frame, pixel_size, image_size; :mod:`nbtorch.dials.panels` gives each panel of a multi-panel detector).
 
     Raises:
         InputError: non-square pixels, a left-handed crystal basis, a detector facing away from the sample,
@@ -230,7 +230,7 @@ def refined_document(exp: DialsExperiment, sim, values: dict, image_index: int =
 
     ``sim`` must have been built from :func:`experiment_flags` of ``exp`` (maybe with more flags);
     ``image_index`` as given there.  ``panels``: the fields of every panel of a multi-panel detector
-    (:func:`nbtorch.dials_panels.refined_panels_document`), written instead of the one panel's.
+    (:func:`nbtorch.dials.panels.refined_panels_document`), written instead of the one panel's.
     """
     multi = sim.panel_layout is not None
     with torch.no_grad():

@@ -33,15 +33,15 @@ records why (``Simulator.compile_mode``, ``Simulator.compile_reason``).
 
 Inductor's on-disk cache makes a second process start fast: it lives in
 ``$NBTORCH_CACHE_DIR/inductor`` (default ``~/.cache/nbtorch/inductor``) unless
-``TORCHINDUCTOR_CACHE_DIR`` is already set (:mod:`nbtorch.cache`, which also says, before the first compile on
+``TORCHINDUCTOR_CACHE_DIR`` is already set (:mod:`nbtorch.runtime.cache`, which also says, before the first compile on
 an empty cache, that it is compiling and for about how long).  Each compiled kernel is also saved with
-torch's precompile API (:mod:`nbtorch.precompile`, ``$NBTORCH_CACHE_DIR/precompiled``), so that a
+torch's precompile API (:mod:`nbtorch.runtime.precompile`, ``$NBTORCH_CACHE_DIR/precompiled``), so that a
 new process loads it without tracing (:data:`PRECOMPILE`; ``NBTORCH_PRECOMPILE=0`` turns it off).  The policy above is unchanged: it
 decides whether a kernel is compiled; precompile only decides how a compiled kernel is obtained.
 
 Every compiled callable comes from here: :func:`compiled_kernel` (the simulator's stages) and :func:`compiled`
 (a caller's own function, e.g. the refinement's loss with ``compile_loss``); the esds' forward-mode kernels are
-compiled by :mod:`nbtorch.jacobian_kernels` when :func:`compile_policy` (purpose ``jacobian``) allows it.  The
+compiled by :mod:`nbtorch.runtime.jacobian_kernels` when :func:`compile_policy` (purpose ``jacobian``) allows it.  The
 only other switch is the physics' own context variable of :func:`nbtorch.physics.kernel.analytic_jvp`, which
 carries the runner of those kernels into the eager physics (it stays in the physics: see that module).
 """
@@ -57,9 +57,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from nbtorch.cache import configure_inductor_cache
+from nbtorch.runtime.cache import configure_inductor_cache
 from nbtorch.errors import InputError
-from nbtorch.precompile import PrecompiledKernel
+from nbtorch.runtime.precompile import PrecompiledKernel
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ ENV_VARS = ("NANOBRAGG_DISABLE_COMPILE", "NANOBRAG_DISABLE_COMPILE")
 _state = threading.local()
 _KERNELS: dict[tuple, Callable] = {}
 _LOCK = threading.Lock()
-#: save and load compiled kernels with torch's precompile API (:mod:`nbtorch.precompile`); False (or the
+#: save and load compiled kernels with torch's precompile API (:mod:`nbtorch.runtime.precompile`); False (or the
 #: environment variable ``NBTORCH_PRECOMPILE=0``): plain ``torch.compile`` wrappers, which trace in every process
 PRECOMPILE = True
 PRECOMPILE_ENV = "NBTORCH_PRECOMPILE"
@@ -216,7 +216,7 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
                 torch._dynamo.config.recompile_limit = limit
             inductor_options = {**INDUCTOR_OPTIONS, **_known_inductor_options(options or {})}
             kernel = torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options)
-            if precompile_enabled():  # a new process loads the compiled kernel instead of tracing it (nbtorch.precompile)
+            if precompile_enabled():  # a new process loads the compiled kernel instead of tracing it (nbtorch.runtime.precompile)
                 kernel = PrecompiledKernel(kernel, fn, key, inductor_options)
             _KERNELS[key] = kernel
         return kernel
@@ -225,7 +225,7 @@ def compiled_kernel(key: tuple, fn: Callable, options: dict | None = None) -> Ca
 def compiled(fn: Callable, *, fullgraph: bool = True) -> Callable:
     """``torch.compile(fn, fullgraph=fullgraph)`` for a caller's own function (the refinement's loss with
     ``compile_loss=True``: an explicit request, rule 3 of the module docstring), with Inductor's cache in the
-    nbtorch cache folder (:func:`nbtorch.cache.configure_inductor_cache`).  Not shared between calls (the
+    nbtorch cache folder (:func:`nbtorch.runtime.cache.configure_inductor_cache`).  Not shared between calls (the
     function is the caller's), Inductor's default options."""
     configure_inductor_cache()
     return torch.compile(fn, fullgraph=fullgraph)

@@ -1,7 +1,7 @@
 """Compiling and caching the forward-mode kernels of the esds' Jacobian (:mod:`nbtorch.physics.jacobian`).
 
 :func:`run` is the runner :func:`refine.quality.uncertainty.pixel_jacobian` hands to
-:func:`nbtorch.physics.kernel.analytic_jvp` when :func:`nbtorch.runtime.compile_policy` allows compiling
+:func:`nbtorch.physics.kernel.analytic_jvp` when :func:`nbtorch.runtime.policy.compile_policy` allows compiling
 (purpose ``jacobian``): the physics defines the two kernels' functions (the tile's photons and its tangents)
 and stays free of compiling and caching; this module traces them to plain ATen graphs (``make_fx``),
 compiles them with Inductor's standalone API (``torch._inductor.standalone_compile``: ``torch.func`` inside a
@@ -15,7 +15,7 @@ on (the physics runs the same functions eagerly).
 
 :func:`forward_mode` is the door for callers outside nbtorch (:func:`refine.quality.uncertainty.pixel_jacobian`):
 inside it the simulator runs eagerly with the analytic forward-mode derivative, and its large tiles go through
-these kernels where :func:`nbtorch.runtime.compile_policy` (purpose ``jacobian``) allows compiling; tiles of
+these kernels where :func:`nbtorch.runtime.policy.compile_policy` (purpose ``jacobian``) allows compiling; tiles of
 fewer than :data:`JACOBIAN_TILE_EVALUATIONS` evaluations stay eager.
 """
 
@@ -32,11 +32,11 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from nbtorch import runtime
-from nbtorch.cache import configure_inductor_cache
+from nbtorch.runtime import policy as runtime
+from nbtorch.runtime.cache import configure_inductor_cache
 from nbtorch.physics import jacobian as physics_jacobian
 from nbtorch.physics.kernel import JACOBIAN_TILE_EVALUATIONS, analytic_jvp
-from nbtorch.precompile import describe, precompile_dir
+from nbtorch.runtime.precompile import describe, precompile_dir
 
 __all__ = ["run", "forward_mode", "JACOBIAN_TILE_EVALUATIONS"]
 
@@ -125,7 +125,7 @@ def run(kind: str, static, args: list[Tensor]) -> Tensor | None:
 def forward_mode() -> Iterator[None]:
     """Forward-mode derivatives through the simulator (``torch.func.jacfwd``): eager (:func:`nbtorch.eager`), the
     hot loop through its analytic ``jvp`` (:func:`nbtorch.physics.kernel.analytic_jvp`), and large tiles through
-    the compiled kernels of :func:`run` unless :func:`nbtorch.runtime.compile_policy` (purpose ``jacobian``,
+    the compiled kernels of :func:`run` unless :func:`nbtorch.runtime.policy.compile_policy` (purpose ``jacobian``,
     asked before entering ``eager()``, which would say no) says eager."""
     compiled, _ = runtime.compile_policy("jacobian")
     with runtime.eager(), analytic_jvp(run if compiled else None):

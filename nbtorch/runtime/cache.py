@@ -4,16 +4,16 @@
 
 * ``inductor/``: Inductor's on-disk cache of compiled C++ (unless ``TORCHINDUCTOR_CACHE_DIR`` is already set),
   pointed at by :func:`configure_inductor_cache` before the first kernel is compiled;
-* ``precompiled/``: compiled kernels saved with torch's precompile API (:mod:`nbtorch.precompile`,
-  :mod:`nbtorch.jacobian_kernels`);
-* ``vec-isa/``: the verdict of Inductor's vector-ISA probe (:mod:`nbtorch.vec_isa`);
+* ``precompiled/``: compiled kernels saved with torch's precompile API (:mod:`nbtorch.runtime.precompile`,
+  :mod:`nbtorch.runtime.jacobian_kernels`);
+* ``vec-isa/``: the verdict of Inductor's vector-ISA probe (:mod:`nbtorch.runtime.vec_isa`);
 * ``problems/``: generated test problems (:mod:`refine.inputs.problems`).
 
-Whether to compile is :mod:`nbtorch.runtime`'s decision; this module only says where the results go.
+Whether to compile is :mod:`nbtorch.runtime.policy`'s decision; this module only says where the results go.
 
 A first compile on an empty cache takes minutes (the kernels, their analytic backward and the esds'
 forward-mode kernels: about two minutes on a 2-core CPU) and prints nothing of its own, so
-:func:`configure_inductor_cache` says so once, through ``logging`` (a WARNING of ``nbtorch.cache``, which the
+:func:`configure_inductor_cache` says so once, through ``logging`` (a WARNING of ``nbtorch.runtime.cache``, which the
 commands show on stderr), before the compile starts: when Inductor's cache folder is missing or empty, at most
 once per process (:data:`FIRST_RUN_MESSAGE`).  A later process finds the folder filled and says nothing.
 """
@@ -58,9 +58,9 @@ def _announce_first_compile(path: Path, empty: bool) -> None:
 
 def configure_inductor_cache() -> Path:
     """Point Inductor's on-disk cache at the nbtorch cache folder (unless the user chose one), and skip its
-    per-process vector-ISA probe where an earlier process's verdict is recorded (:mod:`nbtorch.vec_isa`).
+    per-process vector-ISA probe where an earlier process's verdict is recorded (:mod:`nbtorch.runtime.vec_isa`).
     Called before a kernel is compiled; says :data:`FIRST_RUN_MESSAGE` when that folder is still empty."""
-    from nbtorch.vec_isa import trust_vec_isa_probe
+    from nbtorch.runtime.vec_isa import trust_vec_isa_probe
 
     trust_vec_isa_probe(cache_dir())
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:

@@ -8,7 +8,7 @@ horizontal one (:func:`nbtorch.physics.rotation.rotate_axis`).  ``-dispersion``
 (percent, full width) and ``-dispsteps`` give each direction the wavelength
 factors ``1 + k * step - dispersion/2``.  A ``-sourcefile`` replaces all of it
 (missing positions: ``-source_distance`` up the beam; missing wavelengths: the
-central one).  Called by :func:`nbtorch.resolve.resolve_sampling`.
+central one).  Called by :func:`nbtorch.rules.resolve.resolve_sampling`.
 
 The widths are also canonical parameters (:mod:`nbtorch.parameters`): ``dispersion`` (percent, full width),
 ``divergence_h`` and ``divergence_v`` (mrad, full ranges), the values these rules resolved (0 where one

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from nbtorch.config import CONVENTIONS, SimulationConfig
-from nbtorch.detector_axes import detector_axes
+from nbtorch.geometry.detector_axes import detector_axes
 from nbtorch.errors import InputError
 from nbtorch.physics.detector import detector_geometry
 

@@ -7,7 +7,7 @@
 not exactly 1 is replaced by ``unit(f x s)``.  Parallel axes (fast/slow, fast or
 slow/normal, beam/polarization) are refused, naming the flags that gave them.
 :data:`FORCED_PIVOT`: the conventions that fix the pivot.  Called by
-:func:`nbtorch.resolve.resolve_detector`.
+:func:`nbtorch.rules.resolve.resolve_detector`.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from nbtorch.cache import cache_dir
+from nbtorch.runtime.cache import cache_dir
 
 log = logging.getLogger(__name__)
 

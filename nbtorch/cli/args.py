@@ -12,7 +12,7 @@ convention wins; every detector-vector flag switches to CUSTOM; the last
 pivot-setting flag wins (BEAM: ``-distance -Xbeam -Ybeam -mosflm -adxv -denzo
 -dials -pivot beam``; SAMPLE: ``-close_distance -twotheta -twotheta_axis
 -Xclose -Yclose -ORGX -ORGY -xds -pivot sample``), and the convention may force
-a pivot afterwards (:mod:`nbtorch.resolve`).
+a pivot afterwards (:mod:`nbtorch.rules.resolve`).
 
 The headers of ``-mask FILE`` and then ``-img FILE`` (SMV) are applied before
 any other flag, as the C reads them first, so explicit flags override them

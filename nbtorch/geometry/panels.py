@@ -29,12 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbtorch.args import config_from_args
-from nbtorch.beam_centre import ORG_CONVENTIONS, beam_centre_flags, beam_centre_from_offsets_m, detector_offsets_m
+from nbtorch.cli.args import config_from_args
+from nbtorch.geometry.beam_centre import ORG_CONVENTIONS, beam_centre_flags, beam_centre_from_offsets_m, detector_offsets_m
 from nbtorch.config import SimulationConfig
 from nbtorch.errors import InputError
 from nbtorch.parameters import names_in_group
-from nbtorch.resolve import DetectorSetup, Setup, resolve
+from nbtorch.rules.resolve import DetectorSetup, Setup, resolve
 
 __all__ = ["PANEL_GEOMETRY_NAMES", "PanelSetup", "PanelLayout", "panel_parameter", "split_panel_parameter",
            "resolve_panels", "check_rigid_group", "group_overrides",

@@ -9,10 +9,10 @@ parameters into tensors and calls the physics.
 
 :func:`resolve` checks the config and composes five frozen pieces, one builder
 each: :class:`DetectorSetup` (:func:`resolve_detector`: pixels, ROI, axes and pivot
-(:mod:`nbtorch.detector_axes`),
+(:mod:`nbtorch.geometry.detector_axes`),
 beam centre, distance), :class:`CrystalSetup` (:func:`resolve_crystal`: cell,
 orientation, size, shape), :class:`SamplingSetup` (:func:`resolve_sampling`: phi
-steps, mosaic domains, sources (:mod:`nbtorch.beam_sources`), oversampling), :class:`SensorSetup`
+steps, mosaic domains, sources (:mod:`nbtorch.sampling.beam_sources`), oversampling), :class:`SensorSetup`
 (:func:`resolve_sensor`: sensor layers and attenuation) and
 :class:`StructureFactorSetup` (:func:`resolve_structure_factors`: the F table).
 :class:`Setup` holds them and exposes their fields under the names callers use
@@ -20,7 +20,7 @@ steps, mosaic domains, sources (:mod:`nbtorch.beam_sources`), oversampling), :cl
 
 The canonical parameters (``Setup.params``), their units and groups are the
 table in :mod:`nbtorch.parameters`; the beam-centre rules are in
-:mod:`nbtorch.beam_centre`.
+:mod:`nbtorch.geometry.beam_centre`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import math
 import numpy as np
 import torch
 
-from nbtorch import beam_centre as bc
-from nbtorch import crng
-from nbtorch.beam_sources import resolve_sources
+from nbtorch.geometry import beam_centre as bc
+from nbtorch.sampling import crng
+from nbtorch.sampling.beam_sources import resolve_sources
 from nbtorch.config import SimulationConfig
-from nbtorch.detector_axes import FORCED_PIVOT, detector_axes
+from nbtorch.geometry.detector_axes import FORCED_PIVOT, detector_axes
 from nbtorch.errors import InputError
 from nbtorch.io.hkl import read_fdump, read_hkl
 from nbtorch.io.reflections import is_reflection_file, read_reflection_file
@@ -44,8 +44,8 @@ from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.physics.crystal import orientation_from_reciprocal
 from nbtorch.physics.mosaic import EVEN_MOSAIC_MODELS, MOSAIC_MODELS, even_mosaic_domains, rocking_sigma_per_spread
 from nbtorch.physics.rotation import rotation_matrix_xyz
-from nbtorch.resolve_checks import check_cell, check_positive, check_size_matrix, read_mask, validate
-from nbtorch.resolved_setup import (CrystalSetup, DetectorSetup, SamplingSetup, SensorSetup, Setup,
+from nbtorch.rules.checks import check_cell, check_positive, check_size_matrix, read_mask, validate
+from nbtorch.rules.resolved import (CrystalSetup, DetectorSetup, SamplingSetup, SensorSetup, Setup,
                                     StructureFactorSetup)
 
 __all__ = ["PARAMETER_NAMES", "Setup", "DetectorSetup", "CrystalSetup", "SamplingSetup", "SensorSetup",
@@ -109,7 +109,7 @@ def beam_centre_defaults(cfg: SimulationConfig, pixel_m: float, detsize_f: float
 
     ``-Xbeam/-Ybeam`` give it for MOSFLM, DENZO, ADXV and CUSTOM; XDS and DIALS take
     ``-ORGX/-ORGY`` (the C ignores ``-Xbeam`` there); CUSTOM falls back on
-    ``-Xclose/-Yclose``.  The rules: :mod:`nbtorch.beam_centre`.
+    ``-Xclose/-Yclose``.  The rules: :mod:`nbtorch.geometry.beam_centre`.
     """
     conv = cfg.convention
     fclose, sclose = bc.close_point_m(cfg.ORGX, cfg.ORGY, pixel_m, detsize_f, detsize_s)

@@ -1,4 +1,4 @@
-"""The checks of a configuration before it is resolved (:mod:`nbtorch.resolve`): positive numbers, the cell,
+"""The checks of a configuration before it is resolved (:mod:`nbtorch.rules.resolve`): positive numbers, the cell,
 the crystal size matrix, the anisotropic mosaic and the whole configuration (:func:`validate`), and the pixel mask
 file (:func:`read_mask`).
 """

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from nbtorch import __version__
-from nbtorch import beam_centre as bc
-from nbtorch import runtime
-from nbtorch.args import INPUT_FILE_FLAGS, config_from_args
-from nbtorch.cli_support import Printer, argument_files, check_outputs, expand_argument_files, run_main
-from nbtorch.crng import poisson_noise_image
-from nbtorch.dials_geometry import dials_origin_mm
+from nbtorch.geometry import beam_centre as bc
+from nbtorch.runtime import policy as runtime
+from nbtorch.cli.args import INPUT_FILE_FLAGS, config_from_args
+from nbtorch.cli.support import Printer, argument_files, check_outputs, expand_argument_files, run_main
+from nbtorch.sampling.crng import poisson_noise_image
+from nbtorch.dials.geometry import dials_origin_mm
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import write_files_together
 from nbtorch.io.hdf5 import h5_writer
@@ -36,7 +36,7 @@ from nbtorch.io.hkl import fdump_bytes, grid_description
 from nbtorch.io.pgm import pgm_bytes
 from nbtorch.io.raw import raw_float_bytes
 from nbtorch.io.smv import intfile_from_float, roi_mask_from_bounds, smv_bytes, smv_header_from_geometry
-from nbtorch.printout import format_report, pixel_reports, roi_pixels, solid_angle_sum
+from nbtorch.cli.printout import format_report, pixel_reports, roi_pixels, solid_angle_sum
 from nbtorch.simulator import Simulator
 
 
@@ -84,7 +84,7 @@ def image_statistics(image: np.ndarray, roi, mask: np.ndarray | None, c_parity: 
 def noise_image(image: np.ndarray, seed: int, adc: float, roi_mask: np.ndarray, c_parity: bool):
     """The ``-noisefile`` pixels: Poisson deviates of the photon image plus ``adc``, clipped at 65535.
 
-    C parity: the C's own generator (:func:`nbtorch.crng.poisson_noise_image`), bit
+    C parity: the C's own generator (:func:`nbtorch.sampling.crng.poisson_noise_image`), bit
     for bit.  Spec: numpy's Poisson generator seeded with ``seed`` (deterministic
     for a seed; negative photon counts are taken as 0).  Pixels outside
     ``roi_mask`` are 0.  Returns ``(uint16 image, photons, overloads)``.
@@ -118,7 +118,7 @@ def header_values(sim) -> dict:
     else:
         xb, yb = s.params["beam_x"] / 1000, s.params["beam_y"] / 1000
     osc = s.phistep_deg * s.phisteps if cfg.osc_deg is None else cfg.osc_deg
-    # the direct beam in each convention's own terms (nbtorch.beam_centre)
+    # the direct beam in each convention's own terms (nbtorch.geometry.beam_centre)
     adxv = bc.beam_centre_from_offsets_m("adxv", fbeam, sbeam, p, s.detsize_s_m)
     mosflm = bc.beam_centre_from_offsets_m("mosflm", fbeam, sbeam, p, s.detsize_s_m)
     denzo = bc.beam_centre_from_offsets_m("denzo", fbeam, sbeam, p, s.detsize_s_m)
@@ -173,7 +173,7 @@ def h5_metadata(sim, argv: Sequence[str]) -> tuple[dict, dict]:
 
 
 def choose_compile(sim, cfg) -> None:
-    """Compile or not for one image (:func:`nbtorch.runtime.compile_policy`, purpose ``one-shot``)."""
+    """Compile or not for one image (:func:`nbtorch.runtime.policy.compile_policy`, purpose ``one-shot``)."""
     x0, x1, y0, y1 = sim.setup.roi
     evaluations = (x1 - x0 + 1) * (y1 - y0 + 1) * sim.evaluations_per_pixel()
     sim.set_compile(*runtime.compile_policy("one-shot", evaluations, explicit=cfg.compile))
@@ -221,7 +221,7 @@ def start_simulation(cfg, context: dict, say) -> Simulator:
           f"{s.fpixels}x{s.spixels} pixels, oversample {s.oversample}, {len(s.incident)} sources, "
           f"{len(s.mosaic_fractions)} mosaic domains ({s.mosaic_model}), {s.phisteps} phi steps, {s.thicksteps} sensor layers; "
           f"{sim.compile_mode} ({sim.compile_reason})")
-    from nbtorch.printout import distances_summary
+    from nbtorch.cli.printout import distances_summary
 
     say(distances_summary(sim))
     for note in s.notes:

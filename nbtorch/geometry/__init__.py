@@ -1,0 +1,1 @@
+"""The detector's geometry and conventions: beam centres, detector axes, rotations for code outside the physics, multi-panel layouts."""

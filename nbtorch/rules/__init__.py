@@ -1,0 +1,1 @@
+"""nanoBragg's automatic rules: a SimulationConfig checked and resolved into a static Setup."""
