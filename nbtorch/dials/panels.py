@@ -18,7 +18,6 @@ refinement moves as rigid bodies).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from nbtorch.cli.args import config_from_args
