@@ -236,7 +236,9 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     return Inputs(observed=photons, mask=mask, cfg=cfg, start=dict(checked.start), symmetry=symmetry,
                   free_default=None, fixed=fixed, panels=panels,
                   extra={"input": {"image": obs.path, "format": obs.format, "frame": args.image.frame,
-                                   "geometry": obs.geometry, "masked": masked, "model": tokens},
+                                   "geometry": obs.geometry, "masked": masked, "model": tokens,
+                                   **({"expt": args.dials.expt, "expt_index": args.dials.expt_index}
+                                      if args.dials.expt else {})},
                          "detector_counts": counts.as_dict()})
 
 

@@ -122,6 +122,7 @@ def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
         result = r.json(f"out/{ident}/result.json")
         assert result["spots"]["n"] == counts[k] and result["status"] in ("converged", "max_steps")
         assert "orient_x" in result["free"] and "cell_a" in result["free"]  # the still defaults
+        assert result["input"]["expt_index"] == k and result["input"]["expt"].endswith("many.expt")
     rows = _summary(tmp_path / "out" / "summary.csv")
     assert [Path(row["image"]).name for row in rows] == ["a.cbf", "b.cbf"]
     assert [Path(row["folder"]).name for row in rows] == ["s0", "s1"]
