@@ -76,3 +76,16 @@ def test_a_folder_without_results_is_refused_in_one_line(tmp_path, capsys):
     assert runpy.run_path(str(SCRIPT))["main"]([str(tmp_path / "d.refl"), str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "no */result.json" in err, err
+
+
+def test_a_refined_refl_is_compared_experiment_by_experiment(tmp_path, capsys):
+    """nbtorch's combined output (refined.refl: observed spots and refined predictions, by id) against DIALS's."""
+    rng = np.random.default_rng(2)
+    xy = np.c_[rng.uniform(10, 500, size=(6, 2)), np.zeros(6)]
+    ids = np.r_[np.zeros(6), np.ones(6)]
+    _dials_refl(tmp_path / "dials.refl", np.r_[xy, xy], ids, {0: 0.5, 1: 0.5})
+    _dials_refl(tmp_path / "refined.refl", np.r_[xy, xy], ids, {0: 0.1, 1: 0.3})
+    assert runpy.run_path(str(SCRIPT))["main"]([str(tmp_path / "dials.refl"), str(tmp_path / "refined.refl")]) == 0
+    out = capsys.readouterr().out
+    assert _row(out, "experiment 0")[1:] == ["6", "0.500", "6", "0.100", "6", "0.500", "0.100"], out
+    assert _row(out, "experiment 1")[7] == "0.300"

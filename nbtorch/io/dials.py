@@ -34,7 +34,7 @@ from nbtorch.io.raw import read_file_bytes
 from nbtorch.io.atomic import atomic_write
 
 __all__ = ["DialsExperiment", "parsed", "forget_parsed", "read_expt", "experiment_image", "write_expt", "read_refl",
-           "write_refl", "REFL_TYPES", "scan_oscillation", "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
+           "write_refl", "refl_table", "REFL_TYPES", "scan_oscillation", "check_hierarchy", "hierarchy_walk", "panel_lab_frames", "local_frame"]
 
 #: reflection-table column types this module decodes: type -> (numpy dtype, values per row)
 REFL_TYPES: dict[str, tuple[str, int]] = {
@@ -520,6 +520,22 @@ def read_refl(path: str | os.PathLike[str], columns: tuple[str, ...] = ("xyzobs.
             raise InputError(f"{name}: no reflections of experiment {experiment_id} (id column)")
         out = {k: v[keep] for k, v in out.items() if k in columns}
     return out
+
+
+def refl_table(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[str, np.ndarray]], dict[int, str]]:
+    """Every column of a DIALS ``.refl`` of a type in :data:`REFL_TYPES` as ``{name: (type, array)}`` (the form
+    :func:`write_refl` takes; columns of other types, such as shoeboxes, left out) and the ``{id: identifier}`` map.
+
+    Raises:
+        InputError: as :func:`read_refl`.
+    """
+    name = os.fspath(path)
+    table = _unpack(name)
+    data, nrows = table["data"], table["nrows"]
+    columns = {col: (entry[0], _decode(name, col, entry, nrows)) for col, entry in data.items()
+               if isinstance(entry, (list, tuple)) and entry and entry[0] in REFL_TYPES}
+    ids = table.get("identifiers") or {}
+    return columns, {int(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else {}
 
 
 def write_refl(path: str | os.PathLike[str], columns: dict[str, tuple[str, np.ndarray]],

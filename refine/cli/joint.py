@@ -56,7 +56,7 @@ from refine.many.batch import end_process_group, expand_image_list, per_image_ar
 from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
                                     start_and_priors)
 from refine.cli.single import amplitude_options, prepare
-from refine.cli.stills_file import stills_shared, write_joint_expt
+from refine.cli.stills_file import stills_shared, write_joint_expt, write_joint_refl
 from refine.inputs.dials import experiment_symmetry, refl_shoeboxes, scan_indices, write_expt_out
 from refine.fitting.parameters import GROUPS, ParameterSpace
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
@@ -314,15 +314,15 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     if Comm().rank == 0:  # the process group refine_joint used
         _write_and_say(args, result, images, out_dir, hkl, sims, say, t0)
     if stills is not None:
-        _write_stills_expt(args, result, images, stills, out_dir, sims, say)
+        _write_stills_expt(args, result, images, stills, out_dir, sims, spots, say)
     joint = result.joint if isinstance(result, SerialResult) else result
     return 0 if joint.status.ok else 1
 
 
 def _write_stills_expt(args: Options, result, images: list[str], stills: list[dict], out_dir: Path, sims: list,
-                       say) -> None:
-    """``OUT_DIR/refined.expt`` of a joint run of the stills of one DIALS file (every process its own images';
-    :func:`refine.cli.stills_file.write_joint_expt`)."""
+                       spots: list, say) -> None:
+    """``OUT_DIR/refined.expt`` and ``refined.refl`` of a joint run of the stills of one DIALS file (every process
+    its own images'; :func:`refine.cli.stills_file.write_joint_expt`, :func:`~refine.cli.stills_file.write_joint_refl`)."""
     if isinstance(result, SerialResult):  # the images a screened run kept
         values = {i: result.joint.images[j] for j, i in enumerate(result.used)}
     else:
@@ -331,6 +331,9 @@ def _write_stills_expt(args: Options, result, images: list[str], stills: list[di
     path = write_joint_expt(args, out_dir, values, sims, per_image)
     if path is not None:
         say(f"refined experiments: {path}")
+    path = write_joint_refl(args, out_dir, values, sims, spots, per_image)
+    if path is not None:
+        say(f"refined predictions: {path}")
 
 
 def _sweep_boxes(args: Options, indices: list) -> tuple | None:

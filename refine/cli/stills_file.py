@@ -9,7 +9,8 @@ experiment ``i``'s image, read and checked as :mod:`refine.many.dials_stills` re
 one line before any work, or left out with ``--skip-missing``), each prepared as ``--image IMAGE --expt FILE
 --expt-index i --refl FILE`` (:func:`still_images`: the per-image fields :func:`refine.cli.joint.image_args` takes).
 
-Both modes write ``OUT_DIR/refined.expt`` (:func:`combined_document`): the ``--expt`` document with every experiment
+Both modes write ``OUT_DIR/refined.expt`` (:func:`combined_document`) and ``OUT_DIR/refined.refl``
+(:mod:`refine.output.refined_refl`: the observed spots with the refined predictions): the ``--expt`` document with every experiment
 (identifiers, imagesets and the other models kept; the images' paths made absolute, those ``--images`` gave
 written in), each refined experiment's crystal, beam and detector replaced by
 its refined ones; models that came out equal (a shared detector of a joint run) are written once.  Independent mode
@@ -20,18 +21,22 @@ keeps its input models.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from nbtorch.errors import InputError
 from refine.cli.options import Options
 from refine.many.batch import expand_image_list
 from refine.many.dials_stills import many_dials_stills, read_dials_stills, relocate_images, run_dials_stills, still_items
 from refine.many.distributed import Comm
+from refine.output.refined_refl import write_refined_refl
 
 __all__ = ["STILLS_SHARED", "stills_shared", "joint_stills", "still_images", "refined_part", "combined_document",
-           "write_joint_expt", "run_stills_independent"]
+           "write_joint_expt", "write_joint_refl", "run_stills_independent"]
 
 KINDS = ("beam", "detector", "crystal")
 
@@ -163,6 +168,29 @@ def write_joint_expt(args: Options, out_dir: Path, values: dict[int, dict], sims
     return _write(args.dials.expt, parts, out_dir / "refined.expt", images)
 
 
+def write_joint_refl(args: Options, out_dir: Path, values: dict[int, dict], sims: list, spots: list,
+                     image_args: list) -> Path | None:
+    """A joint run's ``OUT_DIR/refined.refl`` (:mod:`refine.output.refined_refl`): every process predicts its held
+    images' observed spots at their refined values, gathered; process 0 writes (the path; None elsewhere)."""
+    from nbtorch import eager
+    from refine.inputs.spots import spot_offsets
+
+    local = {}
+    for i in values:
+        if sims[i] is not None and spots[i] is not None and len(spots[i]):
+            with eager():  # a few renders of small windows
+                local[i] = (spots[i], spot_offsets(sims[i], dict(values[i]), spots[i]).predicted)
+    comm = Comm()
+    gathered = comm.gather_objects(local, len(sims))
+    if comm.rank != 0:
+        return None
+    predicted = {int(image_args[i].dials.expt_index): p for i, p in enumerate(gathered) if p is not None}
+    if not predicted:
+        return None
+    write_refined_refl(args.dials.refl, predicted, out_dir / "refined.refl")
+    return out_dir / "refined.refl"
+
+
 def run_stills_independent(args: Options, run_one: Callable[[Options], int],
                            say: Callable[[str], None] = print) -> int:
     """:func:`refine.many.dials_stills.run_dials_stills`, each still also writing its ``--expt-out``
@@ -179,11 +207,19 @@ def run_stills_independent(args: Options, run_one: Callable[[Options], int],
     stills = read_dials_stills(expt, args.dials.refl)
     if args.many.images:
         stills = relocate_images(stills, expand_image_list(args.many.images), expt)
-    parts = {}
+    parts, predicted = {}, {}
     for s, item in zip(stills, still_items(stills, expt, True, args.image.dataset)):
         done = out_dir / item.name / "refined.expt"
         if item.skipped is None and done.is_file() and (out_dir / item.name / "result.json").is_file():
             parts[s.index] = _part(read_expt(done, s.index, multi_panel=True).document, s.index)
+            spots = json.loads((out_dir / item.name / "result.json").read_text()).get("spots") or {}
+            if spots.get("predicted_final") is not None:
+                predicted[s.index] = (spots["observed"], [[np.nan if v is None else v for v in p[:2]]
+                                                          for p in spots["predicted_final"]])
     path = _write(expt, parts, out_dir / "refined.expt", {s.index: s.image for s in stills if s.image})
     say(f"refined experiments ({len(parts)} of {len(stills)} refined, the others as given): {path}")
+    if predicted:
+        counts = write_refined_refl(args.dials.refl, predicted, out_dir / "refined.refl")
+        say(f"refined predictions ({sum(counts.values())} reflections of {len(counts)} stills): "
+            f"{out_dir / 'refined.refl'}")
     return code

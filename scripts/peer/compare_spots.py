@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/peer/compare_spots.py DIALS_INDEXED.refl RESULT.json [--id K] [--radius PX]
     .venv/bin/python scripts/peer/compare_spots.py DIALS_COMPOSITE.refl OUT_DIR [--radius PX]
+    .venv/bin/python scripts/peer/compare_spots.py DIALS_COMPOSITE.refl OUT_DIR/refined.refl [--radius PX]
 
 DIALS_INDEXED.refl: the reflections DIALS refined (``dials.stills_process``' ``idx-*_indexed.refl``, one still or a
 composite file of many, with ``xyzobs.px.value`` and ``xyzcal.px``; rows flagged ``used_in_refinement`` when the
@@ -9,7 +10,8 @@ column has flags).  RESULT.json: ``nbtorch-refine``'s result on one image (its `
 predicted positions); its rows of the ``.refl`` are those of ``--id K``, else of the experiment the result records
 (``input.expt_index``, a run from ``--expt``), else all.  OUT_DIR: independent mode's folder over the stills of a
 DIALS file (``nbtorch-refine --expt --refl --out-dir``): every ``OUT_DIR/*/result.json`` against its experiment's
-rows.  A spot is shared when DIALS's observed centroid lies within ``--radius`` px (default 1.5) of nbtorch's
+rows.  OUT_DIR/refined.refl: the combined output of either mode (``--joint`` too), each experiment's rows against
+DIALS's rows of the same ``id``.  A spot is shared when DIALS's observed centroid lies within ``--radius`` px (default 1.5) of nbtorch's
 observed one (each DIALS spot used once, nearest first).  Prints, per still and over all, for the shared spots and
 for each program's own spots, the number and the rms distance (px) between observed and predicted positions.  Both
 programs and ``nbtorch.io.dials.read_refl`` take pixel ``i`` to cover ``[i, i + 1)``.
@@ -87,6 +89,12 @@ def _table(name_rows, radius: float) -> list[str]:
 
 def _results(target: Path, experiment: int | None) -> list[tuple[str, dict, int | None]]:
     """``(name, result document, experiment)`` of a result file or of every still of an independent-mode folder."""
+    if target.suffix == ".refl":  # nbtorch's refined.refl: each experiment's spots and refined predictions
+        cols = read_refl(target, ("xyzobs.px.value", "xyzcal.px", "id"))
+        ks = [experiment] if experiment is not None else sorted(int(k) for k in np.unique(cols["id"]))
+        return [(f"experiment {k}", {"spots": {"observed": cols["xyzobs.px.value"][cols["id"] == k, :2].tolist(),
+                                               "predicted_final": cols["xyzcal.px"][cols["id"] == k, :2].tolist()}}, k)
+                for k in ks]
     paths = sorted(target.glob("*/result.json")) if target.is_dir() else [target]
     if not paths:
         raise InputError(f"{target}: no */result.json (give a result.json or an independent-mode --out-dir)")
@@ -105,7 +113,7 @@ def _results(target: Path, experiment: int | None) -> list[tuple[str, dict, int 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("refl")
-    ap.add_argument("result", help="an nbtorch result.json, or an independent-mode --out-dir")
+    ap.add_argument("result", help="an nbtorch result.json, an independent-mode --out-dir or its refined.refl")
     ap.add_argument("--id", type=int, default=None, help="the experiment of a result.json (default: its own record)")
     ap.add_argument("--radius", type=float, default=1.5, help="px; DIALS and nbtorch centroids closer are one spot")
     a = ap.parse_args(argv)

@@ -20,7 +20,7 @@ import pytest
 from cli_helpers import simulate
 from nbtorch.dials.geometry import experiment_flags
 from nbtorch.io import write_cbf
-from nbtorch.io.dials import experiment_image, read_expt, write_refl
+from nbtorch.io.dials import experiment_image, read_expt, read_refl, write_refl
 from nbtorch.io.hdf5 import write_h5
 from refine.inputs.spots import find_spots
 from refine.many.dials_stills import read_dials_stills
@@ -123,6 +123,11 @@ def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
         assert result["spots"]["n"] == counts[k] and result["status"] in ("converged", "max_steps")
         assert "orient_x" in result["free"] and "cell_a" in result["free"]  # the still defaults
         assert result["input"]["expt_index"] == k and result["input"]["expt"].endswith("many.expt")
+        # refined.refl: the still's matched spots with its result's final predictions, in the .refl's order
+        refl = read_refl(tmp_path / "out" / "refined.refl", ("xyzobs.px.value", "xyzcal.px"), experiment_id=k)
+        spots = result["spots"]
+        want = [(o[0], o[1], p[0], p[1]) for o, p in zip(spots["observed"], spots["predicted_final"]) if p[0] is not None]
+        assert np.allclose(np.c_[refl["xyzobs.px.value"][:, :2], refl["xyzcal.px"][:, :2]], want)
     rows = _summary(tmp_path / "out" / "summary.csv")
     assert [Path(row["image"]).name for row in rows] == ["a.cbf", "b.cbf"]
     assert [Path(row["folder"]).name for row in rows] == ["s0", "s1"]

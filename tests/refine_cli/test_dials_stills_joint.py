@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from nbtorch.io.dials import experiment_image, read_expt
+from nbtorch.errors import InputError
+from nbtorch.io.dials import experiment_image, read_expt, read_refl
 from refine.cli.stills_file import combined_document
 from refine.many.dials_stills import read_dials_stills
 from test_dials_stills import _copy_data, _refused, many_document, stills  # noqa: F401 - stills: the fixture
@@ -52,6 +53,17 @@ def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path):
     doc = json.loads((tmp_path / "out" / "refined.expt").read_text())
     assert len(doc["detector"]) == 1 and len(doc["crystal"]) == 2
     assert "refined experiments:" in r.out
+    # refined.refl: each still's observed spots with the joint model's predictions, DIALS's own prediction left out
+    refl = read_refl(tmp_path / "out" / "refined.refl", ("id", "xyzobs.px.value", "xyzcal.px", "miller_index"))
+    ids = refl["id"]
+    assert set(np.unique(ids)) == {0, 1} and "refined predictions:" in r.out
+    for k in (0, 1):
+        off = refl["xyzcal.px"][ids == k, :2] - refl["xyzobs.px.value"][ids == k, :2]
+        n = joint["images"][k]["spots"]
+        assert len(off) == n["matched_final"]
+        assert np.sqrt((off ** 2).sum(1).mean()) == pytest.approx(n["rms_px_final"], rel=1e-6)
+    with pytest.raises(InputError, match="xyzcal.mm"):
+        read_refl(tmp_path / "out" / "refined.refl", ("xyzcal.mm",))
 
 
 def test_joint_stills_missing_image_refused(refine_cli, stills, tmp_path):
