@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
+
+import h5py
 
 import numpy as np
 import pytest
 
 from nbtorch.io.dials import experiment_image, read_expt
 from refine.cli.stills_file import combined_document
+from refine.many.batch import SUMMARY_COLUMNS
 from refine.many.dials_stills import read_dials_stills
-from test_dials_stills import _copy_data, _refused, many_document, stills  # noqa: F401 - stills: the fixture
+from test_dials_stills import _copy_data, _refl, _refused, _summary, many_document, stills  # noqa: F401 - stills: the fixture
 
 
 def _read_back(path, n: int) -> list:
@@ -52,6 +56,21 @@ def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path):
     doc = json.loads((tmp_path / "out" / "refined.expt").read_text())
     assert len(doc["detector"]) == 1 and len(doc["crystal"]) == 2
     assert "refined experiments:" in r.out
+    # the per-still table, as independent mode writes it: each image's values from joint.json
+    rows = _summary(tmp_path / "out" / "summary.csv")
+    assert list(rows[0]) == list(SUMMARY_COLUMNS) and [Path(row["image"]).name for row in rows] == ["a.cbf", "b.cbf"]
+    for row, im in zip(rows, joint["images"]):
+        assert row["status"] == joint["status"] and float(row["steps"]) == joint["steps"]
+        for key in ("cell_a", "cell_gamma", "misset_x", "misset_z", "scale", "distance"):
+            assert float(row[key]) == pytest.approx(im["params"][key], rel=1e-9), key
+        assert float(row["fit_excess"]) == pytest.approx(im["fit"]["excess"], rel=1e-9)
+        assert float(row["spot_rms_px_final"]) == pytest.approx(im["spots"]["rms_px_final_common"], rel=1e-9)
+        assert int(float(row["spots"])) == im["spots"]["n"]
+    assert float(rows[0]["misset_x"]) != float(rows[1]["misset_x"]) and rows[0]["cell_a"] == rows[1]["cell_a"]
+    with h5py.File(tmp_path / "out" / "summary.h5") as h5:
+        assert h5["scale"][()] == pytest.approx([im["params"]["scale"] for im in joint["images"]], rel=1e-9)
+        assert [s.decode() for s in h5["status"][()]] == [joint["status"]] * 2
+    assert "per-still table:" in r.out
 
 
 def test_joint_stills_missing_image_refused(refine_cli, stills, tmp_path):
@@ -82,3 +101,19 @@ def test_combined_document_keeps_unrefined_and_merges_equal_models():
     assert out["crystal"][out["experiment"][1]["crystal"]]["real_space_a"] == [1.0, 2.0, 3.0]
     assert out["crystal"][out["experiment"][2]["crystal"]] == doc["crystal"][2]
     assert doc["crystal"][1]["real_space_a"] != [1.0, 2.0, 3.0]  # the input left alone
+
+
+def test_joint_stills_of_mixed_space_groups_refused(refine_cli, tmp_path):
+    """Crystals of two space groups in one joint run: one line naming both experiments, exit 2, nothing written
+    (before any image is read); each on its own (no --joint) is not refused for it."""
+    doc = many_document(turns=(0.0, 25.0, 50.0), images=("a.cbf", "b.cbf", "c.cbf"), identifiers=("s0", "s1", "s2"))
+    doc["crystal"][2]["space_group_hall_symbol"] = " P 1"
+    (tmp_path / "mixed.expt").write_text(json.dumps(doc))
+    _refl(tmp_path / "mixed.refl", [np.full((2, 2), 10.0)] * 3)
+    err = _refused(refine_cli, tmp_path, "--expt", "mixed.expt", "--refl", "mixed.refl", "--joint")
+    assert "--expt mixed.expt: experiments 0 (P 4) and 2 (P 1) are in different space groups (2 P 4, 1 P 1); a joint " \
+           "run refines one cell" in err
+    assert [s.space_group for s in read_dials_stills(str(tmp_path / "mixed.expt"), str(tmp_path / "mixed.refl"))] \
+        == ["P 4", "P 4", "P 1"]
+    err = _refused(refine_cli, tmp_path, "--expt", "mixed.expt", "--refl", "mixed.refl")  # independent: the images
+    assert "space groups" not in err and "a.cbf not found" in err
