@@ -111,8 +111,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
     g.add_argument("--screen", action="store_true", help="joint mode for serial data: refine in rounds and drop the "
-                   "images that do not fit (a NaN loss, a fit far worse than the others, no diffraction), each listed "
-                   "with its reason in the summary, joint.json and joint.h5; the run goes on (docs/many-stills.md)")
+                   "images that do not fit, each with its reason (docs/many-stills.md)")
     g.add_argument("--add-to", metavar="JOINT_H5", help="joint mode: add images to a finished --screen run (its "
                    "OUT_DIR/joint.h5), whose images come first in --images, in the same order: they continue from "
                    "their refined values, the new ones are added (implies --screen)")

@@ -16,7 +16,8 @@ A bad image (unreadable, wrong size, no spots, a refinement that diverged or fai
 its reason and the job goes on.  At the end ``OUT_DIR/summary.csv`` and ``OUT_DIR/summary.h5`` list,
 one row per image: the image, ``status`` (the refinement's, or ``error``), the reason, the cell and
 orientation, the scale, the beam centre, the spot rms before and after and the spots matched, the fit excess,
-steps, the final loss and the wall time.  The exit status is 0 when every image refined, 1 when some
+steps, the final loss and the wall time; ``OUT_DIR/summary.html`` shows the distributions of the cells and spot rms
+(:mod:`refine.output.stills_report`).  The exit status is 0 when every image refined, 1 when some
 did not.
 
 An image whose ``result.json`` (or ``error.txt``) is already in its folder is not refined again
@@ -46,6 +47,7 @@ from nbtorch.errors import InputError
 if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from refine.output.stills_report import write_summary_report
 
 __all__ = ["BatchItem", "expand_image_list", "image_stem", "per_image_args", "run_batch", "process_group",
            "restart_count", "SUMMARY_COLUMNS", "write_summary", "joint_summary_rows"]
@@ -360,9 +362,10 @@ def run_batch(args: Options, run_one: Callable[[Options], int],
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)  # every image skipped: no folder made yet
         csv_path, h5_path = write_summary(rows, out_dir)
+        page = write_summary_report(out_dir / "summary.html", rows, f"nbtorch-refine: {len(rows)} images, each on its own")
         say(f"{len(rows) - len(failed) - len(skipped)} of {len(rows)} images refined, {len(failed)} failed"
             + (f", {len(skipped)} skipped" if skipped else "")
-            + f" ({time.monotonic() - t0:.1f} s); summary: {csv_path} and {h5_path}")
+            + f" ({time.monotonic() - t0:.1f} s); summary: {csv_path}, {h5_path} and {page}")
         for r in skipped:
             say(f"  skipped: {r['image']}: {r['reason']}")
         for r in failed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,11 @@ def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
         assert [float(row[k]) for k in ("cell_a", "misset_y", "scale")] == pytest.approx(
             [params[k] for k in ("cell_a", "misset_y", "scale")], rel=1e-9)
     assert [Path(row["folder"]).name for row in rows] == ["s0", "s1"]
+    # summary.html: each cell length refined per still, so its histogram (the tetragonal angles are fixed: none)
+    page = (tmp_path / "out" / "summary.html").read_text()
+    assert re.findall(r'<img alt="histogram of (\w+)" src="data:image/png;base64,', page) == [
+        "cell_a", "cell_b", "cell_c", "spot_rms"]
+    assert "2 of 2 stills refined, 0 failed, 0 skipped" in page and page.count("<tr>") == 3
     before = [read_expt(data / "many.expt", k) for k in range(2)]
     after = [read_expt(tmp_path / "out" / "refined.expt", k) for k in range(2)]  # both experiments, each refined
     assert after[0].n_experiments() == 2 and [e.identifier for e in after] == ["s0", "s1"]

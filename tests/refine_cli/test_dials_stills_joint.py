@@ -32,7 +32,7 @@ def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path):
     data = _copy_data(stills)
     counts = [s.reflections for s in read_dials_stills(str(data / "many.expt"), str(data / "many.refl"))]
     r = refine_cli("--expt", "data/many.expt", "--refl", "data/many.refl", "--joint", "--out-dir", "out",
-                   "--max-steps", "2", "--no-esds")
+                   "--max-steps", "2", "--no-esds", "--report", "report.html")
     assert r.code == 0, r.err
     assert "2 stills of --expt data/many.expt" in r.out and "refined jointly" in r.out
     # each still fitted as one still from DIALS files is: windows about its spots and a sample of the rest, not the
@@ -71,6 +71,10 @@ def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path):
         assert h5["scale"][()] == pytest.approx([im["params"]["scale"] for im in joint["images"]], rel=1e-9)
         assert [s.decode() for s in h5["status"][()]] == [joint["status"]] * 2
     assert "per-still table:" in r.out
+    # the page: the stills' spot rms as a histogram; the cell is shared (one value), so no histogram of it
+    page = (tmp_path / "report.html").read_text()
+    assert re.findall(r'<img alt="histogram of (\w+)" src="data:image/png;base64,', page) == ["spot_rms"]
+    assert "<h2>Distributions over the images</h2>" in page
 
 
 def test_joint_stills_missing_image_refused(refine_cli, stills, tmp_path):
