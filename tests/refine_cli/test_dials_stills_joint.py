@@ -121,3 +121,26 @@ def test_joint_stills_of_mixed_space_groups_refused(refine_cli, tmp_path):
         == ["P 4", "P 4", "P 1"]
     err = _refused(refine_cli, tmp_path, "--expt", "mixed.expt", "--refl", "mixed.refl")  # independent: the images
     assert "space groups" not in err and "a.cbf not found" in err
+
+
+def test_joint_rows_give_each_image_its_values_and_list_the_skipped():
+    """A joint result's per-image values as summary rows; a run that did not end well gives every row its message;
+    the skipped stills follow with their reasons."""
+    from types import SimpleNamespace
+
+    from refine.many.batch import joint_summary_rows
+    from refine.solver.loop import Status
+
+    result = SimpleNamespace(
+        status=Status.DIVERGED, message="loss rose", steps=7, wall_s=3.5, image_losses=(10.0, 20.0),
+        images=({"cell_a": 50.0, "misset_x": 1.0, "scale": 2.0}, {"cell_a": 50.0, "misset_x": -4.0, "scale": 3.0}),
+        image_fit=({"excess": 1.5}, {"excess": 2.5}),
+        image_spots=({"n": 5, "matched_final": 4, "rms_px_start_common": 1.2, "rms_px_final_common": 0.4}, {}))
+    rows = joint_summary_rows(result, ["a.cbf", "b.h5 frame 3"], [("c.cbf", "experiment 2: image not found")])
+    assert [r["image"] for r in rows] == ["a.cbf", "b.h5 frame 3", "c.cbf"]
+    assert [r["status"] for r in rows] == [Status.DIVERGED.value] * 2 + ["skipped"]
+    assert [r["reason"] for r in rows] == ["loss rose", "loss rose", "experiment 2: image not found"]
+    assert [r["misset_x"] for r in rows[:2]] == [1.0, -4.0] and [r["scale"] for r in rows[:2]] == [2.0, 3.0]
+    assert rows[0]["spot_rms_px_final"] == 0.4 and rows[0]["spots_matched"] == 4.0 and rows[1]["fit_excess"] == 2.5
+    assert np.isnan(rows[1]["spot_rms_px_final"]) and np.isnan(rows[0]["cell_b"]) and rows[1]["loss_final"] == 20.0
+    assert all(np.isnan(rows[2][k]) for k in ("cell_a", "scale", "steps"))
