@@ -160,7 +160,7 @@ def process_device(device: str, local_rank: str | None = None, count: int | None
     count = torch.cuda.device_count() if count is None else count
     index = int(chosen[5:]) if ":" in chosen else 0
     if index >= count:
-        where = f" (local rank {rank})" if chosen != text else ""
+        where = f" (local rank {rank})" if chosen != text and rank is not None else ""
         raise InputError(f"--device {text}: {chosen}{where} is not on this machine, which has {count} GPUs "
                          f"(cuda:0..cuda:{count - 1})" if count else f"--device {text}: this machine has no GPU")
     return chosen

@@ -34,6 +34,7 @@ def test_each_process_its_device(monkeypatch, device, rank, count, expected):
                            "(cuda:0..cuda:1)"),
     ("cuda:0,cuda:3", "1", 2, True, "--device cuda:0,cuda:3: cuda:3 (local rank 1) is not on this machine"),
     ("cuda:4", None, 2, True, "--device cuda:4: cuda:4 is not on this machine, which has 2 GPUs"),
+    ("cuda:3,cuda:0", None, 2, True, "--device cuda:3,cuda:0: cuda:3 is not on this machine"),  # one process: the first
     ("cuda", "0", 1, False, "--device cuda: CUDA is not available on this machine"),
 ])
 def test_a_device_not_there_is_one_line(monkeypatch, device, rank, count, available, message):
