@@ -52,7 +52,7 @@ from refine.fitting.background import parse_background, resolve_auto
 from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
-from refine.many.batch import end_process_group, expand_image_list, per_image_args
+from refine.many.batch import end_process_group, expand_image_list, joint_summary_rows, per_image_args, write_summary
 from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
                                     start_and_priors)
 from refine.cli.single import amplitude_options, prepare
@@ -227,19 +227,19 @@ def _drop_stored(pixels: list) -> None:
             px.path.unlink(missing_ok=True)
 
 
-def run_joint(args: Options, say: Callable[[str], None] = print,
-              stills: tuple[list[str], list[dict]] | None = None) -> int:
+def run_joint(args: Options, say: Callable[[str], None] = print, stills: tuple | None = None) -> int:
     """Check the images against ``--expt``, load this process's images, refine all jointly, write
     ``joint.json``/``joint.h5``; the exit status.  A run refused with an :class:`InputError` leaves no ``--out-dir``
-    it made behind.  ``stills``: the images and per-image fields of the stills of one DIALS file
-    (:func:`refine.cli.stills_file.still_images`), also written as ``OUT_DIR/refined.expt``."""
+    it made behind.  ``stills``: the images, per-image fields and skipped stills of one DIALS file
+    (:func:`refine.cli.stills_file.still_images`), also written as ``OUT_DIR/refined.expt`` and the per-still
+    table ``OUT_DIR/summary.csv``/``summary.h5``."""
     images = expand_image_list(args.many.images) if stills is None else stills[0]
     out_dir = Path(args.many.out_dir or "out/joint")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     made = not out_dir.exists()
     try:
-        code = _run_joint(args, images, out_dir, say, None if stills is None else stills[1])
+        code = _run_joint(args, images, out_dir, say, None if stills is None else stills[1:])
     except InputError:
         if made and Comm().rank == 0:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -259,8 +259,9 @@ def _held_geometry(free: Sequence[str]) -> str:
 
 
 def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None],
-               stills: list[dict] | None = None) -> int:
+               files: tuple | None = None) -> int:
     t0 = time.monotonic()
+    stills, skipped = (None, ()) if files is None else files
     background = resolve_auto(args.fit.background, False, False)  # auto: constant
     if parse_background(background).kind not in ("constant", "planar"):
         raise InputError(f"--background {background}: a joint refinement fits constant or planar "
@@ -313,6 +314,8 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
         result = _with_spots(result, sims, spots, _sweep_boxes(args, indices))
     if Comm().rank == 0:  # the process group refine_joint used
         _write_and_say(args, result, images, out_dir, hkl, sims, say, t0)
+        if stills is not None:
+            _write_stills_table(result, images, stills, skipped, out_dir, say)
     if stills is not None:
         _write_stills_expt(args, result, images, stills, out_dir, sims, spots, say)
     joint = result.joint if isinstance(result, SerialResult) else result
@@ -334,6 +337,19 @@ def _write_stills_expt(args: Options, result, images: list[str], stills: list[di
     path = write_joint_refl(args, out_dir, values, sims, spots, per_image)
     if path is not None:
         say(f"refined predictions: {path}")
+
+
+def _write_stills_table(result, images: list[str], stills: list[dict], skipped, out_dir: Path, say) -> None:
+    """``OUT_DIR/summary.csv``/``summary.h5`` of a joint run of the stills of one DIALS file: a row per still as
+    independent mode writes it (:func:`refine.many.batch.joint_summary_rows`); a screened run's dropped stills and
+    the skipped ones with their reasons."""
+    labels = [image if f.get("frame") is None else f"{image} frame {f['frame']}" for image, f in zip(images, stills)]
+    if isinstance(result, SerialResult):
+        skipped = [*((labels[i], f"dropped in round {d.get('round', 0)}: {d['reason']}")
+                     for i, d in result.dropped.items()), *skipped]
+        result, labels = result.joint, [labels[i] for i in result.used]
+    csv_path, h5_path = write_summary(joint_summary_rows(result, labels, skipped), out_dir)
+    say(f"per-still table: {csv_path} and {h5_path}")
 
 
 def _sweep_boxes(args: Options, indices: list) -> tuple | None:

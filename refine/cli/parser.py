@@ -27,6 +27,7 @@ from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 from refine.cli.options import DEFAULT_DATASET, GEOMETRY_PRIORS, GROUP_TITLES, PROG, Options, options_from_namespace
 from refine.cli.values import csv_names
+from refine.many.distributed import process_device
 from refine.inputs.dials import add_options as add_dials_options
 from refine.fitting.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
 from refine.quality.identifiability import TOO_FEW_SPOTS
@@ -110,8 +111,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    "process holds; the images beyond it are written to --out-dir/pixels/ and read back at each "
                    "evaluation (0: every image; default a quarter of the machine's memory per local process)")
     g.add_argument("--screen", action="store_true", help="joint mode for serial data: refine in rounds and drop the "
-                   "images that do not fit (a NaN loss, a fit far worse than the others, no diffraction), each listed "
-                   "with its reason in the summary, joint.json and joint.h5; the run goes on (docs/many-stills.md)")
+                   "images that do not fit, each with its reason (docs/many-stills.md)")
     g.add_argument("--add-to", metavar="JOINT_H5", help="joint mode: add images to a finished --screen run (its "
                    "OUT_DIR/joint.h5), whose images come first in --images, in the same order: they continue from "
                    "their refined values, the new ones are added (implies --screen)")
@@ -213,7 +213,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                                                   "at the refined point (e.g. distance)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no printing (errors only)")
     g = p.add_argument_group(GROUP_TITLES["compute"])
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda[:N] or cuda:0,cuda:2 (default %(default)s); "
+                                                   "torchrun: each process by local rank")
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="default %(default)s")
     g.add_argument("--kernel-dtype", choices=("float64", "float32"),
                    help="dtype of the simulator's per-pixel kernel only (default: --dtype); float32 with --dtype "
@@ -261,8 +262,11 @@ def _config_tokens(path: str, parser: argparse.ArgumentParser) -> tuple[list[str
 
 
 def parse_args(argv: Sequence[str]) -> Options:
-    """Parse ``argv`` after the options of ``--config`` (the command line wins): the typed :class:`Options`."""
-    return options_from_namespace(parse_namespace(argv), tuple(argv))
+    """Parse ``argv`` after the options of ``--config`` (the command line wins): the typed :class:`Options`, its
+    ``--device`` this process's (:func:`refine.many.distributed.process_device`: under torchrun the GPU of its
+    local rank)."""
+    args = options_from_namespace(parse_namespace(argv), tuple(argv))
+    return args.with_fields(device=process_device(args.compute.device))
 
 
 #: options whose value is nanoBragg flags: ``--model -gauss_aniso_xtal`` (one flag, no space) is that value, not

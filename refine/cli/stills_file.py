@@ -31,7 +31,8 @@ import numpy as np
 from nbtorch.errors import InputError
 from refine.cli.options import Options
 from refine.many.batch import expand_image_list
-from refine.many.dials_stills import many_dials_stills, read_dials_stills, relocate_images, run_dials_stills, still_items
+from refine.many.dials_stills import (check_one_space_group, many_dials_stills, read_dials_stills, relocate_images,
+                                      run_dials_stills, still_items)
 from refine.many.distributed import Comm
 from refine.output.refined_refl import write_refined_refl
 
@@ -61,19 +62,22 @@ def joint_stills(args: Options) -> bool:
                 and many_dials_stills(args.with_fields(joint=False)))
 
 
-def still_images(args: Options, say: Callable[[str], None] = print) -> tuple[list[str], list[dict]]:
-    """``(images, per-image fields)`` of the ``--expt`` stills for :func:`refine.cli.joint.run_joint`: each
+def still_images(args: Options, say: Callable[[str], None] = print
+                 ) -> tuple[list[str], list[dict], list[tuple[str, str]]]:
+    """``(images, per-image fields, skipped)`` of the ``--expt`` stills for :func:`refine.cli.joint.run_joint`: each
     experiment's image (``--images`` in experiment order where given) and ``{"expt_index": k, "frame": ...}``;
     checked before any work (:func:`refine.many.dials_stills.still_items`), a missing image left out with
-    ``--skip-missing`` (said).
+    ``--skip-missing`` (said; ``skipped``: its label and reason, for the summary table).
 
     Raises:
-        InputError: as :mod:`refine.many.dials_stills` (one line naming the input).
+        InputError: as :mod:`refine.many.dials_stills` (one line naming the input); crystals of different space
+        groups (:func:`~refine.many.dials_stills.check_one_space_group`).
     """
     expt, refl = args.dials.expt, args.dials.refl
     stills = read_dials_stills(expt, refl)
     if args.many.images:
         stills = relocate_images(stills, expand_image_list(args.many.images), expt)
+    check_one_space_group(stills, expt)
     items = still_items(stills, expt, args.many.skip_missing, args.image.dataset)
     for item in items:
         if item.skipped is not None:
@@ -83,7 +87,8 @@ def still_images(args: Options, say: Callable[[str], None] = print) -> tuple[lis
         raise InputError(f"--expt {expt}: none of its {len(items)} experiments' images is here (--skip-missing)")
     say(f"nbtorch-refine: {len(kept)} stills of --expt {expt} ({sum(s.reflections for s in stills)} reflections in "
         f"--refl {refl}), refined jointly")
-    return [item.image for item in kept], [dict(item.fields) for item in kept]
+    return ([item.image for item in kept], [dict(item.fields) for item in kept],
+            [(item.row_label, item.skipped) for item in items if item.skipped is not None])
 
 
 def refined_part(args: Options, sim, values: dict) -> dict:

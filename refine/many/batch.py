@@ -15,8 +15,9 @@ image.  Image ``k`` is written to ``OUT_DIR/<stem>/`` (``result.h5``, ``result.j
 A bad image (unreadable, wrong size, no spots, a refinement that diverged or failed) is recorded with
 its reason and the job goes on.  At the end ``OUT_DIR/summary.csv`` and ``OUT_DIR/summary.h5`` list,
 one row per image: the image, ``status`` (the refinement's, or ``error``), the reason, the cell and
-orientation, the beam centre, the spot rms before and after and the spots matched, the fit excess,
-steps, the final loss and the wall time.  The exit status is 0 when every image refined, 1 when some
+orientation, the scale, the beam centre, the spot rms before and after and the spots matched, the fit excess,
+steps, the final loss and the wall time; ``OUT_DIR/summary.html`` shows the distributions of the cells and spot rms
+(:mod:`refine.output.stills_report`).  The exit status is 0 when every image refined, 1 when some
 did not.
 
 An image whose ``result.json`` (or ``error.txt``) is already in its folder is not refined again
@@ -46,9 +47,10 @@ from nbtorch.errors import InputError
 if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from refine.output.stills_report import write_summary_report
 
 __all__ = ["BatchItem", "expand_image_list", "image_stem", "per_image_args", "run_batch", "process_group",
-           "restart_count", "SUMMARY_COLUMNS"]
+           "restart_count", "SUMMARY_COLUMNS", "write_summary", "joint_summary_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ _COMPRESSION = (".bz2", ".gz", ".xz")
 _CELL = ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")
 _ORIENTATION = ("misset_x", "misset_y", "misset_z")
 #: columns of summary.csv / summary.h5
-SUMMARY_COLUMNS = ("image", "status", "reason", *_CELL, *_ORIENTATION, "beam_x", "beam_y", "distance",
+SUMMARY_COLUMNS = ("image", "status", "reason", *_CELL, *_ORIENTATION, "scale", "beam_x", "beam_y", "distance",
                    "spots", "spots_matched", "spot_rms_px_start", "spot_rms_px_final", "spot_rms_px_floor",
                    "fit_excess", "steps", "loss_final", "wall_s", "folder")
 _NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in ("image", "status", "reason", "folder"))
@@ -146,11 +148,17 @@ def per_image_args(args: Options, image: str, out_dir: Path, name: str | None = 
         quiet=True, resume=bool(args.output.resume) and Path(checkpoint).is_file(), **named, **fields)
 
 
-def _row(image: str, folder: Path) -> dict:
-    """One summary row from the image's folder (result.json or error.txt)."""
+def _blank_row(image: str, folder: str) -> dict:
+    """A summary row of ``image`` with every number NaN and every text empty."""
     row: dict = {c: "" for c in SUMMARY_COLUMNS}
     row.update({c: float("nan") for c in _NUMERIC})
-    row.update(image=image, folder=str(folder))
+    row.update(image=image, folder=folder)
+    return row
+
+
+def _row(image: str, folder: Path) -> dict:
+    """One summary row from the image's folder (result.json or error.txt)."""
+    row = _blank_row(image, str(folder))
     err = folder / "error.txt"
     res = folder / "result.json"
     if err.is_file() and not (res.is_file() and res.stat().st_mtime > err.stat().st_mtime):
@@ -163,7 +171,7 @@ def _row(image: str, folder: Path) -> dict:
     params = doc.get("params", {})
     row.update(status=doc.get("status", ""), reason="" if doc.get("status") in ("converged", "max_steps")
                else doc.get("message", ""))
-    for key in (*_CELL, *_ORIENTATION, "beam_x", "beam_y", "distance"):
+    for key in (*_CELL, *_ORIENTATION, "scale", "beam_x", "beam_y", "distance"):
         row[key] = _num(params.get(key))
     spots = doc.get("spots") or {}
     row.update(spots=_num(spots.get("n")), spots_matched=_num(spots.get("matched_final")),
@@ -296,10 +304,34 @@ def _summary_row(item: BatchItem, out_dir: Path) -> dict:
     """The summary row of ``item``: from its folder, or ``skipped`` with the reason."""
     if item.skipped is None:
         return _row(item.row_label, out_dir / item.name)
-    row: dict = {c: "" for c in SUMMARY_COLUMNS}
-    row.update({c: float("nan") for c in _NUMERIC})
-    row.update(image=item.row_label, status="skipped", reason=item.skipped, folder="")
+    row = _blank_row(item.row_label, "")
+    row.update(status="skipped", reason=item.skipped)
     return row
+
+
+def joint_summary_rows(result, labels: Sequence[str], skipped: Sequence[tuple[str, str]] = ()) -> list[dict]:
+    """The summary rows of a joint run (``result``: its :class:`~refine.output.results.JointResult`; ``labels``: its
+    images'), each image's refined values, spots and fit, the run's status, steps and wall time (``loss_final``:
+    the image's own loss), then a ``skipped`` row per ``(label, reason)``."""
+    rows = []
+    ok = result.status.value in ("converged", "max_steps")
+    for i, label in enumerate(labels):
+        row, params = _blank_row(label, ""), result.images[i]
+        fit = result.image_fit[i] if result.image_fit else {}
+        spots = result.image_spots[i] if result.image_spots else {}
+        row.update(status=result.status.value, reason="" if ok else result.message)
+        row.update({key: _num(params.get(key)) for key in (*_CELL, *_ORIENTATION, "scale", "beam_x", "beam_y",
+                                                            "distance")})
+        row.update(spots=_num(spots.get("n")), spots_matched=_num(spots.get("matched_final")),
+                   spot_rms_px_start=_num(spots.get("rms_px_start_common")),
+                   spot_rms_px_final=_num(spots.get("rms_px_final_common")), fit_excess=_num(fit.get("excess")),
+                   steps=float(result.steps), loss_final=_num(result.image_losses[i]), wall_s=float(result.wall_s))
+        rows.append(row)
+    for label, reason in skipped:
+        row = _blank_row(label, "")
+        row.update(status="skipped", reason=reason)
+        rows.append(row)
+    return rows
 
 
 def run_batch(args: Options, run_one: Callable[[Options], int],
@@ -330,9 +362,10 @@ def run_batch(args: Options, run_one: Callable[[Options], int],
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)  # every image skipped: no folder made yet
         csv_path, h5_path = write_summary(rows, out_dir)
+        page = write_summary_report(out_dir / "summary.html", rows, f"nbtorch-refine: {len(rows)} images, each on its own")
         say(f"{len(rows) - len(failed) - len(skipped)} of {len(rows)} images refined, {len(failed)} failed"
             + (f", {len(skipped)} skipped" if skipped else "")
-            + f" ({time.monotonic() - t0:.1f} s); summary: {csv_path} and {h5_path}")
+            + f" ({time.monotonic() - t0:.1f} s); summary: {csv_path}, {h5_path} and {page}")
         for r in skipped:
             say(f"  skipped: {r['image']}: {r['reason']}")
         for r in failed:

@@ -17,8 +17,9 @@ independent mode (:func:`refine.many.batch.run_batch`): results in ``OUT_DIR/<id
 Before any work every experiment is checked, and bad input is one line (an :class:`~nbtorch.errors.InputError`,
 exit 2, nothing written): an experiment without a crystal or with a scan, a ``.refl`` id that names no experiment
 (``-1``, DIALS's unindexed reflections, is ignored), an imageset of several images, a frame past the end of its HDF5
-file, and an image that is not there (the first one named, with the count of the others) unless ``skip_missing``:
-then those experiments are skipped, each listed with its reason in the summary (status ``skipped``).
+file, crystals of different space groups in a joint run (:func:`check_one_space_group`), and an image that is not
+there (the first one named, with the count of the others) unless ``skip_missing``: then those experiments are
+skipped, each listed with its reason in the summary (status ``skipped``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # the command's options; this module only reads them
     from refine.cli.options import Options
 
 __all__ = ["DialsStill", "read_dials_stills", "relocate_images", "still_items", "many_dials_stills",
-           "run_dials_stills"]
+           "run_dials_stills", "space_group_name", "check_one_space_group"]
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,15 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 @dataclass(frozen=True)
 class DialsStill:
     """One experiment of a serial ``.expt``: its index (the ``id`` of its reflections), identifier, image file and
-    frame (None: the file's only image), and how many reflections the ``.refl`` gives it."""
+    frame (None: the file's only image), how many reflections the ``.refl`` gives it and its crystal's space group
+    (:func:`space_group_name`)."""
 
     index: int
     identifier: str
     image: str | None
     frame: int | None
     reflections: int
+    space_group: str = ""
 
     @property
     def label(self) -> str:
@@ -117,9 +120,37 @@ def read_dials_stills(expt: str, refl: str) -> list[DialsStill]:
             image, frame = experiment_image(exp)
         except InputError as exc:
             raise InputError(f"--expt {exc}") from None
-        stills.append(DialsStill(k, exp.identifier, image, frame, int(counts[k])))
+        group = space_group_name(exp.crystal.get("space_group_hall_symbol"))
+        stills.append(DialsStill(k, exp.identifier, image, frame, int(counts[k]), group))
     log.info("%s: %d still experiments, %d indexed reflections", expt, n, int(counts.sum()))
     return stills
+
+
+def space_group_name(hall) -> str:
+    """A crystal's space group by its Hermann-Mauguin name (gemmi; its Hall symbol where gemmi cannot say)."""
+    text = str(hall or "P 1").strip()
+    try:
+        import gemmi
+
+        return gemmi.find_spacegroup_by_ops(gemmi.symops_from_hall(text)).hm
+    except (ImportError, RuntimeError, ValueError, TypeError, AttributeError):
+        return text
+
+
+def check_one_space_group(stills: Sequence[DialsStill], expt: str) -> None:
+    """A joint run's stills: every crystal in one space group (a joint run refines one cell in one symmetry).
+
+    Raises:
+        InputError: one line naming the first two experiments whose groups differ and the count of each group.
+    """
+    groups: dict[str, list[int]] = {}
+    for s in stills:
+        groups.setdefault(s.space_group, []).append(s.index)
+    if len(groups) > 1:
+        (g0, i0), (g1, i1) = list(groups.items())[:2]
+        counts = ", ".join(f"{len(v)} {g}" for g, v in groups.items())
+        raise InputError(f"--expt {expt}: experiments {i0[0]} ({g0}) and {i1[0]} ({g1}) are in different space groups "
+                         f"({counts}); a joint run refines one cell: refine them without --joint, or one group a run")
 
 
 def relocate_images(stills: Sequence[DialsStill], images: Sequence[str], expt: str) -> list[DialsStill]:

@@ -7,6 +7,7 @@ of per-image values exactly (each row is non-zero in the one process that holds 
 is that row, bit for bit), runs a check on process 0 only and hands its answer (or its one-line
 :class:`~nbtorch.errors.InputError`) to every process.  A collective that fails because another process died
 raises :class:`~refine.solver.loop.LoopAborted`.  Without torchrun there is one process and nothing is sent.
+:func:`process_device` gives each process its GPU (``--device``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from nbtorch.errors import InputError
 from refine.many.batch import process_group
 from refine.solver.loop import LoopAborted
 
-__all__ = ["Comm", "image_shard", "held_images"]
+__all__ = ["Comm", "image_shard", "held_images", "process_device"]
 
 
 class Comm:
@@ -130,3 +131,36 @@ def held_images(comm: Comm, n: int, local=None, what: str = "local_images") -> l
         raise InputError(f"{what}: image {wrong[0]} is held by {int(counts[wrong[0]])} processes (each image by "
                          f"exactly one; {len(wrong)} images wrong)")
     return held
+
+
+def process_device(device: str, local_rank: str | None = None, count: int | None = None) -> str:
+    """The device of this process from ``--device``: ``cpu``; an explicit ``cuda:N`` as given; ``cuda`` under
+    torchrun (``local_rank``, default ``LOCAL_RANK``) the GPU of the local rank, ``cuda:LOCAL_RANK``, else ``cuda``;
+    a list ``cuda:0,cuda:2`` the entry ``LOCAL_RANK`` mod its length (one process: the first).  ``count``: the
+    GPUs there are (default ``torch.cuda.device_count()``).
+
+    Raises:
+        InputError: one line naming ``--device``: not ``cpu`` or ``cuda[:N]``, no CUDA, or a GPU not there.
+    """
+    text = str(device).strip()
+    entries = [e.strip() for e in text.split(",")]
+    if text == "cpu":
+        return "cpu"
+    bad = [e for e in entries if not (e == "cuda" or (e.startswith("cuda:") and e[5:].isdigit()))]
+    if bad:
+        raise InputError(f"--device {text}: expected cpu, cuda, cuda:N or a list of cuda:N (cuda:0,cuda:2), got {bad[0]!r}")
+    local_rank = os.environ.get("LOCAL_RANK") if local_rank is None else local_rank
+    rank = int(local_rank) if str(local_rank or "").strip().isdigit() else None
+    if len(entries) > 1:
+        chosen = entries[(rank or 0) % len(entries)]
+    else:
+        chosen = f"cuda:{rank}" if text == "cuda" and rank is not None else text
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {text}: CUDA is not available on this machine")
+    count = torch.cuda.device_count() if count is None else count
+    index = int(chosen[5:]) if ":" in chosen else 0
+    if index >= count:
+        where = f" (local rank {rank})" if chosen != text and rank is not None else ""
+        raise InputError(f"--device {text}: {chosen}{where} is not on this machine, which has {count} GPUs "
+                         f"(cuda:0..cuda:{count - 1})" if count else f"--device {text}: this machine has no GPU")
+    return chosen

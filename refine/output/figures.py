@@ -20,7 +20,8 @@ detector images are shown by ADXV and DIALS.
 * :func:`correlation_figure`: the correlation matrix of the free parameters;
 * :func:`spot_profile_figure`: the stacked spot profile (observed, model, difference, and their azimuthal means
   against the radius) of :mod:`refine.quality.misfit`;
-* :func:`background_figure`: the background between spots against resolution, observed and model.
+* :func:`background_figure`: the background between spots against resolution, observed and model;
+* :func:`distribution_figure`: a value's histogram over many stills (their cells, their spot rms).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from nbtorch.errors import InputError
 from nbtorch.io.atomic import atomic_write
 
 __all__ = ["history_figure", "crop_figure", "offsets_figure", "residual_histogram", "correlation_figure",
-           "png_bytes", "save_png", "crop_centres", "require_matplotlib", "spot_profile_figure", "background_figure"]
+           "png_bytes", "save_png", "crop_centres", "require_matplotlib", "spot_profile_figure", "background_figure",
+           "distribution_figure"]
 
 _OBSERVED = "#1a9e1a"   # observed spots
 _PREDICTED = "#e41a1c"  # the refined model's spots
@@ -303,6 +305,26 @@ def correlation_figure(names: Sequence[str], matrix: np.ndarray):
                 ax.text(j, i, f"{c[i, j]:.2f}", ha="center", va="center", fontsize=6,
                         color="white" if abs(c[i, j]) > 0.6 else "black")
     ax.set_title("correlation of the free parameters")
+    return fig
+
+
+def distribution_figure(values: Sequence[float], label: str, title: str):
+    """Histogram of one value over many stills (a cell length, angle or spot rms), the median marked; NaN (a still
+    without the value) left out and counted in the title."""
+    plt = _pyplot()
+    v = np.asarray(values, dtype=float)
+    finite = v[np.isfinite(v)]
+    fig, ax = plt.subplots(figsize=(4.2, 3.0), constrained_layout=True)
+    if finite.size:
+        ax.hist(finite, bins=int(min(40, max(5, round(math.sqrt(finite.size) * 2)))), color="#4c72b0", alpha=0.85)
+        med = float(np.median(finite))
+        ax.axvline(med, color="black", lw=1.0, label=f"median {med:.5g}, std {finite.std():.3g}")
+        ax.legend(fontsize=7)
+    ax.set_xlabel(label)
+    ax.set_ylabel("stills")
+    ax.ticklabel_format(axis="x", useOffset=False)
+    missing = v.size - finite.size
+    ax.set_title(f"{title}: {finite.size} stills" + (f" ({missing} without)" if missing else ""), fontsize=9)
     return fig
 
 

@@ -5,7 +5,9 @@ FILE``): what the page of a single run (:mod:`refine.output.html_report`) says, 
 * the shared values (start, refined, esd);
 * one row per image: its rotation start (``phi0``), scale, background, final loss, fit excess, observed spots,
   matched spots and their rms offset at the start and at the end (:mod:`refine.many.image_reports`);
-* a figure of the per-image spot rms (start, end) and fit excess (matplotlib, embedded as a PNG data URI).
+* a figure of the per-image spot rms (start, end) and fit excess (matplotlib, embedded as a PNG data URI);
+* the histograms of the images' cells, where they differ (a cell per image), and of their final spot rms
+  (:func:`refine.output.stills_report.distribution_sections`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Sequence
 from nbtorch.io.atomic import atomic_write
 from refine.output import figures
 from refine.output.results import JointResult
+from refine.output.stills_report import DISTRIBUTIONS, distribution_sections
 
 __all__ = ["render_joint_report", "write_joint_report"]
 
@@ -36,6 +39,10 @@ img { max-width: 100%; height: auto; }
 
 def _num(value, fmt: str = ".4g") -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
+
+
+def _float(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -107,6 +114,11 @@ def render_joint_report(result: JointResult, image_names: Sequence[str], title: 
     parts.append("<h2>Images</h2>" + _table(
         ["image", "phi0 (deg)", "scale", "background", "loss", "fit excess", "spots", "matched", "rms start (px)",
          "rms final (px)"], _image_rows(result, image_names)) + _figure(result))
+    columns = {n: [p.get(n, math.nan) for p in result.images] for n in DISTRIBUTIONS if n.startswith("cell_")}
+    columns["spot_rms"] = [_float(s.get("rms_px_final_common")) for s in result.image_spots or ()]
+    figures_html = distribution_sections(columns)
+    if figures_html:
+        parts.append("<h2>Distributions over the images</h2>" + figures_html)
     return "".join(parts) + "</body></html>"
 
 

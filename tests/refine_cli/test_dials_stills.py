@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -130,7 +131,16 @@ def test_two_stills_refined_each_on_its_own(refine_cli, stills, tmp_path):
         assert np.allclose(np.c_[refl["xyzobs.px.value"][:, :2], refl["xyzcal.px"][:, :2]], want)
     rows = _summary(tmp_path / "out" / "summary.csv")
     assert [Path(row["image"]).name for row in rows] == ["a.cbf", "b.cbf"]
+    for row, ident in zip(rows, ("s0", "s1")):  # each still's cell, orientation and scale from its result
+        params = r.json(f"out/{ident}/result.json")["params"]
+        assert [float(row[k]) for k in ("cell_a", "misset_y", "scale")] == pytest.approx(
+            [params[k] for k in ("cell_a", "misset_y", "scale")], rel=1e-9)
     assert [Path(row["folder"]).name for row in rows] == ["s0", "s1"]
+    # summary.html: each cell length refined per still, so its histogram (the tetragonal angles are fixed: none)
+    page = (tmp_path / "out" / "summary.html").read_text()
+    assert re.findall(r'<img alt="histogram of (\w+)" src="data:image/png;base64,', page) == [
+        "cell_a", "cell_b", "cell_c", "spot_rms"]
+    assert "2 of 2 stills refined, 0 failed, 0 skipped" in page and page.count("<tr>") == 3
     before = [read_expt(data / "many.expt", k) for k in range(2)]
     after = [read_expt(tmp_path / "out" / "refined.expt", k) for k in range(2)]  # both experiments, each refined
     assert after[0].n_experiments() == 2 and [e.identifier for e in after] == ["s0", "s1"]
@@ -196,3 +206,36 @@ def test_bad_serial_input_one_line(refine_cli, tmp_path):
     assert "--expt set.expt: experiment 0: its imageset names 2 images; one image per still experiment is read" in err
     err = _refused(refine_cli, tmp_path, "--expt", "many.expt", "--refl", "ok.refl", "--images", "a.cbf")
     assert "--images: 1 images for the 2 experiments of --expt many.expt" in err
+
+
+def test_dtpb_file_frames_of_one_nexus_master(refine_cli, tmp_path):
+    """The DtpB file (dials/data-files, 16 stills, each a frame of one NeXus master named by ``single_file_indices``;
+    its .refl is not in the mirror, so the reflections are written here, experiment k given k + 1 rows and one
+    unindexed row): counted by id; the master is not here: one line naming it, exit 2, nothing written, and
+    --skip-missing lists all 16; with a master of 2 frames in its place, frame 11000 is past its end: one line."""
+    expt = DATA / "dtpb_ssx_well39_integrated.expt"
+    ids = np.r_[np.repeat(np.arange(16), np.arange(1, 17)), -1]
+    _refl(tmp_path / "dtpb.refl", [np.full((len(ids), 2), 10.0)], ids=ids)
+    stills = read_dials_stills(str(expt), str(tmp_path / "dtpb.refl"))
+    assert [s.reflections for s in stills] == list(range(1, 17))
+    master = "/dls/mx/data/nt30330/nt30330-15/VMXi-AB1698/well_39/images/image_58763.nxs"
+    assert {s.image for s in stills} == {master}
+    assert [s.frame for s in stills][:4] == [11000, 11083, 11100, 11101] and stills[-1].frame == 11799
+    assert stills[0].identifier == "04e940a5-9acc-d01c-b8af-513311866860"
+    err = _refused(refine_cli, tmp_path, "--expt", expt, "--refl", "dtpb.refl")
+    assert f"experiment 0 (04e940a5-9acc-d01c-b8af-513311866860): image {master} not found (and 15 more of the 16 " \
+           "experiments)" in err
+    doc = json.loads(expt.read_text())
+    img = np.full((96, 96), 2, dtype=np.int32)
+    write_h5(tmp_path / "image_58763.nxs", np.stack([img, img]).astype(np.float32), geometry={"pixel_size_mm": PIXEL})
+    for iset in doc["imageset"]:
+        iset["images"] = ["image_58763.nxs"]
+    (tmp_path / "here.expt").write_text(json.dumps(doc))
+    err = _refused(refine_cli, tmp_path, "--expt", "here.expt", "--refl", "dtpb.refl")
+    assert f"--expt here.expt: experiment 0: frame 11000 of {tmp_path / 'image_58763.nxs'} does not exist (its " \
+           "/entry/data/data holds 2 frames)" in err
+    r = refine_cli("--expt", expt, "--refl", "dtpb.refl", "--out-dir", "out", "--skip-missing")
+    assert r.code == 1 and "0 of 16 images refined, 0 failed, 16 skipped" in r.out, r.err
+    rows = _summary(tmp_path / "out" / "summary.csv")
+    assert [row["image"] for row in rows] == [f"{master} frame {s.frame}" for s in stills]
+    assert {row["status"] for row in rows} == {"skipped"} and rows[15]["reason"] == "experiment 15: image not found"
