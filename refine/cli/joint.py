@@ -52,6 +52,7 @@ from refine.fitting.background import parse_background, resolve_auto
 from refine.cli.options import Options
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
+from refine.output.amplitude_mtz import amplitude_notes, write_amplitude_mtz
 from refine.many.batch import end_process_group, expand_image_list, joint_summary_rows, per_image_args, write_summary
 from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
                                     start_and_priors)
@@ -90,7 +91,8 @@ def image_args(args: Options, image: str, out_dir: Path, index: int | dict | Non
     still = index if isinstance(index, dict) else {}
     return per_image_args(args, image, out_dir).with_fields(
         quiet=args.output.quiet, resume=False, structure_factors=False, space_group=None, f_restraint=None,
-        hkl_out=None, expt_image=args.dials.expt_image if index is None or still else index, **still)
+        hkl_out=None, mtz_out=None, anomalous=False, anomalous_restraint=None,
+        expt_image=args.dials.expt_image if index is None or still else index, **still)
 
 
 class _SayOnce:
@@ -163,11 +165,13 @@ def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
         seen[key] = i
 
 
-def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path | None) -> Path:
+def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path | None,
+                     mtz: Path | None = None) -> Path:
     """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
     not an input (nor is the ``hkl`` output), and present with ``--resume``; process 0 makes ``OUT_DIR``."""
     path = Path(args.output.checkpoint) if args.output.checkpoint else out_dir / "joint.ckpt.h5"
-    outputs = [("--checkpoint", str(path))] + ([("--hkl-out", str(hkl))] if hkl is not None else [])
+    outputs = [("--checkpoint", str(path))] + [(f, str(p)) for f, p in (("--hkl-out", hkl), ("--mtz-out", mtz))
+                                                 if p is not None]
 
     def check() -> None:
         check_not_inputs([("--images", image) for image in images], outputs)
@@ -282,6 +286,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     if amplitudes is not None:  # before any image is prepared
         check_options(amplitudes, shared, per_image)
     hkl = None if amplitudes is None else Path(args.output.hkl_out) if args.output.hkl_out else out_dir / "joint.hkl"
+    mtz = Path(args.output.mtz_out) if amplitudes is not None and args.output.mtz_out else None
     if args.many.add_to is not None and Path(args.many.add_to).resolve() == (out_dir / "joint.h5").resolve():
         raise InputError(f"--add-to {args.many.add_to}: is this run's own output (--out-dir {out_dir}), which "
                          "it would replace; give the new run another --out-dir")
@@ -289,7 +294,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     shared_names = space.expand(tuple(x for x in shared if x != "structure_factors"))
     previous = None if args.many.add_to is None else previous_run(
         args.many.add_to, images, shared_names, space.expand(per_image), symmetry)
-    checkpoint = _checkpoint_path(args, images, out_dir, hkl)
+    checkpoint = _checkpoint_path(args, images, out_dir, hkl, mtz)
     args, priors = start_and_priors(args, images[0], indices[0], symmetry, shared_names, say)
     say(f"nbtorch-refine: joint refinement of {n} images, {len(image_shard(n))} in this "
         f"process; shared: {', '.join(shared)} (decided by all images); per image: {', '.join(per_image)}; "
@@ -313,7 +318,7 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     if args.pixels.spots or args.dials.refl:  # every process measures its own images
         result = _with_spots(result, sims, spots, _sweep_boxes(args, indices))
     if Comm().rank == 0:  # the process group refine_joint used
-        _write_and_say(args, result, images, out_dir, hkl, sims, say, t0)
+        _write_and_say(args, result, images, out_dir, (hkl, mtz), sims, say, t0)
         if stills is not None:
             _write_stills_table(result, images, stills, skipped, out_dir, say)
     if stills is not None:
@@ -386,8 +391,8 @@ def _image_line(image: str, params: dict, fit: dict | None, spots: dict | None) 
     return ", ".join(parts)
 
 
-def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl: Path | None, sims: list, say,
-                   t0: float) -> None:
+def _write_and_say(args: Options, result, images: list[str], out_dir: Path, amplitude_files: tuple, sims: list,
+                   say, t0: float) -> None:
     """Process 0: ``joint.json``, ``joint.h5`` (and the amplitudes, ``--expt-out``, ``--report``), then the summary
     (of a serial run: also the images dropped, with their reasons)."""
     serial, all_images = (result if isinstance(result, SerialResult) else None), images
@@ -398,9 +403,13 @@ def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl:
     else:
         written = [str(save_json(result, out_dir / "joint.json")), str(save_h5(result, out_dir / "joint.h5"))]
         sim0 = sims[0]
+    hkl, mtz = amplitude_files
     if hkl is not None:
         write_hkl(hkl, result.hkl_table())
         written.append(str(hkl))
+    if mtz is not None:
+        write_amplitude_mtz(mtz, result)
+        written.append(str(mtz))
     if args.dials.expt_out and sim0 is not None:
         write_expt_out(image_args(args, images[0], out_dir, None), sim0, result.images[0])
         written.append(args.dials.expt_out)
@@ -414,4 +423,6 @@ def _write_and_say(args: Options, result, images: list[str], out_dir: Path, hkl:
     for line in dropped_lines(serial, all_images) if serial is not None else ():
         say(line)
     say(result.summary())
+    for line in amplitude_notes(result.structure_factors or {}, args.output.no_esds, None if mtz is None else str(mtz)):
+        say(line)
     say(f"{time.monotonic() - t0:.1f} s; results: {', '.join(written)}")

@@ -143,6 +143,8 @@ class AmplitudeFlags:
     f_start: str = "auto"
     f_min_photons: float = DEFAULT_MIN_PHOTONS
     f_restraint: float | None = None
+    anomalous: bool = False
+    anomalous_restraint: float | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ class OutputOptions:
     out: str = "result.h5"
     json: str | None = None
     hkl_out: str | None = None
+    mtz_out: str | None = None
     report: str | None = None
     logdir: str | None = None
     tb_every: int = 10

@@ -157,6 +157,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="Bragg photons a reflection needs on the fitted pixels to be refined (default %(default)s)")
     g.add_argument("--f-restraint", type=float, metavar="SIGMA",
                    help="restrain each amplitude towards its resolution bin's mean, relative width SIGMA (e.g. 0.5)")
+    g.add_argument("--anomalous", action="store_true",
+                   help="refine F(+) and F(-) of each acentric reflection apart (Friedel mates not tied; refused in a "
+                        "centrosymmetric space group or when no reflection has both mates in the data)")
+    g.add_argument("--anomalous-restraint", type=float, metavar="SIGMA",
+                   help="with --anomalous: restrain each pair's F(+) - F(-), relative width SIGMA of their mean")
     g = p.add_argument_group(GROUP_TITLES["optimiser"])
     g.add_argument("--optimizer", default="lbfgs", choices=("lbfgs", "adam"), help="step rule (default %(default)s)")
     g.add_argument("--lr", type=float, help="step length (LBFGS, default 1) or learning rate (Adam, default 0.1)")
@@ -200,6 +205,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--json", help="result JSON file (default: --out with .json)")
     g.add_argument("--hkl-out", help="with --structure-factors: the refined amplitudes as a nanoBragg -hkl file, "
                                      "every equivalent written (default: --out with .hkl)")
+    g.add_argument("--mtz-out", help="with --structure-factors: the refined amplitudes as an MTZ file (H K L, F, SIGF, "
+                                     "NOBS; with --anomalous also F(+), SIGF(+), F(-), SIGF(-), DANO, SIGDANO); "
+                                     "default none")
     g.add_argument("--report", help="self-contained HTML report of the run (parameter table, loss and parameters per "
                                     "step, image crops with spots, spot offsets, residuals, correlations)")
     g.add_argument("--logdir", help="TensorBoard log directory (default: no logs)")

@@ -39,6 +39,7 @@ from refine.fitting.background import resolve_auto
 from refine.fitting.parameters import ParameterSpace, check_widths
 from refine.inputs.pixels import choose_pixels, model_values, starting_scale_background
 from refine.inputs.panels import refl_panel_spots, write_panels_expt
+from refine.output.amplitude_mtz import amplitude_notes
 from refine.output.report import ESD_NOTE, floor_line, misfit_lines, results_table, write_outputs
 from refine.solver.plan import background_model
 from refine.solver.runner import refine
@@ -207,7 +208,8 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
     if note is not None:  # a measured image: the cell rests on a distance nothing refined
         inputs.extra["cell_distance"] = note
     write_outputs(result, args.output.out, checked.json_path, inputs.extra,
-                  hkl_path=checked.outputs.get("--hkl-out") if result.amplitudes is not None else None)
+                  hkl_path=checked.outputs.get("--hkl-out") if result.amplitudes is not None else None,
+                  mtz_path=checked.outputs.get("--mtz-out") if result.amplitudes is not None else None)
     if args.output.report:
         from refine.output.html_report import write_report  # matplotlib: only when a report is asked for
 
@@ -239,7 +241,10 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
         sf = result.structure_factors()
         say(f"structure factors: {sf['n_free']} amplitudes refined in {sf['space_group']} (start: {sf['start']}; "
             f"{sf['n_held']} candidates held, fewer than {args.amplitudes.f_min_photons:g} photons); written to "
-            f"{checked.outputs['--hkl-out']}")
+            f"{checked.outputs['--hkl-out']}" + (f" and {checked.outputs['--mtz-out']}" if "--mtz-out" in checked.outputs
+                                                 else ""))
+        for line in amplitude_notes(sf, args.output.no_esds, checked.outputs.get("--mtz-out")):
+            say(line)
     say(f"wrote {args.output.out} and {checked.json_path}{' and ' + args.output.report if args.output.report else ''} "
         f"({time.monotonic() - t0:.1f} s in all)")
     if args.output.logdir:

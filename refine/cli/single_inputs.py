@@ -23,7 +23,7 @@ from refine.cli.values import bounds_values, build_stages, check_loss, command_i
 from refine.inputs.detector_counts import check_counts, detector_counts, header_counts
 from refine.inputs.images import load_image
 from refine.inputs.dials import check_dials_options, experiment_space_group, experiment_symmetry, model_tokens
-from refine.fitting.space_groups import crystal_system
+from refine.fitting.space_groups import check_subgroup, crystal_system
 from refine.inputs.start_model import model_config
 from refine.fitting.background import AUTO, parse_background
 from refine.inputs.pixels import check_pixel_options
@@ -131,6 +131,8 @@ def check_arguments(args: Options) -> Checked:
     amplitudes = amplitude_options(args)
     if amplitudes is not None:
         outputs["--hkl-out"] = args.output.hkl_out or str(Path(args.output.out).with_suffix(".hkl"))
+        if args.output.mtz_out:
+            outputs["--mtz-out"] = args.output.mtz_out
     make_dirs = check_outputs({**outputs, "--logdir": args.output.logdir}, folders=("--logdir",), make_missing=True)
     check_not_inputs(command_inputs(args), outputs.items())  # before anything is read
     if args.output.resume and not Path(ckpt_path).is_file():
@@ -151,9 +153,14 @@ def amplitude_group(args: Options) -> str | None:
 
 
 def amplitude_options(args: Options) -> AmplitudeOptions | None:
-    """``--structure-factors`` and its options (None without it); the space group from :func:`amplitude_group`."""
+    """``--structure-factors`` and its options (None without it); the space group from :func:`amplitude_group`,
+    checked against the ``--expt`` crystal's (:func:`check_subgroup`); ``--mtz-out``'s folder must exist."""
     named = [f for f, v in (("--space-group", args.amplitudes.space_group), ("--f-restraint", args.amplitudes.f_restraint),
-                            ("--hkl-out", args.output.hkl_out)) if v is not None]
+                            ("--hkl-out", args.output.hkl_out), ("--mtz-out", args.output.mtz_out),
+                            ("--anomalous", args.amplitudes.anomalous or None),
+                            ("--anomalous-restraint", args.amplitudes.anomalous_restraint)) if v is not None]
+    if args.amplitudes.anomalous_restraint is not None and not args.amplitudes.anomalous:
+        raise InputError("--anomalous-restraint: only with --anomalous")
     if not args.amplitudes.structure_factors:
         if named:
             raise InputError(f"{named[0]}: only with --structure-factors")
@@ -163,8 +170,23 @@ def amplitude_options(args: Options) -> AmplitudeOptions | None:
         raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
                          "equivalent reflections share one amplitude")
     check_space_group(group)
+    experiment = experiment_space_group(args)
+    if experiment is not None and group != experiment:
+        check_subgroup(group, "--space-group" if args.amplitudes.space_group else "--symmetry", experiment)
+    _check_mtz_out(args.output.mtz_out)
     return AmplitudeOptions(group, start=args.amplitudes.f_start, min_photons=args.amplitudes.f_min_photons,
-                            restraint_sigma=args.amplitudes.f_restraint)
+                            restraint_sigma=args.amplitudes.f_restraint, anomalous=args.amplitudes.anomalous,
+                            anomalous_sigma=args.amplitudes.anomalous_restraint)
+
+
+def _check_mtz_out(path: str | None) -> None:
+    """``--mtz-out`` in an existing folder, not a folder itself (nothing is made for it)."""
+    if path is None:
+        return
+    if Path(path).is_dir() or not Path(path).name:
+        raise InputError(f"--mtz-out {path}: is a directory; give a file name such as amplitudes.mtz")
+    if not Path(path).absolute().parent.is_dir():
+        raise InputError(f"--mtz-out {path}: folder {Path(path).parent} does not exist")
 
 
 def _load_problem(args: Options, checked: Checked, say) -> Inputs:

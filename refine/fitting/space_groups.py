@@ -42,3 +42,18 @@ def crystal_system(name: str | None) -> str | None:
     raise InputError(f"--symmetry: unknown crystal system or space group {name!r}; "
                      f"crystal systems: {', '.join(SYMMETRIES)}")
 
+
+
+def check_subgroup(given: str, flag: str, experiment: str) -> None:
+    """Refuse, in one line, the amplitudes' space group ``given`` (by ``flag``) where it is neither the experiment's
+    space group ``experiment`` nor one of its subgroups (an operation of ``given`` that ``experiment`` lacks would
+    tie reflections that the indexed crystal does not relate).  Both are symbols gemmi knows."""
+    import gemmi  # noqa: PLC0415 - the caller has checked both symbols with gemmi
+
+    def triplets(name: str) -> set[str]:
+        return {op.triplet() for op in gemmi.SpaceGroup(name).operations()}
+
+    extra = triplets(given) - triplets(experiment)
+    if extra:
+        raise InputError(f"{flag} {given}: contradicts the --expt crystal's space group {experiment} (its operation "
+                         f"{sorted(extra)[0]} is not one of the experiment's); give {experiment} or one of its subgroups")

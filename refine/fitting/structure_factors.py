@@ -32,6 +32,11 @@ Restraint (optional, ``sigma`` relative): towards the mean amplitude of the refl
 bin (as diffBragg's), ``0.5 sum_r ((F_r - <F>_bin) / (sigma <F>_bin))^2`` with ``<F>_bin`` the current
 mean of the free amplitudes in the bin (bins of equal counts, about 20 reflections each, at most 10),
 so weak or partial reflections cannot run away; it enters the esds through its Gauss-Newton curvature.
+
+Anomalous pairs (``anomalous``): F(+) of ``(h k l)`` with its equivalents ``(h k l) R`` and F(-) with theirs
+``-(h k l) R`` are two amplitudes (F(-) named after ``-(h k l)``); a centric reflection, whose mate is one of its
+equivalents, keeps one.  Their optional restraint (``anomalous_sigma``) is ``0.5 sum ((F+ - F-) / (sigma
+(F+ + F-) / 2))^2`` over the pairs whose two amplitudes are candidates, a term of the same restraint.
 """
 
 from __future__ import annotations
@@ -123,6 +128,8 @@ class AmplitudeTable:
         starts: name -> starting amplitude.
         start_mode: ``file``, ``one`` or ``estimate`` (then :func:`estimate_amplitudes` replaces ``starts``
             when the amplitudes' stage starts).
+        signs: (n,) 0 for an amplitude its Friedel mates follow, +1 for F(+) and -1 for F(-) of an anomalous
+            pair (``hkl`` of F(-): the mate of the asymmetric-unit reflection); None: all 0.
     """
 
     space_group: str
@@ -135,12 +142,26 @@ class AmplitudeTable:
     photons: np.ndarray
     starts: dict = field(default_factory=dict)
     start_mode: str = "one"
+    signs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.signs is None:
+            self.signs = np.zeros(len(self.names), dtype=np.int64)
         flat = self.index.reshape(-1)
         self._where = np.nonzero(flat >= 0)[0]
         self._which = flat[self._where]
         self._cache: dict = {}
+
+    @property
+    def anomalous(self) -> bool:
+        """Whether Friedel mates are refined apart."""
+        return bool(np.any(self.signs != 0))
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """``(i, j)``: the indices of F(+) and F(-) of every anomalous pair whose two amplitudes are candidates."""
+        where = {tuple(int(x) for x in h): i for i, h in enumerate(self.hkl)}
+        return [(i, where[tuple(int(-x) for x in h)]) for i, (h, s) in enumerate(zip(self.hkl, self.signs))
+                if s > 0 and tuple(int(-x) for x in h) in where]
 
     @property
     def hkl_max(self) -> np.ndarray:
@@ -184,7 +205,7 @@ class AmplitudeTable:
 
         rot = rotation_parts(*_gemmi_group(self.space_group))
         rows = [(eq, float(values.get(n, self.starts[n])))
-                for n, key in zip(self.names, self.hkl) for eq in _equivalents(rot, np.asarray(key))]
+                for n, key, sign in zip(self.names, self.hkl, self.signs) for eq in _members(rot, np.asarray(key), sign)]
         hkl = np.array([r[0] for r in rows], dtype=np.int64).reshape(-1, 3)
         return HKLTable(h=hkl[:, 0], k=hkl[:, 1], l=hkl[:, 2], F=np.array([r[1] for r in rows]))
 
@@ -234,8 +255,14 @@ def _equivalents(rot: np.ndarray, hkl: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([eq, -eq]), axis=0)
 
 
+def _members(rot: np.ndarray, hkl: np.ndarray, sign: int) -> np.ndarray:
+    """(m, 3) the reflections one amplitude stands for: with its Friedel mates (``sign`` 0), or only the
+    equivalents ``hkl R`` (one member of an anomalous pair)."""
+    return _equivalents(rot, hkl) if sign == 0 else np.unique(np.einsum("j,mjk->mk", hkl, rot), axis=0)
+
+
 def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, *, start: str = "auto",
-                    min_photons: float = DEFAULT_MIN_PHOTONS):
+                    min_photons: float = DEFAULT_MIN_PHOTONS, anomalous: bool = False):
     """The run's :class:`AmplitudeTable` and the simulator that holds it (module docstring).
 
     Arguments:
@@ -247,6 +274,7 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
             ``one`` or ``estimate`` (the starting table's values here; the estimate is made when the
             amplitudes' stage starts, :func:`estimate_amplitudes`).
         min_photons: Bragg photons a reflection needs on the fitted pixels to be refined.
+        anomalous: F(+) and F(-) refined apart (module docstring).
 
     Returns:
         ``(table, simulator)``: the simulator is ``sim`` with the table (:meth:`Simulator.with_structure_factors`).
@@ -263,7 +291,8 @@ def amplitude_table(sim, values: Mapping[str, float], pixels, space_group: str, 
     restricted, overrides, lo, hi = touched_range(sim, values, pixels)
     grid = start_grid(sim, lo, hi, float(values["default_F"]))
     photons = _photons_per_entry(restricted, overrides, None, grid, lo, float(values.get("scale", 1.0)))
-    table, grid = table_from_photons(group.hm, grid, lo, photons, values, start=start, min_photons=min_photons)
+    table, grid = table_from_photons(group.hm, grid, lo, photons, values, start=start, min_photons=min_photons,
+                                     anomalous=anomalous)
     return table, sim.with_structure_factors(grid, lo)
 
 
@@ -297,8 +326,8 @@ def entry_photons(sim, values: Mapping[str, float], pixels, grid: np.ndarray, lo
 
 
 def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photons: np.ndarray,
-                       values: Mapping[str, float], *, start: str,
-                       min_photons: float) -> tuple[AmplitudeTable, np.ndarray]:
+                       values: Mapping[str, float], *, start: str, min_photons: float,
+                       anomalous: bool = False) -> tuple[AmplitudeTable, np.ndarray]:
     """``(table, grid)``: the candidates (module docstring) of the entries' Bragg ``photons`` over the starting
     ``grid`` (indices from ``lo``; ``values``: the cell and ``default_F``), their starting amplitudes put in the
     grid (a copy) and the systematic absences set to 0."""
@@ -309,43 +338,54 @@ def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photo
     default_F = float(values["default_F"])
     asu = gemmi.ReciprocalAsu(group)
     rot = rotation_parts(gemmi, group)  # once: every reflection's equivalents below
-    groups: dict[tuple[int, int, int], float] = {}
+    groups: dict[tuple, float] = {}  # (asu reflection, sign) -> photons
     for e in np.argwhere(photons > 1e-3 * _CANDIDATE_FRACTION * max(min_photons, 1e-9)):  # summed per reflection
-        key = tuple(int(x) for x in asu.to_asu((e + lo).tolist(), ops)[0])
-        groups[key] = groups.get(key, 0.0) + float(photons[tuple(e)])
+        key, isym = asu.to_asu((e + lo).tolist(), ops)
+        key = tuple(int(x) for x in key)
+        sign = (1 if isym % 2 else -1) if anomalous and not ops.is_reflection_centric(list(key)) else 0
+        groups[key, sign] = groups.get((key, sign), 0.0) + float(photons[tuple(e)])
     index = np.full(grid.shape, -1, dtype=np.int64)
     # systematic absences: 0, never refined
     free = []
-    for key in sorted(groups):
+    for key, sign in sorted(groups):
         if ops.is_systematically_absent(list(key)):
             for eq in _equivalents(rot, np.array(key)):
                 if np.all(eq >= lo) and np.all(eq <= hi):
                     grid[tuple(eq - lo)] = 0.0
-        elif groups[key] >= _CANDIDATE_FRACTION * min_photons and key != (0, 0, 0):  # F(000): the direct beam
-            free.append(key)
+        elif groups[key, sign] >= _CANDIDATE_FRACTION * min_photons and key != (0, 0, 0):  # F(000): the direct beam
+            free.append((key, sign))
+    _check_pairs(free, anomalous, group.hm)
+    hkl = np.array([[s * x if s else x for x in key] for key, s in free], dtype=np.int64).reshape(-1, 3)
     starts = {}
     cell = gemmi.UnitCell(*(float(values[n]) for n in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta",
                                                           "cell_gamma")))
-    entries = [[eq for eq in _equivalents(rot, np.array(key)) if np.all(eq >= lo) and np.all(eq <= hi)]
-               for key in free]
+    entries = [[eq for eq in _members(rot, h, s) if np.all(eq >= lo) and np.all(eq <= hi)]
+               for h, (_, s) in zip(hkl, free)]
     if start == "one" and not default_F > 0:  # one value for all: the table's rms over the free reflections
         listed = [float(grid[tuple(e[0] - lo)]) for e in entries if e]
         default_F = math.sqrt(float(np.mean(np.square(listed)))) if listed else 1.0
-    for i, (key, inside) in enumerate(zip(free, entries)):
+    for i, (key, inside) in enumerate(zip(hkl, entries)):
         f0 = default_F if start == "one" or not inside else float(grid[tuple(inside[0] - lo)])
         f0 = f0 if f0 > 0 else max(default_F, 1.0)  # refined as F0 exp(raw): a start > 0
         for eq in inside:
             index[tuple(eq - lo)] = i
             grid[tuple(eq - lo)] = f0
         starts[amplitude_name(key)] = f0
-    hkl = np.array(free, dtype=np.int64).reshape(-1, 3)
     table = AmplitudeTable(
-        space_group=group.hm, hkl_min=lo, start=grid, index=index, names=tuple(amplitude_name(k) for k in free),
-        hkl=hkl, d_A=np.array([cell.calculate_d(list(k)) for k in free], dtype=np.float64),
-        photons=np.array([groups[k] for k in free], dtype=np.float64), starts=starts, start_mode=start)
+        space_group=group.hm, hkl_min=lo, start=grid, index=index, names=tuple(amplitude_name(k) for k in hkl),
+        hkl=hkl, d_A=np.array([cell.calculate_d(list(k)) for k, _ in free], dtype=np.float64),
+        photons=np.array([groups[k] for k in free], dtype=np.float64), starts=starts, start_mode=start,
+        signs=np.array([s for _, s in free], dtype=np.int64))
     log.info("structure factors: %d candidate amplitudes (%d reflections touched) in %s",
              len(free), len(groups), group.hm)
     return table, grid
+
+
+def _check_pairs(free: list, anomalous: bool, group: str) -> None:
+    """Anomalous pairs need a reflection whose F(+) and F(-) are both candidates: else one error line."""
+    if anomalous and not {k for k, s in free if s > 0} & {k for k, s in free if s < 0}:
+        raise InputError(f"anomalous pairs asked without anomalous data to tell them apart: no acentric reflection "
+                         f"of {group} has both Friedel mates among the {len(free)} candidates")
 
 
 def estimate_amplitudes(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float],
@@ -405,19 +445,29 @@ def _weighted_gradient(objective, table: AmplitudeTable, values: Mapping, F: Ten
 
 
 class AmplitudeRestraint:
-    """``0.5 sum_r ((F_r - <F>_bin(r)) / (sigma <F>_bin(r)))^2`` over the free amplitudes (module docstring).
+    """``0.5 sum_r ((F_r - <F>_bin(r)) / (sigma <F>_bin(r)))^2`` over the free amplitudes, and the anomalous
+    pairs' term (module docstring): ``0.5 |residuals|^2``.
 
     Arguments:
         table: the run's :class:`AmplitudeTable` (its ``d_A`` bins the reflections).
-        sigma: the relative width (e.g. 0.5: an amplitude may differ from its bin's mean by 50 % at one sigma).
+        sigma: the relative width (e.g. 0.5: an amplitude may differ from its bin's mean by 50 % at one sigma);
+            None: no bin term.
         per_bin, max_bins: about ``per_bin`` reflections per resolution bin, at most ``max_bins`` bins.
+        anomalous_sigma: the relative width of ``F+ - F-`` of each pair (of :meth:`AmplitudeTable.pairs`); None: none.
     """
 
-    def __init__(self, table: AmplitudeTable, sigma: float, per_bin: int = 20, max_bins: int = 10) -> None:
-        if not (math.isfinite(sigma) and sigma > 0):
-            raise InputError(f"structure-factor restraint: sigma must be > 0, got {sigma!r}")
+    def __init__(self, table: AmplitudeTable, sigma: float | None, per_bin: int = 20, max_bins: int = 10, *,
+                 anomalous_sigma: float | None = None) -> None:
+        for what, x in (("sigma", sigma), ("anomalous sigma", anomalous_sigma)):
+            if x is not None and not (math.isfinite(x) and x > 0):
+                raise InputError(f"structure-factor restraint: {what} must be > 0, got {x!r}")
+        if sigma is None and anomalous_sigma is None:
+            raise InputError("structure-factor restraint: give sigma, anomalous_sigma or both")
         n = len(table.names)
-        self.table, self.sigma = table, float(sigma)
+        self.table, self.sigma, self.anomalous_sigma = table, sigma, anomalous_sigma
+        pairs = table.pairs() if anomalous_sigma is not None else []
+        self.plus = torch.as_tensor([i for i, _ in pairs], dtype=torch.int64)
+        self.minus = torch.as_tensor([j for _, j in pairs], dtype=torch.int64)
         self.n_bins = max(1, min(int(max_bins), n // max(int(per_bin), 1)))
         bins = np.zeros(n, dtype=np.int64)
         bins[np.argsort(-table.d_A, kind="stable")] = np.arange(n) * self.n_bins // max(n, 1)
@@ -425,11 +475,18 @@ class AmplitudeRestraint:
         self.counts = torch.bincount(self.bins, minlength=self.n_bins).to(torch.float64)
 
     def residuals(self, F: Tensor) -> Tensor:
-        """(n,) ``(F - <F>_bin) / (sigma <F>_bin)`` of the amplitude vector ``F``."""
-        bins = self.bins.to(F.device)
-        sums = F.new_zeros(self.n_bins).index_add(0, bins, F)
-        mean = (sums / self.counts.to(F))[bins]
-        return (F - mean) / (self.sigma * mean)
+        """``(F - <F>_bin) / (sigma <F>_bin)`` (n,) of the amplitude vector ``F``, then each anomalous pair's
+        ``(F+ - F-) / (anomalous_sigma (F+ + F-) / 2)``."""
+        parts = []
+        if self.sigma is not None:
+            bins = self.bins.to(F.device)
+            sums = F.new_zeros(self.n_bins).index_add(0, bins, F)
+            mean = (sums / self.counts.to(F))[bins]
+            parts.append((F - mean) / (self.sigma * mean))
+        if self.anomalous_sigma is not None:
+            fp, fm = F[self.plus.to(F.device)], F[self.minus.to(F.device)]
+            parts.append((fp - fm) / (self.anomalous_sigma * 0.5 * (fp + fm)))
+        return torch.cat(parts)
 
     def __call__(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
         return 0.5 * (self.residuals(self.table.vector(values, dtype, device)) ** 2).sum()
@@ -454,6 +511,8 @@ class AmplitudeOptions:
         min_photons: Bragg photons a reflection needs on the fitted pixels to be refined.
         restraint_sigma: relative width of the restraint towards the resolution-bin mean (None: none).
         iterations: EM updates of the ``estimate`` start.
+        anomalous: F(+) and F(-) refined apart (refused in a centrosymmetric space group).
+        anomalous_sigma: relative width of the restraint of each pair's difference (None: none).
     """
 
     space_group: str
@@ -461,6 +520,8 @@ class AmplitudeOptions:
     min_photons: float = DEFAULT_MIN_PHOTONS
     restraint_sigma: float | None = None
     iterations: int = 5
+    anomalous: bool = False
+    anomalous_sigma: float | None = None
 
     def __post_init__(self) -> None:
         if self.start not in AMPLITUDE_STARTS:
@@ -472,7 +533,21 @@ class AmplitudeOptions:
             raise InputError(f"structure_factors: min_photons must be >= 0, got {self.min_photons!r}")
         if int(self.iterations) != self.iterations or self.iterations < 0:
             raise InputError(f"structure_factors: iterations must be an integer >= 0, got {self.iterations!r}")
+        if self.anomalous_sigma is not None and not self.anomalous:
+            raise InputError("structure_factors: an anomalous restraint needs anomalous pairs (anomalous=True)")
+        if self.anomalous_sigma is not None and not (math.isfinite(self.anomalous_sigma) and self.anomalous_sigma > 0):
+            raise InputError(f"structure_factors: anomalous restraint sigma must be > 0, got {self.anomalous_sigma!r}")
+        if self.anomalous and _gemmi_group(self.space_group)[1].is_centrosymmetric():
+            raise InputError(f"structure_factors: anomalous pairs asked in the centrosymmetric space group "
+                             f"{self.space_group}, where every Friedel mate is a symmetry equivalent")
+
+    def restraint(self, table: AmplitudeTable) -> AmplitudeRestraint | None:
+        """The run's restraint of ``table`` (None without a sigma or without candidates)."""
+        if not table.names or (self.restraint_sigma is None and self.anomalous_sigma is None):
+            return None
+        return AmplitudeRestraint(table, self.restraint_sigma, anomalous_sigma=self.anomalous_sigma)
 
     def describe(self) -> dict:
+        anomalous = {"anomalous": True, "anomalous_sigma": self.anomalous_sigma or 0.0} if self.anomalous else {}
         return {"space_group": self.space_group, "start": self.start, "min_photons": self.min_photons,
-                "restraint_sigma": self.restraint_sigma or 0.0, "iterations": self.iterations}
+                "restraint_sigma": self.restraint_sigma or 0.0, "iterations": self.iterations, **anomalous}

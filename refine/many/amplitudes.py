@@ -51,7 +51,7 @@ from refine.fitting.structure_factors import (AmplitudeOptions, AmplitudeRestrai
                                       check_space_group, check_table_size, em_sums, em_update, entry_photons,
                                       start_grid, table_from_photons, touched_range)
 
-__all__ = ["SharedAmplitudes", "PreparedImage", "shared_amplitudes", "check_options"]
+__all__ = ["SharedAmplitudes", "PreparedImage", "shared_amplitudes", "check_options", "observing_images"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,8 @@ class SharedAmplitudes:
         photons: (A,) Bragg photons of each candidate on all images' fitted pixels at the loop's start.
         free: the refined (visible) names, in the table's order; ``held``: the others.
         restraint: the :class:`~refine.fitting.structure_factors.AmplitudeRestraint`, or None.
+        nobs: (A,) the images on whose fitted pixels each candidate puts at least 1 % of ``min_photons`` Bragg
+            photons at the loop's start; ``nobs_pair``: the same for the candidate or its anomalous partner.
     """
 
     table: AmplitudeTable
@@ -119,6 +121,8 @@ class SharedAmplitudes:
     free: tuple[str, ...]
     held: tuple[str, ...]
     restraint: AmplitudeRestraint | None
+    nobs: np.ndarray | None = None
+    nobs_pair: np.ndarray | None = None
 
     def fingerprint(self) -> dict:
         """What a checkpoint of the run must match (the options, the candidates and their starts)."""
@@ -144,8 +148,10 @@ class SharedAmplitudes:
     def rows(self, values: dict, esds: dict) -> dict:
         """The result's ``structure_factors``: space group, start, counts and one row ``[h, k, l, d_A, F, esd,
         refined]`` per candidate (as a single run's :meth:`refine.output.results.RefinementResult.structure_factors`)."""
+        nobs = {} if self.nobs is None else {"nobs": [int(k) for k in self.nobs],
+                                             "nobs_pair": [int(k) for k in self.nobs_pair]}
         return {**amplitude_rows(self.table, values, esds, self.free), "min_photons": self.options.min_photons,
-                "restraint_sigma": self.options.restraint_sigma, "photons": [float(p) for p in self.photons]}
+                "restraint_sigma": self.options.restraint_sigma, "photons": [float(p) for p in self.photons], **nobs}
 
 
 def check_options(options: AmplitudeOptions, shared: Sequence[str], per_image: Sequence[str]) -> None:
@@ -178,7 +184,7 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
         raise InputError("structure_factors: start 'file' needs an -hkl table in image 0's model")
     photons = _summed_entry_photons(comm, images, n, grid, lo)
     table, grid = table_from_photons(options.space_group, grid, lo, photons, base, start=start,
-                                     min_photons=options.min_photons)
+                                     min_photons=options.min_photons, anomalous=options.anomalous)
     for im in images:
         im.set_amplitudes(im.sim.with_structure_factors(grid, lo), table)
         im.values.update(table.starts)
@@ -189,7 +195,8 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
                  len(table.names), n, options.iterations)
     # visible: what the fitted pixels can see, the photons at the starting amplitudes (an amplitude the data drive
     # to 0 is still seen, and refined)
-    summed = _summed_photons(comm, images, n, table, dict(table.starts))
+    per_image = _image_photons(comm, images, n, table, dict(table.starts))
+    summed = per_image.sum(0)
     free = tuple(nm for nm, p in zip(table.names, summed) if p >= options.min_photons)
     held = tuple(nm for nm in table.names if nm not in set(free))
     values.update({nm: table.starts[nm] for nm in held})  # an estimate from too few photons: the table's value
@@ -197,9 +204,20 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
         im.values.update(values)
     log.info("joint structure factors: %d amplitudes refined, %d held (fewer than %g photons on all images' fitted "
              "pixels together)", len(free), len(held), options.min_photons)
-    restraint = AmplitudeRestraint(table, options.restraint_sigma) \
-        if options.restraint_sigma is not None and table.names else None
-    return SharedAmplitudes(table, options, values, summed, free, held, restraint)
+    restraint = options.restraint(table)
+    nobs, nobs_pair = observing_images(table, per_image, options.min_photons)
+    return SharedAmplitudes(table, options, values, summed, free, held, restraint, nobs, nobs_pair)
+
+
+def observing_images(table: AmplitudeTable, per_image: np.ndarray, min_photons: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(nobs, nobs_pair)`` (A,) of the (n, A) Bragg photons ``per_image``: the images where a candidate puts
+    at least 1 % of ``min_photons`` (more than 0 with ``min_photons`` 0) on the fitted pixels, and where it or
+    its anomalous partner does."""
+    seen = per_image >= 0.01 * min_photons if min_photons > 0 else per_image > 0
+    either = seen.copy()
+    for i, j in table.pairs():
+        either[:, i] = either[:, j] = seen[:, i] | seen[:, j]
+    return seen.sum(0), either.sum(0)
 
 
 def _union_range(comm, images: Sequence[PreparedImage], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,11 +273,11 @@ def _estimate(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTab
     return {nm: float(v) for nm, v in zip(table.names, F)}
 
 
-def _summed_photons(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTable, values: dict) -> np.ndarray:
-    """(A,) Bragg photons of each candidate on all images' fitted pixels at ``values`` (image order)."""
+def _image_photons(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTable, values: dict) -> np.ndarray:
+    """(n, A) Bragg photons of each candidate on each image's fitted pixels at ``values`` (image order)."""
     A = len(table.names)
     local = {}
     for im in images:
         ph = amplitude_photons(im.objective, table, {**im.values, **values})
         local[im.index] = torch.tensor([ph[nm] for nm in table.names], dtype=torch.float64)
-    return comm.gather(local, n, (A,), torch.float64).sum(0).numpy()
+    return comm.gather(local, n, (A,), torch.float64).numpy()

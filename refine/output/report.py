@@ -131,10 +131,11 @@ def _d(d_A: float | None) -> str:
     return "inf" if d_A is None or not math.isfinite(d_A) else f"{d_A:.3g}"
 
 
-def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: str | None = None) -> None:
+def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: str | None = None,
+                  mtz_path: str | None = None) -> None:
     """``result.h5`` and ``result.json`` (atomic; or ``joint.h5`` and ``joint.json`` of a joint result), with
     ``extra`` (input, truth, spots, ...) added to both; with ``hkl_path`` also the refined amplitudes as a
-    nanoBragg ``-hkl`` file."""
+    nanoBragg ``-hkl`` file, with ``mtz_path`` as an MTZ file (:mod:`refine.output.amplitude_mtz`)."""
     doc = result.to_json_dict()
     doc.update(extra)
     text = json.dumps(jsonable(doc), indent=2, allow_nan=False)
@@ -158,6 +159,10 @@ def write_outputs(result, h5_path: str, json_path: str, extra: dict, hkl_path: s
         fh.write(text + "\n")
     if hkl_path is not None:
         write_hkl(hkl_path, result.hkl_table())
+    if mtz_path is not None:
+        from refine.output.amplitude_mtz import write_amplitude_mtz  # noqa: PLC0415 - gemmi: only when asked for
+
+        write_amplitude_mtz(mtz_path, result)
 
 
 def floor_line(s: Mapping[str, Any]) -> str:

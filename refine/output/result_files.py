@@ -151,6 +151,14 @@ def _write_amplitudes(h5, sf: dict) -> None:
     g.create_dataset("refined", data=np.array([bool(r[6]) for r in rows], dtype=bool))
     if "photons" in sf:
         g.create_dataset("photons", data=np.asarray(sf["photons"], dtype=np.float64))
+    if "nobs" in sf:
+        g.create_dataset("nobs", data=np.asarray(sf["nobs"], dtype=np.int64))
+    if "anomalous" in sf:  # the pairs: one dataset per column, NaN where an esd is unknown
+        a = g.create_group("anomalous")
+        table = np.array([[math.nan if x is None else x for x in r] for r in sf["anomalous"]["rows"]],
+                         dtype=np.float64).reshape(-1, len(sf["anomalous"]["columns"]))
+        for c, name in enumerate(sf["anomalous"]["columns"]):
+            a.create_dataset(name, data=table[:, c].astype(np.int64) if name in ("h", "k", "l") else table[:, c])
 
 
 def load_h5(path: str | Path) -> dict[str, Any]:

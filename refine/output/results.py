@@ -20,7 +20,8 @@ a joint result is the single one extended with a list of per-image entries.  The
     correlation     {names, matrix} (joint: of the shared names, amplitudes left out); fisher_condition
     loss_initial, loss_final, steps, evaluations, status, message, wall_s, symmetry, warnings
     structure_factors   with refined amplitudes: space group, start, counts and one row
-                    [h, k, l, d_A, F, esd, refined] per candidate reflection (:func:`amplitude_rows`)
+                    [h, k, l, d_A, F, esd, refined] per candidate reflection (:func:`amplitude_rows`); with
+                    anomalous pairs ``anomalous`` {columns, rows}: [h, k, l, F+, esd+, F-, esd-, dano, sigdano]
     mosaic_domains  with a refined cell and mosaic domains: what twice the domain count would do to the cell
                     (refine.quality.domain_count: domains, check_domains, shift, shift_esd, max_shift_esd, warning)
 
@@ -41,7 +42,8 @@ The HDF5 file holds the same: attributes ``format``, ``status``, ``message``, ``
 ``params``, ``initial_params``, ``esds``, ``refined`` (one scalar dataset per name, attribute ``units``);
 ``correlation`` (P x P, attribute ``names``); ``history/`` (one column per field of the history); group
 ``structure_factors`` (attributes space_group, start, n_free, n_held (and min_photons); datasets ``hkl``,
-``d_A``, ``F``, ``esd`` (NaN where held), ``refined``, and ``photons`` of a joint run); and ``result_json`` (the
+``d_A``, ``F``, ``esd`` (NaN where held), ``refined``, and ``photons``, ``nobs`` of a joint run; subgroup
+``anomalous`` of the pairs, a dataset per column); and ``result_json`` (the
 JSON document).  One image adds ``covariance``, ``history/stage``, ``history/stage_step``,
 ``history/params/<name>`` (every base value, NaN-free) and ``images/observed``, ``images/model``,
 ``images/residuals`` (observed - model), ``images/mask`` and ``diagnostics`` (attributes: the scalars; with a
@@ -64,6 +66,7 @@ import numpy as np
 
 from refine.fitting.parameters import canonical_values
 from refine.fitting.structure_factors import is_amplitude
+from refine.output.amplitude_mtz import anomalous_rows
 from refine.quality.fit_quality import background_image, signal_support
 from refine.solver.loop import Status
 from refine.output.result_files import (common_document, jsonable, load_h5, save_h5, save_json, write_diagnostics,
@@ -101,9 +104,10 @@ def amplitude_rows(table, values: Mapping[str, float], esds: Mapping[str, float]
              esds.get(n) if n in free else None, n in free]
             for n, (h, k, l), d in zip(table.names, table.hkl, table.d_A)]  # noqa: E741
     n_free = sum(1 for n in table.names if n in free)
+    pairs = {"anomalous": anomalous_rows(table, values, esds, free)} if table.anomalous else {}
     return {"space_group": table.space_group, "start": table.start_mode, "n_free": n_free,
             "n_held": len(table.names) - n_free, "columns": ["h", "k", "l", "d_A", "F", "esd", "refined"],
-            "reflections": rows}
+            "reflections": rows, **pairs}
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,7 @@ def _amplitudes(sim: Simulator, values0: dict, valid: Tensor, stages: tuple, nam
     if not any("structure_factors" in s.free for s in stages):
         stages = with_amplitudes(stages)  # and the run's free= (a problem's default) gains the group
     table, sim = amplitude_table(sim, values0, valid, options.space_group, start=options.start,
-                                 min_photons=options.min_photons)
+                                 min_photons=options.min_photons, anomalous=options.anomalous)
     if not table.names:
         log.warning("structure factors: no reflection has %g photons on the fitted pixels; none is refined",
                     options.min_photons)
@@ -284,9 +284,7 @@ def _amplitudes(sim: Simulator, values0: dict, valid: Tensor, stages: tuple, nam
         raise InputError(f"start: {unknown[0]} is not a refinable amplitude of this run (free: the reflections with "
                          f">= {options.min_photons:g} photons on the fitted pixels)")
     values0.update({n: v for n, v in table.starts.items() if n not in values0})  # a given start wins
-    restraint = AmplitudeRestraint(table, options.restraint_sigma) \
-        if options.restraint_sigma is not None and table.names else None
-    return sim, stages, table, restraint
+    return sim, stages, table, options.restraint(table)
 
 
 def _hparams(plan, names, symmetry, loss_name, background, time_budget_s, compile_loss) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from nbtorch.io.hkl import read_hkl
@@ -12,6 +13,7 @@ from nbtorch.io.hkl import read_hkl
 pytest.importorskip("gemmi")
 
 TINY = ("--problem", "orthorhombic_xds", "--size", "40")
+CELL = ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")
 
 
 def test_structure_factors_run_writes_amplitudes(refine_cli):
@@ -64,7 +66,8 @@ def _two_stills(tmp_path) -> tuple[str, ...]:
 
 def test_joint_structure_factors_run_writes_the_shared_table(refine_cli, tmp_path):
     r = refine_cli(*_two_stills(tmp_path), "--symmetry", "P4", "--structure-factors", "--f-min-photons", "30",
-                   "--per-image", "scale,background", "--max-steps", "5", "--out-dir", "joint", "--no-esds")
+                   "--per-image", "scale,background", "--max-steps", "5", "--out-dir", "joint", "--no-esds",
+                   "--mtz-out", "amps.mtz")
     assert r.code == 0, r.err
     doc = json.loads((r.tmp / "joint" / "joint.json").read_text())
     sf = doc["structure_factors"]
@@ -75,6 +78,18 @@ def test_joint_structure_factors_run_writes_the_shared_table(refine_cli, tmp_pat
     table = read_hkl(str(r.tmp / "joint" / "joint.hkl"))
     assert len(table) >= 4 * len(sf["reflections"])  # P4: every equivalent and Friedel mate
     assert "structure factors: " in r.out and "joint.hkl" in r.out
+    # the MTZ: the refined amplitudes, SIGF missing without esds (said), NOBS the stills that see each
+    import gemmi
+
+    mtz = gemmi.read_mtz_file(str(r.tmp / "amps.mtz"))
+    col = dict(zip(mtz.column_labels(), np.array(mtz, copy=False).T))
+    assert mtz.column_labels() == ["H", "K", "L", "F", "SIGF", "NOBS"] and mtz.spacegroup.hm == "P 4"
+    assert list(mtz.cell.parameters) == pytest.approx([doc["params"][n] for n in CELL], rel=1e-6)
+    refined = [(row, nobs) for row, nobs in zip(sf["reflections"], sf["nobs"]) if row[6]]
+    assert len(col["F"]) == len(refined) and np.all(np.isnan(col["SIGF"]))
+    assert col["F"] == pytest.approx([row[4] for row, _ in refined], rel=1e-6)
+    assert list(col["NOBS"]) == [nobs for _, nobs in refined] and set(col["NOBS"]) <= {1, 2} and 2 in col["NOBS"]
+    assert "amps.mtz: SIGF (and SIGDANO) missing" in r.out
 
 
 @pytest.mark.parametrize("extra, message", [
