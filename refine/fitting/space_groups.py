@@ -44,16 +44,21 @@ def crystal_system(name: str | None) -> str | None:
 
 
 
+
 def check_subgroup(given: str, flag: str, experiment: str) -> None:
-    """Refuse, in one line, the amplitudes' space group ``given`` (by ``flag``) where it is neither the experiment's
-    space group ``experiment`` nor one of its subgroups (an operation of ``given`` that ``experiment`` lacks would
-    tie reflections that the indexed crystal does not relate).  Both are symbols gemmi knows."""
+    """Refuse, in one line, the amplitudes' space group ``given`` (by ``flag``) where its point group or lattice
+    centring is not within the experiment's space group ``experiment``'s: it would tie reflections that the indexed
+    crystal does not relate.  Screw axes and glides may differ (an indexing space group often has none: ``P 4 2 2``
+    then ``P41212``).  Both are symbols gemmi knows."""
     import gemmi  # noqa: PLC0415 - the caller has checked both symbols with gemmi
 
-    def triplets(name: str) -> set[str]:
-        return {op.triplet() for op in gemmi.SpaceGroup(name).operations()}
+    def parts(name: str) -> tuple[gemmi.SpaceGroup, set, set]:
+        group = gemmi.SpaceGroup(name)
+        ops = group.operations()
+        return group, {tuple(map(tuple, op.rot)) for op in ops.sym_ops}, {tuple(c) for c in ops.cen_ops}
 
-    extra = triplets(given) - triplets(experiment)
-    if extra:
-        raise InputError(f"{flag} {given}: contradicts the --expt crystal's space group {experiment} (its operation "
-                         f"{sorted(extra)[0]} is not one of the experiment's); give {experiment} or one of its subgroups")
+    (g, rot, cen), (e, rot_e, cen_e) = parts(given), parts(experiment)
+    if not (rot <= rot_e and cen <= cen_e):
+        raise InputError(f"{flag} {given}: contradicts the --expt crystal's space group {experiment} (point group "
+                         f"{g.point_group_hm()}, lattice {g.hm[0]}: not within {e.point_group_hm()}, {e.hm[0]}); give "
+                         f"{experiment} or one of its subgroups")

@@ -27,6 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from nbtorch.io.mtz import write_mtz
+from refine.fitting.structure_factors import amplitude_name
 
 __all__ = ["write_amplitude_mtz", "anomalous_rows", "mtz_columns", "amplitude_notes", "ANOMALOUS_COLUMNS"]
 
@@ -112,11 +113,14 @@ def write_amplitude_mtz(path, result) -> int:
     """Write ``path`` from a single run's or a joint run's result (its amplitudes, esds, space group and refined
     cell; a joint run's ``nobs`` from its ``structure_factors``); the number of reflections written."""
     table = getattr(result, "amplitude_table", None) or result.amplitudes
-    values = getattr(result, "amplitude_values", {})
     images = getattr(result, "images", None)
     params = {**(images[0] if images else {}), **result.params}
-    sf = result.structure_factors if isinstance(getattr(result, "structure_factors", None), dict) else {}
-    hkl, columns = mtz_columns(table, values, result.esds, result.free, sf.get("nobs"), sf.get("nobs_pair"))
+    sf = result.structure_factors() if callable(result.structure_factors) else result.structure_factors
+    # the rows carry each amplitude's value and esd (a joint result keeps the amplitudes' esds only there)
+    values = {amplitude_name(row[:3]): row[4] for row in sf["reflections"]}
+    esds = {amplitude_name(row[:3]): row[5] for row in sf["reflections"] if row[5] is not None}
+    free = [amplitude_name(row[:3]) for row in sf["reflections"] if row[6]]
+    hkl, columns = mtz_columns(table, values, esds, free, sf.get("nobs"), sf.get("nobs_pair"))
     write_mtz(path, hkl, columns, table.space_group, [float(params[n]) for n in _CELL],
               title="nbtorch-refine structure factors")
     return len(hkl)

@@ -14,6 +14,7 @@ from refine.fitting.objective import ImageObjective, make_view
 from refine.fitting.parameters import ParameterMap
 from refine.fitting.structure_factors import (AmplitudeOptions, AmplitudeRestraint, amplitude_hkl, amplitude_table,
                                               table_from_photons)
+from refine.many.amplitudes import observing_images
 from refine.inputs.problems import make_problem
 from refine.solver.plan import make_plan, observed_pixels, starting_values
 from refine.solver.stages import Stage
@@ -132,3 +133,16 @@ def test_refusals():
     table, _ = table_from_photons("P1", np.full((7, 7, 7), 100.0), lo, photons, values, start="one",
                                   min_photons=10.0, anomalous=True)
     assert sorted(table.names) == ["F_-1_-2_-3", "F_1_2_3", "F_2_1_1"] and len(table.pairs()) == 1
+
+
+def test_observing_images_of_each_mate_and_of_the_pair(tetra):
+    """NOBS: the images where an amplitude puts 1 % of min_photons on the fitted pixels; of a pair, where either does."""
+    _, table, _, _ = tetra
+    i, j = table.pairs()[0]
+    photons = np.zeros((3, len(table.names)))
+    photons[0, i] = 5.0  # image 0 sees F(+)
+    photons[1, j] = 0.2  # image 1 sees F(-) (1 % of 10 photons: 0.1)
+    photons[2, i], photons[2, j] = 0.05, 3.0  # image 2: F(+) below the threshold
+    nobs, pair = observing_images(table, photons, 10.0)
+    assert (nobs[i], nobs[j]) == (1, 2) and (pair[i], pair[j]) == (3, 3)
+    assert nobs.sum() == 3 and pair.sum() == 6

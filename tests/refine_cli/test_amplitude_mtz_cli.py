@@ -12,6 +12,8 @@ import pytest
 from cli_helpers import simulate
 from nbtorch.io.cbf import write_cbf
 from nbtorch.io.hkl import HKLTable, write_hkl
+from refine.fitting.space_groups import check_subgroup
+from refine.output.results import load_h5
 
 gemmi = pytest.importorskip("gemmi")
 
@@ -70,9 +72,14 @@ def test_a_space_group_that_contradicts_the_experiment_is_refused(refine_cli, tm
     r = refine_cli(*base, "--space-group", "P222")
     assert r.code == 2 and r.err.count("\n") == 1
     assert "--space-group P222: contradicts the --expt crystal's space group P 4" in r.err
-    r = refine_cli(*base, "--symmetry", "P41")
-    assert r.code == 2 and "--symmetry P41: contradicts" in r.err
+    r = refine_cli(*base, "--symmetry", "P422")
+    assert r.code == 2 and "--symmetry P422: contradicts" in r.err and "point group 422, lattice P: not within 4, P" in r.err
+    r = refine_cli(*base, "--space-group", "I4")
+    assert r.code == 2 and "lattice I: not within 4, P" in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["obs.cbf", "still.expt"]
+    # a subgroup, or screw axes the indexing group lacks, are the experiment's symmetry
+    for given, experiment in (("P1", "P 4"), ("P41", "P 4"), ("P41212", "P 4 2 2"), ("P2", "C 1 2 1")):
+        check_subgroup(given, "--space-group", experiment)
 
 
 def _anomalous_still(folder) -> None:
@@ -115,3 +122,26 @@ def test_anomalous_pairs_recover_the_sign_of_the_difference(refine_cli, tmp_path
     centric = ~np.isfinite(col["DANO"])  # a centric reflection (or half a pair): DANO missing
     assert np.any(centric) and np.all(np.isfinite(col["F"]))
     assert f"anomalous pairs: {len(pairs)} with both F(+) and F(-) refined" in r.out
+    h5 = load_h5(r.tmp / "res.h5")["structure_factors"]["anomalous"]
+    assert h5["dano"] == pytest.approx(dano) and list(h5["h"]) == [row[0] for row in pairs]
+
+
+def test_joint_anomalous_pairs_and_their_observing_stills(refine_cli, tmp_path):
+    from test_structure_factors_cli import _two_stills  # two P4 stills, F 100 for all
+
+    r = refine_cli(*_two_stills(tmp_path), "--symmetry", "P4", "--structure-factors", "--f-min-photons", "30",
+                   "--per-image", "scale,background", "--max-steps", "3", "--out-dir", "joint", "--anomalous",
+                   "--anomalous-restraint", "0.5", "--mtz-out", "amps.mtz")
+    assert r.code == 0, r.err
+    doc = json.loads((r.tmp / "joint" / "joint.json").read_text())
+    sf = doc["structure_factors"]
+    assert sf["anomalous"]["rows"] and sf["restraint_final"] > 0
+    mtz, col = _mtz(r.tmp / "amps.mtz")
+    assert "DANO" in mtz.column_labels() and mtz.spacegroup.hm == "P 4"
+    assert np.all(np.isfinite(col["SIGF"])) and np.all(col["SIGF"] > 0)  # the amplitudes' esds of the joint run
+    assert np.all(np.isfinite(col["SIGDANO"][np.isfinite(col["DANO"])]))
+    rows = {tuple(row[:3]): (nobs, pair) for row, nobs, pair in zip(sf["reflections"], sf["nobs"], sf["nobs_pair"])}
+    for h, k, l, nobs in zip(col["H"], col["K"], col["L"], col["NOBS"]):
+        mates = [rows[m] for m in ((h, k, l), (-h, -k, -l)) if m in rows]
+        assert nobs == max(pair for _, pair in mates) >= max(n for n, _ in mates)
+    assert np.any(col["NOBS"] == 2)
