@@ -161,7 +161,8 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
     r = refine_cli("--images", str(folder / "sweep_*.cbf"), "--expt", str(folder / "truth.expt"), "--refl",
                    str(folder / "sweep.refl"), "--rotation-series", "--model", CRYSTAL, "--start",
                    "cell_a=80.24,cell_c=100.3", "--max-steps", "40", "--no-esds", "--out-dir", "sweep",
-                   "--expt-out", "refined.expt", "--shared", "cell,orientation")  # the truth's geometry held
+                   "--expt-out", "refined.expt", "--shared", "cell,orientation",  # the truth's geometry held
+                   "--mtz-out", "sweep.mtz")
     assert r.code == 0, r.err
     assert "symmetry tetragonal from the experiment's space group" in r.out
     # the shared names are the joint run's, decided by all images, not a single image's default schedule
@@ -187,6 +188,13 @@ def test_sweep_from_dials_files_refines_to_the_truth(refine_cli, sweep):
     assert out.goniometer == read_expt(folder / "truth.expt").goniometer and out.scan["image_range"] == [1, N_IMAGES]
     lengths = [np.linalg.norm(out.crystal[k]) for k in ("real_space_a", "real_space_b", "real_space_c")]
     assert lengths == pytest.approx([shared["cell_a"], shared["cell_b"], shared["cell_c"]], rel=1e-9)
+    import gemmi  # the amplitudes as MTZ: the sweep's space group and refined cell, NOBS the images of each
+
+    mtz = gemmi.read_mtz_file(str(r.tmp / "sweep.mtz"))
+    nobs = np.array(mtz, copy=False)[:, mtz.column_labels().index("NOBS")]
+    assert mtz.spacegroup.hm == "P 4 2 2" and len(nobs) == doc["structure_factors"]["n_free"] > 0
+    assert mtz.cell.a == pytest.approx(shared["cell_a"], rel=1e-6) and mtz.cell.c == pytest.approx(shared["cell_c"], rel=1e-6)
+    assert set(nobs) <= {1, 2, 3} and nobs.max() >= 2  # a reflection spread over the images of its rotation
 
 
 def test_dialss_geometry_is_refined_with_a_prior_from_its_spots(refine_cli, sweep):
