@@ -29,9 +29,10 @@ Process 0 writes ``OUT_DIR/joint.json`` and ``OUT_DIR/joint.h5`` (:mod:`refine.m
 ``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``) every ``--checkpoint-every`` steps; ``--resume`` continues
 from it, and so does a worker that ``torchrun --max-restarts`` restarted (:mod:`refine.many.checkpoint`).
 ``--structure-factors`` (with ``--space-group`` or a space-group ``--symmetry``; ``--f-start``, ``--f-min-photons``,
-``--f-restraint`` as for a single run) refines one amplitude table shared by all images
-(:mod:`refine.many.amplitudes`); process 0 also writes it as a nanoBragg ``-hkl`` file, ``--hkl-out`` (default
-``OUT_DIR/joint.hkl``).
+``--f-restraint``, ``--anomalous``, ``--anomalous-restraint`` as for a single run) refines one amplitude table
+shared by all images (:mod:`refine.many.amplitudes`); process 0 also writes it as a nanoBragg ``-hkl`` file,
+``--hkl-out`` (default ``OUT_DIR/joint.hkl``), and with ``--mtz-out`` as MTZ (:mod:`refine.output.amplitude_mtz`;
+``NOBS`` counts the images).
 ``--screen`` runs the images through :func:`refine.many.serial.refine_serial` (rounds, the images that do not
 fit dropped and listed with their reasons) and ``--add-to`` continues a finished screened run (:mod:`refine.cli.serial`).
 The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
