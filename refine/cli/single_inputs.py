@@ -173,19 +173,22 @@ def amplitude_options(args: Options) -> AmplitudeOptions | None:
     experiment = experiment_space_group(args)
     if experiment is not None and group != experiment:
         check_subgroup(group, "--space-group" if args.amplitudes.space_group else "--symmetry", experiment)
-    _check_mtz_out(args.output.mtz_out)
+    joint = args.many.joint or args.many.rotation_series
+    _check_mtz_out(args.output.mtz_out, Path(args.many.out_dir or "out/joint") if joint else Path(args.output.out).parent)
     return AmplitudeOptions(group, start=args.amplitudes.f_start, min_photons=args.amplitudes.f_min_photons,
                             restraint_sigma=args.amplitudes.f_restraint, anomalous=args.amplitudes.anomalous,
                             anomalous_sigma=args.amplitudes.anomalous_restraint)
 
 
-def _check_mtz_out(path: str | None) -> None:
-    """``--mtz-out`` in an existing folder, not a folder itself (nothing is made for it)."""
+def _check_mtz_out(path: str | None, made: Path) -> None:
+    """``--mtz-out`` in an existing folder or in the folder the run makes for its results (``made``: ``--out``'s,
+    a joint run's ``--out-dir``), not a folder itself; nothing is made for it."""
     if path is None:
         return
     if Path(path).is_dir() or not Path(path).name:
         raise InputError(f"--mtz-out {path}: is a directory; give a file name such as amplitudes.mtz")
-    if not Path(path).absolute().parent.is_dir():
+    folder = Path(path).absolute().parent
+    if not folder.is_dir() and folder != made.absolute():
         raise InputError(f"--mtz-out {path}: folder {Path(path).parent} does not exist")
 
 

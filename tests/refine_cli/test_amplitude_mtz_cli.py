@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import simulate
+from nbtorch.errors import InputError
 from nbtorch.io.cbf import write_cbf
 from nbtorch.io.hkl import HKLTable, write_hkl
 from refine.fitting.space_groups import check_subgroup
@@ -61,6 +62,22 @@ def test_refusals_write_nothing(refine_cli, extra, message):
     assert r.code == 2 and r.err.count("\n") == 1 and "Traceback" not in r.err
     assert message in r.err
     assert sorted(p.name for p in r.tmp.iterdir()) == []
+
+
+def test_the_mtz_may_go_to_the_folder_the_run_makes(tmp_path, monkeypatch):
+    """Its folder exists, or is the one the run makes for its results (--out's, a joint run's --out-dir)."""
+    from refine.cli.parser import parse_args
+    from refine.cli.single import amplitude_options
+
+    monkeypatch.chdir(tmp_path)
+    sf = ["--structure-factors", "--space-group", "P1"]
+    single = ["--problem", "orthorhombic_xds", *sf, "--out", "new/res.h5"]
+    assert amplitude_options(parse_args([*single, "--mtz-out", "new/amps.mtz"])) is not None
+    joint = ["--images", "a.cbf", "b.cbf", "--model", "-cell 30 30 40 90 90 90", "--joint", *sf, "--out-dir", "run"]
+    assert amplitude_options(parse_args([*joint, "--mtz-out", "run/amps.mtz"])) is not None
+    with pytest.raises(InputError, match="--mtz-out other/amps.mtz: folder other does not exist"):
+        amplitude_options(parse_args([*joint, "--mtz-out", "other/amps.mtz"]))
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_a_space_group_that_contradicts_the_experiment_is_refused(refine_cli, tmp_path):
