@@ -154,7 +154,7 @@ def amplitude_group(args: Options) -> str | None:
 
 def amplitude_options(args: Options) -> AmplitudeOptions | None:
     """``--structure-factors`` and its options (None without it); the space group from :func:`amplitude_group`,
-    checked against the ``--expt`` crystal's (:func:`check_subgroup`); ``--mtz-out``'s folder must exist."""
+    checked against the ``--expt`` crystal's (:func:`check_subgroup`); ``--mtz-out``'s folder: :func:`_check_mtz_out`."""
     named = [f for f, v in (("--space-group", args.amplitudes.space_group), ("--f-restraint", args.amplitudes.f_restraint),
                             ("--hkl-out", args.output.hkl_out), ("--mtz-out", args.output.mtz_out),
                             ("--anomalous", args.amplitudes.anomalous or None),
