@@ -74,7 +74,7 @@ CASES = {
     "json overwrites hkl": (["--image", "ok.cbf", "--model", SMALL_MODEL + " -hkl gaps.cbf", "--json", "./gaps.cbf"],
                             "would overwrite the --model -hkl input file"),
     "negative seed": (["--problem", "cubic_mosflm", "--subsample", "0.5", "--seed", "-1"], "--seed: must be >= 0"),
-    "unknown device": (["--problem", "cubic_mosflm", "--device", "tpu"], "--device: expected cpu or cuda[:N], got 'tpu'"),
+    "unknown device": (["--problem", "cubic_mosflm", "--device", "tpu"], "--device tpu: expected cpu, cuda, cuda:N or a list of cuda:N"),
     "impossible start angle": (["--problem", "cubic_mosflm", "--size", "16", "--symmetry", "triclinic",
                                 "--start", "cell_alpha=180"],
                                "start: cell alpha: angle must be between 0 and 180"),
