@@ -2,12 +2,12 @@
 
 One process of two holds k = 4 stills of n = 40 and of n = 4000 (a stand-in for the process group,
 :class:`experiments.process_memory.StandIn`, hands it the other process's rows as copies of its own: the same sizes,
-no second process).  Measured: the bytes it holds (Python objects and numpy arrays by ``tracemalloc``, torch
-tensors reachable from the run by their storages) when the joint loop starts (the problem, its raw start and the arrowhead preconditioner) and after a
-serial run (its result: every image's values, esds and fit).  Each must grow by less than 500 bytes per still of the
-whole set (349 and 350 bytes measured); the build that held every still's starting values, maps and result rows
-as dicts in every process gave 3483 and 4696 bytes and fails it.  The optimizer's vectors (the raw vector and its
-curvature pairs, 8 bytes a per-image name each) are not counted.
+no second process). Measured: the bytes it holds (Python objects and numpy arrays by ``tracemalloc``, torch tensors
+reachable from the run by their storages) when the joint loop starts (the problem, its raw start and the arrowhead
+preconditioner) and after a serial run (its result: every image's values, esds and fit). Each must grow by less than
+500 bytes per still of the whole set (349 and 350 bytes measured); the build that held every still's starting
+values, maps and result rows as dicts in every process gave 3483 and 4696 bytes and fails it. The optimizer's
+vectors (the raw vector and its curvature pairs, 8 bytes a per-image name each) are not counted.
 """
 
 from __future__ import annotations
