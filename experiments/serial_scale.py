@@ -121,8 +121,10 @@ def _run(argv: list[str]) -> int:
     if a.max_dense is not None:
         import refine.many.esds
         import refine.many.joint
+        import refine.many.joint_precondition
 
         refine.many.esds.MAX_DENSE = refine.many.joint.MAX_DENSE = a.max_dense
+        refine.many.joint_precondition.MAX_DENSE = a.max_dense  # the preconditioner's test reads its own name
     if a.max_steps is not None and a.max_steps < 1:
         raise InputError(f"--max-steps: expected an integer >= 1, got {a.max_steps}")
     try:
