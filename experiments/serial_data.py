@@ -10,10 +10,10 @@ number from the ``numpy.random.Generator`` passed in (the same generator state g
   40-count pedestal;
 * ``observed = Poisson(scale x crystal + shot background) + pedestal``.
 
-``keep=`` (the images one process of a torchrun run holds) draws every image as above, so the set is the same
-bits, but stores only the kept images' observed counts (the others' ``observed`` is None): a process's memory is
-its share of the pixels, while its time to draw is that of the whole set (each image's Poisson draw takes a number
-of random values that depends on its model, so an image cannot be skipped).
+Each image draws from its own generator, seeded by one number drawn from ``rng`` and its index, so ``keep=``
+(the images one process of a torchrun run holds) draws only the kept images, the same bits as in the whole set:
+the others are None in :attr:`SerialSet.images` (their kinds are in :attr:`SerialSet.kinds`), so a process's
+memory and time to draw are its share of the set.
 
 The start of a good image is what an indexer gives: the orientation off by ``orientation_error_deg`` about a
 random axis, scale 1, the beam centre, distance, N and the image's mosaic spread known (not refined); the
@@ -57,59 +57,69 @@ MOSAIC_DEG = 0.8
 
 @dataclass(frozen=True)
 class SerialImage:
-    """One still: ``kind`` (``"good"`` or one of :data:`BAD_KINDS`), ``observed`` (slow, fast) counts (None when
-    not kept: :func:`make_serial`'s ``keep``), its
+    """One still: ``kind`` (``"good"`` or one of :data:`BAD_KINDS`), ``observed`` (slow, fast) counts, its
     ``truth`` and ``start`` (base values overriding the simulator's: :meth:`SerialSet.image_starts`)."""
 
     index: int
     kind: str
-    observed: np.ndarray | None = field(repr=False)
+    observed: np.ndarray = field(repr=False)
     truth: dict = field(repr=False)
     start: dict = field(repr=False)
 
 
 @dataclass(frozen=True)
 class SerialSet:
-    """A serial data set: the images, the nanoBragg flags of the common starting model, the crystal system,
-    the shared start (the cell) and the true shared values."""
+    """A serial data set: the images (None where not drawn: :func:`make_serial`'s ``keep``), the nanoBragg flags of
+    the common starting model, the crystal system, the shared start (the cell), the true shared values and every
+    image's kind."""
 
     images: tuple
     args: tuple
     symmetry: str
     shared_start: dict
     shared_truth: dict
+    kinds: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.kinds:
+            object.__setattr__(self, "kinds", tuple(im.kind for im in self.images))
 
     def __len__(self) -> int:
         return len(self.images)
 
     def simulators(self, indices=None) -> list:
-        """One :class:`Simulator` per image (only ``indices``, the others None)."""
+        """One :class:`Simulator` per image (only ``indices``, default the drawn images; the others None)."""
         config = config_from_args(list(self.args))
-        keep = set(range(len(self))) if indices is None else set(indices)
+        keep = {i for i, im in enumerate(self.images) if im is not None} if indices is None else set(indices)
         return [Simulator(config, dtype=torch.float64, compile=False) if i in keep else None
                 for i in range(len(self))]
 
     def observed(self) -> list:
-        return [im.observed for im in self.images]
+        """Each image's counts (None where not drawn)."""
+        return [None if im is None else im.observed for im in self.images]
 
     def image_starts(self) -> list:
-        return [dict(im.start) for im in self.images]
+        """Each image's start (None where not drawn)."""
+        return [None if im is None else dict(im.start) for im in self.images]
 
     def bad(self) -> dict:
         """``{index: kind}`` of the bad images."""
-        return {im.index: im.kind for im in self.images if im.kind != "good"}
+        return {i: kind for i, kind in enumerate(self.kinds) if kind != "good"}
 
     def subset(self, indices) -> "SerialSet":
-        """The images ``indices`` (renumbered from 0, in that order)."""
+        """The images ``indices`` (renumbered from 0, in that order; every one drawn)."""
+        missing = [i for i in indices if self.images[i] is None]
+        if missing:
+            raise InputError(f"subset: image {missing[0]} was not drawn (make_serial's keep)")
         ims = tuple(SerialImage(j, self.images[i].kind, self.images[i].observed, self.images[i].truth,
                                 self.images[i].start) for j, i in enumerate(indices))
         return SerialSet(ims, self.args, self.symmetry, self.shared_start, self.shared_truth)
 
     def write(self, directory: str | Path) -> Path:
         """``directory/manifest.json`` and one ``image_NNNNN.npy`` per image; returns the manifest's path."""
-        missing = [im.index for im in self.images if im.observed is None]
+        missing = [i for i, im in enumerate(self.images) if im is None]
         if missing:
-            raise InputError(f"write: the observed counts of image {missing[0]} were not kept (make_serial's keep)")
+            raise InputError(f"write: image {missing[0]} was not drawn (make_serial's keep)")
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         rows = []
@@ -164,8 +174,9 @@ def _blobs(size: int, rng: np.random.Generator) -> np.ndarray:
 def make_serial(n: int, rng: np.random.Generator, *, size: int = 64, bad_fraction: float = 0.05,
                 scale_spread: float = 0.3, mosaic_spread: float = 0.1, background_spread: float = 0.3,
                 cell_error: float = 0.005, orientation_error_deg: float = 0.2, keep=None) -> SerialSet:
-    """``n`` stills (module docstring), every random number from ``rng``; ``keep``: the indices whose observed
-    counts are stored (default all; the same draws either way)."""
+    """``n`` stills (module docstring): which are bad and each image's seed from ``rng``, image ``i``'s random
+    numbers from ``numpy.random.default_rng([seed, i])``; ``keep``: the indices drawn (default all; the same bits
+    either way)."""
     if int(n) != n or n < 1:
         raise InputError(f"n: expected an integer >= 1, got {n!r}")
     if not 0.0 <= bad_fraction < 1.0:
@@ -177,17 +188,22 @@ def make_serial(n: int, rng: np.random.Generator, *, size: int = 64, bad_fractio
     for j, i in enumerate(rng.choice(n, size=n_bad, replace=False)):
         kinds[int(i)] = BAD_KINDS[j % len(BAD_KINDS)]
     cell = {k: base.truth[k] for k in ("cell_a", "cell_b", "cell_c", "cell_alpha", "cell_beta", "cell_gamma")}
-    kept = set(range(int(n))) if keep is None else {int(i) for i in keep}
-    images = [_one(i, kinds[i], sim, base.truth, cell, rng, size, scale_spread, mosaic_spread, background_spread,
-                   orientation_error_deg, i in kept) for i in range(int(n))]
+    seed = int(rng.integers(2 ** 63))
+    kept = range(int(n)) if keep is None else sorted({int(i) for i in keep})
+    images: list = [None] * int(n)
+    for i in kept:
+        if not 0 <= i < n:
+            raise InputError(f"keep: image {i} is not among the {n} images")
+        images[i] = _one(i, kinds[i], sim, base.truth, cell, np.random.default_rng([seed, i]), size, scale_spread,
+                         mosaic_spread, background_spread, orientation_error_deg)
     start = {k: v * (1.0 + cell_error) if k in ("cell_a", "cell_b", "cell_c") else v for k, v in cell.items()}
-    return SerialSet(tuple(images), tuple(base.args), base.symmetry, start, cell)
+    return SerialSet(tuple(images), tuple(base.args), base.symmetry, start, cell, tuple(kinds))
 
 
 def _one(i: int, kind: str, sim: Simulator, base: dict, cell: dict, rng: np.random.Generator, size: int,
-         scale_spread: float, mosaic_spread: float, background_spread: float, orientation_error_deg: float,
-         keep: bool = True) -> SerialImage:
-    """Image ``i`` of :func:`make_serial` (its observed counts None unless ``keep``; the same draws)."""
+         scale_spread: float, mosaic_spread: float, background_spread: float, orientation_error_deg: float
+         ) -> SerialImage:
+    """Image ``i`` of :func:`make_serial`, every random number from ``rng`` (its own)."""
     misset = rng.uniform([-180.0, -60.0, -180.0], [180.0, 60.0, 180.0])
     truth = {**base, **cell, **dict(zip(("misset_x", "misset_y", "misset_z"), (float(m) for m in misset)))}
     truth["scale"] = float(np.exp(rng.normal(0.0, scale_spread)))
@@ -205,4 +221,4 @@ def _one(i: int, kind: str, sim: Simulator, base: dict, cell: dict, rng: np.rand
     observed = rng.poisson(truth["scale"] * crystal + shot).astype(np.float64) + PEDESTAL
     turn = 25.0 if kind == "failed_start" else orientation_error_deg
     start = {**{k: truth[k] for k in KNOWN}, **_turn(misset, turn, rng), "scale": 1.0}
-    return SerialImage(i, kind, observed if keep else None, {k: float(v) for k, v in truth.items()}, start)
+    return SerialImage(i, kind, observed, {k: float(v) for k, v in truth.items()}, start)

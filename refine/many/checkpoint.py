@@ -17,8 +17,8 @@ Layout (``format = "nbtorch-refine-joint-checkpoint"``, ``version = 1``)::
     state    uint8 bytes of ``torch.save`` of :meth:`JointCheckpoint.to_dict`
 
 The **fingerprint** (:func:`joint_fingerprint`) names the images (a SHA-1 of each image's fitted pixels and
-mask), every image's starting values, the shared and per-image names, symmetry, background, loss, step
-rule and preconditioner.  A resume whose fingerprint differs is refused with one line naming what differs;
+mask), every image's starting values (a SHA-1 of each image's), the shared and per-image names, symmetry,
+background, loss, step rule and preconditioner.  A resume whose fingerprint differs is refused with one line naming what differs;
 the stopping rules (``max_steps``, tolerances), ``esds`` and the number of processes may change, so a run
 stopped at its step limit can be continued with more steps.
 """
@@ -29,15 +29,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
+import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
 from refine.solver.checkpoint import read_state_file, write_state_file
 from refine.solver.loop import LoopState, Status
 
-__all__ = ["JointCheckpoint", "write_joint_checkpoint", "read_joint_checkpoint", "joint_fingerprint",
+__all__ = ["JointCheckpoint", "write_joint_checkpoint", "read_joint_checkpoint", "joint_fingerprint", "start_digest",
            "fingerprint_difference", "FORMAT", "VERSION"]
 
 FORMAT = "nbtorch-refine-joint-checkpoint"
@@ -116,14 +117,19 @@ def read_joint_checkpoint(path: str | Path) -> JointCheckpoint:
     return ckpt
 
 
-def joint_fingerprint(digests: Tensor, starts: Sequence[Mapping[str, float]], **settings: Any) -> dict:
+def start_digest(values: Mapping[str, float]) -> Tensor:
+    """(20,) float64: the SHA-1 bytes of one image's starting values (:func:`joint_fingerprint`)."""
+    text = json.dumps({k: float(v) for k, v in sorted(values.items())})
+    return torch.tensor(list(hashlib.sha1(text.encode()).digest()), dtype=torch.float64)
+
+
+def joint_fingerprint(digests: Tensor, start_digests: Tensor, **settings: Any) -> dict:
     """What a checkpoint must match to be resumed: the images (``digests``: (n, 20), one
-    :meth:`refine.many.pixel_table.FittedPixels.digest` per image), their starting values and ``settings`` (names, symmetry, ...; plain
-    JSON values)."""
+    :meth:`refine.many.pixel_table.FittedPixels.digest` per image), their starting values (``start_digests``: (n, 20),
+    one :func:`start_digest` per image) and ``settings`` (names, symmetry, ...; plain JSON values)."""
     images = hashlib.sha1(bytes(int(b) for b in digests.reshape(-1).tolist())).hexdigest()
-    start_text = json.dumps([{k: float(v) for k, v in sorted(s.items())} for s in starts])
-    return {"n_images": int(digests.shape[0]), "images_sha1": images,
-            "starts_sha1": hashlib.sha1(start_text.encode()).hexdigest(),
+    starts = hashlib.sha1(bytes(int(b) for b in start_digests.reshape(-1).tolist())).hexdigest()
+    return {"n_images": int(digests.shape[0]), "images_sha1": images, "starts_sha1": starts,
             **{k: v for k, v in sorted(settings.items())}}
 
 

@@ -132,6 +132,7 @@ def refine_joint(
     geometry_first: bool = True,
     local_images: Sequence[int] | None = None,
     priors: Mapping[str, tuple[float, float]] | None = None,
+    comm: Comm | None = None,
 ) -> JointResult:
     """Refine shared parameters (default the cell) and per-image ones of many stills together: a :class:`JointResult`.
 
@@ -158,7 +159,8 @@ def refine_joint(
         geometry_first: with ``structure_factors``, first the names without the amplitudes (no esds; checkpoint
             :func:`geometry_checkpoint`), then everything from that result (the amplitudes judged there; False: one loop).
         local_images: the images this process holds (each in one process; default :func:`image_shard`'s block);
-            ``priors``: shared name -> (mean, sigma), once in the loss, preconditioner and esds (:mod:`refine.many.priors`).
+            ``priors``: shared name -> (mean, sigma), once in the loss, preconditioner and esds (:mod:`refine.many.priors`);
+            ``comm``: the processes (default :class:`Comm`: torchrun's group, or this process alone).
 
     Raises:
         InputError: mismatched lists, unknown names, a name both shared and per-image, a start breaking the symmetry,
@@ -175,17 +177,15 @@ def refine_joint(
             simulators, observed_images, masks, start, image_starts, checkpoint, resume, esds, structure_factors,
             dict(shared=shared, per_image=per_image, symmetry=symmetry, strategy=strategy, convergence=convergence,
                  precondition=precondition, background=background, loss=loss, checkpoint_every=checkpoint_every,
-                 on_checkpoint=on_checkpoint, local_images=local_images, priors=priors))
-    comm = Comm()
-    conv = convergence or DEFAULT_CONVERGENCE
+                 on_checkpoint=on_checkpoint, local_images=local_images, priors=priors, comm=comm))
+    comm, conv = comm or Comm(), convergence or DEFAULT_CONVERGENCE
     if comm.world > 1 and conv.time_budget_s is not None:
         raise InputError("convergence.time_budget_s: not with several processes (they would stop at different steps)")
     problem = joint_problem(comm, simulators, observed_images, masks, start, image_starts, shared=shared,
                              per_image=per_image, symmetry=symmetry, background=background, loss=loss,
                              structure_factors=structure_factors, local_images=local_images, priors=priors)
-    step_rule = get_strategy(strategy)
-    saver, resumed = start_or_resume(problem, step_rule, precondition, checkpoint, checkpoint_every, resume,
-                                      on_checkpoint, t0)
+    saver, resumed = start_or_resume(problem, step_rule := get_strategy(strategy), precondition, checkpoint,
+                                     checkpoint_every, resume, on_checkpoint, t0)
     res = _run_loop(problem.joint, saver.pre, step_rule, conv, saver, resumed)
     return finish(problem, res, saver, resumed, esds)
 
@@ -234,7 +234,8 @@ def _geometry_then_amplitudes(simulators, observed_images, masks, start, image_s
     log.info("joint: geometry stage %s in %d steps; now the structure factors from its result",
              geometry.status.value, geometry.steps)
     shared_start = {**(start or {}), **_restart_values(geometry.shared)}
-    starts = [{**((image_starts[i] or {}) if image_starts is not None else {}), **_restart_values(geometry.images[i])}
+    starts = [None if simulators[i] is None else  # an image another process holds: its start is not needed here
+              {**((image_starts[i] or {}) if image_starts is not None else {}), **_restart_values(geometry.images[i])}
               for i in range(n)]
     final = refine_joint(simulators, observed_images, masks, start=shared_start, image_starts=starts, esds=esds,
                          checkpoint=checkpoint, resume=resume_final, structure_factors=structure_factors,

@@ -15,7 +15,7 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from refine.many.batch import restart_count
 from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
-                                    read_joint_checkpoint, write_joint_checkpoint)
+                                    read_joint_checkpoint, start_digest, write_joint_checkpoint)
 from refine.many.distributed import Comm
 from refine.solver.loop import LoopState, Status
 from refine.solver.precondition import LinearPreconditioner
@@ -35,9 +35,10 @@ def start_or_resume(problem: JointProblem, step_rule: AbstractStrategy, precondi
     """The run's checkpoints and the checkpoint it continues from (or None); the preconditioner: the resumed
     one, else the joint Fisher matrix's at the start."""
     p = problem
+    digests = p.comm.gather({im.index: torch.cat([im.digest, start_digest(p.starts[im.index])]) for im in p.joint.images},
+                            p.joint.n, (2 * DIGEST_BYTES,), torch.float64)
     fingerprint = joint_fingerprint(
-        p.comm.gather({im.index: im.digest for im in p.joint.images}, p.joint.n, (DIGEST_BYTES,), torch.float64),
-        p.starts, shared=list(p.shared_names), per_image=list(p.per_names), symmetry=p.space.symmetry,
+        digests[:, :DIGEST_BYTES], digests[:, DIGEST_BYTES:], shared=list(p.shared_names), per_image=list(p.per_names), symmetry=p.space.symmetry,
         background=p.space.background, loss=p.loss_name, strategy=step_rule.hparams(), precondition=precondition,
         **({"structure_factors": p.amps.fingerprint()} if p.amps is not None else {}),
         **({"priors": {k: list(v) for k, v in sorted(p.priors.items())}} if p.priors else {}))

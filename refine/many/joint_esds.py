@@ -6,7 +6,7 @@ mosaic domain count check on the shared cell (:mod:`refine.quality.domain_count`
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from refine.quality.domain_count import (CELL_NAMES, CountProbe, DomainCountChec
 from refine.quality.uncertainty import correlation_matrix, image_information, mark_blind, named_esds
 from refine.solver.loop import LoopAborted
 from refine.many.joint_images import Joint
+from refine.many.value_rows import gather_value_rows
 
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,9 @@ def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | No
     meat = joint.comm.gather({i: e.meat for i, e in parts.items()}, n, (S, S), torch.float64)
     conds = joint.comm.gather({i: torch.tensor([e.condition]) for i, e in parts.items()}, n, (1,), torch.float64)
     C_ss, blind, Q, cond = shared_covariance(schur, meat, R)
-    own = {i: own_covariances(e, C_ss, Q, K) for i, e in parts.items()}
-    fisher_own = joint.comm.gather({i: o[0] for i, o in own.items()}, n, (K, K), torch.float64)
-    sandwich_own = joint.comm.gather({i: o[1] for i, o in own.items()}, n, (K, K), torch.float64)
+    own = {i: own_covariances(e, C_ss, Q, K) for i, e in parts.items()}  # this process's images only
+    fisher_own = {i: o[0] for i, o in own.items()}
+    sandwich_own = {i: o[1] for i, o in own.items()}
     S_ss = C_ss @ Q @ C_ss
     return (JointCovariances(mark_blind(C_ss, blind), fisher_own),
             JointCovariances(mark_blind(0.5 * (S_ss + S_ss.T), blind), sandwich_own),
@@ -48,13 +49,15 @@ def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | No
 
 
 def _esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
-          starts: Sequence[dict]) -> tuple[dict, float, np.ndarray]:
+          starts: Mapping[int, dict], start0: dict) -> tuple[dict, float, np.ndarray]:
     """``(esds_by_kind, fisher condition, shared correlation)`` from the joint Fisher and score matrices:
-    dense up to :data:`MAX_DENSE` raw parameters, else by the distributed Schur complement."""
+    dense up to :data:`MAX_DENSE` raw parameters, else by the distributed Schur complement.  Each image's esds
+    are named on the process that holds it (``starts``: its images' map starts; ``start0``: image 0's) and
+    gathered as :class:`~refine.many.value_rows.ValueRows`."""
     S, K, n = joint.S, joint.K, joint.n
     q = S + K
     info = {im.index: image_information(im.objective, im.pmap, joint.image_raw(raw, im.index)) for im in joint.images}
-    thetas = joint.comm.gather({i: v[0] for i, v in info.items()}, n, (q,), torch.float64)
+    theta0 = joint.comm.gather({0: info[0][0][:S]} if 0 in info else {}, 1, (S,), torch.float64)[0]
     R = joint.curvature(raw[:S], False).to(torch.float64) if joint.curvature is not None else None
     if S + n * K > esds_module.MAX_DENSE:
         fisher, sandwich, cond = _blocked_covariances(joint, info, R)
@@ -62,14 +65,16 @@ def _esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names, per_na
         F_blocks = joint.comm.gather({i: v[1] for i, v in info.items()}, n, (q, q), torch.float64)
         M_blocks = joint.comm.gather({i: v[2] for i, v in info.items()}, n, (q, q), torch.float64)
         fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held, blocked=False)
-    shared_map = ParameterMap(space, starts[0], shared_names)
-    own_maps = [ParameterMap(space, starts[i], per_names) for i in range(n)] if K else []
+    shared_map = ParameterMap(space, start0, shared_names)
+    own_maps = {i: ParameterMap(space, starts[i], per_names) for i in info} if K else {}
     out: dict[str, dict] = {}
     for kind, cov in (("sandwich", sandwich), ("fisher", fisher)):
-        images = [named_esds(own_maps[i], thetas[i, S:], cov.own[i]) if K else {} for i in range(n)]
+        images = {i: named_esds(own_maps[i], info[i][0].to(torch.float64)[S:], cov.own[i]) if K else {}
+                  for i in info}
         for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
-            images[(k - S) // K].pop(per_names[(k - S) % K], None)
-        out[kind] = {"shared": named_esds(shared_map, thetas[0, :S], cov.shared), "images": images}
+            images.get((k - S) // K, {}).pop(per_names[(k - S) % K], None)
+        out[kind] = {"shared": named_esds(shared_map, theta0, cov.shared),
+                     "images": gather_value_rows(joint.comm, images, n)}
     S0 = sum(1 for nm in shared_names if not is_amplitude(nm))  # the amplitudes follow the other shared names
     count = _domain_count(joint, info, R, shared_names, out["sandwich"]["shared"])
     return out, cond, correlation_matrix(sandwich.shared[:S0, :S0]).numpy().copy(), count
@@ -123,13 +128,15 @@ def _domain_count(joint: Joint, info: Mapping[int, tuple], R: Tensor | None, sha
         return None
 
 
-def joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts) -> tuple[list[str], dict]:
-    """The joint esds as the result's fields, and the warnings (the estimate failed)."""
+def joint_esds(esds: bool, joint, raw: Tensor, space, shared_names, per_names, starts: Mapping[int, dict],
+               start0: dict) -> tuple[list[str], dict]:
+    """The joint esds as the result's fields, and the warnings (the estimate failed); ``starts``: the map starts
+    of this process's images, ``start0``: image 0's."""
     warnings: list[str] = []
     esd_fields: dict[str, Any] = {}
     if esds:
         try:
-            by_kind, cond, corr, count = _esds(joint, raw, space, shared_names, per_names, starts)
+            by_kind, cond, corr, count = _esds(joint, raw, space, shared_names, per_names, starts, start0)
             esd_fields = dict(esd_kind="sandwich", esds_by_kind=by_kind, shared_correlation=corr, fisher_condition=cond)
             if count is not None:
                 esd_fields["mosaic_domains"] = count.to_dict()

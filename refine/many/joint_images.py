@@ -174,8 +174,7 @@ class JointLoss(torch.autograd.Function):
         return g * grad, None, None
 
 
-def all_values(joint: Joint, local: Mapping[int, Mapping[str, float]]) -> list[dict]:
-    """Every image's base values (``local``: those of this process's images, by index), in every process."""
-    rows = {i: torch.tensor([v[k] for k in BASE_NAMES], dtype=torch.float64) for i, v in local.items()}
-    return [{k: float(x) for k, x in zip(BASE_NAMES, row)}
-            for row in joint.comm.gather(rows, joint.n, (len(BASE_NAMES),), torch.float64)]
+def image_values(comm: Comm, local: Mapping[int, Mapping[str, float]], i: int) -> dict:
+    """Image ``i``'s base values in every process (``local``: this process's images' values, by index)."""
+    rows = {0: torch.tensor([local[i][k] for k in BASE_NAMES], dtype=torch.float64)} if i in local else {}
+    return {k: float(x) for k, x in zip(BASE_NAMES, comm.gather(rows, 1, (len(BASE_NAMES),), torch.float64)[0])}

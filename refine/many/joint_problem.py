@@ -23,7 +23,7 @@ from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_option
 from refine.many.distributed import Comm, held_images
 from refine.many.priors import add_priors, shared_priors
 from refine.solver.plan import starting_values
-from refine.many.joint_images import Joint, all_values, fitted_pixels, joint_image, prepare_image, share_tables
+from refine.many.joint_images import Joint, fitted_pixels, image_values, joint_image, prepare_image, share_tables
 
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,11 @@ def shared_canonical(shared_names: Sequence[str]) -> list[str]:
 
 @dataclass
 class JointProblem:
-    """A joint run ready for its loop: the names, this process's images in their :class:`Joint`, every image's
-    starting base values (``starts``; ``map_starts`` with the amplitudes' starts: what the maps start at), the
-    raw start ``[shared, own, own, ...]`` and the shared amplitudes (or None)."""
+    """A joint run ready for its loop: the names, this process's images in their :class:`Joint`, the starting
+    base values of this process's images (``starts``, by index; ``map_starts`` with the amplitudes' starts: what
+    the maps start at) and image 0's (``map_start0``, in every process: the shared names' map), the raw start
+    ``[shared, own, own, ...]`` and the shared amplitudes (or None).  Nothing in it is a per-image value of the
+    whole set but the raw start (a few numbers an image)."""
 
     comm: Comm
     space: ParameterSpace
@@ -92,8 +94,9 @@ class JointProblem:
     per_names: tuple
     loss_name: str
     joint: Joint
-    starts: list
-    map_starts: list
+    starts: dict
+    map_starts: dict
+    map_start0: dict
     raw0: Tensor
     amps: SharedAmplitudes | None
     priors: dict
@@ -131,15 +134,19 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
     images = [joint_image(im, space, shared_names + per_names, hold_scale=amps is not None and im.index == 0)
               for im in prepared]
     joint = Joint(images, n, len(shared_names), len(per_names), comm, torch.float64)
-    starts = all_values(joint, {im.index: im.start for im in images})
-    map_starts = [{**s, **(amps.start if amps is not None else {})} for s in starts]
-    raw0 = torch.cat([ParameterMap(space, map_starts[0], shared_names).raw0(torch.float64)] + [
-        ParameterMap(space, map_starts[i], per_names).raw0(torch.float64) for i in range(n)])
+    starts = {im.index: {k: float(im.start[k]) for k in BASE_NAMES} for im in images}
+    extra = amps.start if amps is not None else {}
+    map_starts = {i: {**s, **extra} for i, s in starts.items()}
+    map_start0 = {**image_values(comm, starts, 0), **extra}
+    own = {i: ParameterMap(space, s, per_names).raw0(torch.float64) for i, s in map_starts.items()}
+    raw0 = torch.cat([ParameterMap(space, map_start0, shared_names).raw0(torch.float64),
+                      comm.gather(own, n, (len(per_names),), torch.float64).reshape(-1)])
     if amps is not None:
-        _share_amplitudes(joint, amps, ParameterMap(space, map_starts[0], shared_names), per_names)
-    add_priors(joint, priors, ParameterMap(space, map_starts[0], shared_names))
+        _share_amplitudes(joint, amps, ParameterMap(space, map_start0, shared_names), per_names)
+    add_priors(joint, priors, ParameterMap(space, map_start0, shared_names))
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
-    return JointProblem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, raw0, amps, priors)
+    return JointProblem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, map_start0, raw0,
+                        amps, priors)
 
 
 def _image0_model(comm: Comm, simulators, local: Sequence[int]) -> tuple[float, bool, tuple[str, ...]]:

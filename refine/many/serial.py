@@ -124,7 +124,7 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
                   start: Mapping[str, float] | None = None, rule: ScreeningRule = ScreeningRule(),
                   max_rounds: int = 3, screen_steps: int = 12, previous=None, esds: bool = True,
                   checkpoint: str | Path | None = None, local_images: Sequence[int] | None = None,
-                  **joint_kw: Any) -> SerialResult:
+                  comm: Comm | None = None, **joint_kw: Any) -> SerialResult:
     """Refine the images in rounds, dropping those that do not fit (module docstring).
 
     Arguments:
@@ -137,6 +137,7 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
         checkpoint: round ``k``'s checkpoint is ``<stem>.round<k><suffix>`` beside it.
         local_images: the positions of the images this process holds through every round (each image in exactly
             one process; default :func:`~refine.many.distributed.image_shard`'s block of all ``n``).
+        comm: the processes (default :class:`~refine.many.distributed.Comm`).
         joint_kw: the rest of :func:`refine_joint`'s arguments (``shared``, ``per_image``, ``symmetry``, ...).
     """
     t0 = time.monotonic()
@@ -147,12 +148,13 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
         raise InputError(f"max_rounds: expected an integer >= 2, got {max_rounds!r}")
     if isinstance(screen_steps, bool) or not isinstance(screen_steps, int) or screen_steps < 1:
         raise InputError(f"screen_steps: expected an integer >= 1, got {screen_steps!r}")
-    held = set(held_images(Comm(), n, local_images))
+    comm = comm or Comm()
+    held = set(held_images(comm, n, local_images))
     shared0, prev_starts, dropped, n_previous = _previous(previous, n)
     dropped = {i: {**d, "reason": d["reason"] if d["reason"].startswith("dropped before")
                    else f"dropped before: {d['reason']}"} for i, d in dropped.items()}
-    starts = [{**((image_starts[i] or {}) if image_starts is not None else {}), **prev_starts.get(i, {})}
-              for i in range(n)]
+    starts = [{**((image_starts[i] or {}) if image_starts is not None else {}), **prev_starts.pop(i, {})}
+              if i in held else None for i in range(n)]  # this process's images' only
     shared_start = {**(start or {}), **shared0}
     used = [i for i in range(n) if i not in dropped]
     rounds: list[dict] = []
@@ -164,7 +166,7 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
         if k == 0:
             conv = kw.get("convergence") or DEFAULT_CONVERGENCE
             kw["convergence"] = dataclasses.replace(conv, max_steps=min(conv.max_steps, screen_steps))
-        kw["local_images"] = [j for j, i in enumerate(used) if i in held]
+        kw["local_images"], kw["comm"] = [j for j, i in enumerate(used) if i in held], comm
         result = _one_round(k, simulators, observed_images, masks, used, starts, shared_start, esds and k > 0,
                             checkpoint, kw)
         excess, scale = _round_rows(result)
@@ -177,7 +179,8 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
             dropped[used[j]] = {"reason": reason, "round": k + 1, "values": dict(result.images[j]),
                                 "fit": dict(result.image_fit[j]) if result.image_fit else {}}
         for j, i in enumerate(used):
-            starts[i] = {**starts[i], **_restart(result.images[j])}
+            if i in held:
+                starts[i] = {**starts[i], **_restart(result.images[j])}
         shared_start = {**shared_start, **_restart(result.shared)}
         if k > 0 and not drop:
             break
@@ -186,7 +189,7 @@ def refine_serial(simulators: Sequence[Any], observed_images: Sequence[Any], mas
                         time.monotonic() - t0, {"n_images": n_previous} if previous is not None else {})
 
 
-def _one_round(k: int, simulators, observed_images, masks, used: list[int], starts: list[dict], shared_start: dict,
+def _one_round(k: int, simulators, observed_images, masks, used: list[int], starts: list, shared_start: dict,
                esds: bool, checkpoint, joint_kw: dict) -> JointResult:
     """Round ``k``'s :func:`refine_joint` over the ``used`` images."""
     ckpt = None

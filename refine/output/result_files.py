@@ -9,7 +9,7 @@ import enum
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ def jsonable(obj: Any) -> Any:
     """Plain JSON types for a nested structure: numpy scalars and arrays, enums; NaN/Inf -> None."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, Sequence)) and not isinstance(obj, (str, bytes)):  # also a joint run's ValueRows
         return [jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
         return jsonable(obj.tolist())

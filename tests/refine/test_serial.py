@@ -35,13 +35,18 @@ def test_the_generator_is_seeded_by_the_generator_passed_in(tmp_path):
     assert all(np.array_equal(x.observed, y.observed) for x, y in zip(a.images, back.images))
     with pytest.raises(InputError, match="bad_fraction"):
         make_serial(3, np.random.default_rng(0), bad_fraction=1.0)
-    # one process's share (keep): the same draws, only the kept images' counts stored
+    # one process's share (keep): only the kept images drawn, the same bits as in the whole set
     part = make_serial(6, np.random.default_rng(5), size=SIZE, bad_fraction=0.5, keep=range(2, 4))
-    assert [im.observed is None for im in part.images] == [True, True, False, False, True, True]
+    assert [im is None for im in part.images] == [True, True, False, False, True, True]
     assert all(np.array_equal(a.images[i].observed, part.images[i].observed) for i in (2, 3))
-    assert [im.truth for im in part.images] == [im.truth for im in a.images] and part.bad() == a.bad()
-    with pytest.raises(InputError, match="write: the observed counts of image 0 were not kept"):
+    assert [part.images[i].truth for i in (2, 3)] == [a.images[i].truth for i in (2, 3)]
+    assert [part.images[i].start for i in (2, 3)] == [a.images[i].start for i in (2, 3)] and part.bad() == a.bad()
+    assert part.image_starts()[0] is None and part.observed()[5] is None
+    assert [s is not None for s in part.simulators()] == [False, False, True, True, False, False]
+    with pytest.raises(InputError, match="write: image 0 was not drawn"):
         part.write(tmp_path / "part")
+    with pytest.raises(InputError, match="keep: image 6 is not among the 6 images"):
+        make_serial(6, np.random.default_rng(5), size=SIZE, keep=[6])
 
 
 def test_the_screening_rule():

@@ -1,0 +1,117 @@
+"""Measure what one process of a many-still serial run holds: ``--hold k`` stills of ``--stills n``, the other
+processes stood in (:class:`StandIn`), so that a set of 10^5 stills costs only this process's k.
+
+::
+
+    python -m experiments.process_memory --stills 10000 --hold 4 --out out/mem_10000_4.json
+
+The process draws its k stills (:func:`experiments.serial_data.make_serial`'s ``keep``) and runs
+:func:`refine.many.serial.refine_serial` on them (two rounds, 1 and ``--max-steps`` steps) with
+:class:`StandIn` as its process group: every gathered row of an image it does not hold is a copy of its own first
+row, so every array, list and gather has the size it has in a real run of ``n`` stills while only k are
+simulated (the refined values mean nothing).  It writes ``--out``: the resident memory before drawing
+(``base_mib``: torch and the model), the peak (``peak_mib``), their difference (``held_mib``) and the bytes of the
+raw vector (its length times 8; the step rule keeps up to 20 pairs of such vectors).  One configuration per process: the peak is the whole
+process's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments.serial_data import make_serial
+from nbtorch.cli.support import run_main
+from nbtorch.errors import InputError
+from refine.many.distributed import Comm
+from refine.many.joint import DEFAULT_CONVERGENCE
+from refine.many.serial import refine_serial
+from refine.output.results import jsonable
+
+__all__ = ["StandIn", "measure", "main"]
+
+
+class StandIn(Comm):
+    """Process ``rank`` of ``world`` without a process group: the rows of the images it does not hold are copies
+    of its own first row (sizes as in a real run; values meaningless)."""
+
+    def __init__(self, world: int = 2, rank: int = 0) -> None:
+        self.dist, self.rank, self.world = None, rank, world
+
+    def gather(self, rows, n, shape, dtype):
+        out = torch.zeros((n, *shape), dtype=dtype)
+        for i, row in rows.items():
+            out[i] = row.detach().to(dtype=dtype, device="cpu").reshape(shape)
+        if rows:
+            others = torch.ones(n, dtype=torch.bool)
+            others[list(rows)] = False
+            out[others] = out[min(rows)].clone()
+        return out
+
+    def gather_objects(self, local, n):
+        first = next(iter(local.values()), None)
+        return [local.get(i, first) for i in range(n)]
+
+
+def _resident_mib() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2.0 ** 20
+
+
+def measure(n: int, hold: int, *, seed: int = 1, size: int = 16, screen_steps: int = 1, max_steps: int = 25) -> dict:
+    """One process holding the first ``hold`` of ``n`` stills (module docstring)."""
+    if not 1 <= hold <= n:
+        raise InputError(f"hold: expected an integer in [1, {n}], got {hold}")
+    base = _resident_mib()
+    t0 = time.monotonic()
+    ds = make_serial(n, np.random.default_rng(seed), size=size, keep=range(hold))
+    result = refine_serial(ds.simulators(range(hold)), ds.observed(), image_starts=ds.image_starts(),
+                           start=ds.shared_start, symmetry=ds.symmetry, local_images=range(hold), max_rounds=2,
+                           screen_steps=screen_steps, convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps),
+                           comm=StandIn())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    n_raw = len(result.joint.shared_names) + len(result.joint.images) * len(result.joint.per_image_names)
+    return {"n": n, "hold": hold, "size": size, "screen_steps": screen_steps, "max_steps": max_steps,
+            "base_mib": base, "peak_mib": peak, "held_mib": peak - base, "raw_vector_bytes": 8 * n_raw,
+            "wall_s": time.monotonic() - t0}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stills", type=int, required=True, help="stills in the whole set")
+    ap.add_argument("--hold", type=int, default=4, help="stills this process holds (default 4)")
+    ap.add_argument("--size", type=int, default=16, help="detector side (pixels; default 16)")
+    ap.add_argument("--max-steps", type=int, default=25, help="round 2's step limit (default 25: the step rule's "
+                                                               "20 curvature pairs filled)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", required=True, help="JSON of the measurement")
+    return ap
+
+
+def _run(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if a.max_steps < 1:
+        raise InputError(f"--max-steps: expected an integer >= 1, got {a.max_steps}")
+    doc = measure(a.stills, a.hold, seed=a.seed, size=a.size, max_steps=a.max_steps)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(jsonable(doc), indent=1) + "\n")
+    print(f"{a.stills} stills, {a.hold} held: peak {doc['peak_mib']:.0f} MiB, {doc['held_mib']:.1f} MiB above the "
+          f"start, {doc['wall_s']:.0f} s")
+    return 0
+
+
+def main(argv=None) -> int:
+    """The command: bad input is one line and exit status 2 (:func:`nbtorch.cli.support.run_main`)."""
+    return run_main("process_memory", _run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

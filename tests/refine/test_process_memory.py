@@ -1,0 +1,112 @@
+"""What a process of a many-still joint run holds for the images it does not hold: a few numbers a still.
+
+One process of two holds k = 4 stills of n = 40 and of n = 4000 (a stand-in for the process group,
+:class:`experiments.process_memory.StandIn`, hands it the other process's rows as copies of its own: the same sizes,
+no second process). Measured: the bytes it holds (Python objects and numpy arrays by ``tracemalloc``, torch tensors
+reachable from the run by their storages) when the joint loop starts (the problem, its raw start and the arrowhead
+preconditioner) and after a serial run (its result: every image's values, esds and fit). Each must grow by less than
+500 bytes per still of the whole set (349 and 350 bytes measured); the build that held every still's starting
+values, maps and result rows as dicts in every process gave 3483 and 4696 bytes and fails it. The optimizer's
+vectors (the raw vector and its curvature pairs, 8 bytes a per-image name each) are not counted.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import refine.many.esds as esds_module
+import refine.many.joint as joint_module
+import refine.many.joint_precondition as precondition_module
+from experiments.process_memory import StandIn
+from experiments.serial_data import make_serial
+from refine.many.joint import DEFAULT_CONVERGENCE
+from refine.many.serial import refine_serial
+
+K, SIZE, BOUND = 4, 16, 500
+
+
+def _tensor_bytes(*roots) -> int:
+    """Bytes of the distinct tensor storages reachable from ``roots`` (attributes, containers, closures)."""
+    seen, storages, stack = set(), {}, list(roots)
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (str, bytes, int, float, bool, type(None), type, types.ModuleType)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            storages[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif isinstance(o, types.FunctionType) and o.__closure__:
+            stack.extend(c.cell_contents for c in o.__closure__ if c.cell_contents is not None)
+        elif hasattr(o, "__dict__") and not isinstance(o, torch.nn.Module):
+            stack.extend(vars(o).values())
+    return sum(storages.values())
+
+
+class _Stop(Exception):
+    pass
+
+
+def _run(n: int, monkeypatch, stop_at_loop: bool) -> int:
+    """Bytes one process holding the first K of ``n`` stills holds at the loop's start or after the serial run."""
+    for module in (esds_module, joint_module, precondition_module):
+        monkeypatch.setattr(module, "MAX_DENSE", 0)  # the arrowhead: as above 800 stills
+    ds = make_serial(n, np.random.default_rng(4), size=SIZE, bad_fraction=0.0, keep=range(K))
+    sims, observed, starts = ds.simulators(range(K)), ds.observed(), ds.image_starts()
+    seen = {}
+    if stop_at_loop:
+        def capture(joint, pre, *args, **kwargs):
+            seen["roots"] = (joint, pre)
+            seen["bytes"] = tracemalloc.get_traced_memory()[0]
+            raise _Stop
+        monkeypatch.setattr(joint_module, "_run_loop", capture)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    try:
+        result = refine_serial(sims, observed, image_starts=starts, start=ds.shared_start, symmetry=ds.symmetry,
+                               local_images=range(K), max_rounds=2, screen_steps=1, comm=StandIn(),
+                               convergence=DEFAULT_CONVERGENCE.replace(max_steps=1))
+        gc.collect()
+        seen["bytes"], seen["roots"] = tracemalloc.get_traced_memory()[0], (result,)
+    except _Stop:
+        pass
+    finally:
+        tracemalloc.stop()
+    return seen["bytes"] - before + _tensor_bytes(*seen["roots"])
+
+
+@pytest.mark.parametrize("stop_at_loop", [True, False], ids=["problem_at_loop_start", "serial_result"])
+def test_a_process_holds_a_few_numbers_per_still_of_the_whole_set(monkeypatch, stop_at_loop):
+    torch.set_num_threads(1)
+    _run(K, monkeypatch, stop_at_loop)  # warm: imports and caches
+    small = _run(40, monkeypatch, stop_at_loop)
+    large = _run(4000, monkeypatch, stop_at_loop)
+    per_still = (large - small) / (4000 - 40)
+    print(f"held: {small} B for 40 stills, {large} B for 4000: {per_still:.0f} B per still")
+    assert per_still < BOUND, per_still
+
+
+def test_the_generator_draws_only_the_kept_stills():
+    # one process's share of a large set costs its own stills: n entries of None and a kind each
+    gc.collect()
+    tracemalloc.start()
+    make_serial(4, np.random.default_rng(4), size=SIZE, bad_fraction=0.0)  # warm
+    base = tracemalloc.get_traced_memory()[0]
+    small = make_serial(40, np.random.default_rng(4), size=SIZE, keep=range(K))
+    mid = tracemalloc.get_traced_memory()[0]
+    large = make_serial(20000, np.random.default_rng(4), size=SIZE, keep=range(K))
+    end = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    per_still = ((end - mid) - (mid - base)) / (20000 - 40)
+    assert per_still < 40, per_still
+    assert sum(im is not None for im in large.images) == K and len(large) == 20000 and len(small) == 40
