@@ -127,7 +127,7 @@ def test_still_crystal_model_and_window_from_the_experiment(tmp_path):
     (tmp_path / "z.expt").write_text(json.dumps(doc))
     (tmp_path / "s.refl").write_bytes(b"")
     args = parse_args(["--image", "x.cbf", "--expt", str(tmp_path / "z.expt"), "--refl", str(tmp_path / "s.refl")])
-    assert dials_still(args)
+    assert dials_still(args.dials_files, args.many.rotation_series)
 
 
 def test_natural_command_prints_its_choices_and_fits_the_windows(refine_cli, still):

@@ -1,5 +1,5 @@
 """The stills of one DIALS file refined jointly (``--expt many.expt --refl many.refl --joint``) and the refined
-``OUT_DIR/refined.expt`` of every experiment (issue #44; :mod:`refine.cli.stills_file`), on test_dials_stills.py's
+``OUT_DIR/refined.expt`` of every experiment (issue #44; :mod:`refine.modes.stills_file`), on test_dials_stills.py's
 synthetic pair of stills, two steps."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nbtorch.io.dials import experiment_image, read_expt
-from refine.cli.stills_file import combined_document
+from refine.modes.stills_file import combined_document
 from refine.many.dials_stills import read_dials_stills
 from test_dials_stills import _copy_data, _refused, many_document, stills  # noqa: F401 - stills: the fixture
 
