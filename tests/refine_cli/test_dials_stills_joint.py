@@ -82,3 +82,21 @@ def test_combined_document_keeps_unrefined_and_merges_equal_models():
     assert out["crystal"][out["experiment"][1]["crystal"]]["real_space_a"] == [1.0, 2.0, 3.0]
     assert out["crystal"][out["experiment"][2]["crystal"]] == doc["crystal"][2]
     assert doc["crystal"][1]["real_space_a"] != [1.0, 2.0, 3.0]  # the input left alone
+
+
+def test_the_front_door_refines_the_files_stills_jointly_and_each_alone(stills, tmp_path, monkeypatch):
+    """From Python (:mod:`refine.modes.entry`): the stills of the file together (a JointResult, refined.expt of both)
+    and each on its own (the batch's exit status and summary), their lines to ``say``."""
+    from refine import Measurement, Settings, refine_each, refine_stills_jointly
+    from refine.output.results import JointResult
+
+    monkeypatch.chdir(tmp_path)
+    m = Measurement.from_dials(stills / "many.expt", stills / "many.refl")
+    lines: list[str] = []
+    result = refine_stills_jointly(m, Settings.of(out_dir="joint", max_steps=1, no_esds=True), say=lines.append)
+    assert isinstance(result, JointResult) and len(result.images) == 2
+    assert any("2 stills of --expt" in line and "refined jointly" in line for line in lines), lines
+    assert (tmp_path / "joint" / "refined.expt").is_file()
+    lines.clear()
+    assert refine_each(m, Settings.of(out_dir="each", max_steps=1, no_esds=True), say=lines.append) == 0
+    assert any("each refined on its own" in line for line in lines) and (tmp_path / "each" / "summary.csv").is_file()
