@@ -6,7 +6,7 @@ Usage::
         [any nbtorch-refine option: --config run.toml, --image OBS --model "<flags>", --expt/--refl,
          --roi, --dmin, --spots, --spot-window, --subsample, --lr, --coarse, --dtype, --device, ...]
 
-The inputs are nbtorch-refine's, prepared by the same code (:func:`refine.cli.single.prepare`: header
+The inputs are nbtorch-refine's, prepared by the same code (:func:`refine.modes.single.prepare`: header
 geometry, ``--config``, DIALS files, the fitted pixels, the starting scale and background), so
 ``--config examples/thaumatin_still.toml`` debugs the tutorial's still on the pixels its refinement fits.
 Without ``--image``/``--expt``/``--problem`` a problem of the bank (known truth) is used.  Phases:

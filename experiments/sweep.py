@@ -7,7 +7,7 @@ Usage::
         [any nbtorch-refine option: --config run.toml, --image OBS --model "<flags>", --problem NAME,
          --roi, --spots, --spot-window, --subsample, --max-steps, --time-budget, ...]
 
-The inputs are nbtorch-refine's, prepared by the same code (:func:`refine.cli.single.prepare`), so a
+The inputs are nbtorch-refine's, prepared by the same code (:func:`refine.modes.single.prepare`), so a
 tutorial config sweeps its own still on the pixels its refinement fits.  Each trial is one nbtorch-refine
 refinement (the same arguments to :func:`refine.refine`, no output files) whose options are the given
 ones with settings drawn from the search space: optimiser (``adam``/``lbfgs``), learning rate, loss,

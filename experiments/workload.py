@@ -3,7 +3,7 @@
 Both scripts take nbtorch-refine's options (its option groups, added to their parser by
 :func:`refine.cli.parser.build_parser`, ``--config`` TOML included) plus options of their own, and turn
 them into refine's typed :class:`refine.cli.options.Options` (:func:`parse_experiment`).
-:func:`load_workload` then runs the one preparation path, :func:`refine.cli.single.prepare`: header
+:func:`load_workload` then runs the one preparation path, :func:`refine.modes.single.prepare`: header
 geometry, ``--expt``/``--refl``, the pixel choice (``--roi``, ``--dmin``, ``--spots``, ``--spot-window``,
 ``--subsample``), the simulator restricted to the fitted pixels, the starting scale and background.  Bad
 input therefore fails as in nbtorch-refine (:class:`InputError`, one line), before anything is written.
@@ -32,7 +32,7 @@ from nbtorch.cli.support import Parser
 from nbtorch.errors import InputError
 from refine.cli.options import GROUP_TITLES, Options, options_from_namespace
 from refine.cli.parser import build_parser, parse_namespace
-from refine.cli.single import Prepared, plan_arguments, prepare
+from refine.modes.single import Prepared, plan_arguments, prepare
 from refine.inputs.problems import misorientation_deg
 
 __all__ = ["Workload", "load_workload", "parse_experiment", "experiment_parser", "parameter_error",
@@ -68,7 +68,7 @@ def parse_experiment(argv: Sequence[str], parser: argparse.ArgumentParser, own: 
     ns = parse_namespace(argv, parser)
     mine = own(**{f.name: vars(ns).pop(f.name) for f in dataclasses.fields(own)})
     options = options_from_namespace(ns, tuple(argv))
-    if options.many.images:
+    if options.images:
         raise InputError("--images: the experiments refine one image (give --image)")
     if options.output.resume:
         raise InputError("--resume: the experiments always start from the model (no checkpoint)")
@@ -84,7 +84,7 @@ class Workload:
     Attributes:
         label: image path or ``problem (size x size)``.
         options: the typed options.
-        prepared: :func:`refine.cli.single.prepare`'s result (``prepared.sim``: the simulator restricted to
+        prepared: :func:`refine.modes.single.prepare`'s result (``prepared.sim``: the simulator restricted to
             the fitted pixels).
     """
 
@@ -139,12 +139,12 @@ class Workload:
 
     def refine_kwargs(self) -> dict:
         """The keyword arguments of :func:`refine.refine` after the simulator and the image: nbtorch-refine's own
-        (:func:`refine.cli.single.plan_arguments`)."""
+        (:func:`refine.modes.single.plan_arguments`)."""
         return plan_arguments(self.options, self.prepared)
 
 
 def load_workload(options: Options, say: Callable[..., None] = print) -> Workload:
-    """:func:`refine.cli.single.prepare` on ``options``; ``say`` prints its notes.  Bad input raises
+    """:func:`refine.modes.single.prepare` on ``options``; ``say`` prints its notes.  Bad input raises
     :class:`InputError` before anything is written."""
     prepared = prepare(options, say)
     label = (options.image.image if options.image.image else

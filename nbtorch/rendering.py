@@ -81,7 +81,7 @@ def tile_pixels(n_pix: int, most: int, bucket: bool) -> int:
     ``most`` and a compiled kernel may run (``bucket``: a compiled simulator, or tiles large enough for the esds'
     compiled Jacobian kernels), the tile is not the pixel count but the next of four sizes per octave
     (multiples of a quarter of the power of two below it): images and Jacobian blocks of different sizes share
-    a few shapes (a GPU's one large tile, :func:`refine.cli.single.tile_evaluations`), at the price of under 25 %
+    a few shapes (a GPU's one large tile, :func:`refine.modes.single.tile_evaluations`), at the price of under 25 %
     padding pixels in that one tile.
     """
     n = max(1, min(int(most), int(n_pix)))

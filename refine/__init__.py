@@ -2,6 +2,10 @@
 
 Front door::
 
+    from refine import Measurement, Settings, refine_still
+    m = Measurement.from_dials("indexed.expt", "indexed.refl", image="still.cbf")   # what nbtorch-refine reads
+    result = refine_still(m, Settings.of(max_steps=100), say=print)               # and does, printed alike
+
     from refine import refine, make_problem
     result = refine(make_problem("cubic_mosflm", size=64))      # synthetic problem with known truth
     result = refine(simulator, observed, symmetry="tetragonal", fixed=("distance",))
@@ -11,6 +15,9 @@ Public names (implementation modules: ``parameters``, ``objective``, ``loop``,
 ``strategies``, ``stages``, ``uncertainty``, ``results``, ``checkpoint``,
 ``callbacks``, ``problems``, ``transforms``; see docs/python.md):
 
+* what ``nbtorch-refine`` does, from Python (:mod:`refine.modes.entry`): :class:`Measurement` (its constructors
+  ``from_dials``, ``from_images``, ``from_problem``), :class:`Settings`, :func:`refine_still`,
+  :func:`refine_stills_jointly`, :func:`refine_rotation_series`, :func:`refine_serial`, :func:`refine_each`;
 * :func:`refine`, :class:`RefinementResult`, :class:`RefinementInterrupted`, :func:`save_json`,
   :func:`save_h5`, :func:`load_h5`;
 * joint mode (many stills, shared cell; :mod:`refine.many.joint`): :func:`refine_joint`, :class:`JointResult`;
@@ -47,8 +54,14 @@ from refine.fitting.transforms import (
     TRANSFORM_NAMES, Bounded, Identity, LogPositive, Multiplicative, Positive, Transform, default_transform,
 )
 from refine.quality.uncertainty import Uncertainties, estimate_uncertainties
+from refine.inputs.measurement import Measurement
+from refine.settings import Settings
+from refine.modes.entry import (refine_each, refine_rotation_series, refine_serial, refine_still,
+                               refine_stills_jointly)
 
 __all__ = [
+    "Measurement", "Settings", "refine_still", "refine_stills_jointly", "refine_rotation_series", "refine_serial",
+    "refine_each",
     "refine", "refine_joint", "JointResult", "RefinementResult", "RefinementInterrupted", "save_json", "save_h5", "load_h5",
     "Stage", "stage_a", "single_stage", "coarse_to_fine", "LBFGS", "Adam", "Convergence", "Status", "minimise",
     "ParameterSpace", "ParameterMap", "GROUPS", "SYMMETRIES", "UNITS",

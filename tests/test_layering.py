@@ -10,7 +10,10 @@
   ``nbtorch.physics``;
 * no import cycle between modules; no private name (``_x``) of one module imported or used by another;
 * at most 12 modules directly in ``refine/`` (the rest live in its rooms; ``nbtorch/``'s in tests/test_code_shape.py); no function parameter typed
-  ``argparse.Namespace`` outside the command-line modules.
+  ``argparse.Namespace`` outside the command-line modules;
+* the command line's options (``refine.cli.options.Options``) stay at the door: nothing but the command-line modules
+  (``refine.cli``, ``refine.tools``, ``nbtorch.cli``, ``nbtorch.tools``, ``experiments``) imports ``refine.cli``, not even
+  for a type; the library takes typed values (:class:`refine.inputs.measurement.DialsFiles`, settings, arrays).
 
 Function-level (lazy) imports count as much as top-level ones; imports under ``if TYPE_CHECKING:`` (types
 only, never run) do not count for cycles.
@@ -265,7 +268,8 @@ CLI_MODULES = ("refine.cli.", "nbtorch.cli.", "nbtorch.tools.", "refine.tools.",
 
 
 def test_refine_keeps_its_rooms():
-    """At most 12 modules directly in refine/ (today only the front door, ``__init__``); the rest in rooms."""
+    """At most 12 modules directly in refine/ (today the front door, ``__init__``, and ``settings``); the rest in
+    rooms."""
     top = sorted(p.name for p in (ROOT / "refine").glob("*.py"))
     assert len(top) <= 12, top
 
@@ -281,3 +285,38 @@ def test_no_namespace_parameter_outside_the_command_lines():
                     if a.annotation is not None and "Namespace" in ast.unparse(a.annotation):
                         found.append(f"{module}.{node.name}({a.arg})")
     assert found == []
+
+
+def cli_imports(root: Path) -> list[str]:
+    """``module: imports name`` for each import of ``refine.cli`` (types under ``TYPE_CHECKING`` included) by a module
+    that is not a command line's."""
+    modules = project_modules(root)
+    out = []
+    for module, path in modules.items():
+        if module.startswith(CLI_MODULES):
+            continue
+        for _, base, name, _, _ in _bindings(module, path, modules):
+            full = f"{base}.{name}"
+            if base == "refine.cli" or base.startswith("refine.cli.") or full == "refine.cli":
+                out.append(f"{module}: imports {full}")
+    return sorted(set(out))
+
+
+def test_the_command_line_options_stay_at_the_door():
+    assert cli_imports(ROOT) == []
+
+
+def test_the_door_check_finds_an_options_import(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "refine" / "cli").mkdir()
+    (tmp_path / "refine" / "cli" / "options.py").write_text("class Options: ...\n")
+    (tmp_path / "refine" / "cli" / "run.py").write_text("from refine.cli.options import Options\n")
+    (tmp_path / "refine" / "inputs").mkdir()
+    (tmp_path / "refine" / "inputs" / "bad.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from refine.cli.options import Options\n")
+    (tmp_path / "refine" / "many").mkdir()
+    (tmp_path / "refine" / "many" / "bad.py").write_text("def f():\n    from ..cli import single\n")
+    (tmp_path / "experiments" / "script.py").write_text("from refine.cli.options import Options\n")
+    assert cli_imports(tmp_path) == ["refine.inputs.bad: imports refine.cli.options.Options",
+                                     "refine.many.bad: imports refine.cli.single"]

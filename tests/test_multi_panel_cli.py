@@ -103,11 +103,10 @@ def test_multi_panel_cli_option_errors(case: dict, tmp_path: Path) -> None:
 def test_multi_panel_cli_cuts_a_pilatus_image_into_its_modules(tmp_path: Path) -> None:
     """A whole Pilatus image of 2 modules (487 x 195 pixels, a 17-row gap) stacked for a 2-panel detector of
     module-sized panels; the wrong module size is refused naming the panel."""
-    from types import SimpleNamespace
-
     from nbtorch.errors import InputError
     from nbtorch.geometry.panels import resolve_panels
     from nbtorch import config_from_args
+    from refine.inputs.measurement import DialsFiles
     from refine.inputs.panels import stacked_image
 
     doc = document()
@@ -119,7 +118,7 @@ def test_multi_panel_cli_cuts_a_pilatus_image_into_its_modules(tmp_path: Path) -
                                                     "children": [{"panel": 0}, {"panel": 1}]}]
     expt = tmp_path / "modules.expt"
     expt.write_text(json.dumps(doc))
-    args = SimpleNamespace(dials=SimpleNamespace(expt=str(expt), expt_index=0), image=SimpleNamespace(image="whole.cbf"))
+    args = DialsFiles(expt=str(expt), image="whole.cbf")
     layout = resolve_panels([config_from_args("-cell 30 30 30 90 90 90 -detpixels_f 487 -detpixels_s 195".split())] * 2)[1]
     whole = np.arange(407 * 487, dtype=float).reshape(407, 487)
     image, mask = stacked_image(args, layout, whole, np.ones(whole.shape, dtype=bool))

@@ -200,18 +200,16 @@ def _module_nexus(path: Path, photons: np.ndarray, n: int, h: int) -> Path:
 def test_refine_takes_the_file_panels_in_the_stacked_layout(tmp_path: Path) -> None:
     """``stacked_image`` with the file's panel boxes: the NXmx modules give the same stacked image as the
     stacked CBF of tests/multi_panel_cli_data.py; a module of the wrong size is refused naming the panel."""
-    from types import SimpleNamespace
-
     from multi_panel_cli_data import H, write_case
     from nbtorch.dials.panels import panels_simulator
     from nbtorch.io.dials import read_expt
+    from refine.inputs.measurement import DialsFiles
     from refine.inputs.panels import stacked_image
 
     case = write_case(tmp_path)
     layout = panels_simulator(read_expt(case["expt"], multi_panel=True), extra_flags=["-N", "5"]).panel_layout
     got = read_image_file(_module_nexus(tmp_path / "modules.nxs", case["photons"], 8, H))
-    args = SimpleNamespace(dials=SimpleNamespace(expt=str(case["expt"]), expt_index=0),
-                           image=SimpleNamespace(image="modules.nxs"))
+    args = DialsFiles(expt=str(case["expt"]), image="modules.nxs")
     image, mask = stacked_image(args, layout, got.image, np.ones(got.image.shape, bool), got.header["panel_boxes"])
     assert np.array_equal(image, case["photons"]) and mask.all()
     cut = got.header["panel_boxes"][:3] + [("module_03", 3 * H, 0, H, 23)] + got.header["panel_boxes"][4:]

@@ -26,14 +26,36 @@ from nbtorch.cli.support import Parser
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
 from refine.cli.options import DEFAULT_DATASET, GEOMETRY_PRIORS, GROUP_TITLES, PROG, Options, options_from_namespace
-from refine.cli.values import csv_names
+from refine.modes.values import csv_names
 from refine.many.distributed import process_device
-from refine.inputs.dials import add_options as add_dials_options
 from refine.fitting.structure_factors import AMPLITUDE_STARTS, DEFAULT_MIN_PHOTONS
 from refine.quality.identifiability import TOO_FEW_SPOTS
 from refine.solver.precondition import PRECONDITIONER_NAMES
 
 __all__ = ["build_parser", "parse_args", "parse_namespace"]
+
+
+def add_dials_options(group) -> None:
+    """The DIALS options of :func:`build_parser`, added to its argparse ``group``."""
+    group.add_argument("--expt", help="DIALS experiment (.expt) as the starting model (geometry, beam, crystal); "
+                                            "--model flags are applied after it")
+    group.add_argument("--expt-index", type=int, default=0,
+                             help="which experiment of --expt (and id of --refl) (default %(default)s)")
+    group.add_argument("--expt-image", type=int, default=None,
+                             help="rotation scans: image of the scan that --image is, 0 = the first (default: from the "
+                                  "image's file name and the experiment's template, else 0)")
+    group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
+                                            "spot list (as --spots); with a still's --expt, one --image is fitted in "
+                                            "windows about them with the defaults --refine, --spot-window and "
+                                            "--subsample say (docs/still-from-dials.md)")
+    group.add_argument("--panel-groups", type=int, default=None, metavar="LEVEL",
+                       help="a multi-panel --expt: the level of its hierarchy whose groups move as rigid bodies "
+                            "(0 the whole detector, the last each panel; default 0); the detector names refine "
+                            "each group's changes <name>_g<k>")
+    group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
+                                                 "document with the refined values, or without --expt a new still "
+                                                 "experiment (space group from --symmetry when it names one)")
+
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The argument parser (``--help`` text); with ``parser``, the option groups are added to that parser instead

@@ -24,59 +24,16 @@ from nbtorch.errors import InputError
 from refine.inputs.dials_profile import (PROFILE_FLAGS, lab_panel, mosaic_model_of_tokens, profile_model,
                                          still_model, window_half_px)
 
-if TYPE_CHECKING:  # the command's options; this module only reads them
-    from refine.cli.options import Options
+if TYPE_CHECKING:  # types only
+    from refine.inputs.measurement import DialsFiles
 
-__all__ = ["add_options", "check_dials_options", "model_tokens", "refl_spots", "write_expt_out", "observed_rows"]
-
-
-def add_options(group) -> None:
-    """The DIALS options of :func:`refine.cli.parser.build_parser`, added to its argparse ``group``."""
-    group.add_argument("--expt", help="DIALS experiment (.expt) as the starting model (geometry, beam, crystal); "
-                                            "--model flags are applied after it")
-    group.add_argument("--expt-index", type=int, default=0,
-                             help="which experiment of --expt (and id of --refl) (default %(default)s)")
-    group.add_argument("--expt-image", type=int, default=None,
-                             help="rotation scans: image of the scan that --image is, 0 = the first (default: from the "
-                                  "image's file name and the experiment's template, else 0)")
-    group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
-                                            "spot list (as --spots); with a still's --expt, one --image is fitted in "
-                                            "windows about them with the defaults --refine, --spot-window and "
-                                            "--subsample say (docs/still-from-dials.md)")
-    group.add_argument("--panel-groups", type=int, default=None, metavar="LEVEL",
-                       help="a multi-panel --expt: the level of its hierarchy whose groups move as rigid bodies "
-                            "(0 the whole detector, the last each panel; default 0); the detector names refine "
-                            "each group's changes <name>_g<k>")
-    group.add_argument("--expt-out", help="write the refined model as a DIALS experiment (.expt): the --expt "
-                                                 "document with the refined values, or without --expt a new still "
-                                                 "experiment (space group from --symmetry when it names one)")
+__all__ = ["read_experiment", "image_index", "model_tokens", "refl_spots", "write_expt_out", "observed_rows"]
 
 
-def check_dials_options(args: Options) -> None:
-    """Checks that need no file."""
-    if args.dials.expt_out and not args.dials.expt and not args.image.image:
-        raise InputError("--expt-out: writes the refined model of a measured image; give --image (or --expt)")
-    if args.dials.refl and args.pixels.spots:
-        raise InputError("--refl and --spots both give the observed spots; drop one")
-    if args.dials.panel_groups is not None and not args.dials.expt:
-        raise InputError("--panel-groups: the groups of a multi-panel --expt detector; give --expt")
-    if args.dials.expt_image is not None and not args.dials.expt:
-        raise InputError("--expt-image: the image of an --expt rotation scan that --image is; give --expt")
-    for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image),
-                        ("--panel-groups", args.dials.panel_groups)):
-        if value is not None and value < 0:
-            raise InputError(f"{flag}: must be >= 0, got {value}")
-
-
-def read_experiment(args: Options):
-    """Experiment ``--expt-index`` of ``--expt`` (:func:`nbtorch.io.dials.read_expt`, multi-panel detectors
-    read too: :func:`model_tokens` refuses them where they are not taken; errors name ``--expt``)."""
-    from nbtorch.io.dials import read_expt
-
-    try:
-        return read_expt(args.dials.expt, args.dials.expt_index, multi_panel=True)
-    except InputError as exc:
-        raise InputError(f"--expt {exc}") from None
+def read_experiment(dials: DialsFiles):
+    """Experiment ``dials.index`` of ``dials.expt`` (:meth:`DialsFiles.experiment`: multi-panel detectors read too,
+    :func:`model_tokens` refuses them where they are not taken; errors name ``--expt``)."""
+    return dials.experiment()
 
 
 def is_still(exp) -> bool:
@@ -125,25 +82,25 @@ def template_index(exp, image: str) -> int | None:
     return None
 
 
-def image_index(args: Options) -> int:
-    """The scan image ``--image`` is (0 = the scan's first): ``--expt-image``, else from the image's file name
-    (:func:`template_index`), else 0."""
-    if args.dials.expt_image is not None:
-        return int(args.dials.expt_image)
-    if not args.dials.expt or not args.image.image:
+def image_index(dials: DialsFiles) -> int:
+    """The scan image ``dials.image`` is (0 = the scan's first): ``dials.scan_image`` (``--expt-image``), else from
+    the image's file name (:func:`template_index`), else 0."""
+    if dials.scan_image is not None:
+        return int(dials.scan_image)
+    if not dials.expt or not dials.image:
         return 0
-    index = template_index(read_experiment(args), args.image.image)
+    index = template_index(read_experiment(dials), dials.image)
     return 0 if index is None else index
 
 
-def _typical_dstar(args: Options, exp) -> float:
+def _typical_dstar(dials: DialsFiles, exp) -> float:
     """The median ``1/d`` of the ``--refl`` spots (its ``d`` column), else of the panel's pixels (1/A)."""
     from nbtorch.dials.geometry import nb_from_dials
     from nbtorch.io.dials import read_refl
 
-    if args.dials.refl:
+    if dials.refl:
         try:
-            d = read_refl(args.dials.refl, ("d",), experiment_id=args.dials.expt_index)["d"]
+            d = read_refl(dials.refl, ("d",), experiment_id=dials.index)["d"]
         except InputError:
             d = np.zeros(0)
         d = d[np.isfinite(d) & (d > 0)]
@@ -160,20 +117,22 @@ def _typical_dstar(args: Options, exp) -> float:
     return float(np.median(2.0 * np.sin(np.arccos(np.clip(cos2t, -1, 1)) / 2.0))) / float(exp.beam["wavelength"])
 
 
-def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | list[str] | None:
-    """The starting model for :func:`refine.inputs.start_model.model_config`: ``--model`` alone, or the ``--expt`` flags
+def model_tokens(dials: DialsFiles | None, model: str | None, say=None,
+                 multi_panel: bool = False) -> str | list[str] | None:
+    """The starting model for :func:`refine.inputs.start_model.model_config`: ``model`` (``--model``) alone, or the
+    ``--expt`` flags
     (geometry, crystal, the scan's rotation of the image; the crystal model of the profile, :func:`profile_model`,
     or of a still's crystal and profile, :func:`still_model`) followed by the ``--model`` tokens, whose flags replace
     those.  ``say``: where the profile's note goes.
     ``multi_panel``: a detector of several panels is taken (the flags are panel 0's; :mod:`refine.inputs.panels`
     gives every panel's), else refused."""
-    if not args.dials.expt:
-        return args.model.model
+    if dials is None or not dials.expt:
+        return model
     from nbtorch.dials.geometry import experiment_flags
     from nbtorch.io.dials import scan_oscillation
     from refine.inputs.start_model import expand_model_args
 
-    exp = read_experiment(args)
+    exp = read_experiment(dials)
     if len(exp.panels) > 1 and not multi_panel:
         raise InputError(f"--expt {exp.path}: multi-panel detector ({len(exp.panels)} panels); nbtorch-refine takes "
                          "one on a single --image (not in joint runs)")
@@ -181,15 +140,15 @@ def model_tokens(args: Options, say=None, multi_panel: bool = False) -> str | li
         if len(exp.panels) > 1:
             from nbtorch.dials.panels import panel_flags
 
-            flags = panel_flags(exp, image_index(args))[0]
+            flags = panel_flags(exp, image_index(dials))[0]
         else:
-            flags = experiment_flags(exp, image_index(args))
+            flags = experiment_flags(exp, image_index(dials))
     except InputError as exc:
         raise InputError(exc if str(exc).startswith("--expt") else f"--expt {exc}") from None
-    user = expand_model_args(args.model.model) if args.model.model else []
+    user = expand_model_args(model) if model else []
     osc = scan_oscillation(exp.scan, exp.path)[1] if exp.scan is not None else None
     profile = (still_model(exp, mosaic_model_of_tokens(user)) if exp.scan is None
-               else profile_model(exp, _typical_dstar(args, exp), osc, mosaic_model_of_tokens(user)))
+               else profile_model(exp, _typical_dstar(dials, exp), osc, mosaic_model_of_tokens(user)))
     if profile is not None:
         kept = {k: v for k, v in profile.flags().items() if not any(t in PROFILE_FLAGS[k] for t in user)}
         if exp.scan is None:
@@ -240,16 +199,19 @@ def _check_against_scan(exp, image: str, index: int | None, obs) -> int:
     return index
 
 
-def scan_indices(args: Options, images: list[str]) -> list[int | None]:
+def scan_indices(dials: DialsFiles | None, images: list[str], frame: int | None = None,
+                 shape: tuple[int, int] | None = None, dtype: str = "<f4",
+                 dataset: str = "/entry/data/data") -> list[int | None]:
     """Each image's index in the ``--expt`` scan (0 = its first image), matched by the experiment's template or
     image list (:func:`template_index`) or else the header's start angle, and each image checked against the
     experiment before any work: a file of the template, its size the detector's, its header's rotation the scan's
-    (one line naming the image and the mismatch).  None for every image without ``--expt`` or a scan."""
+    (one line naming the image and the mismatch).  None for every image without ``--expt`` or a scan.
+    ``frame``, ``shape``, ``dtype``, ``dataset``: how the images are read (:func:`refine.inputs.images.load_image`)."""
     from refine.inputs.images import load_image
 
-    if not args.dials.expt:
+    if dials is None or not dials.expt:
         return [None] * len(images)
-    exp = read_experiment(args)
+    exp = read_experiment(dials)
     if exp.scan is None:
         return [None] * len(images)
     out: list[int | None] = []
@@ -257,19 +219,18 @@ def scan_indices(args: Options, images: list[str]) -> list[int | None]:
         index = template_index(exp, image)
         if not os.path.isfile(image):
             raise InputError(f"{image}: image file not found")
-        obs = load_image(image, frame=args.image.frame, shape=args.image.shape, dtype=args.image.raw_dtype,
-                         dataset=args.image.dataset)
+        obs = load_image(image, frame=frame, shape=shape, dtype=dtype, dataset=dataset)
         out.append(_check_against_scan(exp, image, index, obs))
     return out
 
 
-def spot_window(args: Options, say=None) -> int | None:
-    """``--spot-window``, or for DIALS spots of a rotation scan (``--refl`` with an ``--expt`` scan) by default the
+def spot_window(dials: DialsFiles | None, given: int | None, say=None) -> int | None:
+    """``given`` (``--spot-window``), or for DIALS spots of a rotation scan (``--refl`` with an ``--expt`` scan) by default the
     half-width that holds a spot (:func:`window_half_px`); None otherwise (every pixel of the fitted region; a
     still's default windows: :mod:`refine.inputs.still_defaults`)."""
-    if args.pixels.spot_window is not None or not (args.dials.refl and args.dials.expt):
-        return args.pixels.spot_window
-    exp = read_experiment(args)
+    if given is not None or dials is None or not (dials.refl and dials.expt):
+        return given
+    exp = read_experiment(dials)
     if exp.scan is None:
         return None
     half, why = window_half_px(exp)
@@ -300,7 +261,7 @@ def observed_rows(path: str, cols: dict) -> np.ndarray:
 WINDOWS = "all"
 
 
-def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
+def refl_spots(dials: DialsFiles, windows: str | None = None) -> np.ndarray:
     """``(n, 3)`` observed spots of ``--refl`` (x fast, y slow in pixels, z in frames; :func:`observed_rows`).
 
     For a rotation scan (``--expt`` with a scan) those of the image: the spots whose centroid frame ``z`` lies on it
@@ -313,16 +274,16 @@ def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
     """
     from nbtorch.io.dials import read_refl
 
-    path = args.dials.refl
+    path = dials.refl
     try:
-        cols = read_refl(path, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
+        cols = read_refl(path, ("xyzobs.px.value",), experiment_id=dials.index,
                          optional=("flags", "bbox", "xyzcal.px"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
     observed = observed_rows(path, cols)
     xyz = cols["xyzobs.px.value"]
-    exp = read_experiment(args) if args.dials.expt else None
-    index = image_index(args)
+    exp = read_experiment(dials) if dials.expt else None
+    index = image_index(dials)
     if exp is not None and exp.scan is not None:
         z0 = float(exp.scan["image_range"][0]) - 1.0 + index
         here = observed & (xyz[:, 2] >= z0) & (xyz[:, 2] < z0 + 1.0)
@@ -338,53 +299,53 @@ def refl_spots(args: Options, windows: str | None = None) -> np.ndarray:
     else:
         xyz = xyz[observed]
     if not len(xyz):
-        raise InputError(f"--refl {path}: no observed spots of experiment {args.dials.expt_index}"
+        raise InputError(f"--refl {path}: no observed spots of experiment {dials.index}"
                          + (f" on image {index} of the scan" if exp is not None and exp.scan is not None else ""))
     return np.ascontiguousarray(xyz)
 
 
-def _scan_observations(args: Options, column: str):
+def _scan_observations(dials: DialsFiles | None, column: str):
     """``(the --expt experiment, the --refl columns xyzobs.px.value, flags and column)`` for an experiment with a
     scan; None without a scan, without ``--refl`` or without ``column`` in it."""
     from nbtorch.io.dials import read_refl
 
-    exp = read_experiment(args) if args.dials.expt else None
-    if exp is None or exp.scan is None or not args.dials.refl:
+    exp = read_experiment(dials) if dials is not None and dials.expt else None
+    if exp is None or exp.scan is None or not dials.refl:
         return None
     try:
-        cols = read_refl(args.dials.refl, ("xyzobs.px.value",), experiment_id=args.dials.expt_index,
+        cols = read_refl(dials.refl, ("xyzobs.px.value",), experiment_id=dials.index,
                          optional=(column, "flags"))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
     return (exp, cols) if column in cols else None
 
 
-def refl_indexed(args: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def refl_indexed(dials: DialsFiles | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The indexed observed spots of ``--refl`` on the ``--expt`` scan: ``(hkl (n, 3), xyz (n, 3) x, y px and z frames,
     phi (n,) the scan angle of each spot's frame in deg)`` (:func:`observed_rows` with a non-zero ``miller_index``),
     None without a scan or Miller indices."""
     from nbtorch.io.dials import scan_oscillation
 
-    found = _scan_observations(args, "miller_index")
+    found = _scan_observations(dials, "miller_index")
     if found is None:
         return None
     exp, cols = found
-    keep = observed_rows(args.dials.refl, cols) & np.any(cols["miller_index"] != 0, axis=1)
+    keep = observed_rows(dials.refl, cols) & np.any(cols["miller_index"] != 0, axis=1)
     xyz = cols["xyzobs.px.value"][keep]
     start, width = scan_oscillation(exp.scan, exp.path)
     phi = start + (xyz[:, 2] - (float(exp.scan["image_range"][0]) - 1.0)) * width
     return cols["miller_index"][keep].astype(np.float64), xyz, phi
 
 
-def refl_shoeboxes(args: Options) -> tuple[np.ndarray, np.ndarray, float] | None:
+def refl_shoeboxes(dials: DialsFiles | None) -> tuple[np.ndarray, np.ndarray, float] | None:
     """The observed spots of ``--refl`` on the ``--expt`` scan with their shoeboxes: ``(xyz (m, 3) x, y px and z frames,
     bbox (m, 6) x0, x1, y0, y1, z0, z1 (ends exclusive), the frame of the scan's image 0)`` (:func:`observed_rows`);
     None without a scan or a ``bbox`` column (:func:`refine.many.image_reports.sweep_spot_rows` compares them)."""
-    found = _scan_observations(args, "bbox")
+    found = _scan_observations(dials, "bbox")
     if found is None:
         return None
     exp, cols = found
-    keep = observed_rows(args.dials.refl, cols)
+    keep = observed_rows(dials.refl, cols)
     return cols["xyzobs.px.value"][keep], cols["bbox"][keep].astype(np.int64), float(exp.scan["image_range"][0]) - 1.0
 
 
@@ -395,12 +356,12 @@ def on_image(spots: np.ndarray | None) -> np.ndarray | None:
     return spots[np.isfinite(spots[:, 2])]
 
 
-def _experiment_group(args: Options):
+def _experiment_group(dials: DialsFiles | None):
     """The gemmi space group of the ``--expt`` crystal (its Hall symbol); None without ``--expt``, a Hall symbol or
     gemmi."""
-    if not args.dials.expt:
+    if dials is None or not dials.expt:
         return None
-    hall = read_experiment(args).crystal.get("space_group_hall_symbol")
+    hall = read_experiment(dials).crystal.get("space_group_hall_symbol")
     try:
         import gemmi
 
@@ -409,20 +370,20 @@ def _experiment_group(args: Options):
         return None
 
 
-def experiment_symmetry(args: Options) -> str | None:
-    """Without ``--symmetry``: the crystal system of the ``--expt`` crystal's space group (:func:`_experiment_group`),
+def experiment_symmetry(dials: DialsFiles | None, symmetry: str | None = None) -> str | None:
+    """Without a ``symmetry`` given (``--symmetry``): the crystal system of the ``--expt`` crystal's space group (:func:`_experiment_group`),
     so that the refined cell keeps the symmetry DIALS indexed; None where the experiment names none."""
-    group = None if args.fit.symmetry else _experiment_group(args)
+    group = None if symmetry else _experiment_group(dials)
     if group is None:
         return None
     system = group.crystal_system_str()
     return "rhombohedral" if system == "trigonal" and group.hm.startswith("R") and group.ext == "R" else system
 
 
-def experiment_space_group(args: Options) -> str | None:
+def experiment_space_group(dials: DialsFiles | None) -> str | None:
     """The ``--expt`` crystal's space group by its Hermann-Mauguin name (e.g. ``P 2 2 2``), the amplitudes' space
     group when ``--structure-factors`` names none; None where the experiment names none."""
-    group = _experiment_group(args)
+    group = _experiment_group(dials)
     return None if group is None else group.hm
 
 
@@ -436,14 +397,15 @@ def _hall_symbol(symmetry: str | None) -> str:
     return group.hall if group is not None else " P 1"
 
 
-def write_expt_out(args: Options, sim, params) -> None:
-    """Write ``--expt-out``: the ``--expt`` document (or, without one, a new still experiment of ``--image``)
-    with ``sim``'s geometry at the refined ``params``."""
+def write_expt_out(dials: DialsFiles, path: str, sim, params, symmetry: str | None = None) -> None:
+    """Write ``path`` (``--expt-out``): the ``--expt`` document (or, without one, a new still experiment of
+    ``dials.image``, its space group ``symmetry`` where that names one) with ``sim``'s geometry at the refined
+    ``params``."""
     from nbtorch.dials.geometry import refined_document, still_experiment
     from nbtorch.io.dials import write_expt
 
-    if args.dials.expt:
-        doc = refined_document(read_experiment(args), sim, dict(params), image_index(args))
+    if dials.expt:
+        doc = refined_document(read_experiment(dials), sim, dict(params), image_index(dials))
     else:
-        doc = refined_document(still_experiment(sim, args.image.image, _hall_symbol(args.fit.symmetry)), sim, dict(params))
-    write_expt(args.dials.expt_out, doc)
+        doc = refined_document(still_experiment(sim, dials.image, _hall_symbol(symmetry)), sim, dict(params))
+    write_expt(path, doc)

@@ -23,27 +23,18 @@ import numpy as np
 
 from nbtorch.errors import InputError
 
-if TYPE_CHECKING:  # the command's options; this module only reads them
-    from refine.cli.options import Options
+if TYPE_CHECKING:  # types only
+    from refine.inputs.measurement import DialsFiles
 
 __all__ = ["panel_count", "panel_configs", "stacked_image", "panel_groups", "refl_panel_spots", "write_panels_expt"]
 
 
-def _experiment(args: Options):
-    from nbtorch.io.dials import read_expt
-
-    try:
-        return read_expt(args.dials.expt, args.dials.expt_index, multi_panel=True)
-    except InputError as exc:
-        raise InputError(f"--expt {exc}") from None
-
-
-def panel_count(args: Options) -> int:
+def panel_count(dials: DialsFiles | None) -> int:
     """How many panels the ``--expt`` detector has (1 without ``--expt``)."""
-    return len(_experiment(args).panels) if args.dials.expt else 1
+    return len(dials.experiment().panels) if dials is not None and dials.expt else 1
 
 
-def panel_configs(args: Options, tokens: list[str], dtype: str):
+def panel_configs(dials: DialsFiles, tokens: list[str], dtype: str):
     """``(configs, names)``: each panel's configuration, its flags from the experiment
     (:func:`nbtorch.dials.panels.panel_flags`) followed by ``tokens``' flags after panel 0's (the profile's
     crystal model and ``--model``)."""
@@ -52,8 +43,8 @@ def panel_configs(args: Options, tokens: list[str], dtype: str):
 
     from refine.inputs.dials import image_index
 
-    exp = _experiment(args)
-    flags = panel_flags(exp, image_index(args))
+    exp = dials.experiment()
+    flags = panel_flags(exp, image_index(dials))
     extra = list(tokens[len(flags[0]):])
     configs = []
     for i, f in enumerate(flags):
@@ -85,7 +76,7 @@ def _panels_of(image: np.ndarray, layout, boxes=None) -> list[np.ndarray]:
     return [image]
 
 
-def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
+def stacked_image(dials: DialsFiles, layout, image: np.ndarray, mask: np.ndarray,
                   boxes=None) -> tuple[np.ndarray, np.ndarray]:
     """``(image, mask)`` of ``--image`` in the stacked ``layout`` (:class:`nbtorch.geometry.panels.PanelLayout`; block
     pixels outside a panel: 0 and masked).  ``boxes``: the file's own panels, ``(name, y0, x0, height,
@@ -97,10 +88,10 @@ def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
     """
     from nbtorch.dials.panels import check_image_panels
 
-    exp = _experiment(args)
+    exp = dials.experiment()
     parts, masks = _panels_of(np.asarray(image), layout, boxes), _panels_of(np.asarray(mask), layout, boxes)
     try:
-        check_image_panels(exp, [tuple(p.shape) for p in parts], what=f"--image {args.image.image}")
+        check_image_panels(exp, [tuple(p.shape) for p in parts], what=f"--image {dials.image}")
     except InputError as exc:
         raise InputError(f"--expt {exc}") from None
     out, keep = np.zeros(layout.shape), np.zeros(layout.shape, dtype=bool)
@@ -111,12 +102,12 @@ def stacked_image(args: Options, layout, image: np.ndarray, mask: np.ndarray,
     return out, keep
 
 
-def panel_groups(args: Options, level: int | None) -> tuple[list[tuple[int, ...]], list[str]]:
+def panel_groups(dials: DialsFiles, level: int | None) -> tuple[list[tuple[int, ...]], list[str]]:
     """``(groups, labels)`` of ``--panel-groups LEVEL``: the groups of that level of the detector's hierarchy
     (0 the whole detector, the last the panels; :func:`nbtorch.dials.panels.hierarchy_groups`); default 0."""
     from nbtorch.dials.panels import hierarchy_groups
 
-    levels = hierarchy_groups(_experiment(args).detector)
+    levels = hierarchy_groups(dials.experiment().detector)
     level = 0 if level is None else level
     if not 0 <= level < len(levels):
         raise InputError(f"--panel-groups {level}: the detector's hierarchy has levels 0..{len(levels) - 1} "
@@ -124,16 +115,16 @@ def panel_groups(args: Options, level: int | None) -> tuple[list[tuple[int, ...]
     return [members for _, members in levels[level]], [name for name, _ in levels[level]]
 
 
-def refl_panel_spots(args: Options, layout) -> np.ndarray:
+def refl_panel_spots(dials: DialsFiles, layout) -> np.ndarray:
     """``(n, 3)`` observed spots of ``--refl`` (x fast, y slow in stacked pixels, z frame): each row's panel
     pixels moved into its panel's block (the ``panel`` column; rows as :func:`refine.inputs.dials.refl_spots`)."""
     from nbtorch.io.dials import read_refl
 
     from refine.inputs.dials import observed_rows
 
-    path = args.dials.refl
+    path = dials.refl
     try:
-        cols = read_refl(path, ("xyzobs.px.value", "panel"), experiment_id=args.dials.expt_index,
+        cols = read_refl(path, ("xyzobs.px.value", "panel"), experiment_id=dials.index,
                          optional=("flags",))
     except InputError as exc:
         raise InputError(f"--refl {exc}") from None
@@ -144,18 +135,18 @@ def refl_panel_spots(args: Options, layout) -> np.ndarray:
     if bad.any():
         raise InputError(f"--refl {path}: a spot on panel {int(panel[bad][0])}, but the detector has panels 0..{n - 1}")
     if not len(xyz):
-        raise InputError(f"--refl {path}: no observed spots of experiment {args.dials.expt_index}")
+        raise InputError(f"--refl {path}: no observed spots of experiment {dials.index}")
     xyz[:, 1] += panel * layout.rows
     return np.ascontiguousarray(xyz)
 
 
-def write_panels_expt(args: Options, sim, params) -> None:
-    """Write ``--expt-out`` of a multi-panel run: every panel at its refined values
+def write_panels_expt(dials: DialsFiles, path: str, sim, params) -> None:
+    """Write ``path`` (``--expt-out``) of a multi-panel run: every panel at its refined values
     (:func:`nbtorch.dials.panels.refined_panels_document`)."""
     from nbtorch.dials.panels import refined_panels_document
     from nbtorch.io.dials import write_expt
 
     from refine.inputs.dials import image_index
 
-    doc = refined_panels_document(_experiment(args), sim, dict(params), image_index(args))
-    write_expt(args.dials.expt_out, doc)
+    doc = refined_panels_document(dials.experiment(), sim, dict(params), image_index(dials))
+    write_expt(path, doc)

@@ -28,8 +28,8 @@ from nbtorch.errors import InputError
 from refine.inputs.dials import PROFILE_FLAGS, is_still, mosaic_model_of_tokens, read_experiment, still_model, window_half_px
 from refine.inputs.start_model import expand_model_args
 
-if TYPE_CHECKING:  # the command's options; this module only reads them
-    from refine.cli.options import Options
+if TYPE_CHECKING:  # types only
+    from refine.inputs.measurement import DialsFiles
 
 __all__ = ["STILL_REFINE", "REST_FRACTION", "REST_PER_WINDOW_PIXEL", "StillDefaults", "dials_still", "still_defaults"]
 
@@ -54,59 +54,61 @@ class StillDefaults:
     rest_ratio: float | None
     notes: tuple[str, ...]
 
-    def apply(self, args: Options) -> Options:
-        """``args`` with the defaults filled in."""
-        values = {k: v for k, v in (("refine", self.refine), ("spot_window", self.spot_window),
-                                    ("subsample", self.subsample)) if v is not None}
-        return args.with_fields(**values) if values else args
+    def fields(self) -> dict:
+        """The options the defaults fill in, by name (``refine``, ``spot_window``, ``subsample``)."""
+        return {k: v for k, v in (("refine", self.refine), ("spot_window", self.spot_window),
+                                  ("subsample", self.subsample)) if v is not None}
 
 
-def dials_still(args: Options) -> bool:
-    """Whether ``args`` refine one measured still from DIALS files: ``--image``, ``--expt`` (a still) and ``--refl``,
-    on its own or as one image of a joint run of stills (independent and joint modes' images are each such a run;
-    a rotation series is not)."""
-    if not (args.image.image and args.dials.expt and args.dials.refl):
+def dials_still(dials: DialsFiles, rotation_series: bool = False) -> bool:
+    """Whether ``dials`` are one measured still from DIALS files: an image, an ``--expt`` still and a ``--refl``,
+    refined on its own or as one image of a joint run of stills (independent and joint modes' images are each such
+    a run; a rotation series, ``rotation_series``, is not)."""
+    if not (dials.image and dials.expt and dials.refl):
         return False
-    if args.many.rotation_series:
+    if rotation_series:
         return False
-    return is_still(read_experiment(args))
+    return is_still(read_experiment(dials))
 
 
-def _refined(args: Options, mosaic: bool) -> tuple[tuple[str, ...] | None, str | None]:
-    """The default names and their note; None where ``--refine``, ``--stages`` or ``[[stages]]`` choose.  Without a
-    mosaic spread in the model (``mosaic`` False) the crystal size ``N`` is refined instead of the ``mosaic`` group."""
-    if args.fit.refine is not None or args.fit.stages is not None or args.fit.stage_tables or args.many.joint:
+def _refined(mosaic: bool, choose_names: bool, fix, max_steps: int | None
+             ) -> tuple[tuple[str, ...] | None, str | None]:
+    """The default names and their note; None where not ``choose_names`` (``--refine``, ``--stages`` or
+    ``[[stages]]`` choose, or a joint run).  Without a mosaic spread in the model (``mosaic`` False) the crystal size
+    ``N`` is refined instead of the ``mosaic`` group."""
+    if not choose_names:
         return None, None
-    fixed = {n for n in (args.fit.fix or ()) if n != "none"}
+    fixed = {n for n in (fix or ()) if n != "none"}
     names = tuple(n if mosaic or n != "mosaic" else "N" for n in STILL_REFINE if n not in fixed)
     held = f"; --fix holds {', '.join(sorted(fixed))}" if fixed else ""
-    return names, (f"refine {','.join(names)} in one stage (at most {args.optimiser.max_steps or 200} steps; the "
+    return names, (f"refine {','.join(names)} in one stage (at most {max_steps or 200} steps; the "
                    f"distance with the cell: one still measures their ratio{held}; --refine)")
 
 
-def _pixels(args: Options) -> tuple[int | None, float | None, float | None, list[str]]:
+def _pixels(dials: DialsFiles, spot_window: int | None, given_subsample: float | None
+            ) -> tuple[int | None, float | None, float | None, list[str]]:
     """``(spot window, subsample, rest ratio, notes)``: None where ``--spot-window`` or ``--subsample`` is given."""
     notes = []
     half = None
-    if args.pixels.spot_window is None:
-        half, why = window_half_px(read_experiment(args), still=True)
+    if spot_window is None:
+        half, why = window_half_px(read_experiment(dials), still=True)
         notes.append(f"spot windows of +-{half} pixels around the --refl spots ({why}; --spot-window)")
     subsample, ratio = None, None
-    if args.pixels.subsample is None:
+    if given_subsample is None:
         subsample, ratio = REST_FRACTION, REST_PER_WINDOW_PIXEL
         notes.append(f"{100 * REST_FRACTION:g} % of the pixels outside the windows, at most {REST_PER_WINDOW_PIXEL:g} per "
                      "window pixel (the background, and model spots where none was observed; --subsample)")
     return half, subsample, ratio, notes
 
 
-def _crystal(args: Options) -> tuple[bool, list[str]]:
+def _crystal(dials: DialsFiles, model_flags: str | None) -> tuple[bool, list[str]]:
     """Whether the starting model has a mosaic spread (the experiment's or ``--model``'s), and its note; a crystal
     size from neither is one line naming ``--model``."""
-    user = expand_model_args(args.model.model) if args.model.model else []
-    model = still_model(read_experiment(args), mosaic_model_of_tokens(user))
+    user = expand_model_args(model_flags) if model_flags else []
+    model = still_model(read_experiment(dials), mosaic_model_of_tokens(user))
     missing = [q for q in model.missing() if not any(t in PROFILE_FLAGS[q] for t in user)]
     if "size" in missing:
-        raise InputError(f"--model: the experiment ({args.dials.expt}) gives no crystal size of the still (no "
+        raise InputError(f"--model: the experiment ({dials.expt}) gives no crystal size of the still (no "
                          "ML_domain_size_ang in its crystal, no profile sigma_b); give one, e.g. --model \"-N 20\"")
     if "mosaic" in missing:
         return False, ["no mosaic spread (the experiment's crystal has no ML_half_mosaicity_deg): the model has none "
@@ -114,17 +116,22 @@ def _crystal(args: Options) -> tuple[bool, list[str]]:
     return True, []
 
 
-def still_defaults(args: Options) -> StillDefaults | None:
-    """The defaults of one still from DIALS files (module docstring); None for any other run.
+def still_defaults(dials: DialsFiles, model: str | None = None, *, choose_names: bool = True, fix=None,
+                   max_steps: int | None = None, spot_window: int | None = None, subsample: float | None = None,
+                   rotation_series: bool = False) -> StillDefaults | None:
+    """The defaults of one still from DIALS files (module docstring); None for any other run (:func:`dials_still`).
+    ``model``: the ``--model`` flags; ``choose_names``: the refined names are the default's (no ``--refine``,
+    ``--stages`` or ``[[stages]]``, not a joint run), less ``fix``, in one stage of at most ``max_steps``;
+    ``spot_window``, ``subsample``: those given (None: the defaults').
 
     Raises:
         InputError: the experiment and ``--model`` give no crystal size (``--model``).
     """
-    if not dials_still(args):
+    if not dials_still(dials, rotation_series):
         return None
-    mosaic, crystal_notes = _crystal(args)
-    names, refine_note = _refined(args, mosaic)
-    half, subsample, ratio, notes = _pixels(args)
+    mosaic, crystal_notes = _crystal(dials, model)
+    names, refine_note = _refined(mosaic, choose_names, fix, max_steps)
+    half, subsample, ratio, notes = _pixels(dials, spot_window, subsample)
     lines = crystal_notes + ([refine_note] if refine_note else []) + notes
     return StillDefaults(refine=names, spot_window=half, subsample=subsample, rest_ratio=ratio,
                          notes=tuple(lines))

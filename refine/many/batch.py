@@ -38,19 +38,17 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from nbtorch.errors import InputError
 
-if TYPE_CHECKING:  # the command's options; this module only reads them
-    from refine.cli.options import Options
 from nbtorch.io.atomic import atomic_output_path, atomic_write
 from refine.output.stills_report import write_summary_report
 
-__all__ = ["BatchItem", "expand_image_list", "image_stem", "per_image_args", "run_batch", "process_group",
-           "restart_count", "SUMMARY_COLUMNS", "write_summary", "joint_summary_rows"]
+__all__ = ["BatchItem", "expand_image_list", "image_stem", "PER_IMAGE_OPTIONS", "item_folder", "run_batch",
+           "process_group", "restart_count", "SUMMARY_COLUMNS", "write_summary", "joint_summary_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ SUMMARY_COLUMNS = ("image", "status", "reason", *_CELL, *_ORIENTATION, "scale", 
                    "fit_excess", "steps", "loss_final", "wall_s", "folder")
 _NUMERIC = tuple(c for c in SUMMARY_COLUMNS if c not in ("image", "status", "reason", "folder"))
 #: options whose text may hold {stem}
-_PER_IMAGE = ("model", "spots", "mask", "expt", "refl", "config")
+PER_IMAGE_OPTIONS = ("model", "spots", "mask", "expt", "refl", "config")
 
 
 @dataclass(frozen=True)
@@ -130,22 +128,6 @@ def expand_image_list(items: Sequence[str]) -> list[str]:
             raise InputError(f"--images: {stems[s]} and {p} have the same name {s!r}; their results would share a folder")
         stems[s] = p
     return unique
-
-
-def per_image_args(args: Options, image: str, out_dir: Path, name: str | None = None, **fields) -> Options:
-    """The single-image options of ``image``: its folder's output paths (``out_dir/name``, default the image's stem),
-    ``{stem}`` (``name``) filled in and the ``fields`` set."""
-    stem = name or image_stem(image)
-    folder = out_dir / stem
-    checkpoint = str(folder / "result.ckpt.h5")
-    named = {name: args.get(name).replace("{stem}", stem) for name in _PER_IMAGE
-             if isinstance(args.get(name), str) and "{stem}" in args.get(name)}
-    return args.with_fields(
-        image=image, images=None, problem=None, out=str(folder / "result.h5"), json=str(folder / "result.json"),
-        checkpoint=checkpoint, logdir=str(folder / "runs") if args.output.logdir else None,
-        report=str(folder / "report.html") if args.output.report else None,
-        hkl_out=str(folder / "result.hkl") if args.output.hkl_out else None,  # else --out's .hkl
-        quiet=True, resume=bool(args.output.resume) and Path(checkpoint).is_file(), **named, **fields)
 
 
 def _blank_row(image: str, folder: str) -> dict:
@@ -274,12 +256,16 @@ def end_process_group(wait: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def _refine_one(args: Options, item: BatchItem, out_dir: Path, run_one: Callable[[Options], int],
-                say: Callable[[str], None]) -> None:
-    """Refine ``item`` into its folder (kept when done before, unless ``--redo``); a failure's reason in ``error.txt``."""
-    a = per_image_args(args, item.image, out_dir, item.name, **item.fields)
-    folder = Path(a.output.out).parent
-    if not args.many.redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
+def item_folder(item: BatchItem, out_dir: Path) -> Path:
+    """``out_dir/<name>``: where ``item`` is refined (its name, default the image's stem)."""
+    return out_dir / (item.name or image_stem(item.image))
+
+
+def _refine_one(item: BatchItem, out_dir: Path, run_one: Callable[[BatchItem, Path], int],
+                say: Callable[[str], None], redo: bool) -> None:
+    """Refine ``item`` into its folder (kept when done before, unless ``redo``); a failure's reason in ``error.txt``."""
+    folder = item_folder(item, out_dir)
+    if not redo and ((folder / "result.json").is_file() or (folder / "error.txt").is_file()):
         say(f"  {item.row_label}: done before, kept ({folder})")
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -288,7 +274,7 @@ def _refine_one(args: Options, item: BatchItem, out_dir: Path, run_one: Callable
     try:
         if not Path(item.image).is_file():
             raise InputError(f"{item.image}: image file not found")
-        run_one(a)
+        run_one(item, folder)
     except InputError as exc:
         reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - one bad image must not stop the job; its reason is kept
@@ -303,7 +289,7 @@ def _refine_one(args: Options, item: BatchItem, out_dir: Path, run_one: Callable
 def _summary_row(item: BatchItem, out_dir: Path) -> dict:
     """The summary row of ``item``: from its folder, or ``skipped`` with the reason."""
     if item.skipped is None:
-        return _row(item.row_label, out_dir / item.name)
+        return _row(item.row_label, item_folder(item, out_dir))
     row = _blank_row(item.row_label, "")
     row.update(status="skipped", reason=item.skipped)
     return row
@@ -334,14 +320,14 @@ def joint_summary_rows(result, labels: Sequence[str], skipped: Sequence[tuple[st
     return rows
 
 
-def run_batch(args: Options, run_one: Callable[[Options], int],
-              say: Callable[[str], None] = print, items: Sequence[BatchItem] | None = None) -> int:
-    """Refine every image of ``args.many.images`` (or every ``items``, :class:`BatchItem`) with ``run_one``
-    (``refine.cli.single.run``); returns the exit status (skipped items do not count as failed, but a run that
-    refined none is 1)."""
-    if items is None:
-        items = [BatchItem(image, image_stem(image)) for image in expand_image_list(args.many.images)]
-    out_dir = Path(args.many.out_dir or "out/batch")
+def run_batch(items: Sequence[BatchItem], run_one: Callable[[BatchItem, Path], int],
+              out_dir: str | Path = "out/batch", say: Callable[[str], None] = print, *, redo: bool = False,
+              quiet: bool = False) -> int:
+    """Refine every :class:`BatchItem` with ``run_one(item, folder)`` (the command line's: ``nbtorch-refine``'s
+    single run of the item's image, its files in ``folder``, :func:`item_folder`), an item done before kept unless
+    ``redo``; returns the exit status (skipped items do not count as failed, but a run that refined none is 1).
+    ``quiet``: no progress bar."""
+    out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     rank, world, dist = process_group()
@@ -352,8 +338,8 @@ def run_batch(args: Options, run_one: Callable[[Options], int],
     from tqdm.auto import tqdm
 
     t0 = time.monotonic()
-    for item in tqdm(mine, desc="images", unit="image", disable=args.output.quiet or None, leave=False):
-        _refine_one(args, item, out_dir, run_one, say)
+    for item in tqdm(mine, desc="images", unit="image", disable=quiet or None, leave=False):
+        _refine_one(item, out_dir, run_one, say, redo)
     if dist is not None:
         dist.barrier()
     rows = [_summary_row(item, out_dir) for item in items]

@@ -28,17 +28,14 @@ import logging
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from nbtorch.errors import InputError
-from refine.many.batch import BatchItem, expand_image_list, run_batch
+from refine.many.batch import BatchItem, run_batch
 
-if TYPE_CHECKING:  # the command's options; this module only reads them
-    from refine.cli.options import Options
-
-__all__ = ["DialsStill", "read_dials_stills", "relocate_images", "still_items", "many_dials_stills",
+__all__ = ["DialsStill", "read_dials_stills", "relocate_images", "still_items", "experiment_count",
            "run_dials_stills", "space_group_name", "check_one_space_group"]
 
 log = logging.getLogger(__name__)
@@ -208,19 +205,8 @@ def still_items(stills: Sequence[DialsStill], expt: str, skip_missing: bool = Fa
     return items
 
 
-def many_dials_stills(args: Options) -> bool:
-    """Whether ``args`` ask for the stills of one DIALS file: ``--expt`` and ``--refl`` without ``--image`` (nor
-    ``--problem``, ``--joint``); with ``--images``, an ``--expt`` (no ``{stem}``) of more than one experiment."""
-    if not (args.dials.expt and args.dials.refl) or args.image.image or args.model.problem or args.many.joint:
-        return False
-    if not args.many.images:
-        return True
-    if "{stem}" in args.dials.expt or "{stem}" in args.dials.refl:
-        return False
-    return _experiment_count(args.dials.expt) > 1
-
-
-def _experiment_count(expt: str) -> int:
+def experiment_count(expt: str) -> int:
+    """How many experiments ``expt`` holds (errors name ``--expt``)."""
     from nbtorch.io.dials import read_expt
 
     try:
@@ -229,13 +215,17 @@ def _experiment_count(expt: str) -> int:
         raise InputError(f"--expt {exc}") from None
 
 
-def run_dials_stills(args: Options, run_one: Callable[[Options], int], say: Callable[[str], None] = print) -> int:
-    """Refine every still of ``--expt``/``--refl`` on its own (:func:`refine.many.batch.run_batch`); the exit status."""
-    expt, refl = args.dials.expt, args.dials.refl
+def run_dials_stills(expt: str, refl: str, run_one: Callable[[BatchItem, Path], int], out_dir: str | Path = "out/batch",
+                     say: Callable[[str], None] = print, *, images: Sequence[str] | None = None,
+                     skip_missing: bool = False, dataset: str = "/entry/data/data", redo: bool = False,
+                     quiet: bool = False) -> int:
+    """Refine every still of ``expt``/``refl`` on its own (:func:`refine.many.batch.run_batch`, each item's
+    ``fields`` its ``expt_index`` and ``frame``), ``images`` the experiments' images where given
+    (:func:`relocate_images`); the exit status."""
     stills = read_dials_stills(expt, refl)
-    if args.many.images:
-        stills = relocate_images(stills, expand_image_list(args.many.images), expt)
-    items = still_items(stills, expt, args.many.skip_missing, args.image.dataset)
+    if images:
+        stills = relocate_images(stills, images, expt)
+    items = still_items(stills, expt, skip_missing, dataset)
     say(f"nbtorch-refine: {len(stills)} stills of --expt {expt} ({sum(s.reflections for s in stills)} reflections "
         f"in --refl {refl}), each refined on its own")
-    return run_batch(args, run_one, say, items)
+    return run_batch(items, run_one, out_dir, say, redo=redo, quiet=quiet)

@@ -1,5 +1,5 @@
 """Joint mode: many stills of one crystal form refined together (:func:`refine_joint`; from the command line
-``nbtorch-refine --images ... --joint --shared cell``, :mod:`refine.cli.joint`; docs/many-stills.md).
+``nbtorch-refine --images ... --joint --shared cell``, :mod:`refine.modes.joint`; docs/many-stills.md).
 
 One still determines the cell poorly; thousands of stills of one crystal form determine it well when
 their likelihoods are combined.  The parameters split into

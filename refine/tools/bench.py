@@ -7,7 +7,7 @@
 
 Times what a user of the refinement waits for, on the objective a ``nbtorch-refine`` run fits: the
 arguments after ``--`` (default: the real-data tutorial, ``--config examples/thaumatin_still.toml``) are
-parsed and prepared by the command's own steps (:func:`refine.cli.single.prepare`, :func:`refine.solver.plan.make_plan`,
+parsed and prepared by the command's own steps (:func:`refine.modes.single.prepare`, :func:`refine.solver.plan.make_plan`,
 :func:`refine.solver.runner.stage_objective` of the last stage and :func:`refine.solver.runner.whole_image_objective`), so
 the pixels, the simulator (tiles, compile mode, sensor layers, dtype) and the loss are the run's.  Measured,
 each the median and minimum of ``--repeats`` warm repeats after one untimed warm-up (whose time, compiles or
@@ -78,7 +78,7 @@ class Bench:
 
     def __init__(self, argv: Sequence[str]) -> None:
         from refine.cli.parser import parse_args
-        from refine.cli.single import plan_arguments, prepare
+        from refine.modes.single import plan_arguments, prepare
         from refine.fitting.parameters import ParameterMap
         from refine.solver.plan import make_plan
         from refine.solver.runner import stage_objective, whole_image_objective

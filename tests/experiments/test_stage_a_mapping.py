@@ -135,7 +135,7 @@ def test_refine_options_and_pixel_choice(tmp_path):
     nbtorch-refine's preparation chooses, through its restricted simulator."""
     from experiments.stage_a_mapping import main
     from refine.cli.parser import parse_args
-    from refine.cli.single import prepare
+    from refine.modes.single import prepare
 
     cfg = tmp_path / "run.toml"
     cfg.write_text('problem = "cubic_mosflm"\nsize = 32\nroi = [4, 27, 2, 29]\nsubsample = 0.5\nseed = 3\n'

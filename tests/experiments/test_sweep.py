@@ -65,7 +65,7 @@ def test_sweep_two_workers_then_resume(tmp_path):
     assert args.optimiser.optimizer == "adam" and args.optimiser.max_steps == 4 and args.model.problem == "cubic_mosflm"
     best_trial = _study(out).best_trial
     assert args.optimiser.precondition == best_trial.params["precondition"]
-    from refine.cli.values import build_stages
+    from refine.modes.values import build_stages
 
     pre = None if args.optimiser.precondition == "none" else args.optimiser.precondition
     assert [s.precondition for s in build_stages(args)] == [pre]

@@ -48,7 +48,7 @@ def test_main_job_time_is_parsed(monkeypatch):
 def test_the_refinement_tile_is_small_on_a_cpu_and_one_large_tile_on_a_gpu():
     """A refinement's simulator: tiles of 2^19 evaluations on a CPU (few tiles, cache-sized), 2^22 on a GPU;
     the tile changes no pixel's value (tests/test_simulator.py), so the choice is speed alone."""
-    from refine.cli.single import tile_evaluations
+    from refine.modes.single import tile_evaluations
 
     assert tile_evaluations("cpu") == 1 << 19
     assert tile_evaluations("cuda") == tile_evaluations("cuda:1") == 1 << 22

@@ -67,7 +67,7 @@ def test_refusals_write_nothing(refine_cli, extra, message):
 def test_the_mtz_may_go_to_the_folder_the_run_makes(tmp_path, monkeypatch):
     """Its folder exists, or is the one the run makes for its results (--out's, a joint run's --out-dir)."""
     from refine.cli.parser import parse_args
-    from refine.cli.single import amplitude_options
+    from refine.modes.single import amplitude_options
 
     monkeypatch.chdir(tmp_path)
     sf = ["--structure-factors", "--space-group", "P1"]

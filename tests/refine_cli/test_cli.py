@@ -165,7 +165,7 @@ def test_spots_report(refine_cli, tmp_path):
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
     from refine.cli.parser import parse_args
-    from refine.cli.values import build_stages
+    from refine.modes.values import build_stages
 
     stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--max-steps", "10", "--optimizer", optimizer]))
     assert [s.name for s in stages][-1] == "final"
@@ -174,7 +174,7 @@ def test_max_steps_gives_stage_a_final_stage_five_times(optimizer):
 
 def test_history_size_and_precondition_reach_every_stage():
     from refine.cli.parser import parse_args
-    from refine.cli.values import build_stages
+    from refine.modes.values import build_stages
 
     stages = build_stages(parse_args(["--problem", "cubic_mosflm", "--history-size", "7",
                                       "--precondition", "diagonal"]))
@@ -186,7 +186,7 @@ def test_history_size_and_precondition_reach_every_stage():
 
 def test_stage_table_precondition(tmp_path):
     from refine.cli.parser import parse_args
-    from refine.cli.values import build_stages
+    from refine.modes.values import build_stages
 
     (tmp_path / "s.toml").write_text('problem = "cubic_mosflm"\n[[stages]]\nfree = ["cell"]\nprecondition = "full"\n'
                                      'history_size = 5\n[[stages]]\nfree = ["cell", "scale"]\n')
@@ -202,7 +202,7 @@ def test_stage_table_precondition(tmp_path):
 def test_bad_optimizer_options(argv, message):
     from nbtorch.errors import InputError
     from refine.cli.parser import parse_args
-    from refine.cli.values import build_stages
+    from refine.modes.values import build_stages
 
     with pytest.raises(InputError, match=message):
         build_stages(parse_args(["--problem", "cubic_mosflm", *argv]))
@@ -241,7 +241,7 @@ def test_measured_image_default_plan_refines_the_tilt_and_fixes_the_distance(ref
     """With --image and no --refine/--stages: stage_a whose detector stage frees the tilt; the distance is fixed
     unless --fix says otherwise (--fix none: nothing fixed)."""
     from refine.cli.parser import parse_args
-    from refine.cli.values import build_stages
+    from refine.modes.values import build_stages
 
     stages = build_stages(parse_args(["--image", "obs.cbf", "--model", CRYSTAL]))
     detector = next(s for s in stages if s.name == "detector")

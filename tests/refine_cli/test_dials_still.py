@@ -127,7 +127,7 @@ def test_still_crystal_model_and_window_from_the_experiment(tmp_path):
     (tmp_path / "z.expt").write_text(json.dumps(doc))
     (tmp_path / "s.refl").write_bytes(b"")
     args = parse_args(["--image", "x.cbf", "--expt", str(tmp_path / "z.expt"), "--refl", str(tmp_path / "s.refl")])
-    assert dials_still(args)
+    assert dials_still(args.dials_files, args.many.rotation_series)
 
 
 def test_natural_command_prints_its_choices_and_fits_the_windows(refine_cli, still):
@@ -155,6 +155,33 @@ def test_natural_command_prints_its_choices_and_fits_the_windows(refine_cli, sti
     assert abs(used - windows - expected) <= 4 * math.sqrt(expected) + 1, (used, windows, expected)
     assert f"{windows} pixels in their windows" in r.out
     assert set(r.json()["free"]) == EXPECTED_FREE
+
+
+def test_the_dials_functions_take_typed_files_read_once(still, monkeypatch):
+    """A Python caller's DialsFiles (no command-line options): the still's defaults, its spots and its model's flags,
+    each file parsed once however many functions read it."""
+    import functools
+
+    import nbtorch.io.dials as dials_io
+    from refine.inputs.dials import model_tokens, refl_spots, spot_window
+    from refine.inputs.measurement import DialsFiles, Measurement
+    from refine.inputs.still_defaults import REST_FRACTION, STILL_REFINE, still_defaults
+
+    dials_io.forget_parsed()
+    parses = []
+    for name in ("_parse_json", "_parse_refl"):  # what parsing a file costs, counted
+        real = getattr(dials_io, name)
+        monkeypatch.setattr(dials_io, name, functools.wraps(real)(
+            lambda path, real=real: parses.append(path) or real(path)))
+    files = Measurement.from_dials(still / "start.expt", still / "obs.refl", image=still / "obs.cbf").dials_files
+    assert files == DialsFiles(expt=str(still / "start.expt"), refl=str(still / "obs.refl"), image=str(still / "obs.cbf"))
+    d = still_defaults(files)
+    assert (d.refine, d.spot_window, d.subsample, d.rest_ratio is not None) == (STILL_REFINE, 2, REST_FRACTION, True)
+    assert still_defaults(files, spot_window=4, choose_names=False).fields() == {"subsample": REST_FRACTION}
+    assert still_defaults(files, rotation_series=True) is None
+    assert len(refl_spots(files)) > 50 and spot_window(files, None) is None and spot_window(files, 3) == 3
+    assert "-Na" in model_tokens(files, "-default_F 100") and model_tokens(None, "-N 5") == "-N 5"
+    assert sorted(parses) == sorted([files.expt, files.refl])  # each file parsed once
 
 
 def test_explicit_flags_win(refine_cli, still):

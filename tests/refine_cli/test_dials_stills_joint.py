@@ -1,5 +1,5 @@
 """The stills of one DIALS file refined jointly (``--expt many.expt --refl many.refl --joint``) and the refined
-``OUT_DIR/refined.expt`` of every experiment (issue #44; :mod:`refine.cli.stills_file`), on test_dials_stills.py's
+``OUT_DIR/refined.expt`` of every experiment (issue #44; :mod:`refine.modes.stills_file`), on test_dials_stills.py's
 synthetic pair of stills, two steps."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from nbtorch.errors import InputError
 from nbtorch.io.dials import experiment_image, read_expt, read_refl
-from refine.cli.stills_file import combined_document
+from refine.modes.stills_file import combined_document
 from refine.many.batch import SUMMARY_COLUMNS
 from refine.many.dials_stills import read_dials_stills
 from test_dials_stills import _copy_data, _refl, _refused, _summary, many_document, stills  # noqa: F401 - stills: the fixture
@@ -156,3 +156,21 @@ def test_joint_rows_give_each_image_its_values_and_list_the_skipped():
     assert rows[0]["spot_rms_px_final"] == 0.4 and rows[0]["spots_matched"] == 4.0 and rows[1]["fit_excess"] == 2.5
     assert np.isnan(rows[1]["spot_rms_px_final"]) and np.isnan(rows[0]["cell_b"]) and rows[1]["loss_final"] == 20.0
     assert all(np.isnan(rows[2][k]) for k in ("cell_a", "scale", "steps"))
+
+
+def test_the_front_door_refines_the_files_stills_jointly_and_each_alone(stills, tmp_path, monkeypatch):
+    """From Python (:mod:`refine.modes.entry`): the stills of the file together (a JointResult, refined.expt of both)
+    and each on its own (the batch's exit status and summary), their lines to ``say``."""
+    from refine import Measurement, Settings, refine_each, refine_stills_jointly
+    from refine.output.results import JointResult
+
+    monkeypatch.chdir(tmp_path)
+    m = Measurement.from_dials(stills / "many.expt", stills / "many.refl")
+    lines: list[str] = []
+    result = refine_stills_jointly(m, Settings.of(out_dir="joint", max_steps=1, no_esds=True), say=lines.append)
+    assert isinstance(result, JointResult) and len(result.images) == 2
+    assert any("2 stills of --expt" in line and "refined jointly" in line for line in lines), lines
+    assert (tmp_path / "joint" / "refined.expt").is_file()
+    lines.clear()
+    assert refine_each(m, Settings.of(out_dir="each", max_steps=1, no_esds=True), say=lines.append) == 0
+    assert any("each refined on its own" in line for line in lines) and (tmp_path / "each" / "summary.csv").is_file()

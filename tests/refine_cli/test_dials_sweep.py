@@ -32,10 +32,10 @@ from experiments.wedge_calibration import one_panel_sweep, rotation, sphere_cros
 from nbtorch.dials.geometry import bragg_positions_px, experiment_flags, goniometer_rotations
 from nbtorch.io import write_cbf
 from nbtorch.io.dials import read_expt, read_refl, write_refl
-from refine.cli.joint import _held_geometry
+from refine.modes.joint import _held_geometry
 from refine.cli.parser import parse_args
 from refine.fitting.parameters import ParameterSpace
-from refine.cli.single import amplitude_group, amplitude_options
+from refine.modes.single import amplitude_group, amplitude_options
 from refine.inputs.start_model import MEASURED_MOSAIC_DOMAINS
 from refine.inputs.dials import profile_model
 from refine.many.image_reports import model_warning

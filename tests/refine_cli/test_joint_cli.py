@@ -1,4 +1,4 @@
-"""nbtorch-refine --images ... --joint (refine.cli.joint): stills of one crystal at different orientations
+"""nbtorch-refine --images ... --joint (refine.modes.joint): stills of one crystal at different orientations
 refined together from the command line; the options' checks."""
 
 from __future__ import annotations

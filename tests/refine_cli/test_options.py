@@ -1,5 +1,6 @@
-"""argv becomes typed :class:`refine.cli.options.Options` at the door: every option has one field, the
-``--help`` groups are the Options groups, and nothing after the parser sees an argparse Namespace."""
+"""argv becomes typed values at the door (:class:`refine.cli.options.Options`: a measurement and its settings,
+:class:`refine.modes.job.Job`): every option has one field, the ``--help`` groups are the groups, and nothing after
+the parser sees an argparse Namespace."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_every_option_has_one_field_in_the_group_its_help_shows():
     fields = {f.name: group for group in GROUP_TITLES
               for f in dataclasses.fields(getattr(Options(), group))}
     fields.pop("stage_tables")  # from --config's [[stages]] tables, not an option of its own
+    fields["images"] = "many"  # the measurement's images, shown with the options of many images
     assert set(titles) == set(fields)
     wrong = {dest: (titles[dest], GROUP_TITLES[group]) for dest, group in fields.items()
              if titles[dest] != GROUP_TITLES[group]}
@@ -75,3 +77,16 @@ def test_a_model_of_one_flag_is_the_models_value():
     assert parse_args(["--problem", "cubic_mosflm", "--model", "-N 60"]).model.model == "-N 60"
     with pytest.raises(InputError, match="--model: expected one argument"):
         parse_args(["--problem", "cubic_mosflm", "--model", "--quiet"])
+
+
+def test_the_door_splits_the_options_into_a_measurement_and_its_settings():
+    from refine import Measurement, Settings
+
+    o = parse_args(["--images", "a.cbf", "b.cbf", "--expt", "x.expt", "--refl", "x.refl", "--joint", "--gain", "2",
+                    "--max-steps", "7", "--out-dir", "out"])
+    assert o.measurement == Measurement(image=o.image, dials=o.dials, images=("a.cbf", "b.cbf"))
+    assert o.measurement.image.gain == 2 and o.measurement.dials.refl == "x.refl"
+    assert o.settings == Settings.of(joint=True, max_steps=7, out_dir="out")
+    assert o.with_fields(images=None).images is None and o.images == ("a.cbf", "b.cbf")
+    m = Measurement.from_dials("x.expt", "x.refl", images=["a.cbf", "b.cbf"], gain=2)
+    assert (m.images, m.image.gain, m.dials.expt, m.dials_files.refl) == (("a.cbf", "b.cbf"), 2, "x.expt", "x.refl")

@@ -1,4 +1,4 @@
-"""A rotation series (nbtorch-refine --images ... --rotation-series; refine.cli.joint): a wedge of five
+"""A rotation series (nbtorch-refine --images ... --rotation-series; refine.modes.joint): a wedge of five
 consecutive 0.1 deg rotation images of one crystal, each a CBF with its own Start_angle/Angle_increment,
 refined together (one cell and orientation, each image's scale and background) and compared with the
 images refined one by one.  No image is summed: each image's phi start and width come from its own header.

@@ -1,4 +1,4 @@
-"""nbtorch-refine --images ... --joint --screen / --add-to (refine.cli.serial): a serial set of stills written as
+"""nbtorch-refine --images ... --joint --screen / --add-to (refine.modes.serial): a serial set of stills written as
 CBF files, refined in rounds with the images that do not fit dropped and listed; more images added to the
 finished run; the options' checks."""
 

@@ -7,7 +7,7 @@
     torchrun --nproc-per-node 2 -m refine.cli --images @stills.txt --model "..." --joint --out-dir out/joint
 
 Every image is loaded and its pixels chosen as for a single run (``--model`` with ``{stem}``, ``--mask``,
-``--dmin``/``--dmax``, ``--spots`` or ``--refl``, ``--roi``, ...; :mod:`refine.cli.single`), each process only its block of
+``--dmin``/``--dmax``, ``--spots`` or ``--refl``, ``--roi``, ...; :mod:`refine.modes.single`), each process only its block of
 the images (:func:`refine.many.distributed.image_shard`).  ``--shared`` (default ``cell``) and ``--per-image`` (default
 ``scale,background,orientation``) name the groups.  ``--rotation-series`` is ``--joint`` for a sweep of
 rotation images of one crystal, each image's ``-phi``/``-osc``/``-phisteps`` from its own header (as for a
@@ -34,8 +34,9 @@ shared by all images (:mod:`refine.many.amplitudes`); process 0 also writes it a
 ``--hkl-out`` (default ``OUT_DIR/joint.hkl``), and with ``--mtz-out`` as MTZ (:mod:`refine.output.amplitude_mtz`;
 ``NOBS`` counts the images).
 ``--screen`` runs the images through :func:`refine.many.serial.refine_serial` (rounds, the images that do not
-fit dropped and listed with their reasons) and ``--add-to`` continues a finished screened run (:mod:`refine.cli.serial`).
-The exit status is 0 when the refinement converged or stopped at its step limit, 1 otherwise.
+fit dropped and listed with their reasons) and ``--add-to`` continues a finished screened run (:mod:`refine.modes.serial`).
+The exit status (:func:`refine.modes.entry.exit_status`) is 0 when the refinement converged or stopped at its step
+limit, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -50,22 +51,23 @@ from typing import Callable, Sequence
 
 from nbtorch.errors import InputError
 from refine.fitting.background import parse_background, resolve_auto
-from refine.cli.options import Options
+from refine.modes.job import Job
 from nbtorch.io.atomic import check_directory_can_be_made, check_not_inputs
 from nbtorch.io.hkl import write_hkl
 from refine.output.amplitude_mtz import amplitude_notes, write_amplitude_mtz
-from refine.many.batch import end_process_group, expand_image_list, joint_summary_rows, per_image_args, write_summary
-from refine.cli.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
+from refine.modes.independent import per_image_args
+from refine.many.batch import end_process_group, expand_image_list, joint_summary_rows, write_summary
+from refine.modes.dials_sweep import (ROTATION_PER_IMAGE, ROTATION_SHARED, default_shared, resolve_amplitudes,
                                     start_and_priors)
-from refine.cli.single import amplitude_options, prepare
-from refine.cli.stills_file import stills_shared, write_joint_expt, write_joint_refl
+from refine.modes.single import amplitude_options, prepare
+from refine.modes.stills_file import stills_shared, write_joint_expt, write_joint_refl
 from refine.inputs.dials import experiment_symmetry, refl_shoeboxes, scan_indices, write_expt_out
 from refine.fitting.parameters import GROUPS, ParameterSpace
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
 from refine.many.serial import SerialResult
-from refine.cli.serial import FAILED_START, dropped_lines, previous_run, refine_screened, write_serial
+from refine.modes.serial import FAILED_START, dropped_lines, previous_run, refine_screened, write_serial
 from refine.output.results import save_h5, save_json
 from refine.many.amplitudes import check_options
 from refine.fitting.space_groups import crystal_system
@@ -84,10 +86,10 @@ def split_names(text: str | None, default: tuple[str, ...], flag: str) -> tuple[
     return names
 
 
-def image_args(args: Options, image: str, out_dir: Path, index: int | dict | None) -> Options:
+def image_args(args: Job, image: str, out_dir: Path, index: int | dict | None) -> Job:
     """The single-run options that load ``image`` in a joint run: its ``{stem}`` and, with ``--expt``, its image of
     the scan (``index``, :func:`refine.inputs.dials.scan_indices`) or, a dict, its fields as a still of a many-still
-    file (``expt_index``, ``frame``: :func:`refine.cli.stills_file.still_images`); the joint run's checkpoint is
+    file (``expt_index``, ``frame``: :func:`refine.modes.stills_file.still_images`); the joint run's checkpoint is
     resumed, not a single run's, and the structure factors are the joint run's (one shared table), not each image's."""
     still = index if isinstance(index, dict) else {}
     return per_image_args(args, image, out_dir).with_fields(
@@ -116,9 +118,9 @@ class _SayOnce:
         self.say(line)
 
 
-def _load(args: Options, image: str, out_dir: Path, say, index: int | None = None) -> tuple:
+def _load(args: Job, image: str, out_dir: Path, say, index: int | None = None) -> tuple:
     """(simulator, the chosen pixels (:class:`~refine.many.pixel_table.FittedPixels`), start, the observed spots on
-    the image (or None)) of one image, prepared as a single run prepares it (:func:`refine.cli.single.prepare`:
+    the image (or None)) of one image, prepared as a single run prepares it (:func:`refine.modes.single.prepare`:
     inputs, model, spots or ``--refl``, pixels, compile decision, starting scale and background); the whole image
     is not kept."""
     say(f"  {image}:")
@@ -130,7 +132,7 @@ def _load(args: Options, image: str, out_dir: Path, say, index: int | None = Non
     return p.model, FittedPixels.from_image(obs, valid, source=image), p.start, p.choice.spots
 
 
-def pixel_budget_bytes(args: Options) -> float:
+def pixel_budget_bytes(args: Job) -> float:
     """``--pixel-memory`` in bytes; default a quarter of the machine's memory per local process (torchrun's
     ``LOCAL_WORLD_SIZE``), unlimited where the memory size is unknown."""
     if args.many.pixel_memory is not None:
@@ -166,7 +168,7 @@ def _check_distinct_rotations(images: list[str], sims: list, shard) -> None:
         seen[key] = i
 
 
-def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path | None,
+def _checkpoint_path(args: Job, images: list[str], out_dir: Path, hkl: Path | None,
                      mtz: Path | None = None) -> Path:
     """``--checkpoint`` (default ``OUT_DIR/joint.ckpt.h5``), checked by process 0 before any image is loaded:
     not an input (nor is the ``hkl`` output), and present with ``--resume``; process 0 makes ``OUT_DIR``."""
@@ -185,7 +187,7 @@ def _checkpoint_path(args: Options, images: list[str], out_dir: Path, hkl: Path 
     return path
 
 
-def _load_images(args: Options, images: list[str], indices: list, out_dir: Path, say
+def _load_images(args: Job, images: list[str], indices: list, out_dir: Path, say
                  ) -> tuple[list, list, list, list, dict]:
     """This process's images loaded (:func:`_load`; its block :func:`image_shard`, kept through the rounds of
     ``--screen``): simulators, fitted pixels (held, or stored beyond ``--pixel-memory``), starts and observed spots,
@@ -232,26 +234,27 @@ def _drop_stored(pixels: list) -> None:
             px.path.unlink(missing_ok=True)
 
 
-def run_joint(args: Options, say: Callable[[str], None] = print, stills: tuple | None = None) -> int:
+def run_joint(args: Job, say: Callable[[str], None] = print, stills: tuple | None = None):
     """Check the images against ``--expt``, load this process's images, refine all jointly, write
-    ``joint.json``/``joint.h5``; the exit status.  A run refused with an :class:`InputError` leaves no ``--out-dir``
+    ``joint.json``/``joint.h5``; the :class:`~refine.output.results.JointResult` (of a screened run, ``--screen``: the
+    :class:`~refine.many.serial.SerialResult`).  A run refused with an :class:`InputError` leaves no ``--out-dir``
     it made behind.  ``stills``: the images, per-image fields and skipped stills of one DIALS file
-    (:func:`refine.cli.stills_file.still_images`), also written as ``OUT_DIR/refined.expt`` and the per-still
+    (:func:`refine.modes.stills_file.still_images`), also written as ``OUT_DIR/refined.expt`` and the per-still
     table ``OUT_DIR/summary.csv``/``summary.h5``."""
-    images = expand_image_list(args.many.images) if stills is None else stills[0]
+    images = expand_image_list(args.images) if stills is None else stills[0]
     out_dir = Path(args.many.out_dir or "out/joint")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out-dir {out_dir}: exists and is not a directory")
     made = not out_dir.exists()
     try:
-        code = _run_joint(args, images, out_dir, say, None if stills is None else stills[1:])
+        result = _run_joint(args, images, out_dir, say, None if stills is None else stills[1:])
     except InputError:
         if made and Comm().rank == 0:
             shutil.rmtree(out_dir, ignore_errors=True)
         end_process_group(wait=False)
         raise
     end_process_group()
-    return code
+    return result
 
 
 def _held_geometry(free: Sequence[str]) -> str:
@@ -263,8 +266,8 @@ def _held_geometry(free: Sequence[str]) -> str:
     return f"every other parameter ({', '.join(held)}) held" if held else "every other parameter held"
 
 
-def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[str], None],
-               files: tuple | None = None) -> int:
+def _run_joint(args: Job, images: list[str], out_dir: Path, say: Callable[[str], None],
+               files: tuple | None = None):
     t0 = time.monotonic()
     stills, skipped = (None, ()) if files is None else files
     background = resolve_auto(args.fit.background, False, False)  # auto: constant
@@ -274,8 +277,9 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
     series = args.many.rotation_series
     args = resolve_amplitudes(args, say)
     amplitudes = amplitude_options(args)  # its space group checked before any image is loaded
-    symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args) or "triclinic"
-    indices = scan_indices(args, images) if stills is None else stills  # matched to the --expt scan, before any work
+    symmetry = crystal_system(args.fit.symmetry) or experiment_symmetry(args.dials_files, args.fit.symmetry) or "triclinic"
+    indices = (scan_indices(args.dials_files, images, frame=args.image.frame, shape=args.image.shape,
+                            dtype=args.image.raw_dtype, dataset=args.image.dataset) if stills is None else stills)  # matched to the --expt scan, before any work
     if args.many.shared is not None:
         default = ()
     else:
@@ -324,14 +328,13 @@ def _run_joint(args: Options, images: list[str], out_dir: Path, say: Callable[[s
             _write_stills_table(result, images, stills, skipped, out_dir, say)
     if stills is not None:
         _write_stills_expt(args, result, images, stills, out_dir, sims, spots, say)
-    joint = result.joint if isinstance(result, SerialResult) else result
-    return 0 if joint.status.ok else 1
+    return result
 
 
-def _write_stills_expt(args: Options, result, images: list[str], stills: list[dict], out_dir: Path, sims: list,
+def _write_stills_expt(args: Job, result, images: list[str], stills: list[dict], out_dir: Path, sims: list,
                        spots: list, say) -> None:
     """``OUT_DIR/refined.expt`` and ``refined.refl`` of a joint run of the stills of one DIALS file (every process
-    its own images'; :func:`refine.cli.stills_file.write_joint_expt`, :func:`~refine.cli.stills_file.write_joint_refl`)."""
+    its own images'; :func:`refine.modes.stills_file.write_joint_expt`, :func:`~refine.modes.stills_file.write_joint_refl`)."""
     if isinstance(result, SerialResult):  # the images a screened run kept
         values = {i: result.joint.images[j] for j, i in enumerate(result.used)}
     else:
@@ -358,10 +361,10 @@ def _write_stills_table(result, images: list[str], stills: list[dict], skipped, 
     say(f"per-still table: {csv_path} and {h5_path}")
 
 
-def _sweep_boxes(args: Options, indices: list) -> tuple | None:
+def _sweep_boxes(args: Job, indices: list) -> tuple | None:
     """A rotation series from DIALS files with shoeboxes: ``(frames of the images, observed xyz, bbox)`` for
     :func:`refine.many.image_reports.sweep_spot_rows`; None otherwise (each image's spots compared on it alone)."""
-    boxes = refl_shoeboxes(args) if args.many.rotation_series and None not in indices else None
+    boxes = refl_shoeboxes(args.dials_files) if args.many.rotation_series and None not in indices else None
     if boxes is None:
         return None
     xyz, bbox, first = boxes
@@ -392,7 +395,7 @@ def _image_line(image: str, params: dict, fit: dict | None, spots: dict | None) 
     return ", ".join(parts)
 
 
-def _write_and_say(args: Options, result, images: list[str], out_dir: Path, amplitude_files: tuple, sims: list,
+def _write_and_say(args: Job, result, images: list[str], out_dir: Path, amplitude_files: tuple, sims: list,
                    say, t0: float) -> None:
     """Process 0: ``joint.json``, ``joint.h5`` (and the amplitudes, ``--expt-out``, ``--report``), then the summary
     (of a serial run: also the images dropped, with their reasons)."""
@@ -412,7 +415,8 @@ def _write_and_say(args: Options, result, images: list[str], out_dir: Path, ampl
         write_amplitude_mtz(mtz, result)
         written.append(str(mtz))
     if args.dials.expt_out and sim0 is not None:
-        write_expt_out(image_args(args, images[0], out_dir, None), sim0, result.images[0])
+        first = image_args(args, images[0], out_dir, None)
+        write_expt_out(first.dials_files, first.dials.expt_out, sim0, result.images[0], first.fit.symmetry)
         written.append(args.dials.expt_out)
     if args.output.report:
         from refine.output.joint_report import write_joint_report  # matplotlib: only when a report is asked for

@@ -1,5 +1,5 @@
 """Options as checked values: ``--start``, ``--bounds``, ``--prior``, the stages of the run, the loss name and
-the files the command reads.  Each function takes typed options (:class:`refine.cli.options.Options`) or their
+the files the command reads.  Each function takes a :class:`refine.modes.job.Job` (a measurement and its settings) or their
 strings and raises :class:`~nbtorch.errors.InputError` with one line naming the option."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from losses import LOSSES
 from nbtorch.cli.support import argument_files
 from nbtorch.errors import InputError
-from refine.cli.options import Options
+from refine.modes.job import Job
 from refine.fitting.objective import check_priors
 from refine.fitting.parameters import BASE_NAMES
 from refine.solver.loop import Convergence
@@ -96,7 +96,7 @@ def _strategy(name: str, lr: float | None, history_size: int | None = None):
     return LBFGS(**options)
 
 
-def build_stages(args: Options):
+def build_stages(args: Job):
     """The stages of the run: ``--refine`` (one stage, ``--coarse`` adds coarse copies), ``[[stages]]`` tables
     from ``--config``, or ``--stages stage_a``; None = the core's default (stage_a with ``--optimizer``).
     ``--precondition`` (when given) replaces every stage's own."""
@@ -117,7 +117,7 @@ def _precondition(value: Any, index: int) -> str | None:
     return None if value == "none" else str(value)
 
 
-def _build_stages(args: Options):
+def _build_stages(args: Job):
     if args.optimiser.history_size is not None and args.optimiser.history_size < 1:
         raise InputError(f"--history-size: must be >= 1, got {args.optimiser.history_size}")
     strategy = _strategy(args.optimiser.optimizer, args.optimiser.lr, args.optimiser.history_size)
@@ -167,7 +167,7 @@ def check_loss(name: str) -> None:
         raise InputError(f"--loss: unknown loss {name!r}; valid: {', '.join(LOSSES)}")
 
 
-def command_inputs(args: Options) -> list[tuple[str, str | None]]:
+def command_inputs(args: Job) -> list[tuple[str, str | None]]:
     """``(option, path)`` of the files the command itself reads (``@FILE`` tokens of ``--model`` too)."""
     inputs = [("--image", args.image.image), ("--mask", args.image.mask), ("--config", args.model.config),
               ("--spots", args.pixels.spots if args.pixels.spots != "find" else None), ("--expt", args.dials.expt),

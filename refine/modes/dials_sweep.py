@@ -26,9 +26,9 @@ from typing import Callable
 
 from nbtorch import Simulator, config_from_args
 from nbtorch.io.dials import scan_oscillation
-from refine.cli.options import GEOMETRY_PRIORS, Options
-from refine.cli.single import amplitude_group
-from refine.cli.values import prior_values, start_values
+from refine.modes.job import Job
+from refine.modes.single import amplitude_group
+from refine.modes.values import prior_values, start_values
 from refine.fitting.parameters import GROUPS, ParameterSpace, units_of
 from refine.inputs.dials import model_tokens, read_experiment, refl_indexed, spot_window
 from refine.inputs.geometry_prior import spot_geometry_prior
@@ -41,6 +41,9 @@ __all__ = ["ROTATION_SHARED", "ROTATION_PER_IMAGE", "DIALS_ROTATION_GEOMETRY", "
            "ALIGN_MARGIN_PX",
            "from_dials_sweep", "resolve_amplitudes", "default_shared", "start_and_priors"]
 
+#: ``--geometry-prior``: DIALS's detector geometry as a prior (``dials``, the default of a rotation series from DIALS
+#: files) or not (``none``)
+GEOMETRY_PRIORS = ("dials", "none")
 #: ``--rotation-series``: one crystal turning through the sweep (its cell and orientation at phi 0 shared; each
 #: image's phi start and width its own, from its header) and each image's own scale and background
 ROTATION_SHARED = ("cell", "orientation")
@@ -55,11 +58,11 @@ MIN_ALIGN_SPOTS = 6
 ALIGN_MARGIN_PX = 1.0
 
 
-def from_dials_sweep(args: Options) -> bool:
+def from_dials_sweep(args: Job) -> bool:
     return bool(args.many.rotation_series and args.dials.expt and args.dials.refl)
 
 
-def resolve_amplitudes(args: Options, say: Callable[[str], None]) -> Options:
+def resolve_amplitudes(args: Job, say: Callable[[str], None]) -> Job:
     """``--structure-factors`` not given: on for a rotation series from DIALS files whose amplitudes have a space
     group (``--space-group``, ``--symmetry`` or the experiment's), off otherwise.  One amplitude for every reflection
     cannot explain a sweep's intensities, and on the real sweep the pixels then pull the cell (docs/sweep-from-dials.md)."""
@@ -73,7 +76,7 @@ def resolve_amplitudes(args: Options, say: Callable[[str], None]) -> Options:
     return args.with_fields(structure_factors=True)
 
 
-def default_shared(args: Options, symmetry: str, say: Callable[[str], None]) -> tuple[str, ...]:
+def default_shared(args: Job, symmetry: str, say: Callable[[str], None]) -> tuple[str, ...]:
     """``--shared`` when not given: the cell (and the orientation for ``--rotation-series``); for a rotation series
     from DIALS files with indexed spots also the distance and beam centre (their prior: :func:`start_and_priors`),
     and the mosaic spread and domain size (``mosaic``) when the observed spots decide them: at least
@@ -81,7 +84,7 @@ def default_shared(args: Options, symmetry: str, say: Callable[[str], None]) -> 
     decides which names its spots can refine (:mod:`refine.quality.identifiability`)."""
     if not args.many.rotation_series:
         return ("cell",)
-    indexed = refl_indexed(args) if from_dials_sweep(args) else None
+    indexed = refl_indexed(args.dials_files) if from_dials_sweep(args) else None
     if indexed is None:
         return ROTATION_SHARED
     base = ROTATION_SHARED + DIALS_ROTATION_GEOMETRY
@@ -101,8 +104,8 @@ def _geometry_names(shared_names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in shared_names if n in GROUPS["detector"])
 
 
-def start_and_priors(args: Options, image: str, index: int | None, symmetry: str, shared_names: tuple[str, ...],
-                     say: Callable[[str], None]) -> tuple[Options, dict]:
+def start_and_priors(args: Job, image: str, index: int | None, symmetry: str, shared_names: tuple[str, ...],
+                     say: Callable[[str], None]) -> tuple[Job, dict]:
     """``(args with --start completed by the cell and orientation fitted to the indexed spots, the joint run's
     priors)`` for a rotation series from DIALS files with :data:`MIN_ALIGN_SPOTS` indexed spots or more: the spots
     start the cell, orientation and shared geometry when the model misses them by more than the spot windows hold
@@ -111,21 +114,21 @@ def start_and_priors(args: Options, image: str, index: int | None, symmetry: str
     dials``, give the shared detector names their priors (:func:`refine.inputs.geometry_prior.spot_geometry_prior`;
     ``--prior`` over them).  Otherwise ``(args, --prior)``."""
     user = shared_priors(prior_values(args.fit.prior), shared_names, "--prior")
-    indexed = refl_indexed(args)
+    indexed = refl_indexed(args.dials_files)
     if not args.many.rotation_series or indexed is None or len(indexed[0]) < MIN_ALIGN_SPOTS:
         return args, user
     hkl, xyz, phi = indexed
     a = args.with_fields(image=image, expt_image=index)
-    sim = Simulator(config_from_args(list(model_tokens(a))), compile=False)
+    sim = Simulator(config_from_args(list(model_tokens(a.dials_files, a.model.model))), compile=False)
     start = {**model_values(sim), **start_values(args.fit.start)}
-    osc = scan_oscillation(read_experiment(args).scan)[1]
+    osc = scan_oscillation(read_experiment(args.dials_files).scan)[1]
     shared_geometry = _geometry_names(shared_names)
     geometry = [n for n in shared_geometry if n not in user]
     prior_on = (args.many.geometry_prior or "dials") == "dials" and bool(geometry)
     # the shared geometry moves with the cell: a distance error must not go into the cell
     fit = align_to_spots(sim, start, hkl, xyz, phi, osc, symmetry, names=("cell", "orientation") + shared_geometry)
     name, aligned = Path(args.dials.refl).name, dict(fit.values)
-    limit = (spot_window(args) or 0) - ALIGN_MARGIN_PX
+    limit = (spot_window(args.dials_files, args.pixels.spot_window) or 0) - ALIGN_MARGIN_PX
     if fit.rms_px_start <= limit:
         say(f"  start: the model as given, its {fit.n} indexed spots of {name} within {fit.rms_px_start:.3g} px, "
             f"{fit.rms_frames_start:.3g} frames (the spots refit the start from {limit:g} px)")

@@ -4,10 +4,10 @@
     nbtorch-refine --expt indexed.expt --refl indexed.refl --out-dir out/stills
 
 ``--joint`` with ``--expt`` and ``--refl`` of many still experiments (no ``--image``; ``--images`` relocates the
-images, one per experiment) refines the file's stills together (:func:`refine.cli.joint.run_joint`): image ``i`` is
+images, one per experiment) refines the file's stills together (:func:`refine.modes.joint.run_joint`): image ``i`` is
 experiment ``i``'s image, read and checked as :mod:`refine.many.dials_stills` reads them (a missing image refused in
 one line before any work, or left out with ``--skip-missing``), each prepared as ``--image IMAGE --expt FILE
---expt-index i --refl FILE`` (:func:`still_images`: the per-image fields :func:`refine.cli.joint.image_args` takes).
+--expt-index i --refl FILE`` (:func:`still_images`: the per-image fields :func:`refine.modes.joint.image_args` takes).
 
 Both modes write ``OUT_DIR/refined.expt`` (:func:`combined_document`) and ``OUT_DIR/refined.refl``
 (:mod:`refine.output.refined_refl`: the observed spots with the refined predictions): the ``--expt`` document with every experiment
@@ -29,10 +29,10 @@ from typing import Callable
 import numpy as np
 
 from nbtorch.errors import InputError
-from refine.cli.options import Options
+from refine.modes.job import Job
 from refine.many.batch import expand_image_list
-from refine.many.dials_stills import (check_one_space_group, many_dials_stills, read_dials_stills, relocate_images,
-                                      run_dials_stills, still_items)
+from refine.modes.independent import many_dials_stills, run_stills_of_file
+from refine.many.dials_stills import check_one_space_group, read_dials_stills, relocate_images, still_items
 from refine.many.distributed import Comm
 from refine.output.refined_refl import write_refined_refl
 
@@ -55,16 +55,16 @@ def stills_shared(say: Callable[[str], None]) -> tuple[str, ...]:
     return STILLS_SHARED
 
 
-def joint_stills(args: Options) -> bool:
+def joint_stills(args: Job) -> bool:
     """Whether ``args`` ask for the stills of one DIALS file refined jointly: ``--joint`` (not ``--rotation-series``)
-    with the ``--expt``/``--refl`` that :func:`refine.many.dials_stills.many_dials_stills` takes."""
+    with the ``--expt``/``--refl`` that :func:`refine.modes.independent.many_dials_stills` takes."""
     return bool(args.many.joint and not args.many.rotation_series
                 and many_dials_stills(args.with_fields(joint=False)))
 
 
-def still_images(args: Options, say: Callable[[str], None] = print
+def still_images(args: Job, say: Callable[[str], None] = print
                  ) -> tuple[list[str], list[dict], list[tuple[str, str]]]:
-    """``(images, per-image fields, skipped)`` of the ``--expt`` stills for :func:`refine.cli.joint.run_joint`: each
+    """``(images, per-image fields, skipped)`` of the ``--expt`` stills for :func:`refine.modes.joint.run_joint`: each
     experiment's image (``--images`` in experiment order where given) and ``{"expt_index": k, "frame": ...}``;
     checked before any work (:func:`refine.many.dials_stills.still_items`), a missing image left out with
     ``--skip-missing`` (said; ``skipped``: its label and reason, for the summary table).
@@ -75,8 +75,8 @@ def still_images(args: Options, say: Callable[[str], None] = print
     """
     expt, refl = args.dials.expt, args.dials.refl
     stills = read_dials_stills(expt, refl)
-    if args.many.images:
-        stills = relocate_images(stills, expand_image_list(args.many.images), expt)
+    if args.images:
+        stills = relocate_images(stills, expand_image_list(args.images), expt)
     check_one_space_group(stills, expt)
     items = still_items(stills, expt, args.many.skip_missing, args.image.dataset)
     for item in items:
@@ -91,16 +91,17 @@ def still_images(args: Options, say: Callable[[str], None] = print
             [(item.row_label, item.skipped) for item in items if item.skipped is not None])
 
 
-def refined_part(args: Options, sim, values: dict) -> dict:
+def refined_part(args: Job, sim, values: dict) -> dict:
     """``{"beam", "detector", "crystal"}`` of experiment ``--expt-index`` with ``sim``'s geometry at ``values``
     (``args``: the image's single-run options; a multi-panel detector with every panel)."""
     from nbtorch.dials.geometry import refined_document
     from nbtorch.dials.panels import refined_panels_document
     from refine.inputs.dials import image_index, read_experiment
 
-    exp = read_experiment(args)
+    dials = args.dials_files
+    exp = read_experiment(dials)
     write = refined_panels_document if sim.panel_layout is not None else refined_document
-    return _part(write(exp, sim, dict(values), image_index(args)), exp.index)
+    return _part(write(exp, sim, dict(values), image_index(dials)), exp.index)
 
 
 def _part(document: dict, index: int) -> dict:
@@ -160,7 +161,7 @@ def _write(expt: str, parts: dict[int, dict], path: Path, images: dict[int, str]
     return path
 
 
-def write_joint_expt(args: Options, out_dir: Path, values: dict[int, dict], sims: list, image_args: list) -> Path | None:
+def write_joint_expt(args: Job, out_dir: Path, values: dict[int, dict], sims: list, image_args: list) -> Path | None:
     """A joint run's ``OUT_DIR/refined.expt``: every process its held images' parts (``values``: image -> refined
     values; ``image_args``: each image's single-run options), gathered; process 0 writes (the path; None elsewhere)."""
     local = {i: refined_part(image_args[i], sims[i], values[i]) for i in values if sims[i] is not None}
@@ -173,7 +174,7 @@ def write_joint_expt(args: Options, out_dir: Path, values: dict[int, dict], sims
     return _write(args.dials.expt, parts, out_dir / "refined.expt", images)
 
 
-def write_joint_refl(args: Options, out_dir: Path, values: dict[int, dict], sims: list, spots: list,
+def write_joint_refl(args: Job, out_dir: Path, values: dict[int, dict], sims: list, spots: list,
                      image_args: list) -> Path | None:
     """A joint run's ``OUT_DIR/refined.refl`` (:mod:`refine.output.refined_refl`): every process predicts its held
     images' observed spots at their refined values, gathered; process 0 writes (the path; None elsewhere)."""
@@ -196,22 +197,22 @@ def write_joint_refl(args: Options, out_dir: Path, values: dict[int, dict], sims
     return out_dir / "refined.refl"
 
 
-def run_stills_independent(args: Options, run_one: Callable[[Options], int],
+def run_stills_independent(args: Job, run_one: Callable[[Job], int],
                            say: Callable[[str], None] = print) -> int:
     """:func:`refine.many.dials_stills.run_dials_stills`, each still also writing its ``--expt-out``
     (``OUT_DIR/<name>/refined.expt``), then ``OUT_DIR/refined.expt`` of all (process 0); the exit status."""
-    def one(a: Options) -> int:
+    def one(a: Job) -> int:
         return run_one(a.with_fields(expt_out=str(Path(a.output.out).parent / "refined.expt")))
 
-    code = run_dials_stills(args, one, say)
+    code = run_stills_of_file(args, one, say)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return code
     from nbtorch.io.dials import read_expt
 
     expt, out_dir = args.dials.expt, Path(args.many.out_dir or "out/batch")
     stills = read_dials_stills(expt, args.dials.refl)
-    if args.many.images:
-        stills = relocate_images(stills, expand_image_list(args.many.images), expt)
+    if args.images:
+        stills = relocate_images(stills, expand_image_list(args.images), expt)
     parts, predicted = {}, {}
     for s, item in zip(stills, still_items(stills, expt, True, args.image.dataset)):
         done = out_dir / item.name / "refined.expt"

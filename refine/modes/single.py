@@ -1,14 +1,14 @@
-"""What ``nbtorch-refine`` does with parsed arguments, as named steps (:func:`run`).
+"""One image refined from a measurement and its settings (a :class:`~refine.modes.job.Job`), as named steps
+(:func:`refine_one`; ``nbtorch-refine --image`` and :func:`refine.refine_still` both come here).
 
-1. :func:`~refine.cli.single_inputs.check_arguments`: every check that needs no data (names, numbers, outputs, the device);
-2. :func:`~refine.cli.single_inputs.load_inputs`: the observed image (or synthetic problem) and the starting model's configuration;
+1. :func:`~refine.modes.single_inputs.check_arguments`: every check that needs no data (names, numbers, outputs, the device);
+2. :func:`~refine.modes.single_inputs.load_inputs`: the observed image (or synthetic problem) and the starting model's configuration;
 3. the simulator and the pixel choice (:mod:`refine.inputs.pixels`, the public API the docs use too), the
    starting scale and background;
 4. :func:`refine.refine` (plan, stages, finalise), then the spot offsets and extra esds;
 5. :func:`write_and_report`: result files, the HTML report, the printed summary.
 
-Parsing (:mod:`refine.cli.parser`) and this module are apart so that a reader of the run does not wade through
-the option table.
+Parsing (:mod:`refine.cli.parser`) is the command line's alone: this module sees typed values, never argv.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from nbtorch.runtime import policy as runtime
 from nbtorch.cli.support import Printer
 from nbtorch.errors import InputError
 from refine.output.callbacks import TensorBoardCallback
-from refine.cli.options import PROG, Options
+from refine.modes.job import PROG, Job
 from refine.quality.cell_distance import cell_distance_note, note_line
 from refine.quality.degeneracy import extended_uncertainties
-from refine.inputs.dials import check_dials_options, on_image, refl_spots, spot_window, write_expt_out
+from refine.inputs.dials import on_image, refl_spots, spot_window, write_expt_out
 from refine.quality.identifiability import drift_warning
 from refine.inputs.start_model import ANISOTROPIC_MOSAIC_NAMES, tie_start_cell, with_anisotropic_mosaic
 from refine.fitting.background import resolve_auto
@@ -48,10 +48,10 @@ from refine.quality.spot_floor import spot_floor
 from refine.inputs.spots import read_spot_list, spot_offsets
 from refine.inputs.still_defaults import still_defaults
 # amplitude_group and amplitude_options: named here too, where the joint and sweep commands find them
-from refine.cli.single_inputs import (Checked, Inputs, amplitude_group, amplitude_options,  # noqa: F401
-                                      check_arguments, load_inputs)
+from refine.modes.single_inputs import (Checked, Inputs, amplitude_group, amplitude_options,  # noqa: F401
+                                      check_arguments, check_dials_options, load_inputs)
 
-__all__ = ["run", "check_arguments", "load_inputs", "prepare", "plan_arguments", "Prepared", "write_and_report"]
+__all__ = ["run", "refine_one", "check_arguments", "load_inputs", "prepare", "plan_arguments", "Prepared", "write_and_report"]
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def tile_evaluations(device: str | torch.device) -> int:
     return 1 << 22 if torch.device(device).type == "cuda" else 1 << 19
 
 
-def _simulator(args: Options, checked: Checked, inputs: Inputs) -> Simulator:
+def _simulator(args: Job, checked: Checked, inputs: Inputs) -> Simulator:
     """The starting model's simulator (eager until the pixels are chosen), the start tied to the symmetry,
     the names of --refine/--fix/--esd-extra checked against the run's parameter space."""
     kwargs = dict(dtype=checked.dtype, device=args.compute.device, compile=False,
@@ -159,7 +159,7 @@ def _spot_offsets(sim: Simulator, values: dict, spots: np.ndarray, keep_model: b
         return spot_offsets(sim, values, spots, keep_model=keep_model)
 
 
-def _spots_report(args: Options, spots: np.ndarray, before, after, floor) -> dict:
+def _spots_report(args: Job, spots: np.ndarray, before, after, floor) -> dict:
     """The ``spots`` of ``result.json``: the offsets before and after, and the noise floor of the final ones."""
     both = before.matched & after.matched
     return {"source": args.pixels.spots or args.dials.refl, "n": int(len(spots)),
@@ -180,7 +180,7 @@ def _with_drift_warning(result, spots: dict):
     return dataclasses.replace(result, warnings=tuple(result.warnings) + (warning,))
 
 
-def _extra_esds(sim: Simulator, result, args: Options, background="constant") -> dict:
+def _extra_esds(sim: Simulator, result, args: Job, background="constant") -> dict:
     # first derivatives only (refine.quality.uncertainty.pixel_jacobian runs the simulator eagerly itself; its large tiles
     # go through the compiled forward-mode kernels unless compiling is off)
     u = extended_uncertainties(sim, result.observed, result.mask, result, args.output.esd_extra, background)
@@ -202,7 +202,7 @@ def _say_extra_esds(say, result, e: dict) -> None:
         say(f"esds with {', '.join(freed)} refined as well: {widened}")
 
 
-def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
+def write_and_report(args: Job, checked: Checked, inputs: Inputs, result, say, t0: float) -> None:
     """Write the result files (and the HTML report), then print the summary."""
     note = cell_distance_note(result.params, tuple(result.free)) if inputs.truth is None else None
     if note is not None:  # a measured image: the cell rests on a distance nothing refined
@@ -251,7 +251,7 @@ def write_and_report(args: Options, checked: Checked, inputs: Inputs, result, sa
         say(f"TensorBoard logs: {os.path.abspath(args.output.logdir)}  (view: tensorboard --logdir {args.output.logdir})")
 
 
-def _callbacks(args: Options, sim: Simulator, say) -> list:
+def _callbacks(args: Job, sim: Simulator, say) -> list:
     callbacks: list = []
     if args.output.logdir:
         callbacks.append(_EndLater(TensorBoardCallback(args.output.logdir, every=args.output.tb_every)))
@@ -274,22 +274,28 @@ class Prepared:
     start: dict
     model: Simulator
     background: Any = "constant"
-    args: Options | None = None
+    args: Job | None = None
 
 
-def _still_defaults(args: Options, say) -> tuple[Options, Any]:
+def _still_defaults(args: Job, say) -> tuple[Job, Any]:
     """``args`` with the defaults of one still from DIALS files filled in (:mod:`refine.inputs.still_defaults`),
     said in the run's first lines, and those defaults (None for any other run)."""
-    defaults = still_defaults(args)
+    fit = args.fit
+    defaults = still_defaults(args.dials_files, args.model.model, fix=fit.fix, max_steps=args.optimiser.max_steps,
+                              choose_names=not (fit.refine is not None or fit.stages is not None or fit.stage_tables
+                                                or args.many.joint),
+                              spot_window=args.pixels.spot_window, subsample=args.pixels.subsample,
+                              rotation_series=args.many.rotation_series)
     if defaults is None:
         return args, None
     say(f"{PROG}: a still from DIALS files (--expt {args.dials.expt}, --refl {args.dials.refl}); defaults:")
     for line in defaults.notes:
         say(f"  {line}")
-    return defaults.apply(args), defaults
+    fields = defaults.fields()
+    return (args.with_fields(**fields) if fields else args), defaults
 
 
-def prepare(args: Options, say) -> Prepared:
+def prepare(args: Job, say) -> Prepared:
     """Check the arguments, load the inputs, build the simulator and choose the pixels (steps 1-3); also what
     :mod:`refine.tools.bench` measures, so that it times the objective a run fits.  ``Prepared.args``: the options
     the run goes on with (a still from DIALS files: its defaults filled in)."""
@@ -301,8 +307,9 @@ def prepare(args: Options, say) -> Prepared:
     spots = (read_spot_list(args.pixels.spots, args.pixels.spot_columns, inputs.observed.shape) if args.pixels.spots and args.pixels.spots != "find"
              else args.pixels.spots)
     if args.dials.refl:
-        spots = refl_panel_spots(args, sim.panel_layout) if sim.panel_layout is not None else refl_spots(args)
-    window = spot_window(args, say)
+        dials = args.dials_files
+        spots = refl_panel_spots(dials, sim.panel_layout) if sim.panel_layout is not None else refl_spots(dials)
+    window = spot_window(args.dials_files, args.pixels.spot_window, say)
     choice = choose_pixels(sim, inputs.observed, inputs.mask, dmin_A=args.pixels.dmin, dmax_A=args.pixels.dmax, spots=spots,
                            spot_window_px=window, subsample=args.pixels.subsample, seed=args.pixels.seed,
                            spots_source=f"--refl {args.dials.refl}" if args.dials.refl else f"--spots {args.pixels.spots}",
@@ -331,7 +338,7 @@ def prepare(args: Options, say) -> Prepared:
                     background=background, args=args)
 
 
-def _background(args: Options, sim: Simulator, inputs, choice, start: dict, window: int | None, say):
+def _background(args: Job, sim: Simulator, inputs, choice, start: dict, window: int | None, say):
     """``--background`` as :func:`refine.refine` takes it: the text of ``constant`` and ``planar``, or the model
     of ``resolution:K`` (knots started between the observed spots) and ``planes`` (one held plane per window)."""
     one_image = bool(args.image.image) and not (args.many.joint or args.many.rotation_series)  # joint: constant
@@ -351,7 +358,7 @@ def _background(args: Options, sim: Simulator, inputs, choice, start: dict, wind
     return model
 
 
-def plan_arguments(args: Options, p: Prepared) -> dict:
+def plan_arguments(args: Job, p: Prepared) -> dict:
     """The keyword arguments of :func:`refine.refine` (and so of :func:`refine.solver.plan.make_plan`) that describe
     the problem: everything but callbacks, progress, checkpoints and esds."""
     return dict(start=p.start, free=p.inputs.free_default if args.fit.refine is None else None, fixed=p.inputs.fixed,
@@ -362,9 +369,15 @@ def plan_arguments(args: Options, p: Prepared) -> dict:
                 **({"panel_groups": p.inputs.panels[2]} if p.inputs.panels else {}))
 
 
-def run(args: Options) -> int:
-    """Load, refine, write.  Returns the exit status (0 ok, 1 diverged or failed)."""
-    say = Printer(args.output.quiet)
+def run(args: Job) -> int:
+    """Load, refine, write (:func:`refine_one`).  Returns the exit status (0 ok, 1 diverged or failed)."""
+    return 0 if refine_one(args).status.ok else 1
+
+
+def refine_one(args: Job, say=None):
+    """Load, refine, write one image's refinement; the :class:`~refine.output.results.RefinementResult`.  ``say``:
+    where the lines go (default: printed unless ``output.quiet``)."""
+    say = say if say is not None else Printer(args.output.quiet)
     t0 = time.monotonic()
     p = prepare(args, say)
     args = p.args if p.args is not None else args
@@ -394,7 +407,10 @@ def run(args: Options) -> int:
     if args.output.esd_extra:
         inputs.extra["esd_extra"] = _extra_esds(sim, result, args, p.background)
     if args.dials.expt_out:
-        (write_panels_expt if sim.panel_layout is not None else write_expt_out)(args, sim, result.params)
+        if sim.panel_layout is not None:
+            write_panels_expt(args.dials_files, args.dials.expt_out, sim, result.params)
+        else:
+            write_expt_out(args.dials_files, args.dials.expt_out, sim, result.params, args.fit.symmetry)
         say(f"  wrote the refined DIALS experiment {args.dials.expt_out}")
     write_and_report(args, checked, inputs, result, say, t0)
-    return 0 if result.status.ok else 1
+    return result

@@ -1,4 +1,4 @@
-"""What a single run (:mod:`refine.cli.single`) reads: its checked arguments (:func:`check_arguments`), the
+"""What a single run (:mod:`refine.modes.single`) reads: its checked arguments (:func:`check_arguments`), the
 structure-factor options (:func:`amplitude_options`) and its inputs, a synthetic problem or a measured image with
 its mask, model and spots (:func:`load_inputs`).
 """
@@ -18,11 +18,12 @@ from nbtorch.runtime import policy as runtime
 from nbtorch.cli.support import check_outputs
 from nbtorch.errors import InputError
 from nbtorch.io.atomic import check_not_inputs
-from refine.cli.options import DEFAULT_DATASET, PROG, Options
-from refine.cli.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
+from refine.inputs.measurement import DEFAULT_DATASET
+from refine.modes.job import PROG, Job
+from refine.modes.values import bounds_values, build_stages, check_loss, command_inputs, prior_values, start_values
 from refine.inputs.detector_counts import check_counts, detector_counts, header_counts
 from refine.inputs.images import load_image
-from refine.inputs.dials import check_dials_options, experiment_space_group, experiment_symmetry, model_tokens
+from refine.inputs.dials import experiment_space_group, experiment_symmetry, model_tokens
 from refine.fitting.space_groups import check_subgroup, crystal_system
 from refine.inputs.start_model import model_config
 from refine.fitting.background import AUTO, parse_background
@@ -67,7 +68,23 @@ class Inputs:
     panels: tuple | None = None  # a multi-panel --expt: (configs, names, groups, group labels)
 
 
-def _check_numbers(args: Options) -> None:
+def check_dials_options(args: Job) -> None:
+    """Checks that need no file."""
+    if args.dials.expt_out and not args.dials.expt and not args.image.image:
+        raise InputError("--expt-out: writes the refined model of a measured image; give --image (or --expt)")
+    if args.dials.refl and args.pixels.spots:
+        raise InputError("--refl and --spots both give the observed spots; drop one")
+    if args.dials.panel_groups is not None and not args.dials.expt:
+        raise InputError("--panel-groups: the groups of a multi-panel --expt detector; give --expt")
+    if args.dials.expt_image is not None and not args.dials.expt:
+        raise InputError("--expt-image: the image of an --expt rotation scan that --image is; give --expt")
+    for flag, value in (("--expt-index", args.dials.expt_index), ("--expt-image", args.dials.expt_image),
+                        ("--panel-groups", args.dials.panel_groups)):
+        if value is not None and value < 0:
+            raise InputError(f"{flag}: must be >= 0, got {value}")
+
+
+def _check_numbers(args: Job) -> None:
     for flag, value in (("--time-budget", args.optimiser.time_budget), ("--checkpoint-every", args.output.checkpoint_every),
                         ("--tb-every", args.output.tb_every), ("--saturation", args.image.saturation)):
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -86,8 +103,8 @@ def _check_numbers(args: Options) -> None:
         raise InputError("--spot-columns names the columns of a --spots file; give --spots FILE")
 
 
-def _refuse_image_file_options(args: Options) -> None:
-    """Options that describe a measured image's file, given with a simulated ``--problem`` (they were ignored)."""
+def _refuse_image_file_options(args: Job) -> None:
+    """The options that describe a measured image's file, given with a simulated ``--problem`` (they were ignored)."""
     given = (("--frame", args.image.frame is not None), ("--shape", args.image.shape is not None),
              ("--mask", bool(args.image.mask)), ("--saturation", args.image.saturation is not None),
              ("--mask-nan", args.image.mask_nan))
@@ -97,7 +114,7 @@ def _refuse_image_file_options(args: Options) -> None:
                              "and has none")
 
 
-def check_arguments(args: Options) -> Checked:
+def check_arguments(args: Job) -> Checked:
     """Every check that needs no data; nothing is read or written."""
     if bool(args.image.image) == bool(args.model.problem):
         raise InputError("give exactly one of --image (a measured image) and --problem (a synthetic problem)")
@@ -143,16 +160,16 @@ def check_arguments(args: Options) -> Checked:
                    dtype=torch.float64 if args.compute.dtype == "float64" else torch.float32, amplitudes=amplitudes)
 
 
-def amplitude_group(args: Options) -> str | None:
+def amplitude_group(args: Job) -> str | None:
     """The amplitudes' space group: ``--space-group``, a ``--symmetry`` that names a space group, or the ``--expt``
     crystal's; None where none is given."""
     group = args.amplitudes.space_group
     if group is None and args.fit.symmetry and crystal_system(args.fit.symmetry) != args.fit.symmetry.strip().lower():
         group = args.fit.symmetry
-    return group if group is not None else experiment_space_group(args)
+    return group if group is not None else experiment_space_group(args.dials_files)
 
 
-def amplitude_options(args: Options) -> AmplitudeOptions | None:
+def amplitude_options(args: Job) -> AmplitudeOptions | None:
     """``--structure-factors`` and its options (None without it); the space group from :func:`amplitude_group`,
     checked against the ``--expt`` crystal's (:func:`check_subgroup`); ``--mtz-out``'s folder: :func:`_check_mtz_out`."""
     named = [f for f, v in (("--space-group", args.amplitudes.space_group), ("--f-restraint", args.amplitudes.f_restraint),
@@ -170,7 +187,7 @@ def amplitude_options(args: Options) -> AmplitudeOptions | None:
         raise InputError("--structure-factors: give the space group (--space-group P41212, or --symmetry P41212): "
                          "equivalent reflections share one amplitude")
     check_space_group(group)
-    experiment = experiment_space_group(args)
+    experiment = experiment_space_group(args.dials_files)
     if experiment is not None and group != experiment:
         check_subgroup(group, "--space-group" if args.amplitudes.space_group else "--symmetry", experiment)
     joint = args.many.joint or args.many.rotation_series
@@ -192,7 +209,7 @@ def _check_mtz_out(path: str | None, made: Path) -> None:
         raise InputError(f"--mtz-out {path}: folder {Path(path).parent} does not exist")
 
 
-def _load_problem(args: Options, checked: Checked, say) -> Inputs:
+def _load_problem(args: Job, checked: Checked, say) -> Inputs:
     problem = make_problem(args.model.problem, size=args.model.size, option_prefix="--")
     say(f"{PROG}: problem {problem.name}: {problem.description}")
     cfg = config_from_args(list(problem.args))
@@ -217,7 +234,7 @@ def _say_below_offset(say, below: int, counts) -> None:
         say(f"  {below} pixels below the ADC offset ({counts.adc_offset:g} counts) masked: not counts of photons")
 
 
-def _load_image(args: Options, checked: Checked, say) -> Inputs:
+def _load_image(args: Job, checked: Checked, say) -> Inputs:
     obs = load_image(args.image.image, frame=args.image.frame, shape=args.image.shape, dtype=args.image.raw_dtype, dataset=args.image.dataset,
                      mask=args.image.mask, saturation=args.image.saturation, nonfinite="mask" if args.image.mask_nan else "error")
     if args.image.dataset != DEFAULT_DATASET and obs.format != "hdf5":
@@ -229,7 +246,7 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     _say_below_offset(say, below, counts)
     if not mask.any():
         raise InputError(f"{obs.path}: every pixel is masked after the ADC offset {counts.adc_offset:g} is taken off")
-    panels = _multi_panel_model(args, say) if args.dials.expt and panel_count(args) > 1 else None
+    panels = _multi_panel_model(args, say) if args.dials.expt and panel_count(args.dials_files) > 1 else None
     if panels is None and args.dials.panel_groups:
         raise InputError(f"--panel-groups {args.dials.panel_groups}: the --expt detector has one panel, whose only "
                          "level is 0 (panel groups are a multi-panel detector's)")
@@ -237,13 +254,13 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
         raise InputError(f"--image {obs.path}: the file holds {len(obs.header['panel_boxes'])} detector panels "
                          "(stacked); give their geometry with a multi-panel --expt")
     if panels is not None:
-        photons, mask = stacked_image(args, resolve_panels(panels[0], panels[1])[1], photons, mask,
+        photons, mask = stacked_image(args.dials_files, resolve_panels(panels[0], panels[1])[1], photons, mask,
                                       boxes=obs.header.get("panel_boxes"))
         cfg, tokens, notes = panels[0][0], list(panels[4]), []
         panels = panels[:4]
     else:
         roi = check_roi(args.pixels.roi, obs.shape) if args.pixels.roi else None
-        cfg, tokens, notes = model_config(model_tokens(args, say), obs, roi, parallax=args.image.parallax,
+        cfg, tokens, notes = model_config(model_tokens(args.dials_files, args.model.model, say), obs, roi, parallax=args.image.parallax,
                                           given_by=("--expt" if not args.model.model else "--expt/--model")
                                           if args.dials.expt else "--model")
     for note in notes:
@@ -254,7 +271,7 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
     if default_fix and not (args.many.joint or args.many.rotation_series):  # a joint run's names: --shared/--per-image
         say("  distance fixed (one image; --fix none refines it, --esd-extra distance shows its correlation with the cell)")
     fixed = ("distance",) if default_fix else tuple(n for n in (args.fit.fix or ()) if n != "none")
-    symmetry = checked.symmetry or experiment_symmetry(args)
+    symmetry = checked.symmetry or experiment_symmetry(args.dials_files, args.fit.symmetry)
     if symmetry and not checked.symmetry:
         say(f"  symmetry {symmetry} from the experiment's space group (--symmetry)")
     masked = {**obs.masked, **({"below_offset": below} if below else {})}
@@ -267,19 +284,20 @@ def _load_image(args: Options, checked: Checked, say) -> Inputs:
                          "detector_counts": counts.as_dict()})
 
 
-def _multi_panel_model(args: Options, say) -> tuple:
+def _multi_panel_model(args: Job, say) -> tuple:
     """A multi-panel ``--expt``: ``(configs, names, groups, group labels, panel 0's flags)`` (:mod:`refine.inputs.panels`)."""
     if args.pixels.roi:
         raise InputError("--roi: not with a multi-panel --expt detector (fit spot windows: --refl, --spot-window)")
-    tokens = list(model_tokens(args, say, multi_panel=True))
-    configs, names = panel_configs(args, tokens, args.compute.dtype)
-    groups, labels = panel_groups(args, args.dials.panel_groups)
+    dials = args.dials_files
+    tokens = list(model_tokens(dials, args.model.model, say, multi_panel=True))
+    configs, names = panel_configs(dials, tokens, args.compute.dtype)
+    groups, labels = panel_groups(dials, args.dials.panel_groups)
     say(f"  {len(configs)} detector panels; {len(groups)} rigid panel group{'s' if len(groups) > 1 else ''} "
         f"(--panel-groups {args.dials.panel_groups or 0}): " + ", ".join(f"{k} {label}" for k, label in enumerate(labels)))
     return configs, names, groups, labels, tokens
 
 
-def load_inputs(args: Options, checked: Checked, say) -> Inputs:
+def load_inputs(args: Job, checked: Checked, say) -> Inputs:
     """The observed image (measured or a synthetic problem) and the starting model's configuration."""
     inputs = _load_problem(args, checked, say) if args.model.problem else _load_image(args, checked, say)
     inputs.extra["command"] = " ".join([PROG, *args.argv])
