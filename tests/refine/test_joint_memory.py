@@ -9,7 +9,6 @@ would dwarf the fitted pixels' tables and fail the bound.
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from refine.inputs.problems import make_stills
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 from joint_stills import image_start  # noqa: E402
+from memory_walk import held_storages as _held  # noqa: E402
 
 SIZE, N = 96, 2
 CELL = ("cell_a", "cell_b", "cell_c")
@@ -60,38 +60,6 @@ def _run(stills, observed, masks=None, **kw):
     return refine_joint([p.simulator() for p in stills], observed, masks, symmetry=stills[0].symmetry,
                         start={k: stills[0].start[k] for k in CELL}, image_starts=[image_start(p) for p in stills],
                         convergence=conv, esds=kw.pop("esds", False), **kw)
-
-
-def _held(obj) -> dict[int, tuple[int, tuple]]:
-    """Unique tensor/array storages reachable from ``obj`` through attributes, containers and closures:
-    data pointer -> (bytes, shape)."""
-    seen, out, stack = set(), {}, [obj]
-    while stack:
-        o = stack.pop()
-        if id(o) in seen or isinstance(o, (str, bytes, int, float, bool, type(None), type, types.ModuleType)):
-            continue
-        seen.add(id(o))
-        if isinstance(o, torch.Tensor):
-            st = o.untyped_storage()
-            out[st.data_ptr()] = (st.nbytes(), tuple(o.shape))
-        elif isinstance(o, np.ndarray):
-            base = o
-            while isinstance(base.base, np.ndarray):
-                base = base.base
-            out[base.__array_interface__["data"][0]] = (base.nbytes, tuple(o.shape))
-        elif isinstance(o, dict):
-            stack.extend(o.keys())
-            stack.extend(o.values())
-        elif isinstance(o, (list, tuple, set, frozenset)):
-            stack.extend(o)
-        else:
-            if isinstance(o, types.FunctionType) and o.__closure__:
-                stack.extend(c.cell_contents for c in o.__closure__ if c.cell_contents is not None)
-            if isinstance(o, types.MethodType):
-                stack.append(o.__self__)
-            if hasattr(o, "__dict__"):
-                stack.extend(vars(o).values())
-    return out
 
 
 class _Stop(Exception):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
-import types
 
 import numpy as np
 import pytest
@@ -27,29 +26,14 @@ from experiments.process_memory import StandIn
 from experiments.serial_data import make_serial
 from refine.many.joint import DEFAULT_CONVERGENCE
 from refine.many.serial import refine_serial
+from memory_walk import held_storages
 
 K, SIZE, BOUND = 4, 16, 500
 
 
 def _tensor_bytes(*roots) -> int:
-    """Bytes of the distinct tensor storages reachable from ``roots`` (attributes, containers, closures)."""
-    seen, storages, stack = set(), {}, list(roots)
-    while stack:
-        o = stack.pop()
-        if id(o) in seen or isinstance(o, (str, bytes, int, float, bool, type(None), type, types.ModuleType)):
-            continue
-        seen.add(id(o))
-        if isinstance(o, torch.Tensor):
-            storages[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif isinstance(o, (list, tuple, set, frozenset)):
-            stack.extend(o)
-        elif isinstance(o, types.FunctionType) and o.__closure__:
-            stack.extend(c.cell_contents for c in o.__closure__ if c.cell_contents is not None)
-        elif hasattr(o, "__dict__") and not isinstance(o, torch.nn.Module):
-            stack.extend(vars(o).values())
-    return sum(storages.values())
+    """Bytes of the distinct tensor storages reachable from ``roots`` (numpy arrays: tracemalloc counts them)."""
+    return sum(b for b, _ in held_storages(*roots, arrays=False, modules=False).values())
 
 
 class _Stop(Exception):

@@ -155,6 +155,18 @@ _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no
           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 
 
+def images_drawn(browser: str, page: str, tmp_path, profile: str) -> subprocess.CompletedProcess:
+    """Headless ``browser`` on a copy of ``page`` with a check script: its dumped DOM's body carries
+    ``data-check="loaded K of N"``, K the images that decoded (naturalWidth > 0) and are drawn wider than 100 px."""
+    probe = ("<script>window.addEventListener('load', () => { const imgs = [...document.images]; "
+             "const ok = imgs.filter(i => i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 100);"
+             " document.body.setAttribute('data-check', `loaded ${ok.length} of ${imgs.length}`); });</script>")
+    probe_page = tmp_path / "probe.html"
+    probe_page.write_text(page.replace("</body>", probe + "</body>"))
+    return subprocess.run([browser, *_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+                           "--dump-dom", probe_page.as_uri()], capture_output=True, text=True, timeout=120)
+
+
 def test_report_loads_in_a_real_browser(finished_run, tmp_path):
     """Headless Chromium opens the page: every figure decodes (naturalWidth > 0) and the screenshot is not
     blank.  The check script is added to a copy of the page; the report itself has no script."""
@@ -164,14 +176,8 @@ def test_report_loads_in_a_real_browser(finished_run, tmp_path):
             pytest.fail("chromium is missing in CI: scripts/bootstrap.sh should install Debian's chromium")
         pytest.skip("no chromium on this machine (Debian: apt-get install chromium); the browser check did not run")
     page = (finished_run / "report.html").read_text()
-    probe = ("<script>window.addEventListener('load', () => { const imgs = [...document.images]; "
-             "const ok = imgs.filter(i => i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 100);"
-             " document.body.setAttribute('data-check', `loaded ${ok.length} of ${imgs.length}`); });</script>")
-    probe_page = tmp_path / "probe.html"
-    probe_page.write_text(page.replace("</body>", probe + "</body>"))
     profile = tempfile.mkdtemp(dir=tmp_path)
-    dom = subprocess.run([browser, *_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                          "--dump-dom", probe_page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = images_drawn(browser, page, tmp_path, profile)
     n = len(_IMG.findall(page))
     assert f'data-check="loaded {n} of {n}"' in dom.stdout, dom.stderr[-2000:]
     shot = tmp_path / "shot.png"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import subprocess
 import tempfile
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 
 from refine.many.batch import SUMMARY_COLUMNS
 from refine.output.stills_report import distribution_sections, render_summary_report, write_summary_report
-from test_html_report import _FLAGS, _chromium
+from test_html_report import _chromium, images_drawn
 
 pytest.importorskip("matplotlib", reason="the histograms need matplotlib (pip install 'nbtorch[report]')")
 
@@ -62,12 +61,5 @@ def test_summary_page_loads_in_a_real_browser(tmp_path):
             pytest.fail("chromium is missing in CI: scripts/bootstrap.sh should install Debian's chromium")
         pytest.skip("no chromium on this machine (Debian: apt-get install chromium); the browser check did not run")
     page = write_summary_report(tmp_path / "summary.html", _rows()).read_text()
-    probe = ("<script>window.addEventListener('load', () => { const imgs = [...document.images]; "
-             "const ok = imgs.filter(i => i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 100);"
-             " document.body.setAttribute('data-check', `loaded ${ok.length} of ${imgs.length}`); });</script>")
-    probe_page = tmp_path / "probe.html"
-    probe_page.write_text(page.replace("</body>", probe + "</body>"))
-    profile = tempfile.mkdtemp(dir=tmp_path)
-    dom = subprocess.run([browser, *_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                          "--dump-dom", probe_page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = images_drawn(browser, page, tmp_path, tempfile.mkdtemp(dir=tmp_path))
     assert 'data-check="loaded 5 of 5"' in dom.stdout, dom.stderr[-2000:]
