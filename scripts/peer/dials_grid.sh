@@ -26,6 +26,7 @@ shift 3
 STILLS=("$@")
 [ "${#STILLS[@]}" -gt 0 ] || STILLS=(0001 0002 0003 0004 0005 0006 0007 0008)
 P=$TARGET/venv/bin/python
+HERE=$(cd "$(dirname "$0")" && pwd)
 say() { echo "dials_grid: $*" >&2; }
 "$P" -c "import dials.command_line.stills_process" 2>/dev/null \
     || { say "no DIALS in $TARGET/venv (run scripts/peer/build_dials.sh $TARGET first)"; exit 2; }
@@ -62,23 +63,8 @@ done
 summary=$OUT/summary.txt
 {
     echo "dials.stills_process on ${#images[@]} stills: single $(cat "$OUT/time_single.txt"); composite $(cat "$OUT/time_composite.txt")"
-    "$P" - "$OUT/single" "${STILLS[@]}" <<'PY'
-import math, os, sys
-from dials.array_family import flex
-folder, stills = sys.argv[1], sys.argv[2:]
-for n in stills:
-    path = os.path.join(folder, f"idx-thau_3_2_{n}_indexed.refl")
-    if not os.path.exists(path):
-        print(f"{n}: not indexed")
-        continue
-    r = flex.reflection_table.from_file(path)
-    used = r.select(r.get_flags(r.flags.used_in_refinement))
-    ox, oy, _ = used["xyzobs.px.value"].parts()
-    cx, cy, _ = used["xyzcal.px"].parts()
-    dx, dy = ox - cx, oy - cy
-    print(f"{n}: spots used {len(used)}; rms x {math.sqrt(flex.mean(dx * dx)):.3f} px, y {math.sqrt(flex.mean(dy * dy)):.3f} px, "
-          f"total {math.sqrt(flex.mean(dx * dx + dy * dy)):.3f} px; "
-          f"delpsi {math.degrees(math.sqrt(flex.mean(flex.pow2(used['delpsical.rad'])))):.3f} deg")
-PY
+    args=()
+    for n in "${STILLS[@]}"; do args+=("$n=$OUT/single/idx-thau_3_2_${n}_indexed.refl"); done
+    "$P" "$HERE/dials_rmsd.py" "${args[@]}"
 } > "$summary"
 cat "$summary"

@@ -21,6 +21,7 @@ TARGET=$(realpath -m "${1:?usage: dials_peer.sh DIALS_TARGET_DIR OUT_DIR [SHARED
 OUT=$(realpath -m "${2:?usage: dials_peer.sh DIALS_TARGET_DIR OUT_DIR [SHARED_DIR]}")
 SHARED=$(realpath -m "${3:-$(dirname "$0")/../../../shared}")
 P=$TARGET/venv/bin/python
+HERE=$(cd "$(dirname "$0")" && pwd)
 say() { echo "dials_peer: $*" >&2; }
 "$P" -c "import dials.command_line.stills_process" 2>/dev/null \
     || { say "no DIALS in $TARGET/venv (run scripts/peer/build_dials.sh $TARGET first)"; exit 2; }
@@ -51,18 +52,7 @@ for n in 3 4; do
     {
         echo "== thaumatin still 000$n (dials.stills_process)"
         dials.show "idx-thau_3_2_000${n}_refined.expt" 2>/dev/null | grep -E "Unit cell|distance:" || true
-        "$P" - "idx-thau_3_2_000${n}_indexed.refl" <<'PY'
-import math, sys
-from dials.array_family import flex
-r = flex.reflection_table.from_file(sys.argv[1])
-used = r.select(r.get_flags(r.flags.used_in_refinement))
-ox, oy, _ = used["xyzobs.px.value"].parts()
-cx, cy, _ = used["xyzcal.px"].parts()
-dx, dy = ox - cx, oy - cy
-print(f"  spots used {len(used)}; rmsd x {math.sqrt(flex.mean(dx * dx)):.3f} px, y {math.sqrt(flex.mean(dy * dy)):.3f} px, "
-      f"total {math.sqrt(flex.mean(dx * dx + dy * dy)):.3f} px; "
-      f"delpsi rms {math.degrees(math.sqrt(flex.mean(flex.pow2(used['delpsical.rad'])))):.3f} deg")
-PY
+        "$P" "$HERE/dials_rmsd.py" "idx-thau_3_2_000${n}_indexed.refl"
     } >> "$summary"
 done
 
