@@ -36,7 +36,7 @@ from nbtorch.errors import InputError
 from refine.many.batch import BatchItem, run_batch
 
 __all__ = ["DialsStill", "read_dials_stills", "relocate_images", "still_items", "experiment_count",
-           "run_dials_stills", "space_group_name", "check_one_space_group"]
+           "run_dials_stills", "file_stills", "space_group_name", "check_one_space_group"]
 
 log = logging.getLogger(__name__)
 
@@ -215,17 +215,18 @@ def experiment_count(expt: str) -> int:
         raise InputError(f"--expt {exc}") from None
 
 
-def run_dials_stills(expt: str, refl: str, run_one: Callable[[BatchItem, Path], int], out_dir: str | Path = "out/batch",
-                     say: Callable[[str], None] = print, *, images: Sequence[str] | None = None,
-                     skip_missing: bool = False, dataset: str = "/entry/data/data", redo: bool = False,
-                     quiet: bool = False) -> int:
-    """Refine every still of ``expt``/``refl`` on its own (:func:`refine.many.batch.run_batch`, each item's
-    ``fields`` its ``expt_index`` and ``frame``), ``images`` the experiments' images where given
-    (:func:`relocate_images`); the exit status."""
+def file_stills(expt: str, refl: str, images: Sequence[str] | None = None) -> list[DialsStill]:
+    """The stills of ``expt``/``refl`` (:func:`read_dials_stills`), ``images`` the experiments' images where given
+    (:func:`relocate_images`)."""
     stills = read_dials_stills(expt, refl)
-    if images:
-        stills = relocate_images(stills, images, expt)
-    items = still_items(stills, expt, skip_missing, dataset)
+    return relocate_images(stills, images, expt) if images else stills
+
+
+def run_dials_stills(expt: str, refl: str, stills: Sequence[DialsStill], items: Sequence[BatchItem],
+                     run_one: Callable[[BatchItem, Path], int], out_dir: str | Path = "out/batch",
+                     say: Callable[[str], None] = print, *, redo: bool = False, quiet: bool = False) -> int:
+    """Refine every still of ``expt``/``refl`` on its own (:func:`refine.many.batch.run_batch`): ``items``, those of
+    ``stills`` (:func:`still_items`: each item's ``fields`` its ``expt_index`` and ``frame``); the exit status."""
     say(f"nbtorch-refine: {len(stills)} stills of --expt {expt} ({sum(s.reflections for s in stills)} reflections "
         f"in --refl {refl}), each refined on its own")
     return run_batch(items, run_one, out_dir, say, redo=redo, quiet=quiet)

@@ -11,9 +11,9 @@ from typing import Callable
 
 from refine.modes.job import Job
 from refine.many.batch import PER_IMAGE_OPTIONS, BatchItem, expand_image_list, image_stem, run_batch
-from refine.many.dials_stills import experiment_count, run_dials_stills
+from refine.many.dials_stills import DialsStill, experiment_count, file_stills, run_dials_stills, still_items
 
-__all__ = ["per_image_args", "many_dials_stills", "run_independent", "run_stills_of_file"]
+__all__ = ["per_image_args", "many_dials_stills", "run_independent", "stills_of_file", "run_stills_of_file"]
 
 
 def per_image_args(args: Job, image: str, out_dir: Path, name: str | None = None, **fields) -> Job:
@@ -59,9 +59,17 @@ def run_independent(args: Job, run_one: Callable[[Job], int], say: Callable[[str
                      quiet=args.output.quiet)
 
 
-def run_stills_of_file(args: Job, run_one: Callable[[Job], int], say: Callable[[str], None] = print) -> int:
-    """Every still of ``--expt``/``--refl`` refined on its own with ``run_one``; the exit status."""
-    images = expand_image_list(args.images) if args.images else None
-    return run_dials_stills(args.dials.expt, args.dials.refl, _one(args, run_one), args.many.out_dir or "out/batch",
-                            say, images=images, skip_missing=args.many.skip_missing, dataset=args.image.dataset,
-                            redo=args.many.redo, quiet=args.output.quiet)
+def stills_of_file(args: Job) -> tuple[list[DialsStill], list[BatchItem]]:
+    """The stills of ``--expt``/``--refl`` (``--images`` relocating them) and independent mode's runs of them, each
+    image checked before any work (:func:`refine.many.dials_stills.still_items`)."""
+    stills = file_stills(args.dials.expt, args.dials.refl, expand_image_list(args.images) if args.images else None)
+    return stills, still_items(stills, args.dials.expt, args.many.skip_missing, args.image.dataset)
+
+
+def run_stills_of_file(args: Job, run_one: Callable[[Job], int], say: Callable[[str], None] = print,
+                       prepared: tuple[list[DialsStill], list[BatchItem]] | None = None) -> int:
+    """Every still of ``--expt``/``--refl`` refined on its own with ``run_one`` (``prepared``: :func:`stills_of_file`'s
+    result, read here when not given); the exit status."""
+    stills, items = prepared or stills_of_file(args)
+    return run_dials_stills(args.dials.expt, args.dials.refl, stills, items, _one(args, run_one),
+                            args.many.out_dir or "out/batch", say, redo=args.many.redo, quiet=args.output.quiet)

@@ -30,9 +30,9 @@ import numpy as np
 
 from nbtorch.errors import InputError
 from refine.modes.job import Job
-from refine.many.batch import expand_image_list
-from refine.modes.independent import many_dials_stills, run_stills_of_file
-from refine.many.dials_stills import check_one_space_group, read_dials_stills, relocate_images, still_items
+from refine.many.batch import expand_image_list, item_folder
+from refine.modes.independent import many_dials_stills, run_stills_of_file, stills_of_file
+from refine.many.dials_stills import check_one_space_group, file_stills, still_items
 from refine.many.distributed import Comm
 from refine.output.refined_refl import write_refined_refl
 
@@ -74,9 +74,7 @@ def still_images(args: Job, say: Callable[[str], None] = print
         groups (:func:`~refine.many.dials_stills.check_one_space_group`).
     """
     expt, refl = args.dials.expt, args.dials.refl
-    stills = read_dials_stills(expt, refl)
-    if args.images:
-        stills = relocate_images(stills, expand_image_list(args.images), expt)
+    stills = file_stills(expt, refl, expand_image_list(args.images) if args.images else None)
     check_one_space_group(stills, expt)
     items = still_items(stills, expt, args.many.skip_missing, args.image.dataset)
     for item in items:
@@ -204,21 +202,20 @@ def run_stills_independent(args: Job, run_one: Callable[[Job], int],
     def one(a: Job) -> int:
         return run_one(a.with_fields(expt_out=str(Path(a.output.out).parent / "refined.expt")))
 
-    code = run_stills_of_file(args, one, say)
+    stills, items = stills_of_file(args)  # read and checked once: the runs and the combined files use them
+    code = run_stills_of_file(args, one, say, (stills, items))
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return code
     from nbtorch.io.dials import read_expt
 
     expt, out_dir = args.dials.expt, Path(args.many.out_dir or "out/batch")
-    stills = read_dials_stills(expt, args.dials.refl)
-    if args.images:
-        stills = relocate_images(stills, expand_image_list(args.images), expt)
     parts, predicted = {}, {}
-    for s, item in zip(stills, still_items(stills, expt, True, args.image.dataset)):
-        done = out_dir / item.name / "refined.expt"
-        if item.skipped is None and done.is_file() and (out_dir / item.name / "result.json").is_file():
+    for s, item in zip(stills, items):
+        folder = item_folder(item, out_dir)
+        done = folder / "refined.expt"
+        if item.skipped is None and done.is_file() and (folder / "result.json").is_file():
             parts[s.index] = _part(read_expt(done, s.index, multi_panel=True).document, s.index)
-            spots = json.loads((out_dir / item.name / "result.json").read_text()).get("spots") or {}
+            spots = json.loads((folder / "result.json").read_text()).get("spots") or {}
             if spots.get("predicted_final") is not None:
                 predicted[s.index] = (spots["observed"], [[np.nan if v is None else v for v in p[:2]]
                                                           for p in spots["predicted_final"]])
