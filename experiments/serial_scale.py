@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=int, help="step limit of every round (default: the joint default)")
     ap.add_argument("--screen-steps", type=int, default=12, help="round 1's step limit (default 12)")
     ap.add_argument("--max-rounds", type=int, default=3, help="at most this many rounds (>= 2; default 3)")
-    ap.add_argument("--max-dense", type=int, help="raw parameters above which the preconditioner and esds take the "
-                                                   "arrowhead (Schur complement) path (default: refine.many.esds's "
-                                                   "MAX_DENSE); 0 exercises it on a small set")
+    ap.add_argument("--max-dense", type=int, help="raw parameters above which the esds take the arrowhead (Schur "
+                                                   "complement) path (default: refine.many.esds's MAX_DENSE); 0 "
+                                                   "exercises it on a small set")
     return ap
 
 
@@ -121,10 +121,8 @@ def _run(argv: list[str]) -> int:
     if a.max_dense is not None:
         import refine.many.esds
         import refine.many.joint
-        import refine.many.joint_precondition
 
         refine.many.esds.MAX_DENSE = refine.many.joint.MAX_DENSE = a.max_dense
-        refine.many.joint_precondition.MAX_DENSE = a.max_dense  # the preconditioner's test reads its own name
     if a.max_steps is not None and a.max_steps < 1:
         raise InputError(f"--max-steps: expected an integer >= 1, got {a.max_steps}")
     try:

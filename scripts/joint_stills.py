@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--space-group", help="also refine the structure factors, shared by the stills, in this space "
                                           "group (EM start, 30 photons to be refined; refine.many.amplitudes)")
     ap.add_argument("--max-steps", type=int, help="the joint loop's step limit (default: refine.many.joint's)")
+    ap.add_argument("--checkpoint", help="the joint run's checkpoint file (written every 2 steps)")
+    ap.add_argument("--resume", help="continue from this checkpoint (written by any number of processes)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     shard = image_shard(a.stills)
@@ -69,7 +71,8 @@ def main(argv=None) -> int:
     result = refine_joint([p.simulator() if p is not None else None for p in stills],
                           [p.observed if p is not None else None for p in stills], symmetry=symmetry,
                           start=start, image_starts=[image_start(p) if p is not None else None for p in stills],
-                          structure_factors=amplitudes, convergence=conv)
+                          structure_factors=amplitudes, convergence=conv, checkpoint=a.checkpoint,
+                          checkpoint_every=2, resume=a.resume)
     wall = time.monotonic() - t0
     if result.world_size > 1:
         import torch.distributed as dist

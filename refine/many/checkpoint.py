@@ -1,20 +1,25 @@
 """Checkpoints of a joint refinement (:func:`refine.many.joint.refine_joint`): the whole state in one HDF5 file.
 
 A joint run with ``checkpoint=PATH`` writes the file every ``checkpoint_every`` steps, when the loop ends
-(before the esds) and on Ctrl-C, always at a step boundary and always from process 0 only (atomically:
-:func:`refine.solver.checkpoint.write_state_file`, the layout of a single run's checkpoint).  The file holds
-everything the loop needs to go on exactly as an uninterrupted run would: the whole raw vector
-``[shared, image 0's own, image 1's own, ...]`` with the loss, gradient and LBFGS (or Adam) state there,
-the step and evaluation counts, the history, the images' losses, the preconditioner, and the loop's status
-once it has ended.  ``resume=PATH`` continues from it; under a torchrun restart
+(before the esds) and on Ctrl-C, always at a step boundary.  The file holds everything the loop needs to go on
+exactly as an uninterrupted run would: the raw vector ``[shared, image 0's own, image 1's own, ...]`` with the
+loss, gradient and LBFGS (or Adam) state there, the step and evaluation counts, the history, the images' losses,
+the preconditioner, and the loop's status once it has ended.  Each process holds only its part of the vectors
+(:mod:`refine.many.sharded`) and of the per-image rows (:class:`ImageRows`), so the file is written in turns:
+process 0 writes everything else and the shared parts into ``PATH.writing``, then each process its images' rows,
+then process 0 renames it to ``PATH`` (a reader never sees a half-written file).  A resume reads in each process
+the rows of the images it holds, whatever the number of processes that wrote them.  ``resume=PATH`` continues from it; under a torchrun restart
 (``TORCHELASTIC_RESTART_COUNT`` > 0, :func:`refine.many.batch.restart_count`) an existing checkpoint is resumed without
 being asked, so ``torchrun --max-restarts N`` brings a job whose worker died back to its last checkpoint.
 
-Layout (``format = "nbtorch-refine-joint-checkpoint"``, ``version = 1``)::
+Layout (``format = "nbtorch-refine-joint-checkpoint"``, ``version = 2``)::
 
-    attrs    step, status ("" while running), n_images, world_size, elapsed_s, fingerprint (JSON)
-    raw      (P,) the whole raw vector (preconditioned coordinates of the loop)
-    state    uint8 bytes of ``torch.save`` of :meth:`JointCheckpoint.to_dict`
+    attrs             step, status ("" while running), n_images, n_shared and n_own (a raw vector's lengths),
+                      world_size, elapsed_s, fingerprint (JSON)
+    state             uint8 bytes of ``torch.save`` of :meth:`JointCheckpoint.to_dict`, each split vector and
+                      per-image array replaced by ``{"__part__": j, "shared": ..., "row_shape": ...}``
+    parts/j/shared    (S,) part ``j``'s shared numbers (a split vector's)
+    parts/j/rows      (n, *row_shape) part ``j``'s row of every image
 
 The **fingerprint** (:func:`joint_fingerprint`) names the images (a SHA-1 of each image's fitted pixels and
 mask), every image's starting values (a SHA-1 of each image's), the shared and per-image names, symmetry,
@@ -26,23 +31,28 @@ stopped at its step limit can be continued with more steps.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+import numpy as np
 
 import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
-from refine.solver.checkpoint import read_state_file, write_state_file
+from refine.many.sharded import ShardedVector
+from refine.solver.checkpoint import read_state_file
 from refine.solver.loop import LoopState, Status
 
-__all__ = ["JointCheckpoint", "write_joint_checkpoint", "read_joint_checkpoint", "joint_fingerprint", "start_digest",
+__all__ = ["JointCheckpoint", "ImageRows", "Shards", "write_joint_checkpoint", "read_joint_checkpoint", "joint_fingerprint", "start_digest",
            "fingerprint_difference", "FORMAT", "VERSION"]
 
 FORMAT = "nbtorch-refine-joint-checkpoint"
-VERSION = 1
+VERSION = 2
 #: bytes of an image's SHA-1 digest (gathered as one float per byte: exact in an all_reduce)
 DIGEST_BYTES = 20
 
@@ -54,8 +64,9 @@ class JointCheckpoint:
     Attributes:
         loop: :meth:`refine.solver.loop.LoopState.to_dict` (raw vector in the loop's coordinates, loss, gradient,
             optimiser state, counters, history).
-        image_losses: (n,) each image's loss at ``loop["raw"]`` (None when not known).
-        precond: the preconditioner ``{"raw0": (P,), "A": (P, P)}``: raw = raw0 + A z.
+        image_losses: this process's images' losses at ``loop["raw"]`` (None when not known; written as
+            :class:`ImageRows`).
+        precond: the preconditioner (:func:`refine.many.joint_precondition.precond_state`).
         status, message: the loop's end (``status`` None while it is running).
         elapsed_s: wall seconds of the run so far (all attempts).
         fingerprint: :func:`joint_fingerprint` of the problem and settings.
@@ -91,27 +102,137 @@ class JointCheckpoint:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def write_joint_checkpoint(path: str | Path, ckpt: JointCheckpoint) -> Path:
-    """Write ``ckpt`` to ``path`` atomically (an existing file is replaced only when complete)."""
-    attrs = {"step": ckpt.step, "status": ckpt.status or "", "n_images": int(ckpt.fingerprint.get("n_images", 0)),
-             "world_size": int(ckpt.world_size), "elapsed_s": float(ckpt.elapsed_s),
-             "fingerprint": json.dumps(ckpt.fingerprint)}
-    return write_state_file(path, FORMAT, VERSION, attrs, {"raw": ckpt.loop["raw"].detach().cpu().numpy()},
-                            ckpt.to_dict())
+@dataclass(frozen=True)
+class ImageRows:
+    """A per-image array of a checkpoint's state: one row per image this process holds (increasing order)."""
+
+    rows: Tensor
 
 
-def read_joint_checkpoint(path: str | Path) -> JointCheckpoint:
-    """Read a checkpoint written by :func:`write_joint_checkpoint`.
+@dataclass(frozen=True)
+class Shards:
+    """How a process's state sits in the whole: the images it holds (increasing), the number of images (-1: any,
+    with no images held: the file's shared parts only), the shared and own lengths of a raw vector, and the type
+    of its part of one (:mod:`refine.many.sharded`)."""
+
+    images: tuple[int, ...]
+    n: int
+    S: int
+    K: int
+    vector: type | None = None
+
+    def split(self, obj: Any, parts: list) -> Any:
+        """``obj`` with each split vector and :class:`ImageRows` replaced by a marker; their parts in ``parts``
+        as ``(shared or None, rows (held, *row_shape))``."""
+        if isinstance(obj, ShardedVector):
+            local = obj.detach().as_subclass(Tensor).cpu()
+            parts.append((local[:self.S], local[self.S:].reshape(len(self.images), self.K)))
+            return {"__part__": len(parts) - 1, "shared": True, "row_shape": [self.K]}
+        if isinstance(obj, ImageRows):
+            parts.append((None, obj.rows.detach().cpu()))
+            return {"__part__": len(parts) - 1, "shared": False, "row_shape": list(obj.rows.shape[1:])}
+        if isinstance(obj, dict):
+            return {k: self.split(v, parts) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.split(v, parts) for v in obj)
+        return obj
+
+    def join(self, obj: Any, h5) -> Any:
+        """The inverse of :meth:`split` from the file ``h5``: this process's rows of each part."""
+        if isinstance(obj, dict) and "__part__" in obj:
+            group = h5[f"parts/{int(obj['__part__'])}"]
+            rows = torch.as_tensor(self._rows(group["rows"]))
+            if not obj["shared"]:
+                return rows
+            shared = torch.as_tensor(group["shared"][()])
+            local = torch.cat([shared, rows.reshape(-1).to(shared.dtype)])
+            return local.as_subclass(self.vector) if self.vector is not None else local
+        if isinstance(obj, dict):
+            return {k: self.join(v, h5) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.join(v, h5) for v in obj)
+        return obj
+
+    def _rows(self, dataset):
+        if self.n >= 0 and dataset.shape[0] != self.n:
+            raise ValueError(f"{dataset.name} has {dataset.shape[0]} image rows, expected {self.n}")
+        images = list(self.images)
+        if not images:
+            return np.zeros((0, *dataset.shape[1:]), dtype=dataset.dtype)
+        if images == list(range(images[0], images[-1] + 1)):
+            return dataset[images[0]:images[-1] + 1]
+        return dataset[images]
+
+    def write_rows(self, h5, parts: list) -> None:
+        for j, (_, rows) in enumerate(parts):
+            dataset = h5[f"parts/{j}/rows"]
+            images = list(self.images)
+            if images and images == list(range(images[0], images[-1] + 1)):
+                dataset[images[0]:images[-1] + 1] = rows.numpy()
+            elif images:
+                dataset[images] = rows.numpy()
+
+
+def write_joint_checkpoint(path: str | Path, ckpt: JointCheckpoint, shards: Shards, comm=None) -> Path:
+    """Write ``ckpt`` to ``path`` from every process in turn (module docstring); ``comm``: the processes
+    (:class:`refine.many.distributed.Comm`; None: this process alone).  An existing file is replaced only
+    when complete."""
+    import h5py
+
+    path = Path(path)
+    rank, world = (0, 1) if comm is None else (comm.rank, comm.world)
+    parts: list = []
+    skeleton = shards.split(ckpt.to_dict(), parts)
+    tmp = path.with_name(path.name + ".writing")
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save(skeleton, buf)
+        attrs = {"step": ckpt.step, "status": ckpt.status or "", "n_images": int(shards.n), "n_shared": int(shards.S), "n_own": int(shards.K),
+                 "world_size": int(ckpt.world_size), "elapsed_s": float(ckpt.elapsed_s),
+                 "fingerprint": json.dumps(ckpt.fingerprint)}
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["format"], h5.attrs["version"] = FORMAT, VERSION
+            for k, v in attrs.items():
+                h5.attrs[k] = v
+            h5.create_dataset("state", data=np.frombuffer(buf.getvalue(), dtype=np.uint8))
+            for j, (shared, rows) in enumerate(parts):
+                if shared is not None:
+                    h5.create_dataset(f"parts/{j}/shared", data=shared.numpy())
+                h5.create_dataset(f"parts/{j}/rows", shape=(shards.n, *rows.shape[1:]),
+                                  dtype=rows.numpy().dtype, fillvalue=np.nan)
+            shards.write_rows(h5, parts)
+    for turn in range(1, world):
+        comm.barrier()
+        if rank == turn:
+            with h5py.File(tmp, "r+") as h5:
+                shards.write_rows(h5, parts)
+    if comm is not None:
+        comm.barrier()
+    if rank == 0:
+        os.replace(tmp, path)
+    return path
+
+
+def read_joint_checkpoint(path: str | Path, shards: Shards | None = None) -> JointCheckpoint:
+    """Read a checkpoint written by :func:`write_joint_checkpoint`: this process's rows of it (``shards``; None:
+    every image's, as one process holding all of them would).
 
     Raises:
         InputError: the file is missing, damaged, not a joint checkpoint (e.g. a single run's), or of
             another version.
     """
+    import h5py
+
     state = read_state_file(path, FORMAT, VERSION, "an nbtorch joint refinement checkpoint")
     try:
+        with h5py.File(path, "r") as h5:
+            if shards is None:
+                n = int(h5.attrs["n_images"])
+                shards = Shards(tuple(range(n)), n, int(h5.attrs["n_shared"]), int(h5.attrs["n_own"]))
+            state = shards.join(state, h5)
         ckpt = JointCheckpoint(**state)
         ckpt.loop_state()
-    except (TypeError, KeyError, ValueError) as exc:
+    except (TypeError, KeyError, ValueError, OSError) as exc:
         raise InputError(f"{path}: damaged joint checkpoint state ({type(exc).__name__}: {exc}); "
                          "delete it to start again") from None
     return ckpt

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from refine.many.batch import process_group
+from refine.many.sharded import ShardedLayout
 from refine.solver.loop import LoopAborted
 
 __all__ = ["Comm", "image_shard", "held_images", "process_device"]
@@ -68,6 +69,17 @@ class Comm:
             for i, obj in part.items():
                 out[i] = obj
         return out
+
+    def layout(self, shared: int) -> ShardedLayout:
+        """The :class:`~refine.many.sharded.ShardedLayout` of a vector ``[shared (shared), own parts]`` over these
+        processes (the shared part counted by process 0)."""
+        if self.dist is None:
+            return ShardedLayout(shared, True)
+        ops = self.dist.ReduceOp
+
+        def reduce(op):
+            return lambda t: self._collective(lambda x: self.dist.all_reduce(x, op=op), t)
+        return ShardedLayout(shared, self.rank == 0, reduce(ops.SUM), reduce(ops.MAX), reduce(ops.MIN))
 
     def barrier(self) -> None:
         """Wait for every process."""

@@ -123,8 +123,9 @@ def _blocked(F_blocks: Tensor, M_blocks: Tensor, S: int, R: Tensor | None,
 
 
 def shared_covariance(schur: Tensor, meat: Tensor, R: Tensor | None) -> tuple[Tensor, Tensor, Tensor, float]:
-    """``(C_ss, blind, Q, condition)`` from the images' Schur contributions and projected meats (n, S, S), summed
-    in image order, plus a restraint's curvature ``R`` once in each."""
+    """``(C_ss, blind, Q, condition)`` from the images' Schur contributions and projected meats (m, S, S), summed
+    here (a joint run passes their exact sums over every process, m = 1), plus a restraint's curvature ``R`` once
+    in each."""
     Sc, Q = schur.sum(0), meat.sum(0)
     if R is not None:
         Sc, Q = Sc + R, Q + R

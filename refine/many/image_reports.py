@@ -40,13 +40,16 @@ __all__ = ["spot_rows", "sweep_spot_rows", "with_spot_report", "model_warning", 
 COLUMNS = ("n", "matched_start", "matched_final", "n_common", "ss_start_common", "ss_final_common", "ss_final")
 
 
-def _row(sim, spots: np.ndarray | None, start: dict, final: dict) -> torch.Tensor:
+def _row(sim, spots: np.ndarray | None, start: dict, final: dict, predicted: dict | None = None,
+         index: int = 0) -> torch.Tensor:
     if spots is None or not len(spots):
         return torch.zeros(len(COLUMNS), dtype=torch.float64)
     with eager():  # a few renders of small windows: not worth a compiled graph
         before = spot_offsets(sim, start, spots)
         after = spot_offsets(sim, final, spots)
     both = before.matched & after.matched
+    if predicted is not None:
+        predicted[index] = after.predicted
 
     def ss(offsets: np.ndarray, sel: np.ndarray) -> float:
         return float((offsets[sel] ** 2).sum())
@@ -55,12 +58,15 @@ def _row(sim, spots: np.ndarray | None, start: dict, final: dict) -> torch.Tenso
 
 
 def spot_rows(sims: Sequence, spots: Sequence[np.ndarray | None], result: JointResult, local: Sequence[int],
-              comm: Comm | None = None) -> np.ndarray:
+              comm: Comm | None = None, predicted: dict | None = None) -> np.ndarray:
     """``(n images, len(COLUMNS))``: the spot offsets of every image (this process measures its ``local`` ones on
-    ``sims[i]`` at ``result.initial_images[i]`` and ``result.images[i]``; the rows of every process gathered)."""
+    ``sims[i]`` at ``result.initial_images[i]`` and ``result.images[i]``; the rows of every process gathered);
+    ``predicted``: filled with each local image's model spots at its final values (``i -> (m, 2)`` px, NaN where
+    none), for ``refined.refl`` without a second render."""
     comm = comm or Comm()
     n = result.n_images
-    rows = {i: _row(sims[i], spots[i], dict(result.initial_images[i]), dict(result.images[i])) for i in local}
+    rows = {i: _row(sims[i], spots[i], dict(result.initial_images[i]), dict(result.images[i]), predicted, i)
+            for i in local}
     return comm.gather(rows, n, (len(COLUMNS),), torch.float64).numpy()
 
 

@@ -9,13 +9,14 @@ their likelihoods are combined.  The parameters split into
 * **per-image** ones (default ``scale``, ``background``, ``orientation``; ``mosaic``/``N`` too when asked):
   one value per image.
 
-The raw vector is ``[shared raw, image-0 per-image raw, image-1 per-image raw, ...]``; image ``i`` sees
+The raw vector is ``[shared raw, image-0 per-image raw, image-1 per-image raw, ...]`` (each process holds its
+images' part of it, below); image ``i`` sees
 ``[shared raw, image-i raw]`` through its own :class:`~refine.fitting.parameters.ParameterMap` (every image's map
 starts the shared names at the same value, so one raw value is one physical value in all of them) and its
 own :class:`~refine.fitting.objective.ImageObjective` (the same physics and loss as a single run; a pixelwise
-loss on an unbinned view simulates only the fitted pixels).  The loss is the sum of the images' losses in
-image order, minimised by one :func:`refine.solver.loop.minimise` (LBFGS by default) in the whitened
-coordinates of the joint Fisher matrix at the start (:mod:`refine.solver.precondition`).
+loss on an unbinned view simulates only the fitted pixels).  The loss is the exact sum of the images' losses
+(:mod:`refine.many.exact_sum`), minimised by one :func:`refine.solver.loop.minimise` (LBFGS by default) in the whitened
+coordinates of the joint Fisher matrix at the start, by its arrowhead's blocks (:mod:`refine.many.schur`).
 
 **Structure factors** (``structure_factors=AmplitudeOptions(...)``; :mod:`refine.many.amplitudes`): one amplitude
 table shared by every image; its visible amplitudes are appended to the shared names, image 0's scale is held
@@ -26,18 +27,20 @@ vector), and the optional restraint is one term of the joint loss, preconditione
 of ``W`` holds the contiguous shard :func:`image_shard` of the images, or those named by ``local_images`` (any
 assignment with each image in exactly one process; :func:`refine.many.serial.refine_serial` keeps each process's
 block of the whole set through its rounds): only those are simulated and kept in memory; the others may be passed
-as None.  Each evaluation computes, for each of its images, the loss
-and its gradient with respect to ``[shared, own]``; the rows ``(loss, gradient)`` of every image are
-gathered with one ``all_reduce`` (each row is non-zero in one process only, so the sum is exact) and
-every process then adds them up in image order.  The joint loss and gradient are therefore the same bits
-in every process and for any number of processes: 1 and 2 processes take identical steps and give the
-same result (the test checks 1e-8 relative; the same thread count per process is assumed, as torchrun's
+as None.  The raw vector is split too (:mod:`refine.many.sharded`): each process holds ``[shared, its images'
+own]``, and so do the step rule's vectors (L-BFGS's curvature pairs, the line search's points), the preconditioner's
+per-image factors and the checkpoint's rows.  Each evaluation computes, for each of its images, the loss and its
+gradient with respect to ``[shared, own]``; the losses and shared gradients are summed *exactly* over every
+process's images (:mod:`refine.many.exact_sum`: one integer ``all_reduce`` sized by the shared names), the own
+gradients stay where they are, and every dot product and maximum of the step rule is reduced the same way.  The
+joint loss, the shared gradient and every step are therefore the same bits in every process and for any number of
+processes (the test checks 1 and 2 processes; the same thread count per process is assumed, as torchrun's
 ``OMP_NUM_THREADS=1`` gives).  A process whose image raises reports NaN for it, so every process stops
 together (:attr:`~refine.solver.loop.Status.DIVERGED`) instead of waiting for the others; a time budget is
 refused under several processes (the clocks would disagree about when to stop).
 
-**Checkpoints** (``checkpoint=PATH``; :mod:`refine.many.checkpoint`): process 0 writes the whole state every
-``checkpoint_every`` steps, when the loop ends and on Ctrl-C, and every process waits until it is complete;
+**Checkpoints** (``checkpoint=PATH``; :mod:`refine.many.checkpoint`): the processes write the state in turn every
+``checkpoint_every`` steps, when the loop ends and on Ctrl-C (each its images' rows), complete before it is renamed;
 ``resume=PATH`` continues to the result of an uninterrupted run, and a worker that ``torchrun --max-restarts``
 restarted resumes by itself.  A collective that fails (another process died) raises
 :class:`~refine.solver.loop.LoopAborted`, so the survivors stop at once and torchrun can restart the job.
@@ -50,12 +53,12 @@ between two images' own blocks).  The covariance is ``C = F^-1`` (``fisher``) or
 (``sandwich``, the default, robust to a model that misses part of the images).  The shared esds are thus
 those of the combined data with every image's nuisance parameters estimated too: for the Fisher kind,
 ``1 / esd_shared^2`` is the sum over images of each image's own ``1 / esd^2`` of the shared name with its
-own nuisances profiled out (the Schur complement).  Up to :data:`MAX_DENSE` raw parameters the joint
+own nuisances profiled out (the Schur complement).  Up to :data:`MAX_DENSE` raw parameters the esds' joint
 matrices are built densely, ``(S + n K)^2`` for ``S`` shared and ``K`` per-image names of ``n`` images; above
-it (16 000 images of 5 names would be 80 000^2 doubles) the esds and the ``"full"`` preconditioner come from the
-arrowhead's blocks, in memory and time linear in ``n`` (:mod:`refine.many.schur`, :mod:`refine.many.esds`): each
-image's own block is eliminated on the process that holds it, and only ``S x S`` and ``K x K`` rows per image
-are gathered.  Each image's Fisher block for the preconditioner comes from the esds' Jacobian
+it (16 000 images of 5 names would be 80 000^2 doubles) they come from the arrowhead's blocks, in memory and time
+linear in ``n`` (:mod:`refine.many.schur`, :mod:`refine.many.esds`): each image's own block is eliminated on the
+process that holds it, and only the ``S x S`` sums cross processes.  The ``"full"`` preconditioner always whitens
+by the arrowhead's blocks (each image's on its process).  Each image's Fisher block for the preconditioner comes from the esds' Jacobian
 (:func:`~refine.quality.uncertainty.image_information`, scaled to raw units).  Many stills with bad ones among
 them: :mod:`refine.many.serial`.
 

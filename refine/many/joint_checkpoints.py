@@ -14,7 +14,7 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from refine.many.batch import restart_count
-from refine.many.checkpoint import (DIGEST_BYTES, JointCheckpoint, fingerprint_difference, joint_fingerprint,
+from refine.many.checkpoint import (DIGEST_BYTES, ImageRows, JointCheckpoint, Shards, fingerprint_difference, joint_fingerprint,
                                     read_joint_checkpoint, start_digest, write_joint_checkpoint)
 from refine.many.distributed import Comm
 from refine.solver.loop import LoopState, Status
@@ -42,8 +42,9 @@ def start_or_resume(problem: JointProblem, step_rule: AbstractStrategy, precondi
         background=p.space.background, loss=p.loss_name, strategy=step_rule.hparams(), precondition=precondition,
         **({"structure_factors": p.amps.fingerprint()} if p.amps is not None else {}),
         **({"priors": {k: list(v) for k, v in sorted(p.priors.items())}} if p.priors else {}))
-    saver = JointCheckpoints(checkpoint, checkpoint_every, p.comm, fingerprint, on_checkpoint, t0)
-    resumed = _resume_point(p.comm, checkpoint, resume, fingerprint)
+    shards = Shards(tuple(sorted(p.joint.slots)), p.joint.n, p.joint.S, p.joint.K, p.joint.vector)
+    saver = JointCheckpoints(checkpoint, checkpoint_every, p.comm, fingerprint, on_checkpoint, t0, shards)
+    resumed = _resume_point(p.comm, checkpoint, resume, fingerprint, shards)
     saver.pre = (joint_preconditioner(precondition, p.joint, p.raw0) if resumed is None
                  else precond_from_state(resumed.precond))
     saver.clock.before_s = resumed.elapsed_s if resumed is not None else 0.0
@@ -52,15 +53,17 @@ def start_or_resume(problem: JointProblem, step_rule: AbstractStrategy, precondi
 
 # -- checkpoints ----------------------------------------------------------------------------------------
 class JointCheckpoints:
-    """The run's checkpoints (:mod:`refine.many.checkpoint`): process 0 writes each; then every process
-    waits for it (a process that dies after a checkpoint leaves it complete) and calls ``on_checkpoint``."""
+    """The run's checkpoints (:mod:`refine.many.checkpoint`): every process writes its part of each in turn
+    (``wait=False``, on Ctrl-C: still in turn, each process having been interrupted); then every process calls
+    ``on_checkpoint``."""
 
     def __init__(self, path: str | Path | None, every: int, comm: Comm, fingerprint: dict,
-                 on_checkpoint: Callable[[int, Path], None] | None, t0: float) -> None:
+                 on_checkpoint: Callable[[int, Path], None] | None, t0: float, shards: Shards) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise InputError(f"checkpoint_every: expected an integer >= 1, got {every!r}")
         self.path = None if path is None else Path(path)
         self.every, self.comm, self.fingerprint, self.on_checkpoint = every, comm, fingerprint, on_checkpoint
+        self.shards = shards
         #: the run's wall time since ``t0`` (the attempts before a resume added once known)
         self.clock = RunClock(started=t0)
         #: the loop's preconditioner (set once known)
@@ -75,26 +78,26 @@ class JointCheckpoints:
             raise InputError(f"checkpoint {self.path}: folder {self.path.absolute().parent} does not exist")
 
     def save(self, state: LoopState, status: Status | None = None, message: str = "", wait: bool = True) -> Path | None:
-        """Write ``state`` (and the loop's end, ``status``); ``wait=False``: no waiting, no callback (Ctrl-C)."""
+        """Write ``state`` (and the loop's end, ``status``), every process its part; ``wait=False``: no callback
+        (Ctrl-C)."""
         if self.path is None:
             return None
+        losses = ImageRows(state.aux.detach().clone()) if isinstance(state.aux, Tensor) else None
+        write_joint_checkpoint(self.path, JointCheckpoint(
+            loop=state.to_dict(), image_losses=losses, precond=precond_state(self.pre),
+            status=None if status is None else status.value, message=message, elapsed_s=self.clock.elapsed(),
+            fingerprint=self.fingerprint, world_size=self.comm.world), self.shards, self.comm)
         if self.comm.rank == 0:
-            losses = state.aux.detach().clone() if isinstance(state.aux, Tensor) else None
-            write_joint_checkpoint(self.path, JointCheckpoint(
-                loop=state.to_dict(), image_losses=losses, precond=precond_state(self.pre),
-                status=None if status is None else status.value, message=message, elapsed_s=self.clock.elapsed(),
-                fingerprint=self.fingerprint, world_size=self.comm.world))
             log.info("joint: checkpoint at step %d written to %s", state.step, self.path)
         if wait:
-            self.comm.barrier()
             if self.on_checkpoint is not None:
                 self.on_checkpoint(state.step, self.path)
         return self.path
 
 
 def _resume_point(comm: Comm, checkpoint: str | Path | None, resume: str | Path | None,
-                  fingerprint: dict) -> JointCheckpoint | None:
-    """The checkpoint to continue from (read by process 0, the same in every process), or None.
+                  fingerprint: dict, shards: Shards) -> JointCheckpoint | None:
+    """The checkpoint to continue from (checked by process 0; each process reads its images' rows), or None.
 
     ``resume``: that file, refused when missing, damaged or of another problem.  Without it, under a torchrun
     restart: ``checkpoint`` when it exists and is of this problem (else a fresh start, with a warning)."""
@@ -103,25 +106,30 @@ def _resume_point(comm: Comm, checkpoint: str | Path | None, resume: str | Path 
         return None
     path = Path(resume if resume is not None else checkpoint)
 
-    def read() -> JointCheckpoint | None:
+    def read() -> bool:
         if auto and not path.is_file():
             log.info("joint: torchrun restart %d, no checkpoint %s yet: starting afresh", restart_count(), path)
-            return None
+            return False
         try:
-            ckpt = read_joint_checkpoint(path)
+            ckpt = read_joint_checkpoint(path, Shards((), -1, shards.S, shards.K))  # no image's rows
         except InputError as exc:
             if not auto:
                 raise InputError(f"resume: {exc}") from None
             log.warning("joint: torchrun restart: %s; starting afresh", exc)
-            return None
+            return False
         differs = fingerprint_difference(ckpt.fingerprint, fingerprint)
         if differs:
             message = f"resume: {path} was written for another joint problem or settings (differs: {differs})"
             if not auto:
                 raise InputError(message)
             log.warning("joint: torchrun restart: %s; starting afresh", message)
-            return None
+            return False
         log.info("joint: resuming from %s at step %d", path, ckpt.step)
-        return ckpt
+        return True
 
-    return comm.on_rank0(read)
+    if not comm.on_rank0(read):
+        return None
+    try:
+        return read_joint_checkpoint(path, shards)
+    except InputError as exc:  # process 0 read it a moment ago: the file changed under the run
+        raise InputError(f"resume: {exc}") from None

@@ -16,6 +16,7 @@ from refine.fitting.parameters import ParameterMap, ParameterSpace
 from refine.fitting.structure_factors import is_amplitude
 import refine.many.esds as esds_module
 from refine.many.esds import JointCovariances, joint_covariances, shared_covariance
+from refine.many.exact_sum import exact_sums
 from refine.many.schur import eliminate, own_covariances
 from refine.quality.domain_count import (CELL_NAMES, CountProbe, DomainCountCheck, check_names, reduced_terms,
                                          secant_factor, shared_shift)
@@ -31,13 +32,17 @@ log = logging.getLogger(__name__)
 
 def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | None):
     """``(fisher, sandwich, condition)`` by the Schur complement with each image's own block eliminated on the
-    process that holds it: only ``(S, S)`` and ``(K, K)`` rows per image are gathered (:mod:`refine.many.schur`)."""
+    process that holds it: only the ``(S, S)`` sums cross processes, exactly (:mod:`refine.many.schur`)."""
     S, K, n = joint.S, joint.K, joint.n
     held = {(h - S) // K: (h - S) % K for h in joint.held}
     parts = {i: eliminate(F, M, S, held.get(i)) for i, (_, F, M) in info.items()}
-    schur = joint.comm.gather({i: e.schur for i, e in parts.items()}, n, (S, S), torch.float64)
-    meat = joint.comm.gather({i: e.meat for i, e in parts.items()}, n, (S, S), torch.float64)
-    conds = joint.comm.gather({i: torch.tensor([e.condition]) for i, e in parts.items()}, n, (1,), torch.float64)
+    rows = [torch.cat([e.schur.reshape(-1), e.meat.reshape(-1)]).to(torch.float64) for e in parts.values()]
+    total = exact_sums(torch.stack(rows) if rows else torch.zeros(0, 2 * S * S, dtype=torch.float64),
+                       joint.vector.layout.reduce_sum)  # summed exactly over every process's images
+    schur, meat = total[:S * S].reshape(1, S, S), total[S * S:].reshape(1, S, S)
+    conds = torch.tensor([max([1.0] + [e.condition for e in parts.values()])], dtype=torch.float64)
+    if joint.vector.layout.reduce_max is not None:
+        joint.vector.layout.reduce_max(conds)
     C_ss, blind, Q, cond = shared_covariance(schur, meat, R)
     own = {i: own_covariances(e, C_ss, Q, K) for i, e in parts.items()}  # this process's images only
     fisher_own = {i: o[0] for i, o in own.items()}
@@ -103,12 +108,15 @@ def _domain_count(joint: Joint, info: Mapping[int, tuple], R: Tensor | None, sha
             domains = probe.domains
             A, gs = reduced_terms(F, g_two - g_own, S)
             local[im.index] = torch.cat([A.reshape(-1), gs])
-        rows = joint.comm.gather(local, joint.n, (S * S + S,), torch.float64)
-        counts = joint.comm.gather({im.index: torch.tensor([float(domains)]) for im in joint.images}, joint.n, (1,),
-                                   torch.float64)
+        layout = joint.vector.layout
+        terms = torch.stack(list(local.values())) if local else torch.zeros(0, S * S + S, dtype=torch.float64)
+        total = exact_sums(terms, layout.reduce_sum)
+        counts = torch.tensor([float(domains)], dtype=torch.float64)
+        if layout.reduce_max is not None:
+            layout.reduce_max(counts)
         if float(counts.max()) < 2:
             return None
-        d_s = shared_shift([(r[:S * S].reshape(S, S), r[S * S:]) for r in rows], R)
+        d_s = shared_shift([(total[:S * S].reshape(S, S), total[S * S:])], R)
         slopes = {}
         for i, (probe, theta, F, g_own, diff) in probes.items():
             B, D = F[:S, S:], F[S:, S:]
@@ -116,9 +124,8 @@ def _domain_count(joint: Joint, info: Mapping[int, tuple], R: Tensor | None, sha
             d = torch.cat([d_s, d_o])
             _, g_end = probe.gradients(theta.to(torch.float64) + d.to(theta.dtype), own=False)
             slopes[i] = torch.tensor([float(d @ diff), float(d @ (g_end - g_own))], dtype=torch.float64)
-        for im in joint.images:
-            slopes.setdefault(im.index, torch.zeros(2, dtype=torch.float64))
-        h = joint.comm.gather(slopes, joint.n, (2,), torch.float64).sum(0)
+        h = exact_sums(torch.stack(list(slopes.values())) if slopes else torch.zeros(0, 2, dtype=torch.float64),
+                       layout.reduce_sum)
         alpha = secant_factor(float(h[0]), float(h[1]))
         return check_names(list(shared_names)[:S], alpha * d_s, esds, int(counts.max()), alpha)
     except LoopAborted:

@@ -21,6 +21,8 @@ from refine.fitting.parameters import BASE_NAMES, ParameterMap, ParameterSpace
 from refine.fitting.transforms import Held
 from refine.many.amplitudes import PreparedImage
 from refine.many.distributed import Comm
+from refine.many.exact_sum import exact_sums
+from refine.many.sharded import sharded_type
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.solver.plan import observed_pixels, starting_values
 
@@ -112,26 +114,53 @@ def joint_image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...]
 
 
 class Joint:
-    """The joint loss and gradient over the images of every process (:mod:`refine.many.joint`'s docstring)."""
+    """The joint loss and gradient over the images of every process (:mod:`refine.many.joint`'s docstring).
+
+    The raw vector a process works on is its part of the whole (:mod:`refine.many.sharded`):
+    ``[shared (S), its images' own parts (K each, in increasing image order)]``.  The loss and the shared
+    gradient are exact sums over every process's images (:mod:`refine.many.exact_sum`: the same bits for any
+    number of processes); each image's own gradient stays on its process."""
 
     def __init__(self, images: Sequence[JointImage], n: int, n_shared: int, n_own: int, comm: Comm,
                  dtype: torch.dtype) -> None:
         self.images, self.n, self.S, self.K, self.comm, self.dtype = images, n, n_shared, n_own, comm, dtype
+        #: each held image's place among this process's own parts (its images in increasing order)
+        self.slots = {im.index: k for k, im in enumerate(sorted(images, key=lambda im: im.index))}
+        #: the type of this process's part of a raw vector (its reductions are over every process)
+        self.vector = sharded_type(comm.layout(n_shared))
         #: ``raw[:S] -> (loss, gradient (S,))`` added once to the sum over images (the amplitude restraint)
         self.extra: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None
-        #: raw positions that are not refined (image 0's held scale): left out of the esds
+        #: raw positions of the whole vector that are not refined (image 0's held scale): left out of the esds
         self.held: list[int] = []
         #: ``(raw[:S], raw_units) -> (S, S)``: the restraint's curvature on the shared names (physical units, or
         #: raw ones for the preconditioner)
         self.curvature: Callable[[Tensor, bool], Tensor] | None = None
 
+    def local(self, shared: Tensor, own: Mapping[int, Tensor]) -> Tensor:
+        """This process's part of a raw vector: ``shared`` (S,) and each held image's own (K,) values."""
+        parts = [shared.reshape(-1)] + [own[i].reshape(-1) for i in sorted(self.slots)]
+        return torch.cat([p.as_subclass(Tensor) for p in parts]).as_subclass(self.vector)
+
     def image_raw(self, raw: Tensor, i: int) -> Tensor:
-        lo = self.S + i * self.K
-        return torch.cat([raw[:self.S], raw[lo:lo + self.K]])
+        """Image ``i``'s ``[shared, own]`` raw values from this process's part ``raw`` (``i`` held here)."""
+        lo = self.S + self.slots[i] * self.K
+        return torch.cat([raw[:self.S], raw[lo:lo + self.K]]).as_subclass(Tensor)
+
+    def held_local(self) -> list[int]:
+        """The held positions (:attr:`held`) that lie in this process's part, as positions in it."""
+        out = []
+        for h in self.held:
+            i, k = divmod(h - self.S, self.K) if h >= self.S else (None, h)
+            if i is None:
+                out.append(k)
+            elif i in self.slots:
+                out.append(self.S + self.slots[i] * self.K + k)
+        return out
 
     def rows(self, raw: Tensor) -> Tensor:
-        """(n, 1 + S + K): each image's loss and gradient in ``[shared, own]``; NaN where an image failed."""
-        local = {}
+        """(held images, 1 + S + K): each held image's loss and gradient in ``[shared, own]`` (increasing image
+        order); NaN where an image failed."""
+        out = torch.zeros((len(self.slots), 1 + self.S + self.K), dtype=self.dtype)
         for im in self.images:
             r = self.image_raw(raw.detach(), im.index).clone().requires_grad_(True)
             try:
@@ -140,22 +169,30 @@ class Joint:
                     (g,) = torch.autograd.grad(loss, r, allow_unused=True)
                 g = torch.zeros_like(r) if g is None else g
                 # the loss on the model's device (a GPU), the gradient beside the raw values (the CPU)
-                local[im.index] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()])
+                out[self.slots[im.index]] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()]).cpu()
             except Exception:  # noqa: BLE001 - every process must stop together: NaN tells them
                 log.exception("image %d: evaluating the model failed", im.index)
-                local[im.index] = torch.full((1 + self.S + self.K,), math.nan, dtype=self.dtype)
-        return self.comm.gather(local, self.n, (1 + self.S + self.K,), self.dtype)
+                out[self.slots[im.index]] = math.nan
+        return out
 
     def loss_and_grad(self, raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(joint loss, joint gradient (P,), per-image losses (n,)), summed in image order."""
+        """(joint loss, this process's part of the joint gradient, its images' losses (held,)): the loss and the
+        shared gradient summed exactly over every process's images."""
         rows = self.rows(raw)
-        loss = rows[:, 0].sum()
-        grad = torch.cat([rows[:, 1:1 + self.S].sum(0), rows[:, 1 + self.S:].reshape(-1)])
+        total = exact_sums(rows[:, :1 + self.S], self.vector.layout.reduce_sum)
+        loss = total[0].to(self.dtype)
+        grad = torch.cat([total[1:].to(self.dtype), rows[:, 1 + self.S:].reshape(-1)])
         if self.extra is not None:
-            term, g = self.extra(raw.detach()[:self.S])
+            term, g = self.extra(raw.detach().as_subclass(Tensor)[:self.S])
             loss = loss + term.to(loss.dtype)
             grad[:self.S] += g.to(grad.dtype)
-        return loss, grad, rows[:, 0].clone()
+        return loss, grad.as_subclass(self.vector), rows[:, 0].clone()
+
+    def image_losses(self, losses: Tensor) -> Tensor:
+        """(n,): every image's loss from each process's :meth:`loss_and_grad` losses (one gather at the end)."""
+        local = {i: losses[k].reshape(1) for i, k in self.slots.items()}
+        return self.comm.gather(local, self.n, (1,), torch.float64).reshape(-1)
+
 
 class JointLoss(torch.autograd.Function):
     """``raw -> joint loss``: the forward pass computes the loss and the all-reduced gradient, the backward

@@ -1,5 +1,6 @@
-"""A joint run's preconditioner (:mod:`refine.many.joint`): the joint Fisher matrix at the start, dense,
-diagonal or by its arrowhead's blocks (:mod:`refine.many.schur`), and its record in a checkpoint.
+"""A joint run's preconditioner (:mod:`refine.many.joint`): the joint Fisher matrix at the start, by its
+arrowhead's blocks (:mod:`refine.many.schur`) or its diagonal, or none; each image's factors on the process
+that holds it (:mod:`refine.many.sharded`); and its record in a checkpoint.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import torch
 from torch import Tensor
 
 from refine.fitting.structure_factors import is_amplitude
-from refine.many.esds import MAX_DENSE, assemble
+from refine.many.checkpoint import ImageRows
+from refine.many.exact_sum import exact_sums
 from refine.many.schur import ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner
 from refine.quality.uncertainty import image_information
-from refine.solver.precondition import (LinearPreconditioner, physical_per_raw, preconditioner_from_fisher,
-                                        raw_fisher_information)
+from refine.solver.precondition import physical_per_raw, raw_fisher_information
 from refine.many.joint_images import Joint, JointImage
 
 
@@ -23,34 +24,40 @@ log = logging.getLogger(__name__)
 
 
 
-def joint_preconditioner(kind: str | None, joint: Joint, raw0: Tensor) -> LinearPreconditioner:
-    """Whitening by the joint Fisher matrix at the start (``full``), or its diagonal: each image's block in raw
-    units of ``[shared, own]`` (a single run's, on its fitted pixels) gathered and assembled."""
+def joint_preconditioner(kind: str | None, joint: Joint, raw0: Tensor) -> ArrowheadPreconditioner:
+    """Whitening by the joint Fisher matrix at the start (``full``: by its arrowhead's blocks,
+    :mod:`refine.many.schur`), by its diagonal, or none, on this process's part of the raw vector: each held
+    image's block in raw units of ``[shared, own]`` (a single run's, on its fitted pixels) stays on its process;
+    the shared block is summed exactly over every process's images (the same bits for any number of processes)."""
+    S, K = joint.S, joint.K
+    held_images = sorted(joint.slots)
     if kind is None:
-        return LinearPreconditioner.identity(raw0)
-    q = joint.S + joint.K
+        eye = torch.eye(K, dtype=raw0.dtype)
+        return ArrowheadPreconditioner(raw0.detach().clone(), torch.eye(S, dtype=raw0.dtype),
+                                       eye.expand(len(held_images), K, K).clone(),
+                                       torch.zeros(len(held_images), K, S, dtype=raw0.dtype))
     local = {im.index: _raw_fisher(im, joint.image_raw(raw0, im.index)) for im in joint.images}
-    extra = joint.curvature(raw0[:joint.S], True) if joint.curvature is not None else None
-    if kind == "full" and raw0.numel() > MAX_DENSE:
-        log.info("joint: %d raw parameters > %d: arrowhead (Schur complement) preconditioning", raw0.numel(),
-                 MAX_DENSE)
-        return _arrowhead(joint, local, raw0, extra)
-    blocks = joint.comm.gather(local, joint.n, (q, q), raw0.dtype)
+    extra = joint.curvature(raw0.as_subclass(Tensor)[:S], True) if joint.curvature is not None else None
     if kind == "diagonal":
-        diag = torch.cat([torch.diagonal(blocks[:, :joint.S, :joint.S], dim1=1, dim2=2).sum(0),
-                          torch.diagonal(blocks[:, joint.S:, joint.S:], dim1=1, dim2=2).reshape(-1)])
-        if extra is not None:
-            diag[:joint.S] += torch.diagonal(extra).to(diag.dtype)
-        diag[joint.held] = 1.0  # a held position: one raw unit, never moved (its gradient is 0)
-        return preconditioner_from_fisher("diagonal", torch.diag(diag), raw0)
-    F = assemble(blocks, joint.S)
-    if extra is not None:
-        F[:joint.S, :joint.S] += extra.to(F.dtype)
-    for k in joint.held:
-        F[k, :], F[:, k] = 0.0, 0.0
-        F[k, k] = 1.0
-    return preconditioner_from_fisher(kind, F, raw0)
+        return _diagonal(joint, [local[i] for i in held_images], raw0, extra)
+    return _arrowhead(joint, local, raw0, extra)
 
+
+def _diagonal(joint: Joint, blocks: list[Tensor], raw0: Tensor, extra: Tensor | None) -> ArrowheadPreconditioner:
+    """The diagonal of the joint Fisher matrix (:func:`~refine.solver.precondition.preconditioner_from_fisher`'s
+    ``diagonal``, the same floor), as arrowhead factors without coupling."""
+    S, K, dt = joint.S, joint.K, raw0.dtype
+    diags = torch.stack([torch.diagonal(F) for F in blocks]) if blocks else torch.zeros(0, S + K, dtype=dt)
+    shared = exact_sums(diags[:, :S], joint.vector.layout.reduce_sum).to(dt)
+    if extra is not None:
+        shared = shared + torch.diagonal(extra).to(dt)
+    diag = torch.cat([shared, diags[:, S:].reshape(-1)])
+    diag[joint.held_local()] = 1.0  # a held position: one raw unit, never moved (its gradient is 0)
+    top = float(diag.as_subclass(joint.vector).max())
+    floor = 1e-12 * top if top > 0 else 1.0
+    w = 1.0 / torch.sqrt(torch.clamp(diag, min=floor))
+    return ArrowheadPreconditioner(raw0.detach().clone(), torch.diag(w[:S]),
+                                   torch.diag_embed(w[S:].reshape(-1, K)), torch.zeros(len(blocks), K, S, dtype=dt))
 
 
 def _raw_fisher(im: JointImage, raw: Tensor) -> Tensor:
@@ -68,23 +75,27 @@ def _raw_fisher(im: JointImage, raw: Tensor) -> Tensor:
 def _arrowhead(joint: Joint, local: Mapping[int, Tensor], raw0: Tensor,
                extra: Tensor | None) -> ArrowheadPreconditioner:
     """The arrowhead preconditioner (:mod:`refine.many.schur`): each image's own block eliminated on its
-    process, the ``(K, K)``, ``(K, S)`` and ``(S, S)`` factors gathered exactly and summed in image order."""
-    S, K, n = joint.S, joint.K, joint.n
+    process (its ``(K, K)`` and ``(K, S)`` factors stay there), the ``(S, S)`` Schur contributions summed exactly
+    over every process's images."""
+    S, K = joint.S, joint.K
     held = {(h - S) // K: (h - S) % K for h in joint.held}
-    parts = {i: arrowhead_factors(F, S, held.get(i)) for i, F in local.items()}
-    W = joint.comm.gather({i: p[0] for i, p in parts.items()}, n, (K, K), raw0.dtype)
-    G = joint.comm.gather({i: p[1] for i, p in parts.items()}, n, (K, S), raw0.dtype)
-    schur = joint.comm.gather({i: p[2] for i, p in parts.items()}, n, (S, S), raw0.dtype)
-    return arrowhead_preconditioner(raw0, (W, G, schur), extra)
+    order = sorted(joint.slots)
+    parts = [arrowhead_factors(local[i], S, held.get(i)) for i in order]
+    W = torch.stack([p[0] for p in parts]) if parts else torch.zeros(0, K, K, dtype=raw0.dtype)
+    G = torch.stack([p[1] for p in parts]) if parts else torch.zeros(0, K, S, dtype=raw0.dtype)
+    schur = torch.stack([p[2].reshape(-1) for p in parts]) if parts else torch.zeros(0, S * S, dtype=raw0.dtype)
+    total = exact_sums(schur, joint.vector.layout.reduce_sum).to(raw0.dtype).reshape(1, S, S)
+    return arrowhead_preconditioner(raw0, (W, G, total), extra)
 
 
-def precond_state(pre) -> dict:
-    """A checkpoint's record of the loop's preconditioner (dense ``A`` or the arrowhead's factors)."""
-    return pre.to_dict() if isinstance(pre, ArrowheadPreconditioner) else {"raw0": pre.raw0, "A": pre.A}
+def precond_state(pre: ArrowheadPreconditioner) -> dict:
+    """A checkpoint's record of the loop's preconditioner (the arrowhead's factors; ``W`` and ``G`` one row per
+    held image: :class:`~refine.many.checkpoint.ImageRows`)."""
+    return {**pre.to_dict(), "W": ImageRows(pre.W), "G": ImageRows(pre.G)}
 
 
 def precond_from_state(state: Mapping[str, Tensor]):
     """The preconditioner a checkpoint recorded (:func:`precond_state`)."""
     if state.get("kind") == "arrowhead":
         return ArrowheadPreconditioner(state["raw0"], state["Ws"], state["W"], state["G"])
-    return LinearPreconditioner(state["raw0"], state["A"])
+    raise ValueError("not an arrowhead preconditioner")

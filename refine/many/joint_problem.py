@@ -139,8 +139,7 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
     map_starts = {i: {**s, **extra} for i, s in starts.items()}
     map_start0 = {**image_values(comm, starts, 0), **extra}
     own = {i: ParameterMap(space, s, per_names).raw0(torch.float64) for i, s in map_starts.items()}
-    raw0 = torch.cat([ParameterMap(space, map_start0, shared_names).raw0(torch.float64),
-                      comm.gather(own, n, (len(per_names),), torch.float64).reshape(-1)])
+    raw0 = joint.local(ParameterMap(space, map_start0, shared_names).raw0(torch.float64), own)
     if amps is not None:
         _share_amplitudes(joint, amps, ParameterMap(space, map_start0, shared_names), per_names)
     add_priors(joint, priors, ParameterMap(space, map_start0, shared_names))

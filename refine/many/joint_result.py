@@ -30,7 +30,7 @@ def finish(problem: JointProblem, res: LoopResult, saver: "JointCheckpoints", re
             esds: bool) -> JointResult:
     """The :class:`JointResult` of the ended loop: every image's final values, the esds, the amplitudes."""
     p, joint = problem, problem.joint
-    raw = saver.pre.to_raw(res.state.raw).detach()
+    raw = saver.pre.to_raw(res.state.raw).detach().as_subclass(Tensor)  # this process's part
     finals = {}
     for im in joint.images:
         values = im.pmap.values_at(joint.image_raw(raw, im.index))
@@ -114,7 +114,8 @@ def _joint_result(res: LoopResult, joint: Joint, finals: dict, starts: dict, esd
         return out
     kind = esd_fields.get("esd_kind")
     by = esd_fields.get("esds_by_kind", {})
-    image_losses = res.state.aux if isinstance(res.state.aux, Tensor) else torch.full((n,), math.nan)
+    image_losses = (joint.image_losses(res.state.aux) if isinstance(res.state.aux, Tensor)
+                    else torch.full((n,), math.nan))
     history = tuple({k: h[k] for k in ("step", "loss", "grad_norm", "step_norm", "evaluations")}
                     for h in res.state.history)
     all_names = list(keep) + list(per_names) + list(image_params.names) + ["misset_x", "misset_y", "misset_z"]

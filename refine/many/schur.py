@@ -10,9 +10,9 @@ The joint Fisher matrix over ``[shared (S), image 0's own (K), image 1's own (K)
 Eliminating image ``i``'s own block needs only that image's ``(S + K)^2`` block, so it is done by the process
 that holds the image (:func:`eliminate`): it hands on the image's **Schur contribution** ``A_i - B_i D_i^-1 B_i'``
 (its information about the shared names with its own names profiled out; ``S x S``) and, for the sandwich, the
-projected meat ``T_i M_i T_i'`` with ``T_i = [I, -B_i D_i^-1]``.  These ``S x S`` rows are gathered exactly
-(:meth:`refine.many.distributed.Comm.gather`) and summed in image order, so every process holds the same bits
-for any number of processes; nothing of size ``(S + n K)^2`` is ever built.  The shared covariance is the inverse
+projected meat ``T_i M_i T_i'`` with ``T_i = [I, -B_i D_i^-1]``.  These ``S x S`` terms are summed exactly over
+every process's images (:mod:`refine.many.exact_sum`), so every process holds the same bits for any number of
+processes; nothing of size ``(S + n K)^2`` is ever built.  The shared covariance is the inverse
 of the summed Schur complement; each image's own covariance comes back from its block on its own process
 (:func:`own_covariances`; the formulas in :mod:`refine.many.esds`).
 
@@ -21,7 +21,8 @@ The **preconditioner** (:class:`ArrowheadPreconditioner`) whitens the same matri
 ..., W_n) z``, i.e. ``x_s = W_s z_s`` and ``x_i = W_i z_i - G_i x_s`` with ``G_i = D_i^-1 B_i'`` and ``W`` the
 symmetric inverse square roots (:func:`refine.solver.precondition.preconditioner_from_fisher`, ``"full"``) of
 ``Sc`` and ``D_i``.  Then ``A' F A = I`` exactly: the Gauss-Newton Hessian at the start is the identity, as the
-dense ``"full"`` whitening makes it, in memory ``n (K^2 + K S)``.
+dense ``"full"`` whitening makes it, in memory ``n (K^2 + K S)``: a process holds its images' ``W_i`` and ``G_i``
+(and its part of a raw vector, :mod:`refine.many.sharded`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from refine.many.exact_sum import exact_sums
+from refine.many.sharded import ShardedVector
 from refine.quality.uncertainty import mark_blind, pseudo_inverse
 from refine.solver.precondition import preconditioner_from_fisher
 
@@ -129,10 +132,19 @@ class ArrowheadPreconditioner:
     G: Tensor
 
     def to_raw(self, z: Tensor) -> Tensor:
+        """``raw0 + A z``; on a vector split over processes (:mod:`refine.many.sharded`; ``W`` and ``G`` then of
+        this process's images) its gradient sums every process's coupling ``G_i' g_i`` exactly
+        (:class:`_SplitToRaw`)."""
+        if isinstance(self.raw0, ShardedVector):
+            return _SplitToRaw.apply(z, self)
+        return self.raw0 + self._step(z)
+
+    def _step(self, z: Tensor) -> Tensor:
+        """``A z``; each image's part by :func:`_products` (the same bits for any split of the images)."""
         S, (n, K) = self.Ws.shape[0], self.W.shape[:2]
         xs = self.Ws @ z[:S]
-        xo = torch.einsum("nkl,nl->nk", self.W, z[S:].reshape(n, K)) - torch.einsum("nks,s->nk", self.G, xs)
-        return self.raw0 + torch.cat([xs, xo.reshape(-1)])
+        xo = _products(self.W, z[S:].reshape(n, K)) - _products(self.G, xs.expand(n, S))
+        return torch.cat([xs, xo.reshape(-1)])
 
     def z0(self) -> Tensor:
         return torch.zeros_like(self.raw0)
@@ -147,10 +159,44 @@ class ArrowheadPreconditioner:
         return torch.stack([zero.to_raw(e) for e in eye], 1)
 
 
+def _products(M: Tensor, v: Tensor) -> Tensor:
+    """(n, a): ``M[i] @ v[i]`` for each image ``i`` of ``M`` (n, a, b) and ``v`` (n, b), by elementwise products
+    added in column order: each image's numbers are the same bits however many images there are and wherever
+    they sit in memory (a batched or BLAS product may round by its blocking and alignment)."""
+    n, a, b = M.shape
+    acc = M.new_zeros(n, a) if b == 0 else M[:, :, 0] * v[:, 0:1]
+    for col in range(1, b):
+        acc = acc + M[:, :, col] * v[:, col:col + 1]
+    return acc
+
+
+class _SplitToRaw(torch.autograd.Function):
+    """``z -> raw0 + A z`` on this process's part of a split vector; the backward pass is ``A' g`` with the
+    shared rows' sum over images ``sum_i G_i' g_i`` taken exactly over every process's images."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, pre: "ArrowheadPreconditioner") -> Tensor:  # type: ignore[override]
+        ctx.pre = pre
+        with torch.no_grad():
+            return pre.raw0 + pre._step(z.detach())
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        pre = ctx.pre
+        S, (n, K) = pre.Ws.shape[0], pre.W.shape[:2]
+        g = g.as_subclass(Tensor)
+        g_own = g[S:].reshape(n, K)
+        coupling = exact_sums(_products(pre.G.transpose(1, 2), g_own), type(pre.raw0).layout.reduce_sum)
+        g_shared = pre.Ws.T @ (g[:S] - coupling.to(g.dtype))
+        g_z = torch.cat([g_shared, _products(pre.W.transpose(1, 2), g_own).reshape(-1)])
+        return g_z.as_subclass(type(pre.raw0)), None
+
+
 def arrowhead_preconditioner(raw0: Tensor, factors: tuple[Tensor, Tensor, Tensor],
                              extra: Tensor | None = None) -> ArrowheadPreconditioner:
-    """The preconditioner from every image's :func:`arrowhead_factors` stacked in image order
-    (``(n, K, K), (n, K, S), (n, S, S)``), summed in that order; ``extra``: a restraint's (S, S) curvature."""
+    """The preconditioner from the images' :func:`arrowhead_factors` stacked (``(n, K, K), (n, K, S)``, this
+    process's images for a split raw vector) and their Schur contributions ``(m, S, S)`` (summed here; a joint run
+    passes their exact sum over every process, ``m = 1``); ``extra``: a restraint's (S, S) curvature."""
     W, G, schur = factors
     Sc = schur.sum(0) if schur.shape[0] else torch.zeros(G.shape[2], G.shape[2], dtype=raw0.dtype)
     if extra is not None:

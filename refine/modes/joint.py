@@ -320,19 +320,20 @@ def _run_joint(args: Job, images: list[str], out_dir: Path, say: Callable[[str],
             result = refine_joint(sims, pixels, resume=checkpoint if args.output.resume else None, **kw)
     finally:
         _drop_stored(pixels)
+    predicted: dict = {}  # each held still's model spots at its final values (refined.refl)
     if args.pixels.spots or args.dials.refl:  # every process measures its own images
-        result = _with_spots(result, sims, spots, _sweep_boxes(args, indices))
+        result = _with_spots(result, sims, spots, _sweep_boxes(args, indices), predicted)
     if Comm().rank == 0:  # the process group refine_joint used
         _write_and_say(args, result, images, out_dir, (hkl, mtz), sims, say, t0)
         if stills is not None:
             _write_stills_table(result, images, stills, skipped, out_dir, say)
     if stills is not None:
-        _write_stills_expt(args, result, images, stills, out_dir, sims, spots, say)
+        _write_stills_expt(args, result, images, stills, out_dir, sims, spots, say, predicted)
     return result
 
 
 def _write_stills_expt(args: Job, result, images: list[str], stills: list[dict], out_dir: Path, sims: list,
-                       spots: list, say) -> None:
+                       spots: list, say, predicted: dict | None = None) -> None:
     """``OUT_DIR/refined.expt`` and ``refined.refl`` of a joint run of the stills of one DIALS file (every process
     its own images'; :func:`refine.modes.stills_file.write_joint_expt`, :func:`~refine.modes.stills_file.write_joint_refl`)."""
     if isinstance(result, SerialResult):  # the images a screened run kept
@@ -343,7 +344,7 @@ def _write_stills_expt(args: Job, result, images: list[str], stills: list[dict],
     path = write_joint_expt(args, out_dir, values, sims, per_image)
     if path is not None:
         say(f"refined experiments: {path}")
-    path = write_joint_refl(args, out_dir, values, sims, spots, per_image)
+    path = write_joint_refl(args, out_dir, values, sims, spots, per_image, predicted)
     if path is not None:
         say(f"refined predictions: {path}")
 
@@ -371,16 +372,20 @@ def _sweep_boxes(args: Job, indices: list) -> tuple | None:
     return [int(first) + int(k) for k in indices], xyz, bbox
 
 
-def _with_spots(result, sims: list, spots: list, sweep: tuple | None = None):
+def _with_spots(result, sims: list, spots: list, sweep: tuple | None = None, predicted: dict | None = None):
     """The joint result (of a serial run: its last round's, over the images used) with its spot report; ``sweep``
-    (:func:`_sweep_boxes`): each spot against the model's centroid over its whole shoebox."""
+    (:func:`_sweep_boxes`): each spot against the model's centroid over its whole shoebox; ``predicted``: filled
+    with each held image's final model spots (by image position)."""
     if sweep is not None and not isinstance(result, SerialResult):
         return with_spot_report(result, sweep_spot_rows(sims, result, image_shard(len(sims)), *sweep))
     if not isinstance(result, SerialResult):
-        return with_spot_report(result, spot_rows(sims, spots, result, image_shard(len(sims))))
+        return with_spot_report(result, spot_rows(sims, spots, result, image_shard(len(sims)), predicted=predicted))
     used = list(result.used)  # this process measures the used images it loaded
+    of_used: dict = {}
     rows = spot_rows([sims[i] for i in used], [spots[i] for i in used], result.joint,
-                     [j for j, i in enumerate(used) if sims[i] is not None])
+                     [j for j, i in enumerate(used) if sims[i] is not None], predicted=of_used)
+    if predicted is not None:
+        predicted.update({used[j]: p for j, p in of_used.items()})
     return dataclasses.replace(result, joint=with_spot_report(result.joint, rows))
 
 

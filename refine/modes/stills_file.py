@@ -173,15 +173,19 @@ def write_joint_expt(args: Job, out_dir: Path, values: dict[int, dict], sims: li
 
 
 def write_joint_refl(args: Job, out_dir: Path, values: dict[int, dict], sims: list, spots: list,
-                     image_args: list) -> Path | None:
+                     image_args: list, predicted: dict | None = None) -> Path | None:
     """A joint run's ``OUT_DIR/refined.refl`` (:mod:`refine.output.refined_refl`): every process predicts its held
-    images' observed spots at their refined values, gathered; process 0 writes (the path; None elsewhere)."""
+    images' observed spots at their refined values (``predicted``: those the spot report rendered already, by
+    image position), gathered; process 0 writes (the path; None elsewhere)."""
     from nbtorch import eager
     from refine.inputs.spots import spot_offsets
 
-    local = {}
+    local, predicted = {}, predicted or {}
     for i in values:
         if sims[i] is not None and spots[i] is not None and len(spots[i]):
+            if i in predicted:
+                local[i] = (spots[i], predicted[i])
+                continue
             with eager():  # a few renders of small windows
                 local[i] = (spots[i], spot_offsets(sims[i], dict(values[i]), spots[i]).predicted)
     comm = Comm()

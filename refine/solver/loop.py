@@ -169,10 +169,15 @@ class LoopState:
     history: list = field(default_factory=list)
     aux: Any = None
     restarted: bool = False
+    _grad_norm: float | None = field(default=None, repr=False, compare=False)
 
     @property
     def grad_norm(self) -> float:
-        return float(self.grad.abs().max()) if self.grad.numel() else 0.0
+        """The largest gradient component, computed once (a vector split over processes reduces it over all of
+        them, :mod:`refine.many.sharded`: every process asks first at the same point of the loop)."""
+        if self._grad_norm is None:
+            self._grad_norm = float(self.grad.abs().max()) if self.grad.numel() else 0.0
+        return self._grad_norm
 
     def snapshot(self, history: bool = True) -> "LoopState":
         """A copy (tensors cloned) that later steps cannot modify.
@@ -182,7 +187,8 @@ class LoopState:
         """
         return LoopState(self.step, self.raw.detach().clone(), self.loss, self.grad.detach().clone(),
                          self.optimizer, self.small_steps, self.evaluations, self.elapsed_s,
-                         [dict(h) for h in self.history] if history else self.history, self.aux, self.restarted)
+                         [dict(h) for h in self.history] if history else self.history, self.aux, self.restarted,
+                         self._grad_norm)
 
     def to_dict(self) -> dict:
         """Plain containers and tensors only (``torch.save`` with ``weights_only`` loading)."""
@@ -248,8 +254,11 @@ class _Evaluator:
     def __call__(self) -> tuple[Tensor, Tensor, Any]:
         key = self.x.detach().cpu().numpy().tobytes()
         hit = self.cache.get(key)
-        if hit is not None:
+        agree = getattr(type(self.x), "agree", None)  # a vector split over processes: a hit in every one of them
+        if hit is not None and (agree is None or agree(True)):
             return hit
+        if hit is None and agree is not None:
+            agree(False)
         with torch.enable_grad():
             xi = self.x.detach().clone().requires_grad_(True)
             loss, aux = self.fn(xi)
@@ -258,10 +267,13 @@ class _Evaluator:
                 raise NonFiniteLoss(f"loss is {float(loss.detach())}")
             (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
             grad = torch.zeros_like(xi) if grad is None else grad
+        if type(grad) is not type(xi):  # autograd hands back plain tensors: the parameters' type again
+            grad = grad.as_subclass(type(xi))
         if not _finite(grad):
             self.nonfinite += 1
-            bad = int((~torch.isfinite(grad)).nonzero()[0, 0])
-            raise NonFiniteLoss(f"gradient component {bad} is {float(grad[bad])}")
+            bad = (~torch.isfinite(grad.detach())).nonzero().reshape(-1).tolist()
+            raise NonFiniteLoss(f"gradient component {bad[0]} is {float(grad[bad[0]])}" if bad else
+                                "a gradient component of another process is NaN/Inf")
         self.evaluations += 1
         entry = (loss.detach(), grad.detach(), aux)
         if len(self.cache) >= 16:
@@ -509,6 +521,9 @@ def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState
     enough for :attr:`Status.NO_STEP`: a minimum is curved along every parameter.
     """
     x0 = state.raw.detach()
+    if getattr(type(x0), "agree", None) is not None:  # split over processes: no probe of each process's own part
+        return Status.CONVERGED, (f"no step needed: gradient {state.grad_norm:.3g} <= gtol={convergence.gtol:g} at "
+                                  "the start")
     tol = convergence.ftol + convergence.rtol * abs(state.loss)
     flat: list[int] = []
     for i in range(x0.numel()):
@@ -538,5 +553,9 @@ def _classify_start(fn: Callable[[Tensor], tuple[Tensor, Any]], state: LoopState
 
 
 def _record(state: LoopState, step_norm: float, lr: float) -> dict:
-    return {"step": state.step, "loss": state.loss, "grad_norm": state.grad_norm, "step_norm": step_norm,
-            "evaluations": state.evaluations, "lr": lr, "raw": [float(v) for v in state.raw]}
+    """One history entry; ``raw`` only for a plain vector (not one split over processes)."""
+    out = {"step": state.step, "loss": state.loss, "grad_norm": state.grad_norm, "step_norm": step_norm,
+           "evaluations": state.evaluations, "lr": lr}
+    if type(state.raw) is Tensor:
+        out["raw"] = [float(v) for v in state.raw]
+    return out

@@ -57,7 +57,7 @@ def _check_run(doc: dict) -> None:
 
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_bits(tmp_path):
-    # --max-dense 0: the arrowhead preconditioner and the Schur-complement esds, as above 800 stills
+    # --max-dense 0: the Schur-complement esds, as above 800 stills
     one = _run(tmp_path, 60, 1, seed=2, extra=("--max-dense", "0"))
     two = _run(tmp_path, 60, 2, seed=2, extra=("--max-dense", "0"))
     assert one["world_size"] == 1 and two["world_size"] == 2

@@ -4,6 +4,7 @@ their reason, a summary table, resume after an interruption, and sharding over t
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -114,16 +115,26 @@ def test_image_list_forms(tmp_path):
 
 def test_torchrun_shards_images_over_two_processes(tmp_path):
     """torchrun --nproc-per-node 2: each process refines every other image (gloo on loopback); process 0 writes
-    the summary of all of them."""
+    the summary of all of them; each image's result is the one-process run's, bit for bit (one thread each)."""
     good = _stills(tmp_path, 3)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")]),
            "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["-m", "refine.cli", "--images", *map(str, good), "--model", MODEL, *OPTIONS]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(29500 + os.getpid() % 1000), "-m", "refine.cli", "--images", *map(str, good),
-           "--model", MODEL, *OPTIONS, "--out-dir", str(tmp_path / "dist")]
+           "--master-port", str(29500 + os.getpid() % 1000), *args, "--out-dir", str(tmp_path / "dist")]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    one = subprocess.run([sys.executable, *args, "--out-dir", str(tmp_path / "one")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    def timeless(doc):  # the result without its wall times and the command line (another --out-dir)
+        if isinstance(doc, dict):
+            return {k: timeless(v) for k, v in doc.items() if k != "command" and not k.endswith(("wall_s", "_s"))}
+        return [timeless(v) for v in doc] if isinstance(doc, list) else doc
+    for image in good:
+        a, b = (json.loads((tmp_path / d / image.stem / "result.json").read_text()) for d in ("one", "dist"))
+        assert a["params"] and timeless(a) == timeless(b), image.name
     rows = _summary(tmp_path / "dist")
     assert [Path(r["image"]).name for r in rows] == [p.name for p in good]
     assert all(r["status"] in ("converged", "max_steps") for r in rows)

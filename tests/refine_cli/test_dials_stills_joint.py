@@ -27,9 +27,15 @@ def _read_back(path, n: int) -> list:
     return exps
 
 
-def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path):
+def test_joint_stills_from_the_file_alone(refine_cli, stills, tmp_path, monkeypatch):
     """Image i is experiment i's (relative to the .expt), its spots the rows of id i; one shared cell; refined.expt
-    holds both experiments (identifiers and images kept, each crystal refined, the held detector written once)."""
+    holds both experiments (identifiers and images kept, each crystal refined, the held detector written once);
+    refined.refl takes the final model spots the spot report rendered (no second render)."""
+    import refine.inputs.spots
+
+    def no_second_render(*args, **kwargs):
+        raise AssertionError("refined.refl rendered the spots again")
+    monkeypatch.setattr(refine.inputs.spots, "spot_offsets", no_second_render)  # what write_joint_refl would call
     data = _copy_data(stills)
     counts = [s.reflections for s in read_dials_stills(str(data / "many.expt"), str(data / "many.refl"))]
     r = refine_cli("--expt", "data/many.expt", "--refl", "data/many.refl", "--joint", "--out-dir", "out",
