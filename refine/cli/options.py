@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from refine.inputs.dials_pairs import dials_pairs, refuse_with_pairs
 from refine.inputs.measurement import DEFAULT_DATASET, Measurement
 from refine.modes.dials_sweep import GEOMETRY_PRIORS
 from refine.modes.job import GROUPS, PROG, Job
@@ -56,7 +57,7 @@ GROUP_TITLES = {
     "compute": "compute",
 }
 
-_FIELDS = {f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)} | {"images"}
+_FIELDS = {f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)} | {"images", "more_pairs"}
 
 
 def _typed(value: Any) -> Any:
@@ -66,15 +67,29 @@ def _typed(value: Any) -> Any:
     return value
 
 
+def _dials_values(values: dict) -> dict:
+    """``--expt``/``--refl`` as the first pair's paths and ``more_pairs`` (globs expanded:
+    :func:`refine.inputs.dials_pairs.dials_pairs`; several pairs refuse the options of one experiment),
+    ``--expt-index`` 0 when not given."""
+    values = dict(values)
+    if "expt" in values or "refl" in values:
+        values["expt"], values["refl"], values["more_pairs"] = dials_pairs(values.get("expt"), values.get("refl"))
+    if values.get("more_pairs"):
+        refuse_with_pairs(values)
+    if "expt_index" in values and values["expt_index"] is None:
+        values["expt_index"] = 0
+    return values
+
+
 def options_from_namespace(ns: Any, argv: tuple[str, ...] = ()) -> Job:
     """The door: argparse's result as a measurement and its settings (every parser destination has exactly one
     field)."""
-    values = vars(ns)
+    values = _dials_values(vars(ns))
     unknown = sorted(set(values) - _FIELDS)
     if unknown:  # a parser option without a field: a programming error, caught by the tests
         raise TypeError(f"options without a field in refine.cli.options: {', '.join(unknown)}")
     groups = {group: cls(**{f.name: _typed(values[f.name]) for f in dataclasses.fields(cls) if f.name in values})
               for group, cls in GROUPS.items()}
     measurement = Measurement(image=groups.pop("image"), model=groups.pop("model"), dials=groups.pop("dials"),
-                              images=_typed(values.get("images")))
+                              images=_typed(values.get("images")), more_pairs=_typed(values.get("more_pairs") or ()))
     return Job(measurement=measurement, settings=Settings(**groups), argv=tuple(argv))

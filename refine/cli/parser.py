@@ -25,6 +25,7 @@ from typing import Sequence
 from nbtorch.cli.support import Parser
 from nbtorch.errors import InputError
 from nbtorch.io import read_toml
+from refine.inputs.dials_pairs import path_count, refuse_with_pairs
 from refine.cli.options import DEFAULT_DATASET, GEOMETRY_PRIORS, GROUP_TITLES, PROG, Options, options_from_namespace
 from refine.modes.values import csv_names
 from refine.many.distributed import process_device
@@ -37,14 +38,15 @@ __all__ = ["build_parser", "parse_args", "parse_namespace"]
 
 def add_dials_options(group) -> None:
     """The DIALS options of :func:`build_parser`, added to its argparse ``group``."""
-    group.add_argument("--expt", help="DIALS experiment (.expt) as the starting model (geometry, beam, crystal); "
-                                            "--model flags are applied after it")
-    group.add_argument("--expt-index", type=int, default=0,
-                             help="which experiment of --expt (and id of --refl) (default %(default)s)")
+    group.add_argument("--expt", nargs="+", help="DIALS experiment (.expt) as the starting model (geometry, beam, "
+                                                 "crystal); --model flags are applied after it; several (or "
+                                                 "globs), paired in order with --refl's: one set of stills")
+    group.add_argument("--expt-index", type=int, default=None,
+                             help="which experiment of --expt (and id of --refl) (default 0)")
     group.add_argument("--expt-image", type=int, default=None,
                              help="rotation scans: image of the scan that --image is, 0 = the first (default: from the "
                                   "image's file name and the experiment's template, else 0)")
-    group.add_argument("--refl", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
+    group.add_argument("--refl", nargs="+", help="DIALS reflections (.refl): their xyzobs.px.value centroids are the "
                                             "spot list (as --spots); with a still's --expt, one --image is fitted in "
                                             "windows about them with the defaults --refine, --spot-window and "
                                             "--subsample say (docs/still-from-dials.md)")
@@ -340,7 +342,9 @@ def parse_namespace(argv: Sequence[str], parser: argparse.ArgumentParser | None 
 def _check_modes(args: argparse.Namespace) -> None:
     """Options that belong to a mode (independent, joint) given without it; ``--f-column`` folded into
     ``--model``; ``--rotation-series`` implies ``--joint``."""
-    stills = bool(args.expt and args.refl and not args.image and not args.problem)  # many stills of one DIALS file
+    if path_count(args.expt) > 1 or path_count(args.refl) > 1:  # several pairs
+        refuse_with_pairs(vars(args))
+    stills = bool(args.expt and args.refl and not args.image and not args.problem)  # many stills of DIALS files
     for flag, value in (("--out-dir", args.out_dir), ("--redo", args.redo)):
         if value and not (args.images or stills):
             raise InputError(f"{flag}: only with --images (independent mode)")

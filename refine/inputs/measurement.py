@@ -5,7 +5,7 @@ gain and ADC offset), the starting model (nanoBragg flags, or a synthetic proble
 (experiments' geometry, beam, crystal and scan; the spots of each image).  Its constructors are the ways in:
 
 * :meth:`Measurement.from_dials`: a ``.expt`` and ``.refl`` (one or many experiments; the images those name, or
-  given);
+  given), or several pairs of stills as one set (:mod:`refine.inputs.dials_pairs`);
 * :meth:`Measurement.from_images`: images with header geometry and a model's flags;
 * :meth:`Measurement.from_problem`: a synthetic problem of the bank (its image simulated, its truth known).
 
@@ -118,27 +118,35 @@ MEASUREMENT_GROUPS = {"image": ImageSource, "model": ModelSource, "dials": Dials
 @dataclass(frozen=True)
 class Measurement:
     """What is measured (module docstring): one ``image`` and how images are read, the starting ``model``, the
-    ``dials`` files, and ``images`` when there are many (each refined as ``image`` would be)."""
+    ``dials`` files, ``images`` when there are many (each refined as ``image`` would be), and ``more_pairs``: the
+    ``.expt``/``.refl`` pairs of stills after ``dials.expt``/``dials.refl`` when several make one set."""
 
     image: ImageSource = field(default_factory=ImageSource)
     model: ModelSource = field(default_factory=ModelSource)
     dials: DialsSource = field(default_factory=DialsSource)
     images: tuple[str, ...] | None = None
+    more_pairs: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_dials(cls, expt: str, refl: str, image: str | None = None, images: Sequence[str] | None = None,
+    def from_dials(cls, expt: str | Sequence[str], refl: str | Sequence[str], image: str | None = None,
+                   images: Sequence[str] | None = None,
                    index: int = 0, scan_image: int | None = None, model: str | None = None,
                    expt_out: str | None = None, **reading: Any) -> "Measurement":
         """DIALS files: ``expt`` and ``refl``.  One still or one image of a scan: ``image`` (experiment ``index``,
         a scan's image ``scan_image``, default from the file name); many stills of one file: no ``image`` (the images
         its experiments name) or ``images`` (one per experiment, in order); a rotation series: ``images`` of the
-        scan.  ``model``: nanoBragg flags after the experiment's (e.g. ``"-default_F 100"``); ``reading``: fields
-        of :class:`ImageSource` (``gain``, ``adc_offset``, ``mask``, ``frame``, ...)."""
+        scan; several pairs of stills as one set: ``expt`` and ``refl`` lists or glob patterns, paired in order
+        (:func:`refine.inputs.dials_pairs.dials_pairs`).  ``model``: nanoBragg flags after the experiment's (e.g.
+        ``"-default_F 100"``); ``reading``: fields of :class:`ImageSource` (``gain``, ``adc_offset``, ``mask``,
+        ``frame``, ...)."""
+        from refine.inputs.dials_pairs import dials_pairs
+
+        first, first_refl, more = dials_pairs(expt, refl)
         return cls(image=ImageSource(image=None if image is None else str(image), **reading),
                    model=ModelSource(model=model),
-                   dials=DialsSource(expt=str(expt), expt_index=index, expt_image=scan_image, refl=str(refl),
+                   dials=DialsSource(expt=first, expt_index=index, expt_image=scan_image, refl=first_refl,
                                      expt_out=expt_out),
-                   images=None if images is None else tuple(str(i) for i in images))
+                   images=None if images is None else tuple(str(i) for i in images), more_pairs=more)
 
     @classmethod
     def from_images(cls, images: str | Sequence[str], model: str, **reading: Any) -> "Measurement":
@@ -154,6 +162,11 @@ class Measurement:
         """A synthetic problem of the bank (:data:`refine.PROBLEMS`): its image simulated at ``size`` pixels a side,
         its truth known."""
         return cls(image=ImageSource(**reading), model=ModelSource(problem=name, size=size))
+
+    @property
+    def dials_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Every ``.expt``/``.refl`` pair of the stills: ``dials``'s, then :attr:`more_pairs`."""
+        return ((str(self.dials.expt), str(self.dials.refl)),) + tuple(self.more_pairs)
 
     @property
     def dials_files(self) -> DialsFiles:

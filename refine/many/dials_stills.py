@@ -12,7 +12,9 @@ of ``--images`` (one per experiment, in their order, to give images that moved);
 model and its reflections the ``.refl`` rows of its ``id``.  Each is refined as ``--image IMAGE --expt FILE
 --expt-index K --refl FILE`` would be, with the still defaults (:mod:`refine.inputs.still_defaults`), through
 independent mode (:func:`refine.many.batch.run_batch`): results in ``OUT_DIR/<identifier>/`` (the experiment's
-``identifier``; its index where the identifiers are not all distinct file names) and ``summary.csv``/``summary.h5``.
+``identifier``; its place where the identifiers are not all distinct file names) and ``summary.csv``/``summary.h5``.
+Several ``.expt``/``.refl`` pairs (:mod:`refine.inputs.dials_pairs`) are one set: :func:`pairs_stills` reads every
+experiment of every pair, in pair order then experiment order, each still refined from its own pair's files.
 
 Before any work every experiment is checked, and bad input is one line (an :class:`~nbtorch.errors.InputError`,
 exit 2, nothing written): an experiment without a crystal or with a scan, a ``.refl`` id that names no experiment
@@ -36,7 +38,8 @@ from nbtorch.errors import InputError
 from refine.many.batch import BatchItem, run_batch
 
 __all__ = ["DialsStill", "read_dials_stills", "relocate_images", "still_items", "experiment_count",
-           "run_dials_stills", "file_stills", "space_group_name", "check_one_space_group"]
+           "run_dials_stills", "file_stills", "pairs_stills", "stills_phrase", "space_group_name",
+           "check_one_space_group"]
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,9 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 @dataclass(frozen=True)
 class DialsStill:
     """One experiment of a serial ``.expt``: its index (the ``id`` of its reflections), identifier, image file and
-    frame (None: the file's only image), how many reflections the ``.refl`` gives it and its crystal's space group
-    (:func:`space_group_name`)."""
+    frame (None: the file's only image), how many reflections the ``.refl`` gives it, its crystal's space group
+    (:func:`space_group_name`), its ``.expt`` and ``.refl`` and their pair's place among several
+    (:func:`pairs_stills`)."""
 
     index: int
     identifier: str
@@ -55,6 +59,9 @@ class DialsStill:
     frame: int | None
     reflections: int
     space_group: str = ""
+    expt: str = ""
+    refl: str = ""
+    pair: int = 0
 
     @property
     def label(self) -> str:
@@ -118,7 +125,7 @@ def read_dials_stills(expt: str, refl: str) -> list[DialsStill]:
         except InputError as exc:
             raise InputError(f"--expt {exc}") from None
         group = space_group_name(exp.crystal.get("space_group_hall_symbol"))
-        stills.append(DialsStill(k, exp.identifier, image, frame, int(counts[k]), group))
+        stills.append(DialsStill(k, exp.identifier, image, frame, int(counts[k]), group, str(expt), str(refl)))
     log.info("%s: %d still experiments, %d indexed reflections", expt, n, int(counts.sum()))
     return stills
 
@@ -140,14 +147,16 @@ def check_one_space_group(stills: Sequence[DialsStill], expt: str) -> None:
     Raises:
         InputError: one line naming the first two experiments whose groups differ and the count of each group.
     """
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, list[DialsStill]] = {}
     for s in stills:
-        groups.setdefault(s.space_group, []).append(s.index)
+        groups.setdefault(s.space_group, []).append(s)
     if len(groups) > 1:
-        (g0, i0), (g1, i1) = list(groups.items())[:2]
+        (g0, [s0, *_]), (g1, [s1, *_]) = list(groups.items())[:2]
         counts = ", ".join(f"{len(v)} {g}" for g, v in groups.items())
-        raise InputError(f"--expt {expt}: experiments {i0[0]} ({g0}) and {i1[0]} ({g1}) are in different space groups "
-                         f"({counts}); a joint run refines one cell: refine them without --joint, or one group a run")
+        which = (f"--expt {expt}: experiments {s0.index} ({g0}) and {s1.index} ({g1})" if s0.expt == s1.expt else
+                 f"--expt {s0.expt} experiment {s0.index} ({g0}) and --expt {s1.expt} experiment {s1.index} ({g1})")
+        raise InputError(f"{which} are in different space groups ({counts}); a joint run refines one cell: refine "
+                         "them without --joint, or one group a run")
 
 
 def relocate_images(stills: Sequence[DialsStill], images: Sequence[str], expt: str) -> list[DialsStill]:
@@ -159,11 +168,12 @@ def relocate_images(stills: Sequence[DialsStill], images: Sequence[str], expt: s
 
 
 def _folder_names(stills: Sequence[DialsStill]) -> list[str]:
-    """The experiments' identifiers where all are distinct file names, else their indices."""
+    """The experiments' identifiers where all are distinct file names, else their places in ``stills`` (of one
+    file: their indices)."""
     names = [s.identifier for s in stills]
     if all(_SAFE_NAME.fullmatch(n) for n in names) and len(set(names)) == len(names):
         return names
-    return [str(s.index) for s in stills]
+    return [str(i) for i in range(len(stills))]
 
 
 def _check_frame(still: DialsStill, expt: str, dataset: str) -> None:
@@ -180,8 +190,9 @@ def _check_frame(still: DialsStill, expt: str, dataset: str) -> None:
 
 
 def still_items(stills: Sequence[DialsStill], expt: str, skip_missing: bool = False,
-                dataset: str = "/entry/data/data") -> list[BatchItem]:
-    """Independent mode's runs of ``stills``: each image checked before any work (module docstring).
+                dataset: str = "/entry/data/data", own_files: bool = False) -> list[BatchItem]:
+    """Independent mode's runs of ``stills``: each image checked before any work (module docstring); ``own_files``
+    (stills of several pairs): each item's ``fields`` also its ``expt`` and ``refl`` (and no ``more_pairs``).
 
     Raises:
         InputError: an image not there (unless ``skip_missing``), a frame past the end of its file.
@@ -191,16 +202,17 @@ def still_items(stills: Sequence[DialsStill], expt: str, skip_missing: bool = Fa
         s = missing[0]
         more = f" (and {len(missing) - 1} more of the {len(stills)} experiments)" if len(missing) > 1 else ""
         where = f"image {s.image} not found" if s.image else "names no image"
-        raise InputError(f"--expt {expt}: experiment {s.index}{f' ({s.identifier})' if s.identifier else ''}: "
-                         f"{where}{more}; --images gives the images' places, --skip-missing skips them")
+        raise InputError(f"--expt {s.expt or expt}: experiment {s.index}{f' ({s.identifier})' if s.identifier else ''}"
+                         f": {where}{more}; --images gives the images' places, --skip-missing skips them")
     items = []
     for s, name in zip(stills, _folder_names(stills)):
         skipped = None
         if s in missing:
             skipped = f"experiment {s.index}: " + ("image not found" if s.image else "names no image")
         else:
-            _check_frame(s, expt, dataset)
-        fields = {"expt_index": s.index, **({"frame": s.frame} if s.frame is not None else {})}
+            _check_frame(s, s.expt or expt, dataset)
+        files = {"expt": s.expt, "refl": s.refl, "more_pairs": ()} if own_files else {}
+        fields = {**files, "expt_index": s.index, **({"frame": s.frame} if s.frame is not None else {})}
         items.append(BatchItem(image=s.image or "", name=name, fields=fields, label=s.label, skipped=skipped))
     return items
 
@@ -222,11 +234,33 @@ def file_stills(expt: str, refl: str, images: Sequence[str] | None = None) -> li
     return relocate_images(stills, images, expt) if images else stills
 
 
-def run_dials_stills(expt: str, refl: str, stills: Sequence[DialsStill], items: Sequence[BatchItem],
+def pairs_stills(pairs: Sequence[tuple[str, str]], images: Sequence[str] | None = None) -> list[DialsStill]:
+    """The stills of every ``.expt``/``.refl`` pair (:func:`read_dials_stills`), in pair order then experiment order,
+    each with its pair's place; ``images`` the experiments' images in that order where given. One pair:
+    :func:`file_stills`."""
+    if len(pairs) == 1:
+        return file_stills(*pairs[0], images)
+    stills = [replace(s, pair=j) for j, (expt, refl) in enumerate(pairs) for s in read_dials_stills(expt, refl)]
+    if images and len(images) != len(stills):
+        raise InputError(f"--images: {len(images)} images for the {len(stills)} experiments of the {len(pairs)} --expt "
+                         "files; give one per experiment, in pair then experiment order")
+    return relocate_images(stills, images, pairs[0][0]) if images else stills
+
+
+def stills_phrase(stills: Sequence[DialsStill], pairs: Sequence[tuple[str, str]], count: int | None = None) -> str:
+    """``N stills of --expt FILE (R reflections in --refl FILE)``, or of several pairs, for the run's first line
+    (``count``: N, default every still)."""
+    n, r = len(stills) if count is None else count, sum(s.reflections for s in stills)
+    if len(pairs) == 1:
+        return f"{n} stills of --expt {pairs[0][0]} ({r} reflections in --refl {pairs[0][1]})"
+    return f"{n} stills of {len(pairs)} --expt/--refl pairs ({r} reflections)"
+
+
+def run_dials_stills(pairs: Sequence[tuple[str, str]], stills: Sequence[DialsStill], items: Sequence[BatchItem],
                      run_one: Callable[[BatchItem, Path], int], out_dir: str | Path = "out/batch",
                      say: Callable[[str], None] = print, *, redo: bool = False, quiet: bool = False) -> int:
-    """Refine every still of ``expt``/``refl`` on its own (:func:`refine.many.batch.run_batch`): ``items``, those of
-    ``stills`` (:func:`still_items`: each item's ``fields`` its ``expt_index`` and ``frame``); the exit status."""
-    say(f"nbtorch-refine: {len(stills)} stills of --expt {expt} ({sum(s.reflections for s in stills)} reflections "
-        f"in --refl {refl}), each refined on its own")
+    """Refine every still of the ``.expt``/``.refl`` ``pairs`` on its own (:func:`refine.many.batch.run_batch`):
+    ``items``, those of ``stills`` (:func:`still_items`: each item's ``fields`` its ``expt_index`` and ``frame``);
+    the exit status."""
+    say(f"nbtorch-refine: {stills_phrase(stills, pairs)}, each refined on its own")
     return run_batch(items, run_one, out_dir, say, redo=redo, quiet=quiet)

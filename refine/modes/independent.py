@@ -11,7 +11,7 @@ from typing import Callable
 
 from refine.modes.job import Job
 from refine.many.batch import PER_IMAGE_OPTIONS, BatchItem, expand_image_list, image_stem, run_batch
-from refine.many.dials_stills import DialsStill, experiment_count, file_stills, run_dials_stills, still_items
+from refine.many.dials_stills import DialsStill, experiment_count, pairs_stills, run_dials_stills, still_items
 
 __all__ = ["per_image_args", "many_dials_stills", "run_independent", "stills_of_file", "run_stills_of_file"]
 
@@ -33,11 +33,12 @@ def per_image_args(args: Job, image: str, out_dir: Path, name: str | None = None
 
 
 def many_dials_stills(args: Job) -> bool:
-    """Whether ``args`` ask for the stills of one DIALS file: ``--expt`` and ``--refl`` without ``--image`` (nor
-    ``--problem``, ``--joint``); with ``--images``, an ``--expt`` (no ``{stem}``) of more than one experiment."""
+    """Whether ``args`` ask for the stills of DIALS files: ``--expt`` and ``--refl`` without ``--image`` (nor
+    ``--problem``, ``--joint``); with ``--images``, several pairs or an ``--expt`` (no ``{stem}``) of more than one
+    experiment."""
     if not (args.dials.expt and args.dials.refl) or args.image.image or args.model.problem or args.many.joint:
         return False
-    if not args.images:
+    if not args.images or args.measurement.more_pairs:
         return True
     if "{stem}" in args.dials.expt or "{stem}" in args.dials.refl:
         return False
@@ -60,16 +61,19 @@ def run_independent(args: Job, run_one: Callable[[Job], int], say: Callable[[str
 
 
 def stills_of_file(args: Job) -> tuple[list[DialsStill], list[BatchItem]]:
-    """The stills of ``--expt``/``--refl`` (``--images`` relocating them) and independent mode's runs of them, each
-    image checked before any work (:func:`refine.many.dials_stills.still_items`)."""
-    stills = file_stills(args.dials.expt, args.dials.refl, expand_image_list(args.images) if args.images else None)
-    return stills, still_items(stills, args.dials.expt, args.many.skip_missing, args.image.dataset)
+    """The stills of ``--expt``/``--refl`` (every pair's; ``--images`` relocating them) and independent mode's runs of
+    them, each image checked before any work (:func:`refine.many.dials_stills.still_items`; of several pairs, each
+    run with its own pair's files)."""
+    pairs = args.dials_pairs
+    stills = pairs_stills(pairs, expand_image_list(args.images) if args.images else None)
+    return stills, still_items(stills, args.dials.expt, args.many.skip_missing, args.image.dataset,
+                               own_files=len(pairs) > 1)
 
 
 def run_stills_of_file(args: Job, run_one: Callable[[Job], int], say: Callable[[str], None] = print,
                        prepared: tuple[list[DialsStill], list[BatchItem]] | None = None) -> int:
-    """Every still of ``--expt``/``--refl`` refined on its own with ``run_one`` (``prepared``: :func:`stills_of_file`'s
-    result, read here when not given); the exit status."""
+    """Every still of ``--expt``/``--refl`` (every pair's) refined on its own with ``run_one`` (``prepared``:
+    :func:`stills_of_file`'s result, read here when not given); the exit status."""
     stills, items = prepared or stills_of_file(args)
-    return run_dials_stills(args.dials.expt, args.dials.refl, stills, items, _one(args, run_one),
+    return run_dials_stills(args.dials_pairs, stills, items, _one(args, run_one),
                             args.many.out_dir or "out/batch", say, redo=args.many.redo, quiet=args.output.quiet)

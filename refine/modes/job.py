@@ -24,6 +24,8 @@ PROG = "nbtorch-refine"
 GROUPS = {"image": MEASUREMENT_GROUPS["image"], "model": MEASUREMENT_GROUPS["model"],
           "dials": MEASUREMENT_GROUPS["dials"], **SETTINGS_GROUPS}
 _GROUP_OF = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+#: the measurement's fields outside its groups
+_TOP = ("images", "more_pairs")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class Job:
     @property
     def images(self) -> tuple[str, ...] | None:
         return self.measurement.images
+
+    @property
+    def dials_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Every ``.expt``/``.refl`` pair of the stills (:attr:`Measurement.dials_pairs`)."""
+        return self.measurement.dials_pairs
 
     # the settings' groups
     @property
@@ -88,17 +95,17 @@ class Job:
 
     def get(self, name: str) -> Any:
         """The field ``name`` (e.g. ``"spot_window"``), whichever group holds it."""
-        if name == "images":
-            return self.images
+        if name in _TOP:
+            return getattr(self.measurement, name)
         return getattr(getattr(self, _GROUP_OF[name]), name)
 
     def with_fields(self, **values: Any) -> "Job":
-        """A copy with the named fields replaced (field names, whichever group holds each; ``images`` the
-        measurement's)."""
+        """A copy with the named fields replaced (field names, whichever group holds each; ``images`` and
+        ``more_pairs`` the measurement's)."""
         by_group: dict[str, dict[str, Any]] = {}
         top: dict[str, Any] = {}
         for name, value in values.items():
-            if name == "images":
+            if name in _TOP:
                 top[name] = value
             else:
                 by_group.setdefault(_GROUP_OF[name], {})[name] = value

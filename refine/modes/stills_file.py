@@ -24,7 +24,7 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,12 +32,13 @@ from nbtorch.errors import InputError
 from refine.modes.job import Job
 from refine.many.batch import expand_image_list, item_folder
 from refine.modes.independent import many_dials_stills, run_stills_of_file, stills_of_file
-from refine.many.dials_stills import check_one_space_group, file_stills, still_items
+from refine.many.dials_stills import (check_one_space_group, experiment_count, pairs_stills, still_items,
+                                      stills_phrase)
 from refine.many.distributed import Comm
-from refine.output.refined_refl import write_refined_refl
+from refine.output.refined_refl import write_refined_refls
 
 __all__ = ["STILLS_SHARED", "stills_shared", "joint_stills", "still_images", "refined_part", "combined_document",
-           "write_joint_expt", "write_joint_refl", "run_stills_independent"]
+           "concatenated", "write_joint_expt", "write_joint_refl", "run_stills_independent"]
 
 KINDS = ("beam", "detector", "crystal")
 
@@ -73,18 +74,17 @@ def still_images(args: Job, say: Callable[[str], None] = print
         InputError: as :mod:`refine.many.dials_stills` (one line naming the input); crystals of different space
         groups (:func:`~refine.many.dials_stills.check_one_space_group`).
     """
-    expt, refl = args.dials.expt, args.dials.refl
-    stills = file_stills(expt, refl, expand_image_list(args.images) if args.images else None)
+    expt, pairs = args.dials.expt, args.dials_pairs
+    stills = pairs_stills(pairs, expand_image_list(args.images) if args.images else None)
     check_one_space_group(stills, expt)
-    items = still_items(stills, expt, args.many.skip_missing, args.image.dataset)
+    items = still_items(stills, expt, args.many.skip_missing, args.image.dataset, own_files=len(pairs) > 1)
     for item in items:
         if item.skipped is not None:
             say(f"  skipped: {item.row_label}: {item.skipped}")
     kept = [item for item in items if item.skipped is None]
     if not kept:
         raise InputError(f"--expt {expt}: none of its {len(items)} experiments' images is here (--skip-missing)")
-    say(f"nbtorch-refine: {len(kept)} stills of --expt {expt} ({sum(s.reflections for s in stills)} reflections in "
-        f"--refl {refl}), refined jointly")
+    say(f"nbtorch-refine: {stills_phrase(stills, pairs, len(kept))}, refined jointly")
     return ([item.image for item in kept], [dict(item.fields) for item in kept],
             [(item.row_label, item.skipped) for item in items if item.skipped is not None])
 
@@ -149,14 +149,54 @@ def _image_paths(doc: dict, folder: str, images: dict[int, str]) -> None:
             iset["template"] = os.path.abspath(images[k]) if k in images and not files else absolute(iset["template"])
 
 
-def _write(expt: str, parts: dict[int, dict], path: Path, images: dict[int, str]) -> Path:
-    """``path``: :func:`combined_document` of ``expt`` with ``parts``, its images' paths absolute (:func:`_image_paths`)."""
+def concatenated(documents: Sequence[dict]) -> tuple[dict, list[int]]:
+    """One ExperimentList of ``documents``: their experiments in order, each model list (``beam``, ``imageset``, ...)
+    concatenated and each experiment's references offset (identifiers kept), and the place of each document's first
+    experiment in it.  One document is itself; several are changed (give copies)."""
+    if len(documents) == 1:
+        return documents[0], [0]
+    out: dict = {k: v for k, v in documents[0].items() if not isinstance(v, list)}
+    firsts = []
+    for doc in documents:
+        firsts.append(len(out.get("experiment", [])))
+        offsets = {k: len(out.get(k, [])) for k, v in doc.items() if isinstance(v, list)}
+        for exp in doc.get("experiment", []):
+            for kind, ref in exp.items():
+                if kind in offsets and kind != "experiment" and type(ref) is int:
+                    exp[kind] = ref + offsets[kind]
+        for k, v in doc.items():
+            if isinstance(v, list):
+                out.setdefault(k, []).extend(v)
+    return out, firsts
+
+
+def _write(pairs: Sequence[tuple[str, str]], parts: dict[tuple[int, int], dict], path: Path,
+           images: dict[tuple[int, int], str]) -> Path:
+    """``path``: :func:`combined_document` of the pairs' ``.expt`` files (:func:`concatenated`) with ``parts``, their
+    images' paths absolute (:func:`_image_paths`, each from its own ``.expt``'s folder); ``parts`` and ``images`` by
+    ``(pair, experiment)``."""
     from nbtorch.io.dials import read_expt, write_expt
 
-    doc = combined_document(read_expt(expt, 0, multi_panel=True).document, parts)
-    _image_paths(doc, os.path.dirname(os.path.abspath(expt)), images)
-    write_expt(path, doc)
+    docs = []
+    for j, (expt, _) in enumerate(pairs):
+        doc = copy.deepcopy(read_expt(expt, 0, multi_panel=True).document)
+        _image_paths(doc, os.path.dirname(os.path.abspath(expt)), {k: im for (p, k), im in images.items() if p == j})
+        docs.append(doc)
+    doc, firsts = concatenated(docs)
+    write_expt(path, combined_document(doc, {firsts[j] + k: part for (j, k), part in parts.items()}))
     return path
+
+
+def _key(args: Job, one: Job) -> tuple[int, int]:
+    """``(pair, experiment)`` of a still's single-run options ``one`` among the pairs of ``args``."""
+    expts = [expt for expt, _ in args.dials_pairs]
+    return (expts.index(one.dials.expt) if one.dials.expt in expts else 0), int(one.dials.expt_index)
+
+
+def _firsts(pairs: Sequence[tuple[str, str]]) -> list[int]:
+    """The place of each pair's first experiment in the pairs' experiments together."""
+    counts = [experiment_count(expt) for expt, _ in pairs[:-1]] if len(pairs) > 1 else []
+    return [int(n) for n in np.cumsum([0, *counts])]
 
 
 def write_joint_expt(args: Job, out_dir: Path, values: dict[int, dict], sims: list, image_args: list) -> Path | None:
@@ -167,9 +207,9 @@ def write_joint_expt(args: Job, out_dir: Path, values: dict[int, dict], sims: li
     gathered = comm.gather_objects(local, len(sims))
     if comm.rank != 0:
         return None
-    parts = {int(image_args[i].dials.expt_index): part for i, part in enumerate(gathered) if part is not None}
-    images = {int(a.dials.expt_index): a.image.image for a in image_args}
-    return _write(args.dials.expt, parts, out_dir / "refined.expt", images)
+    parts = {_key(args, image_args[i]): part for i, part in enumerate(gathered) if part is not None}
+    images = {_key(args, a): a.image.image for a in image_args}
+    return _write(args.dials_pairs, parts, out_dir / "refined.expt", images)
 
 
 def write_joint_refl(args: Job, out_dir: Path, values: dict[int, dict], sims: list, spots: list,
@@ -192,10 +232,11 @@ def write_joint_refl(args: Job, out_dir: Path, values: dict[int, dict], sims: li
     gathered = comm.gather_objects(local, len(sims))
     if comm.rank != 0:
         return None
-    predicted = {int(image_args[i].dials.expt_index): p for i, p in enumerate(gathered) if p is not None}
+    predicted = {_key(args, image_args[i]): p for i, p in enumerate(gathered) if p is not None}
     if not predicted:
         return None
-    write_refined_refl(args.dials.refl, predicted, out_dir / "refined.refl")
+    pairs = args.dials_pairs
+    write_refined_refls([refl for _, refl in pairs], _firsts(pairs), predicted, out_dir / "refined.refl")
     return out_dir / "refined.refl"
 
 
@@ -212,21 +253,21 @@ def run_stills_independent(args: Job, run_one: Callable[[Job], int],
         return code
     from nbtorch.io.dials import read_expt
 
-    expt, out_dir = args.dials.expt, Path(args.many.out_dir or "out/batch")
+    pairs, out_dir = args.dials_pairs, Path(args.many.out_dir or "out/batch")
     parts, predicted = {}, {}
     for s, item in zip(stills, items):
         folder = item_folder(item, out_dir)
         done = folder / "refined.expt"
         if item.skipped is None and done.is_file() and (folder / "result.json").is_file():
-            parts[s.index] = _part(read_expt(done, s.index, multi_panel=True).document, s.index)
+            parts[s.pair, s.index] = _part(read_expt(done, s.index, multi_panel=True).document, s.index)
             spots = json.loads((folder / "result.json").read_text()).get("spots") or {}
             if spots.get("predicted_final") is not None:
-                predicted[s.index] = (spots["observed"], [[np.nan if v is None else v for v in p[:2]]
-                                                          for p in spots["predicted_final"]])
-    path = _write(expt, parts, out_dir / "refined.expt", {s.index: s.image for s in stills if s.image})
+                predicted[s.pair, s.index] = (spots["observed"], [[np.nan if v is None else v for v in p[:2]]
+                                                                  for p in spots["predicted_final"]])
+    path = _write(pairs, parts, out_dir / "refined.expt", {(s.pair, s.index): s.image for s in stills if s.image})
     say(f"refined experiments ({len(parts)} of {len(stills)} refined, the others as given): {path}")
     if predicted:
-        counts = write_refined_refl(args.dials.refl, predicted, out_dir / "refined.refl")
+        counts = write_refined_refls([refl for _, refl in pairs], _firsts(pairs), predicted, out_dir / "refined.refl")
         say(f"refined predictions ({sum(counts.values())} reflections of {len(counts)} stills): "
             f"{out_dir / 'refined.refl'}")
     return code

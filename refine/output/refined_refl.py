@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from nbtorch.errors import InputError
 from nbtorch.io.dials import refl_table, write_refl
 from refine.inputs.dials import observed_rows
 
-__all__ = ["STALE_COLUMNS", "refined_reflections", "write_refined_refl"]
+__all__ = ["STALE_COLUMNS", "refined_reflections", "write_refined_refl", "write_refined_refls"]
 
 log = logging.getLogger(__name__)
 
@@ -75,4 +75,29 @@ def write_refined_refl(refl: str, spots: Mapping[int, tuple[np.ndarray, np.ndarr
     columns, identifiers, counts = refined_reflections(refl, spots)
     write_refl(path, columns, identifiers)
     log.info("%s: %d reflections of %d stills with refined predictions", path, sum(counts.values()), len(counts))
+    return counts
+
+
+def write_refined_refls(refls: Sequence[str], firsts: Sequence[int],
+                        spots: Mapping[tuple[int, int], tuple[np.ndarray, np.ndarray]], path: str | Path
+                        ) -> dict[int, int]:
+    """Write the refined reflections of several ``.refl`` files as one table to ``path`` (atomic): each file's rows
+    (:func:`refined_reflections` of its experiments in ``spots``, keyed ``(file, experiment)``), in file order, ``id``
+    and the identifiers renumbered to the experiments together (``firsts``: the place of each file's first); the
+    columns every file has with one type.  One file: :func:`write_refined_refl`.  The rows written per experiment
+    (renumbered)."""
+    if len(refls) == 1:
+        return write_refined_refl(refls[0], {k: v for (_, k), v in spots.items()}, path)
+    tables, identifiers, counts = [], {}, {}
+    for j, refl in enumerate(refls):
+        columns, ids, rows = refined_reflections(refl, {k: v for (p, k), v in spots.items() if p == j})
+        kind, arr = columns["id"]
+        columns["id"] = (kind, arr + firsts[j])
+        identifiers.update({k + firsts[j]: v for k, v in ids.items()})
+        counts.update({k + firsts[j]: n for k, n in rows.items()})
+        tables.append(columns)
+    names = [n for n, (kind, _) in tables[0].items() if all(t.get(n, ("",))[0] == kind for t in tables)]
+    write_refl(path, {n: (tables[0][n][0], np.concatenate([t[n][1] for t in tables])) for n in names}, identifiers)
+    log.info("%s: %d reflections of %d stills of %d files with refined predictions", path, sum(counts.values()),
+             len(counts), len(refls))
     return counts
