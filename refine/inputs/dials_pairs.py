@@ -43,14 +43,20 @@ def expand_paths(flag: str, items: str | Sequence[str] | None) -> list[str]:
     out: list[str] = []
     for item in [items] if isinstance(items, (str, os.PathLike)) else items:
         item = os.fspath(item)
-        if glob.has_magic(item) and not os.path.exists(item):
-            matches = sorted(glob.glob(item))
-            if not matches:
-                raise InputError(f"{flag} {item}: no file matches the pattern")
-            out.extend(matches)
-        else:
-            out.append(item)
+        out.extend(matching(item, flag) if glob.has_magic(item) and not os.path.exists(item) else [item])
     return out
+
+
+def matching(pattern: str, flag: str) -> list[str]:
+    """The files ``pattern`` matches, in name order.
+
+    Raises:
+        InputError: ``flag pattern: no file matches the pattern``.
+    """
+    matches = sorted(glob.glob(pattern))
+    if not matches:
+        raise InputError(f"{flag} {pattern}: no file matches the pattern")
+    return matches
 
 
 def path_count(items: Sequence[str] | None) -> int:

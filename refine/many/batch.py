@@ -30,7 +30,6 @@ set up, and process 0 writes the summary once all are done; without torchrun one
 from __future__ import annotations
 
 import csv
-import glob
 import io
 import json
 import logging
@@ -45,6 +44,7 @@ import numpy as np
 from nbtorch.errors import InputError
 
 from nbtorch.io.atomic import atomic_output_path, atomic_write
+from refine.inputs.dials_pairs import matching
 from refine.output.stills_report import write_summary_report
 
 __all__ = ["BatchItem", "expand_image_list", "image_stem", "PER_IMAGE_OPTIONS", "item_folder", "run_batch",
@@ -111,10 +111,7 @@ def expand_image_list(items: Sequence[str]) -> list[str]:
                     p = Path(text)
                     out.append(str(p if p.is_absolute() else listing.parent / p))
         elif any(ch in item for ch in "*?["):
-            matches = sorted(glob.glob(item))
-            if not matches:
-                raise InputError(f"--images {item}: no file matches the pattern")
-            out.extend(matches)
+            out.extend(matching(item, "--images"))
         else:
             out.append(item)
     seen: set[str] = set()
