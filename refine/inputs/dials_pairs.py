@@ -21,7 +21,7 @@ from typing import Sequence
 
 from nbtorch.errors import InputError
 
-__all__ = ["Pair", "expand_paths", "path_count", "dials_pairs", "ONE_EXPERIMENT_OPTIONS", "refuse_with_pairs"]
+__all__ = ["Pair", "expand_paths", "matching", "path_count", "dials_pairs", "ONE_EXPERIMENT_OPTIONS", "refuse_with_pairs"]
 
 #: the options of one experiment (flag, field name), refused with several pairs
 ONE_EXPERIMENT_OPTIONS = (("--image", "image"), ("--expt-index", "expt_index"), ("--expt-image", "expt_image"),
