@@ -153,24 +153,26 @@ class Shards:
             return type(obj)(self.join(v, h5) for v in obj)
         return obj
 
+    def _where(self) -> slice | list[int]:
+        """This process's rows of a part: a slice when its images are contiguous (one HDF5 hyperslab)."""
+        images = list(self.images)
+        if images and images == list(range(images[0], images[-1] + 1)):
+            return slice(images[0], images[-1] + 1)
+        return images
+
     def _rows(self, dataset):
         if self.n >= 0 and dataset.shape[0] != self.n:
             raise ValueError(f"{dataset.name} has {dataset.shape[0]} image rows, expected {self.n}")
-        images = list(self.images)
-        if not images:
+        if not self.images:
             return np.zeros((0, *dataset.shape[1:]), dtype=dataset.dtype)
-        if images == list(range(images[0], images[-1] + 1)):
-            return dataset[images[0]:images[-1] + 1]
-        return dataset[images]
+        return dataset[self._where()]
 
     def write_rows(self, h5, parts: list) -> None:
+        if not self.images:
+            return
+        where = self._where()
         for j, (_, rows) in enumerate(parts):
-            dataset = h5[f"parts/{j}/rows"]
-            images = list(self.images)
-            if images and images == list(range(images[0], images[-1] + 1)):
-                dataset[images[0]:images[-1] + 1] = rows.numpy()
-            elif images:
-                dataset[images] = rows.numpy()
+            h5[f"parts/{j}/rows"][where] = rows.numpy()
 
 
 def write_joint_checkpoint(path: str | Path, ckpt: JointCheckpoint, shards: Shards, comm=None) -> Path:

@@ -255,10 +255,10 @@ class _Evaluator:
         key = self.x.detach().cpu().numpy().tobytes()
         hit = self.cache.get(key)
         agree = getattr(type(self.x), "agree", None)  # a vector split over processes: a hit in every one of them
-        if hit is not None and (agree is None or agree(True)):
+        if agree is not None and not agree(hit is not None):
+            hit = None
+        if hit is not None:
             return hit
-        if hit is None and agree is not None:
-            agree(False)
         with torch.enable_grad():
             xi = self.x.detach().clone().requires_grad_(True)
             loss, aux = self.fn(xi)
