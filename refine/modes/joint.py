@@ -65,7 +65,7 @@ from refine.inputs.dials import experiment_symmetry, refl_shoeboxes, scan_indice
 from refine.fitting.parameters import GROUPS, ParameterSpace
 from refine.many.image_reports import spot_rows, sweep_spot_rows, with_spot_report
 from refine.many.distributed import Comm, image_shard
-from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
+from refine.many.joint import DEFAULT_CONVERGENCE, geometry_checkpoint, refine_joint
 from refine.many.serial import SerialResult
 from refine.modes.serial import FAILED_START, dropped_lines, previous_run, refine_screened, write_serial
 from refine.output.results import save_h5, save_json
@@ -178,7 +178,8 @@ def _checkpoint_path(args: Job, images: list[str], out_dir: Path, hkl: Path | No
 
     def check() -> None:
         check_not_inputs([("--images", image) for image in images], outputs)
-        if args.output.resume and not path.is_file():
+        # a run with structure factors may have been stopped in its geometry stage (only that stage's file)
+        if args.output.resume and not path.is_file() and not geometry_checkpoint(path).is_file():
             raise InputError(f"--resume: checkpoint {path} not found (run once without --resume, or give --checkpoint)")
         check_directory_can_be_made(out_dir, "--out-dir")
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,13 @@ def test_joint_structure_factors_run_writes_the_shared_table(refine_cli, tmp_pat
     assert col["F"] == pytest.approx([row[4] for row, _ in refined], rel=1e-6)
     assert list(col["NOBS"]) == [nobs for _, nobs in refined] and set(col["NOBS"]) <= {1, 2} and 2 in col["NOBS"]
     assert "amps.mtz: SIGF (and SIGDANO) missing" in r.out
+    # a run stopped in its geometry stage left only that stage's checkpoint: --resume continues from it
+    (r.tmp / "joint" / "joint.ckpt.h5").unlink()
+    again = refine_cli(*_two_stills(tmp_path), "--symmetry", "P4", "--structure-factors", "--f-min-photons", "30",
+                       "--per-image", "scale,background", "--max-steps", "5", "--out-dir", "joint", "--no-esds",
+                       "--resume")
+    assert again.code == 0, again.err
+    assert json.loads((r.tmp / "joint" / "joint.json").read_text())["structure_factors"]["n_free"] == sf["n_free"]
 
 
 @pytest.mark.parametrize("extra, message", [
