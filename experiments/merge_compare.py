@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import resource
@@ -78,7 +79,7 @@ def integrate_set(ds: AmplitudeSet, values: list[dict]) -> tuple[np.ndarray, np.
 
 
 def _row(method: str, geometry: str, tied: dict, anomalous: dict | None, ds: AmplitudeSet) -> dict:
-    row = {"method": method, "geometry": geometry, **compare(tied, ds.truth.tied)}
+    row = {"method": method, "geometry": geometry, **compare(tied, ds.truth.tied), "_tied": tied}
     if anomalous is not None:
         an = anomalous_cc(anomalous, ds.truth.anomalous, ds.truth.pairs, ds.truth.signal)
         row.update({"anomalous_" + k: v for k, v in an.items()})
@@ -99,6 +100,17 @@ def merge_rows(ds: AmplitudeSet, geometry: str, hkl: np.ndarray, intensity: np.n
     for r in rows:
         r.update(observations=len(tied), obs_per_reflection_median=float(np.median(n_obs)) if n_obs else 0.0)
     return rows, corrected
+
+
+def _on_common_reflections(rows: list, ds: AmplitudeSet) -> list:
+    """The rows with ``R_common``, ``CC_common`` and ``n_common``: each table compared on the reflections every
+    row's table holds (a refinement may hold reflections a merge does not see)."""
+    common = set.intersection(*(set(r["_tied"]) for r in rows))
+    out = []
+    for r in rows:
+        got = compare({k: v for k, v in r.pop("_tied").items() if k in common}, ds.truth.tied)
+        out.append({**r, "n_common": got["n"], "R_common": got["R"], "CC_common": got["CC"]})
+    return out
 
 
 def _simulators(ds: AmplitudeSet, reference: dict | None) -> list:
@@ -183,7 +195,7 @@ def measure(n: int, seed: int, *, size: int = 96, refine_amplitudes: bool = True
     if refine_amplitudes:
         rows.append(_refine_amplitudes(ds, _simulators(ds, best if reference else None), geo.shared, refined,
                                        anomalous, "file" if reference else "estimate", amplitude_steps))
-    doc["rows"] = rows
+    doc["rows"] = _on_common_reflections(rows, ds)
     doc["wall_s"] = time.monotonic() - t0
     return doc
 
@@ -200,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--anomalous", action="store_true", help="refine F(+) and F(-) apart")
     ap.add_argument("--no-reference", action="store_true", help="refine the geometry with one F for every reflection "
                                                                 "(default: the partiality-corrected merge at the start)")
+    ap.add_argument("--log", action="store_true", help="the refinements' log lines on stderr, with times")
     ap.add_argument("--truth-domains", type=int, default=40, help="mosaic domains of the truth images (default 40)")
     return ap
 
@@ -214,12 +227,15 @@ def _run(argv: list[str]) -> int:
     if not out.parent.is_dir():
         raise InputError(f"--out: the folder {str(out.parent)!r} does not exist")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if a.log:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     doc = measure(a.stills, a.seed, size=a.size, refine_amplitudes=not a.no_amplitudes, anomalous=a.anomalous,
                   reference=not a.no_reference,
                   max_steps=a.max_steps, amplitude_steps=a.amplitude_steps, truth_domains=a.truth_domains)
     out.write_text(json.dumps(jsonable(doc), indent=1) + "\n")
     for r in doc["rows"]:
         print(f"{r['method']:>22} ({r['geometry']:>7} geometry): n {r['n']:5d}  R {r['R']:.4f}  CC {r['CC']:.4f}  "
+              f"(on the {r['n_common']} common: R {r['R_common']:.4f}  CC {r['CC_common']:.4f})  "
               f"anomalous CC {r.get('anomalous_CC', math.nan):.3f} (pairs with signal {r.get('anomalous_CC_signal', math.nan):.3f})")
     print(f"{a.stills} stills: {doc['wall_s']:.1f} s (generate {doc['generate_s']:.1f}, geometry {doc['geometry_s']:.1f}); "
           f"wrote {out}")
