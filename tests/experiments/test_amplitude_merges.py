@@ -110,3 +110,13 @@ def test_reflection_keys_follow_the_refinement_names():
     assert set(reflection_keys("P 4", -eq, False)) == set(tied)
     centric = reflection_keys("P 4", np.array([[1, 2, 0], [-1, -2, 0]]), True)
     assert centric[0] == centric[1]
+
+
+def test_reference_grid_puts_each_key_on_its_equivalents_and_mates():
+    from experiments.merging import reference_grid
+
+    grid, lo = reference_grid({(1, 2, 3): 7.0}, "P 4", 4, 100.0)
+    assert grid.shape == (9, 9, 9) and lo.tolist() == [-4, -4, -4]
+    for hkl in ([1, 2, 3], [-2, 1, 3], [-1, -2, 3], [2, -1, 3], [-1, -2, -3], [-2, 1, -3]):
+        assert grid[tuple(np.array(hkl) + 4)] == 7.0, hkl
+    assert grid[tuple(np.array([2, 1, 3]) + 4)] == 100.0 and grid[4, 4, 4] == 0.0  # (2 1 3): another amplitude in P 4
