@@ -45,7 +45,7 @@ from nbtorch.simulator import Simulator
 from refine.fitting.parameters import misset_from_rotation, misset_rotation
 from refine.inputs.problems import PEDESTAL, make_problem
 
-__all__ = ["SerialImage", "SerialSet", "make_serial", "load_serial", "BAD_KINDS", "PROBLEM", "KNOWN"]
+__all__ = ["SerialImage", "SerialSet", "make_serial", "load_serial", "BAD_KINDS", "PROBLEM", "KNOWN", "turn_misset"]
 
 PROBLEM = "cubic_mosflm"
 BAD_KINDS = ("wrong_crystal", "garbage", "failed_start")
@@ -148,7 +148,7 @@ def load_serial(manifest: str | Path) -> SerialSet:
     return SerialSet(ims, tuple(doc["args"]), doc["symmetry"], doc["shared_start"], doc["shared_truth"])
 
 
-def _turn(misset, angle_deg: float, rng: np.random.Generator) -> dict:
+def turn_misset(misset, angle_deg: float, rng: np.random.Generator) -> dict:
     """``misset`` (deg) turned by ``angle_deg`` about a random axis."""
     axis = rng.standard_normal(3)
     axis /= np.linalg.norm(axis)
@@ -220,5 +220,5 @@ def _one(i: int, kind: str, sim: Simulator, base: dict, cell: dict, rng: np.rand
             crystal = sim(**{k: torch.tensor(v, dtype=torch.float64) for k, v in params.items()}).numpy()
     observed = rng.poisson(truth["scale"] * crystal + shot).astype(np.float64) + PEDESTAL
     turn = 25.0 if kind == "failed_start" else orientation_error_deg
-    start = {**{k: truth[k] for k in KNOWN}, **_turn(misset, turn, rng), "scale": 1.0}
+    start = {**{k: truth[k] for k in KNOWN}, **turn_misset(misset, turn, rng), "scale": 1.0}
     return SerialImage(i, kind, observed, {k: float(v) for k, v in truth.items()}, start)
