@@ -121,11 +121,11 @@ def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = 
     * sampling (measured on the real L-cysteine sweep, docs/log.md): phi steps of at most a third of the
       narrowest rocking width (the reflections at ``1.5 dstar``) and at most
       :data:`refine.inputs.start_model.PHI_STEP_DEG`; an even mosaic set of
-      :data:`refine.inputs.start_model.MEASURED_MOSAIC_DOMAINS` domains (the random draw: ``clip(ceil(6 sigma_eta / sigma_rock),``
+      :func:`refine.inputs.start_model.measured_mosaic_domains` domains (the random draw: ``clip(ceil(6 sigma_eta / sigma_rock),``
       :data:`MIN_DOMAINS`, :data:`MAX_DOMAINS`)); one sample per pixel where the spots are a pixel wide or more.
     """
     from nbtorch.rules.resolve import EVEN_MOSAIC_MODELS, rocking_sigma_per_spread
-    from refine.inputs.start_model import MEASURED_MOSAIC_DOMAINS, PHI_STEP_DEG
+    from refine.inputs.start_model import PHI_STEP_DEG, measured_mosaic_domains
 
     profile = _profile(exp)
     if profile is None:
@@ -143,7 +143,7 @@ def profile_model(exp, dstar: float, osc_deg: float | None, mosaic_model: str = 
     if eta <= 0:
         domains = 1
     elif mosaic_model in EVEN_MOSAIC_MODELS:
-        domains = MEASURED_MOSAIC_DOMAINS
+        domains = measured_mosaic_domains(osc_deg)
     else:
         domains = int(min(MAX_DOMAINS, max(MIN_DOMAINS, math.ceil(6.0 * eta / narrow))))
     try:

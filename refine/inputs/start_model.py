@@ -78,9 +78,19 @@ _GIVEN = {
 #: the rotation of a rotation image is sampled at least this finely (-phisteps = ceil(osc / PHI_STEP_DEG))
 PHI_STEP_DEG = 0.02
 #: mosaic domains of an even set (nbtorch.physics.mosaic) in the starting model of a measured image when the model
-#: flags give a spread but no count: on the real thaumatin still the refined cell at 40 domains is within 0.3 esd of
-#: 80 (docs/conventions.md, "Mosaic domains"); a simulation's own default stays the C's 10
-MEASURED_MOSAIC_DOMAINS = 40
+#: flags give a spread but no count (a simulation's own default stays the C's 10; docs/still-from-images.md, "Mosaic
+#: domains"): a still's (on both real thaumatin stills the refined cell at 80 domains is within 0.22 esd of 640's,
+#: at 40 0.55-0.75 esd from it; 160 and 320 cost 2 and 4 times 80 and wobble as much, 0.1-0.4 esd) ...
+STILL_MOSAIC_DOMAINS = 80
+#: ... and a rotation image's (its phi steps sweep every domain through the reflection: on the real L-cysteine sweep
+#: 40 and 80 domains give the same cell within 0.13 esd)
+ROTATION_MOSAIC_DOMAINS = 40
+
+
+def measured_mosaic_domains(osc_deg: float | None) -> int:
+    """The even set's default count for a measured image of oscillation ``osc_deg`` (None or 0: a still)."""
+    return ROTATION_MOSAIC_DOMAINS if osc_deg else STILL_MOSAIC_DOMAINS
+
 
 # header names of the geometry keys, per format (for the notes)
 _LABELS = {
@@ -496,10 +506,11 @@ def model_config(model: str | Sequence[str], image: MeasuredImage | None = None,
         raise InputError(f"--model: {exc}") from None
     if (image is not None and cfg.mosaic_domains is None and model in EVEN_MOSAIC_MODELS
             and (cfg.mosaic_spread_deg or 0) > 0):
-        tokens += ["-mosaic_dom", str(MEASURED_MOSAIC_DOMAINS)]
-        cfg = cfg.replace(mosaic_domains=MEASURED_MOSAIC_DOMAINS)
-        notes.append(f"mosaic: {MEASURED_MOSAIC_DOMAINS} domains, the even set of the {model} model (the default for "
-                     "measured images; -mosaic_dom N in --model sets another count)")
+        count = measured_mosaic_domains(cfg.osc_deg)
+        tokens += ["-mosaic_dom", str(count)]
+        cfg = cfg.replace(mosaic_domains=count)
+        notes.append(f"mosaic: {count} domains, the even set of the {model} model (the default for measured "
+                     f"{'rotation images' if cfg.osc_deg else 'stills'}; -mosaic_dom N in --model sets another count)")
     return cfg, tokens, notes
 
 

@@ -36,7 +36,7 @@ from refine.modes.joint import _held_geometry
 from refine.cli.parser import parse_args
 from refine.fitting.parameters import ParameterSpace
 from refine.modes.single import amplitude_group, amplitude_options
-from refine.inputs.start_model import MEASURED_MOSAIC_DOMAINS
+from refine.inputs.start_model import ROTATION_MOSAIC_DOMAINS
 from refine.inputs.dials import profile_model
 from refine.many.image_reports import model_warning
 
@@ -120,7 +120,7 @@ def test_profile_model_from_sigma_b_and_sigma_m(tmp_path):
     # Gaussian set's is that sigma itself
     eta_deg = math.degrees(math.radians(0.2) / math.sqrt(2))
     assert m.N == (4, 4, 3) and m.mosaic_model == "ball" and m.mosaic_deg == pytest.approx(eta_deg / 0.4964, rel=1e-3)
-    assert m.domains == MEASURED_MOSAIC_DOMAINS and m.phisteps >= 5
+    assert m.domains == ROTATION_MOSAIC_DOMAINS and m.phisteps >= 5
     r = profile_model(read_expt(tmp_path / "s.expt"), dstar=0.5, osc_deg=0.1, mosaic_model="random")
     assert r.mosaic_deg == pytest.approx(m.mosaic_deg, rel=1e-12) and 30 <= r.domains <= 40
     g = profile_model(read_expt(tmp_path / "s.expt"), dstar=0.5, osc_deg=0.1, mosaic_model="gaussian")

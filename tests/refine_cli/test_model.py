@@ -70,6 +70,28 @@ def test_model_flags_win_over_the_header(tmp_path):
     assert not any("wavelength" in n or "distance" in n for n in notes)
 
 
+def test_measured_images_default_mosaic_domains(tmp_path):
+    """A measured image whose flags give a spread but no count: 80 domains of the even set on a still, 40 on a
+    rotation image (docs/still-from-images.md, "Mosaic domains"); a count in the flags is kept, and the C's
+    random draw keeps its own default."""
+    from refine.inputs.start_model import ROTATION_MOSAIC_DOMAINS, STILL_MOSAIC_DOMAINS
+
+    write_cbf(tmp_path / "x.cbf", np.zeros((36, 40), dtype=np.int32),
+              {"wavelength_A": 0.9, "distance_mm": 300.0, "pixel_size_mm": 0.2, "beam_x_px": 20.0, "beam_y_px": 18.0})
+    obs = load_image(tmp_path / "x.cbf")
+    crystal = "-cell 40 40 40 90 90 90 -N 5 -default_F 100 -mosaic 0.3 -oversample 1"
+    assert (STILL_MOSAIC_DOMAINS, ROTATION_MOSAIC_DOMAINS) == (80, 40)
+    for flags, count, kind in (("", 80, "stills"), ("-osc 0.1 -phisteps 5", 40, "rotation images")):
+        cfg, tokens, notes = model_config(f"{crystal} {flags}", obs)
+        assert cfg.mosaic_domains == count and tokens[-2:] == ["-mosaic_dom", str(count)]
+        assert Simulator(cfg, compile=False).setup.sampling.mosaic_fractions.shape == (count,)
+        assert any(n.startswith(f"mosaic: {count} domains") and f"measured {kind}" in n for n in notes), notes
+    cfg, _, notes = model_config(f"{crystal} -mosaic_dom 12", obs)
+    assert cfg.mosaic_domains == 12 and not any(n.startswith("mosaic:") for n in notes)
+    cfg, _, notes = model_config(f"{crystal} -mosaic_model random", obs)
+    assert cfg.mosaic_domains is None and not any(n.startswith("mosaic:") for n in notes)
+
+
 def test_roi_replaces_the_models(tmp_path):
     cfg, tokens, _ = model_config(f"{CRYSTAL} {GEOMETRY} -roi 0 5 0 5", None, roi=(2, 30, 3, 20))
     assert Simulator(cfg, compile=False).setup.roi == (2, 30, 3, 20)
