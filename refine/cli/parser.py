@@ -92,8 +92,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--model", help='nanoBragg flags of the starting model ("@FILE" reads flags from FILE); '
                                    "the image header fills in wavelength, distance, beam centre, pixel size and "
                                    "detector size that the flags leave out; a mosaic spread without -mosaic_dom gets "
-                                   "80 domains of the even set (-mosaic_model ball) on a still, 40 on a rotation "
-                                   "image. With --expt: a sweep's DIALS profile gives -N, -mosaic and 40 domains; a still's experiment (ML_domain_size_ang, "
+                                   "80 domains of the even set on a still, 40 on a rotation image. With --expt: a "
+                                   "sweep's DIALS profile gives -N and -mosaic; a still's experiment (ML_domain_size_ang, "
                                    "ML_half_mosaicity_deg, profile sigma_b) makes --model optional; its flags replace "
                                    "those")
     g.add_argument("--f-column", help="amplitude column of an MTZ or mmCIF -hkl file in --model (e.g. FP, F-obs, "

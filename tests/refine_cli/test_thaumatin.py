@@ -61,7 +61,7 @@ def test_thaumatin_still_refinement(tmp_path, monkeypatch, capsys):
     # the detector's tilt, which both stills measure alike (-0.068 / -0.066 deg about x, +0.373 / +0.405 deg about y,
     # esds 0.02; docs/log.md, "What each model term removes")
     assert -0.15 < p["detector_rotx"] < 0.0 and 0.25 < p["detector_roty"] < 0.5, (p["detector_rotx"], p["detector_roty"])
-    assert s["rms_px_final"] < 1.45  # 1.37 px with 40 domains of the even set (2026-11-29); 1.16 with the random 10
+    assert s["rms_px_final"] < 1.5  # 1.44 px with 80 domains of the even set, 1.37 with 40 (2026-11-29); 1.16 with the random 10
     # the cell: thaumatin, tetragonal, with the distance refined (57.760, 150.399 A at 346.45 mm on 2026-11-27;
     # docs/log.md, "The distance")
     assert 344.0 < p["distance"] < 349.0, p["distance"]
