@@ -44,7 +44,7 @@ def hm_symbol(space_group: str) -> str:
     return _group(space_group)[0].hm
 
 
-@lru_cache(maxsize=200_000)
+@lru_cache(maxsize=1 << 18)
 def reflection_key(space_group: str, hkl: Key, anomalous: bool) -> Key:
     """The key of one reflection (module docstring)."""
     _, ops, asu = _group(space_group)

@@ -272,7 +272,8 @@ def check_experiment(module: str, tokens: list[str], fragment: bool = False) -> 
         _argparse(parser, _prepare(own, parser, fragment))
         if rest:
             check_refine(rest, fragment)
-    elif module in ("experiments.wedge_calibration", "experiments.serial_scale", "experiments.parity_report"):
+    elif module in ("experiments.wedge_calibration", "experiments.serial_scale", "experiments.parity_report",
+                    "experiments.merge_compare"):
         import importlib
         parser = importlib.import_module(module).build_parser()
         _argparse(parser, _prepare(tokens, parser, fragment))
