@@ -15,6 +15,7 @@ crystal system) and, with ``--singles``, that of :func:`refine.refine` on each s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -54,6 +55,9 @@ def main(argv=None) -> int:
     ap.add_argument("--singles", action="store_true", help="also refine each still alone (one process only)")
     ap.add_argument("--space-group", help="also refine the structure factors, shared by the stills, in this space "
                                           "group (EM start, 30 photons to be refined; refine.many.amplitudes)")
+    ap.add_argument("--information", choices=("auto", "dense", "diagonal"), default="auto",
+                    help="with --space-group: the amplitudes' information (AmplitudeOptions.information); diagonal: "
+                         "the model does not interpolate the structure factors (-nointerpolate)")
     ap.add_argument("--max-steps", type=int, help="the joint loop's step limit (default: refine.many.joint's)")
     ap.add_argument("--checkpoint", help="the joint run's checkpoint file (written every 2 steps)")
     ap.add_argument("--resume", help="continue from this checkpoint (written by any number of processes)")
@@ -66,7 +70,10 @@ def main(argv=None) -> int:
     # the shared start: the bank's perturbed cell (every still's start has the same one)
     start = {k: ref.start[k] for k in SYMMETRIES[symmetry]}
     amplitudes = None if a.space_group is None else AmplitudeOptions(a.space_group, start="estimate",
-                                                                     min_photons=30.0)
+                                                                     min_photons=30.0, information=a.information)
+    if a.information == "diagonal":
+        stills = [None if p is None else dataclasses.replace(p, args=tuple(p.args) + ("-nointerpolate",))
+                  for p in stills]
     conv = None if a.max_steps is None else DEFAULT_CONVERGENCE.replace(max_steps=a.max_steps)
     result = refine_joint([p.simulator() if p is not None else None for p in stills],
                           [p.observed if p is not None else None for p in stills], symmetry=symmetry,

@@ -393,31 +393,34 @@ class ImageObjective:
         out.loss_fn = self.loss_fn
         return out
 
-    def render_overrides(self, values: Mapping[str, Tensor | float]) -> dict:
+    def render_overrides(self, values: Mapping[str, Tensor | float], grid: Tensor | None = None) -> dict:
         """The Simulator's ``render`` keyword arguments of this stage at ``values`` (size factor and amplitude
-        grid applied)."""
+        grid applied; ``grid``: this (nh, nk, nl) amplitude table instead of the one of ``values``)."""
         overrides = {n: values[n] for n in PARAMETER_NAMES + ORIENTATION_DELTAS}
         if self.sim.panel_layout is not None:  # every panel's geometry (its group's change included)
             overrides.update({n: values[n] for n in self.sim.panel_layout.names()})
         if self.n_factor != 1.0:
             for n in SIZE_DIAGONAL + SIZE_OFF_DIAGONAL:  # the whole size matrix
                 overrides[n] = overrides[n] * self.n_factor
-        if self.amplitudes is not None:
+        if grid is not None:
+            overrides["F_grid"] = grid
+        elif self.amplitudes is not None:
             overrides["F_grid"] = self.amplitudes.grid(values, self.dtype, self.device)
         return overrides
 
-    def full_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
-        """Unbinned model photons on the view's ROI, shape ``view.shape``."""
-        image, _ = self.sim.render(roi=self.view.roi, **self.render_overrides(values))
+    def full_model(self, values: Mapping[str, Tensor | float], grid: Tensor | None = None) -> Tensor:
+        """Unbinned model photons on the view's ROI, shape ``view.shape`` (``grid``: :meth:`render_overrides`)."""
+        image, _ = self.sim.render(roi=self.view.roi, **self.render_overrides(values, grid))
         return _photons(image, values, self._dx, self._dy, self._background(values, None))
 
-    def model(self, values: Mapping[str, Tensor | float]) -> Tensor:
+    def model(self, values: Mapping[str, Tensor | float], grid: Tensor | None = None) -> Tensor:
         """Binned model photons, shape ``view.binned_shape``."""
-        return self.view.pool(self.full_model(values))
+        return self.view.pool(self.full_model(values, grid))
 
-    def pixel_model(self, values: Mapping[str, Tensor | float]) -> Tensor:
-        """Model photons on the fitted pixels only (sparse path): a vector, in the order of ``view.mask``'s True pixels."""
-        overrides = self.render_overrides(values)
+    def pixel_model(self, values: Mapping[str, Tensor | float], grid: Tensor | None = None) -> Tensor:
+        """Model photons on the fitted pixels only (sparse path): a vector, in the order of ``view.mask``'s True
+        pixels (``grid``: :meth:`render_overrides`)."""
+        overrides = self.render_overrides(values, grid)
         if self._positions:
             simulated, _, _ = self.sim.render_pixels(roi=self.view.roi, pixels=self._used, **overrides)
         else:
@@ -440,11 +443,13 @@ class ImageObjective:
         flat = aux.new_zeros(self.view.shape[0] * self.view.shape[1]).index_put((self._used,), aux)
         return flat.reshape(self.view.shape)
 
-    def pixels(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor, Tensor]:
-        """``(model, observed, weights)`` of the fitted pixels (sparse) or the view's (binned) image, flattened."""
+    def pixels(self, values: Mapping[str, Tensor | float],
+               grid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(model, observed, weights)`` of the fitted pixels (sparse) or the view's (binned) image, flattened
+        (``grid``: :meth:`render_overrides`)."""
         if self.sparse:
-            return self.pixel_model(values), self._obs_px, self.pixel_weights
-        return self.model(values).reshape(-1), self.observed.reshape(-1), self.weights.reshape(-1)
+            return self.pixel_model(values, grid), self._obs_px, self.pixel_weights
+        return self.model(values, grid).reshape(-1), self.observed.reshape(-1), self.weights.reshape(-1)
 
     def evaluate(self, values: Mapping[str, Tensor | float]) -> tuple[Tensor, Tensor]:
         """``(loss, aux)``: the loss (with the priors' term) and the model in the cheapest form (see

@@ -500,6 +500,25 @@ class AmplitudeRestraint:
         R = self.jacobian(F)
         return R.T @ R
 
+    def curvature_diagonal(self, F: Tensor) -> Tensor:
+        """(n,) the diagonal of :meth:`curvature` in closed form, without the (n, n) matrix (a bin's mean ``m``
+        of ``k`` amplitudes with ``sum F^2 = Q``: ``1 / (s m)^2 - 2 F_j / (s^2 m^3 k) + Q / (s^2 m^4 k^2)``; a
+        pair's ``(4 F_-/ (s_a (F_+ + F_-)^2))^2`` for ``F_+`` and ``(4 F_+ / ...)^2`` for ``F_-``)."""
+        F = F.detach().to(torch.float64)
+        out = torch.zeros_like(F)
+        if self.sigma is not None:
+            bins, k, s = self.bins.to(F.device), self.counts.to(F), self.sigma
+            m = (F.new_zeros(self.n_bins).index_add(0, bins, F) / k)[bins]
+            Q = F.new_zeros(self.n_bins).index_add(0, bins, F * F)[bins]
+            kb = k[bins]
+            out = out + 1.0 / (s * m) ** 2 - 2.0 * F / (s * s * m ** 3 * kb) + Q / (s * s * m ** 4 * kb * kb)
+        if self.anomalous_sigma is not None and self.plus.numel():
+            plus, minus = self.plus.to(F.device), self.minus.to(F.device)
+            fp, fm = F[plus], F[minus]
+            d = self.anomalous_sigma * (fp + fm) ** 2
+            out = out.index_add(0, plus, (4.0 * fm / d) ** 2).index_add(0, minus, (4.0 * fp / d) ** 2)
+        return out
+
 
 @dataclass(frozen=True)
 class AmplitudeOptions:
@@ -513,6 +532,10 @@ class AmplitudeOptions:
         iterations: EM updates of the ``estimate`` start.
         anomalous: F(+) and F(-) refined apart (refused in a centrosymmetric space group).
         anomalous_sigma: relative width of the restraint of each pair's difference (None: none).
+        information: how a joint run treats the amplitudes' information: ``dense`` (every still's block over all
+            names), ``diagonal`` (each amplitude by its own diagonal: thousands of amplitudes and stills;
+            :mod:`refine.many.sparse_amplitudes`) or ``auto`` (diagonal above 64 refined amplitudes, when the model
+            does not interpolate the structure factors).
     """
 
     space_group: str
@@ -522,8 +545,12 @@ class AmplitudeOptions:
     iterations: int = 5
     anomalous: bool = False
     anomalous_sigma: float | None = None
+    information: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.information not in ("auto", "dense", "diagonal"):
+            raise InputError(f"structure_factors: information must be one of auto, dense, diagonal, "
+                             f"got {self.information!r}")
         if self.start not in AMPLITUDE_STARTS:
             raise InputError(f"structure_factors: start must be one of {', '.join(AMPLITUDE_STARTS)}, "
                              f"got {self.start!r}")
@@ -549,5 +576,7 @@ class AmplitudeOptions:
 
     def describe(self) -> dict:
         anomalous = {"anomalous": True, "anomalous_sigma": self.anomalous_sigma or 0.0} if self.anomalous else {}
+        information = {} if self.information == "auto" else {"information": self.information}
         return {"space_group": self.space_group, "start": self.start, "min_photons": self.min_photons,
-                "restraint_sigma": self.restraint_sigma or 0.0, "iterations": self.iterations, **anomalous}
+                "restraint_sigma": self.restraint_sigma or 0.0, "iterations": self.iterations, **anomalous,
+                **information}

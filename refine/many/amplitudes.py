@@ -123,6 +123,8 @@ class SharedAmplitudes:
     restraint: AmplitudeRestraint | None
     nobs: np.ndarray | None = None
     nobs_pair: np.ndarray | None = None
+    #: how the run treats the amplitudes' information: ``dense`` or ``diagonal`` (:mod:`refine.many.sparse_amplitudes`)
+    information: str = "dense"
 
     def fingerprint(self) -> dict:
         """What a checkpoint of the run must match (the options, the candidates and their starts)."""
@@ -150,7 +152,8 @@ class SharedAmplitudes:
         refined]`` per candidate (as a single run's :meth:`refine.output.results.RefinementResult.structure_factors`)."""
         nobs = {} if self.nobs is None else {"nobs": [int(k) for k in self.nobs],
                                              "nobs_pair": [int(k) for k in self.nobs_pair]}
-        return {**amplitude_rows(self.table, values, esds, self.free), "min_photons": self.options.min_photons,
+        return {**amplitude_rows(self.table, values, esds, self.free), "information": self.information,
+                "min_photons": self.options.min_photons,
                 "restraint_sigma": self.options.restraint_sigma, "photons": [float(p) for p in self.photons], **nobs}
 
 

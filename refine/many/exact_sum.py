@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["exact_sums", "LIMBS", "LIMB_BITS"]
+__all__ = ["exact_sums", "ExactSum", "LIMBS", "LIMB_BITS"]
 
 #: bits of a limb; limbs of the accumulator; the weight of limb 0's lowest bit is ``2^-OFFSET``
 LIMB_BITS = 32
@@ -74,6 +74,28 @@ def _rounded(row: list[int]) -> float:
         return math.inf if total > 0 else -math.inf
 
 
+class ExactSum:
+    """The exact column sums of terms given a chunk at a time (:meth:`add`; the memory of one chunk, not of all
+    the terms), rounded once by :meth:`total`: the same bits as :func:`exact_sums` of all the chunks stacked."""
+
+    def __init__(self, columns: int) -> None:
+        self.columns = int(columns)
+        self.acc = torch.zeros(self.columns, LIMBS + 3, dtype=torch.int64)
+
+    def add(self, terms: Tensor) -> None:
+        """Add the rows of ``terms`` (T, C) float64 (or (C,): one row)."""
+        terms = terms.detach().to(device="cpu", dtype=torch.float64).reshape(-1, self.columns)
+        if terms.shape[0]:
+            self.acc += _limbs(terms)
+
+    def total(self, reduce: Callable[[Tensor], None] | None = None) -> Tensor:
+        """(C,) float64: the correctly rounded sums, over every process's terms with ``reduce``."""
+        acc = self.acc.clone()
+        if reduce is not None:
+            reduce(acc)
+        return torch.tensor([_rounded(row) for row in acc.tolist()], dtype=torch.float64)
+
+
 def exact_sums(terms: Tensor, reduce: Callable[[Tensor], None] | None = None) -> Tensor:
     """(C,) float64: each column's correctly rounded exact sum of ``terms`` (T, C) (or (T,): one column),
     over this process's terms and, with ``reduce`` (an in-place integer ``all_reduce`` sum of the other
@@ -81,7 +103,6 @@ def exact_sums(terms: Tensor, reduce: Callable[[Tensor], None] | None = None) ->
     """
     if terms.dim() == 1:
         return exact_sums(terms.reshape(-1, 1), reduce).reshape(())
-    acc = _limbs(terms.detach().to(device="cpu", dtype=torch.float64))
-    if reduce is not None:
-        reduce(acc)
-    return torch.tensor([_rounded(row) for row in acc.tolist()], dtype=torch.float64)
+    total = ExactSum(terms.shape[1])
+    total.add(terms)
+    return total.total(reduce)

@@ -6,6 +6,7 @@ mosaic domain count check on the shared cell (:mod:`refine.quality.domain_count`
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -22,7 +23,8 @@ from refine.quality.domain_count import (CELL_NAMES, CountProbe, DomainCountChec
                                          secant_factor, shared_shift)
 from refine.quality.uncertainty import correlation_matrix, image_information, mark_blind, named_esds
 from refine.solver.loop import LoopAborted
-from refine.many.joint_images import Joint
+from refine.many.joint_images import ROW_CHUNK, Joint
+from refine.many.sparse_amplitudes import image_information_sparse, summed
 from refine.many.value_rows import gather_value_rows
 
 
@@ -30,11 +32,13 @@ log = logging.getLogger(__name__)
 
 
 
-def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | None):
+def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | None, S: int | None = None):
     """``(fisher, sandwich, condition)`` by the Schur complement with each image's own block eliminated on the
-    process that holds it: only the ``(S, S)`` sums cross processes, exactly (:mod:`refine.many.schur`)."""
-    S, K, n = joint.S, joint.K, joint.n
-    held = {(h - S) // K: (h - S) % K for h in joint.held}
+    process that holds it: only the ``(S, S)`` sums cross processes, exactly (:mod:`refine.many.schur`); ``S``:
+    the shared names of ``info``'s blocks (default all; the geometry's in :mod:`refine.many.sparse_amplitudes`)."""
+    S_all, K, n = joint.S, joint.K, joint.n
+    S = S_all if S is None else S
+    held = {(h - S_all) // K: (h - S_all) % K for h in joint.held}
     parts = {i: eliminate(F, M, S, held.get(i)) for i, (_, F, M) in info.items()}
     rows = [torch.cat([e.schur.reshape(-1), e.meat.reshape(-1)]).to(torch.float64) for e in parts.values()]
     total = exact_sums(torch.stack(rows) if rows else torch.zeros(0, 2 * S * S, dtype=torch.float64),
@@ -59,6 +63,8 @@ def _esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names, per_na
     dense up to :data:`MAX_DENSE` raw parameters, else by the distributed Schur complement.  Each image's esds
     are named on the process that holds it (``starts``: its images' map starts; ``start0``: image 0's) and
     gathered as :class:`~refine.many.value_rows.ValueRows`."""
+    if joint.tail is not None:
+        return _sparse_esds(joint, raw, space, shared_names, per_names, starts, start0)
     S, K, n = joint.S, joint.K, joint.n
     q = S + K
     info = {im.index: image_information(im.objective, im.pmap, joint.image_raw(raw, im.index)) for im in joint.images}
@@ -70,19 +76,72 @@ def _esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names, per_na
         F_blocks = joint.comm.gather({i: v[1] for i, v in info.items()}, n, (q, q), torch.float64)
         M_blocks = joint.comm.gather({i: v[2] for i, v in info.items()}, n, (q, q), torch.float64)
         fisher, sandwich, cond = joint_covariances(F_blocks, M_blocks, S, R, joint.held, blocked=False)
-    shared_map = ParameterMap(space, start0, shared_names)
-    own_maps = {i: ParameterMap(space, starts[i], per_names) for i in info} if K else {}
-    out: dict[str, dict] = {}
-    for kind, cov in (("sandwich", sandwich), ("fisher", fisher)):
-        images = {i: named_esds(own_maps[i], info[i][0].to(torch.float64)[S:], cov.own[i]) if K else {}
-                  for i in info}
-        for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
-            images.get((k - S) // K, {}).pop(per_names[(k - S) % K], None)
-        out[kind] = {"shared": named_esds(shared_map, theta0, cov.shared),
-                     "images": gather_value_rows(joint.comm, images, n)}
+    out = _named(joint, {"sandwich": sandwich, "fisher": fisher}, {i: v[0] for i, v in info.items()}, theta0,
+                 ParameterMap(space, start0, shared_names), starts, space, per_names, S)
     S0 = sum(1 for nm in shared_names if not is_amplitude(nm))  # the amplitudes follow the other shared names
     count = _domain_count(joint, info, R, shared_names, out["sandwich"]["shared"])
     return out, cond, correlation_matrix(sandwich.shared[:S0, :S0]).numpy().copy(), count
+
+
+def _named(joint: Joint, by_kind: Mapping[str, JointCovariances], thetas: Mapping[int, Tensor], theta0: Tensor,
+           shared_map: ParameterMap, starts: Mapping[int, dict], space: ParameterSpace, per_names, S: int) -> dict:
+    """Each kind's esds by name: the shared ones of ``shared_map`` at ``theta0``, each image's own (its theta
+    after the first ``S``) gathered as :class:`~refine.many.value_rows.ValueRows`; a held own name has none."""
+    K, S_all = joint.K, joint.S
+    own_maps = {i: ParameterMap(space, starts[i], per_names) for i in thetas} if K else {}
+    out: dict[str, dict] = {}
+    for kind, cov in by_kind.items():
+        images = {i: named_esds(own_maps[i], thetas[i].to(torch.float64)[S:], cov.own[i]) if K else {}
+                  for i in thetas}
+        for k in joint.held:  # image 0's scale next to shared structure factors: not refined, no esd
+            images.get((k - S_all) // K, {}).pop(per_names[(k - S_all) % K], None)
+        out[kind] = {"shared": named_esds(shared_map, theta0, cov.shared),
+                     "images": gather_value_rows(joint.comm, images, joint.n)}
+    return out
+
+
+def _sparse_esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names, per_names,
+                 starts: Mapping[int, dict], start0: dict):
+    """:func:`_esds` of the diagonal treatment (:mod:`refine.many.sparse_amplitudes`): the geometry's by the
+    Schur complement over the geometry names, each amplitude's from its diagonal; no domain count check."""
+    tail = joint.tail
+    S0, S, A = tail.S0, joint.S, tail.A
+    order = sorted(joint.slots)
+    infos = {im.index: image_information_sparse(joint, im, raw) for im in joint.images}
+    R = tail.geometry_curvature(raw[:S0], False).to(torch.float64) if tail.geometry_curvature is not None else None
+    fisher, sandwich, cond = _blocked_covariances(joint, {i: (v.theta, v.F, v.B) for i, v in infos.items()}, R, S0)
+    theta0 = joint.comm.gather({0: infos[0].theta[:S0].to(torch.float64)} if 0 in infos else {}, 1, (S0,),
+                               torch.float64)[0]
+    out = _named(joint, {"sandwich": sandwich, "fisher": fisher}, {i: v.theta for i, v in infos.items()}, theta0,
+                 ParameterMap(space, start0, shared_names[:S0]), starts, space, per_names, S0)
+    restraint = tail.restraint_diagonal(raw.as_subclass(Tensor)[:S], False)
+    info = summed(joint, (infos[i].amplitudes for i in order), A) + restraint
+    by_slot = [im for im in sorted(joint.images, key=lambda im: joint.slots[im.index])]
+
+    def scores():  # each still's score in the amplitudes (physical units), a chunk of stills at a time
+        for c in range(0, len(by_slot), ROW_CHUNK):
+            chunk = by_slot[c:c + ROW_CHUNK]
+            rows = joint.rows(raw, chunk)[:, 1 + S0:1 + S].to(torch.float64)
+            d = torch.stack([infos[im.index].d[S0:S].to(torch.float64) for im in chunk])
+            yield (rows / torch.where(d != 0, d, torch.ones_like(d))) ** 2
+
+    # the sandwich's meat clustered by still (a reflection's spots in different stills are its independent
+    # measurements; the scatter of their scores carries what the model misses between stills), with the small-sample
+    # factor n / (n - 1) of its n observing stills, and never below the Fisher esd (one or two observations)
+    nobs = torch.as_tensor(tail.amps.nobs, dtype=torch.float64)[tail.columns] if tail.amps.nobs is not None \
+        else torch.ones(A, dtype=torch.float64)
+    factor = torch.where(nobs >= 2, nobs / torch.clamp(nobs - 1, min=1.0), torch.zeros_like(nobs))
+    meat = factor * summed(joint, scores(), A) + restraint
+    ok = info > 0
+    safe = torch.where(ok, info, torch.ones_like(info))
+    fisher_esd = torch.where(ok, 1.0 / torch.sqrt(safe), math.nan)
+    sandwich_esd = torch.where(ok, torch.maximum(torch.sqrt(meat) / safe, 1.0 / torch.sqrt(safe)), math.nan)
+    names = shared_names[S0:]
+    for kind, esd in (("fisher", fisher_esd), ("sandwich", sandwich_esd)):
+        out[kind]["shared"].update({n: float(e) for n, e in zip(names, esd)})
+    log.info("joint esds: %d amplitudes from their diagonal (conditional on the other names); the mosaic domain "
+             "count check is not made", A)
+    return out, cond, correlation_matrix(sandwich.shared).numpy().copy(), None
 
 
 def _domain_count(joint: Joint, info: Mapping[int, tuple], R: Tensor | None, shared_names,

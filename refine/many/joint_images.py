@@ -21,13 +21,16 @@ from refine.fitting.parameters import BASE_NAMES, ParameterMap, ParameterSpace
 from refine.fitting.transforms import Held
 from refine.many.amplitudes import PreparedImage
 from refine.many.distributed import Comm
-from refine.many.exact_sum import exact_sums
+from refine.many.exact_sum import ExactSum
 from refine.many.sharded import sharded_type
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.solver.plan import observed_pixels, starting_values
 
 
 log = logging.getLogger(__name__)
+
+#: images whose loss and gradient rows are held at once in an evaluation (their shared parts are summed exactly)
+ROW_CHUNK = 32
 
 
 
@@ -135,6 +138,9 @@ class Joint:
         #: ``(raw[:S], raw_units) -> (S, S)``: the restraint's curvature on the shared names (physical units, or
         #: raw ones for the preconditioner)
         self.curvature: Callable[[Tensor, bool], Tensor] | None = None
+        #: the many shared amplitudes' diagonal treatment (:class:`refine.many.sparse_amplitudes.AmplitudeTail`),
+        #: or None: every shared name in the dense blocks
+        self.tail = None
 
     def local(self, shared: Tensor, own: Mapping[int, Tensor]) -> Tensor:
         """This process's part of a raw vector: ``shared`` (S,) and each held image's own (K,) values."""
@@ -157,11 +163,13 @@ class Joint:
                 out.append(self.S + self.slots[i] * self.K + k)
         return out
 
-    def rows(self, raw: Tensor) -> Tensor:
-        """(held images, 1 + S + K): each held image's loss and gradient in ``[shared, own]`` (increasing image
-        order); NaN where an image failed."""
-        out = torch.zeros((len(self.slots), 1 + self.S + self.K), dtype=self.dtype)
-        for im in self.images:
+    def rows(self, raw: Tensor, images: Sequence[JointImage] | None = None) -> Tensor:
+        """(images, 1 + S + K): each image's loss and gradient in ``[shared, own]`` (``images``: some of this
+        process's, default all, in the order of their slots); NaN where an image failed."""
+        images = sorted(self.images if images is None else images, key=lambda im: self.slots[im.index])
+        place = {im.index: k for k, im in enumerate(images)}
+        out = torch.zeros((len(images), 1 + self.S + self.K), dtype=self.dtype)
+        for im in images:
             r = self.image_raw(raw.detach(), im.index).clone().requires_grad_(True)
             try:
                 with torch.enable_grad():
@@ -169,24 +177,31 @@ class Joint:
                     (g,) = torch.autograd.grad(loss, r, allow_unused=True)
                 g = torch.zeros_like(r) if g is None else g
                 # the loss on the model's device (a GPU), the gradient beside the raw values (the CPU)
-                out[self.slots[im.index]] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()]).cpu()
+                out[place[im.index]] = torch.cat([loss.detach().reshape(1).to(g.device), g.detach()]).cpu()
             except Exception:  # noqa: BLE001 - every process must stop together: NaN tells them
                 log.exception("image %d: evaluating the model failed", im.index)
-                out[self.slots[im.index]] = math.nan
+                out[place[im.index]] = math.nan
         return out
 
     def loss_and_grad(self, raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(joint loss, this process's part of the joint gradient, its images' losses (held,)): the loss and the
         shared gradient summed exactly over every process's images."""
-        rows = self.rows(raw)
-        total = exact_sums(rows[:, :1 + self.S], self.vector.layout.reduce_sum)
+        # image by chunk: the (images, S) shared rows are never all held (many amplitudes among the shared names)
+        images = sorted(self.images, key=lambda im: self.slots[im.index])
+        summed, own = ExactSum(1 + self.S), torch.zeros(len(images), self.K, dtype=self.dtype)
+        losses = torch.zeros(len(images), dtype=self.dtype)
+        for c in range(0, len(images), ROW_CHUNK):
+            rows = self.rows(raw, images[c:c + ROW_CHUNK])
+            summed.add(rows[:, :1 + self.S])
+            own[c:c + rows.shape[0]], losses[c:c + rows.shape[0]] = rows[:, 1 + self.S:], rows[:, 0]
+        total = summed.total(self.vector.layout.reduce_sum)
         loss = total[0].to(self.dtype)
-        grad = torch.cat([total[1:].to(self.dtype), rows[:, 1 + self.S:].reshape(-1)])
+        grad = torch.cat([total[1:].to(self.dtype), own.reshape(-1)])
         if self.extra is not None:
             term, g = self.extra(raw.detach().as_subclass(Tensor)[:self.S])
             loss = loss + term.to(loss.dtype)
             grad[:self.S] += g.to(grad.dtype)
-        return loss, grad.as_subclass(self.vector), rows[:, 0].clone()
+        return loss, grad.as_subclass(self.vector), losses
 
     def image_losses(self, losses: Tensor) -> Tensor:
         """(n,): every image's loss from each process's :meth:`loss_and_grad` losses (one gather at the end)."""

@@ -15,6 +15,7 @@ from refine.fitting.structure_factors import is_amplitude
 from refine.many.checkpoint import ImageRows
 from refine.many.exact_sum import exact_sums
 from refine.many.schur import ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner
+from refine.many.sparse_amplitudes import sparse_preconditioner
 from refine.quality.uncertainty import image_information
 from refine.solver.precondition import physical_per_raw, raw_fisher_information
 from refine.many.joint_images import Joint, JointImage
@@ -29,6 +30,8 @@ def joint_preconditioner(kind: str | None, joint: Joint, raw0: Tensor) -> Arrowh
     :mod:`refine.many.schur`), by its diagonal, or none, on this process's part of the raw vector: each held
     image's block in raw units of ``[shared, own]`` (a single run's, on its fitted pixels) stays on its process;
     the shared block is summed exactly over every process's images (the same bits for any number of processes)."""
+    if joint.tail is not None:  # many amplitudes: their diagonal (refine.many.sparse_amplitudes)
+        return sparse_preconditioner(kind, joint, raw0)
     S, K = joint.S, joint.K
     held_images = sorted(joint.slots)
     if kind is None:
@@ -97,5 +100,5 @@ def precond_state(pre: ArrowheadPreconditioner) -> dict:
 def precond_from_state(state: Mapping[str, Tensor]):
     """The preconditioner a checkpoint recorded (:func:`precond_state`)."""
     if state.get("kind") == "arrowhead":
-        return ArrowheadPreconditioner(state["raw0"], state["Ws"], state["W"], state["G"])
+        return ArrowheadPreconditioner(state["raw0"], state["Ws"], state["W"], state["G"], state.get("tail"))
     raise ValueError("not an arrowhead preconditioner")

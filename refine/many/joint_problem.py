@@ -21,7 +21,8 @@ from refine.fitting.parameters import BASE_NAMES, CELL, ParameterMap, ParameterS
 from refine.fitting.structure_factors import AmplitudeOptions, is_amplitude
 from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
 from refine.many.distributed import Comm, held_images
-from refine.many.priors import add_priors, shared_priors
+from refine.many.priors import add_priors, prior_terms, shared_priors
+from refine.many.sparse_amplitudes import AmplitudeTail, use_diagonal
 from refine.solver.plan import starting_values
 from refine.many.joint_images import Joint, fitted_pixels, image_values, joint_image, prepare_image, share_tables
 
@@ -143,9 +144,24 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
     if amps is not None:
         _share_amplitudes(joint, amps, ParameterMap(space, map_start0, shared_names), per_names)
     add_priors(joint, priors, ParameterMap(space, map_start0, shared_names))
+    if amps is not None and use_diagonal(structure_factors.information, len(amps.free),
+                                         _image0_interpolates(comm, prepared)):
+        S0 = len(shared_names) - len(amps.free)
+        geometry = prior_terms(priors, ParameterMap(space, map_start0, shared_names[:S0]))[1] if priors else None
+        joint.tail = AmplitudeTail(S0, len(amps.free), amps, ParameterMap(space, map_start0, shared_names), geometry)
+        amps.information = "diagonal"
+        log.info("joint structure factors: %d amplitudes, each by its own diagonal information "
+                 "(refine.many.sparse_amplitudes)", len(amps.free))
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     return JointProblem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, map_start0, raw0,
                         amps, priors)
+
+
+def _image0_interpolates(comm: Comm, prepared: Sequence[PreparedImage]) -> bool:
+    """Whether image 0's model interpolates the structure factors, in every process (its holder's)."""
+    rows = {im.index: torch.tensor([float(bool(im.sim.setup.interpolate))], dtype=torch.float64)
+            for im in prepared if im.index == 0}
+    return bool(comm.gather(rows, 1, (1,), torch.float64)[0, 0] > 0)
 
 
 def _image0_model(comm: Comm, simulators, local: Sequence[int]) -> tuple[float, bool, tuple[str, ...]]:

@@ -122,14 +122,22 @@ class ArrowheadPreconditioner:
     """``raw = raw0 + A z`` with the arrowhead ``A`` of the module docstring (never built densely).
 
     Attributes:
-        raw0: (S + n K,) raw start; ``Ws``: (S, S) whitening of the shared Schur complement;
-        W: (n, K, K) whitening of each own block; ``G``: (n, K, S) ``D_i^-1 B_i'``.
+        raw0: (S + n K,) raw start; ``Ws``: (C, C) whitening of the shared Schur complement of the first ``C``
+            shared names; W: (n, K, K) whitening of each own block; ``G``: (n, K, C) ``D_i^-1 B_i'``.
+        tail: None (``C = S``), or (S - C,) the whitening of the last ``S - C`` shared names by their diagonal
+            alone, uncoupled from the others and from the own blocks (the many amplitudes of
+            :mod:`refine.many.sparse_amplitudes`: ``x_t = tail z_t``).
     """
 
     raw0: Tensor
     Ws: Tensor
     W: Tensor
     G: Tensor
+    tail: Tensor | None = None
+
+    @property
+    def n_tail(self) -> int:
+        return 0 if self.tail is None else int(self.tail.numel())
 
     def to_raw(self, z: Tensor) -> Tensor:
         """``raw0 + A z``; on a vector split over processes (:mod:`refine.many.sharded`; ``W`` and ``G`` then of
@@ -141,21 +149,24 @@ class ArrowheadPreconditioner:
 
     def _step(self, z: Tensor) -> Tensor:
         """``A z``; each image's part by :func:`_products` (the same bits for any split of the images)."""
-        S, (n, K) = self.Ws.shape[0], self.W.shape[:2]
-        xs = self.Ws @ z[:S]
-        xo = _products(self.W, z[S:].reshape(n, K)) - _products(self.G, xs.expand(n, S))
-        return torch.cat([xs, xo.reshape(-1)])
+        C, (n, K) = self.Ws.shape[0], self.W.shape[:2]
+        S = C + self.n_tail
+        xs = self.Ws @ z[:C]
+        xo = _products(self.W, z[S:].reshape(n, K)) - _products(self.G, xs.expand(n, C))
+        parts = [xs] + ([self.tail.to(z.dtype) * z[C:S]] if self.n_tail else []) + [xo.reshape(-1)]
+        return torch.cat(parts)
 
     def z0(self) -> Tensor:
         return torch.zeros_like(self.raw0)
 
     def to_dict(self) -> dict:
-        return {"kind": "arrowhead", "raw0": self.raw0, "Ws": self.Ws, "W": self.W, "G": self.G}
+        tail = {} if self.tail is None else {"tail": self.tail}
+        return {"kind": "arrowhead", "raw0": self.raw0, "Ws": self.Ws, "W": self.W, "G": self.G, **tail}
 
     def dense(self) -> Tensor:
         """(P, P) ``A`` itself (tests and small problems only)."""
         eye = torch.eye(self.raw0.numel(), dtype=self.raw0.dtype)
-        zero = ArrowheadPreconditioner(torch.zeros_like(self.raw0), self.Ws, self.W, self.G)
+        zero = ArrowheadPreconditioner(torch.zeros_like(self.raw0), self.Ws, self.W, self.G, self.tail)
         return torch.stack([zero.to_raw(e) for e in eye], 1)
 
 
@@ -183,12 +194,14 @@ class _SplitToRaw(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
         pre = ctx.pre
-        S, (n, K) = pre.Ws.shape[0], pre.W.shape[:2]
+        C, (n, K) = pre.Ws.shape[0], pre.W.shape[:2]
+        S = C + pre.n_tail
         g = g.as_subclass(Tensor)
         g_own = g[S:].reshape(n, K)
         coupling = exact_sums(_products(pre.G.transpose(1, 2), g_own), type(pre.raw0).layout.reduce_sum)
-        g_shared = pre.Ws.T @ (g[:S] - coupling.to(g.dtype))
-        g_z = torch.cat([g_shared, _products(pre.W.transpose(1, 2), g_own).reshape(-1)])
+        g_shared = pre.Ws.T @ (g[:C] - coupling.to(g.dtype))
+        tail = [pre.tail.to(g.dtype) * g[C:S]] if pre.n_tail else []
+        g_z = torch.cat([g_shared, *tail, _products(pre.W.transpose(1, 2), g_own).reshape(-1)])
         return g_z.as_subclass(type(pre.raw0)), None
 
 

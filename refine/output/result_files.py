@@ -137,10 +137,10 @@ def write_diagnostics(h5, diagnostics: Mapping[str, Any]) -> None:
 
 
 def _write_amplitudes(h5, sf: dict) -> None:
-    """Group ``structure_factors``: attributes space_group, start, n_free, n_held (min_photons); datasets ``hkl``
+    """Group ``structure_factors``: attributes space_group, start, n_free, n_held (min_photons, information); datasets ``hkl``
     (A, 3), ``d_A``, ``F``, ``esd`` (NaN where held), ``refined`` (bool) (``photons``: summed over the images)."""
     g = h5.create_group("structure_factors")
-    for k in ("space_group", "start", "n_free", "n_held", "min_photons"):
+    for k in ("space_group", "start", "n_free", "n_held", "min_photons", "information"):
         if k in sf:
             g.attrs[k] = sf[k]
     rows = sf["reflections"]

@@ -99,7 +99,12 @@ def raw_fisher_information(objective: ImageObjective, pmap: ParameterMap, raw0: 
 def physical_per_raw(pmap: ParameterMap, raw: Tensor) -> Tensor:
     """(P,) ``d physical / d raw`` of each of ``pmap``'s names at ``raw`` (every transform acts on its own
     coordinate): a matrix in physical units ``F`` is ``D F D`` in raw ones, ``D`` the diagonal of these."""
-    return torch.func.jacfwd(lambda r: torch.stack(list(pmap.physical(r).values())))(raw).diagonal()
+    # each transform acts on its own coordinate: the Jacobian is diagonal, one forward-mode pass along ones gives it
+    # (not the (P, P) matrix: thousands of amplitudes)
+    if raw.numel() == 0:
+        return raw.new_zeros(0)
+    _, d = torch.func.jvp(lambda r: torch.stack(list(pmap.physical(r).values())), (raw,), (torch.ones_like(raw),))
+    return d
 
 
 def _blocked_raw_fisher(objective: ImageObjective, pmap: ParameterMap, raw0: Tensor) -> Tensor:
