@@ -43,6 +43,7 @@ from torch import Tensor
 from nbtorch.errors import InputError
 from refine.fitting.objective import ImageObjective, LossFn, make_view
 from refine.fitting.parameters import ParameterMap
+from refine.many.exact_sum import ExactSum
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.output.results import amplitude_rows
 from refine.quality.uncertainty import restraint_curvature
@@ -198,8 +199,7 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
                  len(table.names), n, options.iterations)
     # visible: what the fitted pixels can see, the photons at the starting amplitudes (an amplitude the data drive
     # to 0 is still seen, and refined)
-    per_image = _image_photons(comm, images, n, table, dict(table.starts))
-    summed = per_image.sum(0)
+    summed, nobs, nobs_pair = _image_photons(comm, images, table, dict(table.starts), options.min_photons)
     free = tuple(nm for nm, p in zip(table.names, summed) if p >= options.min_photons)
     held = tuple(nm for nm in table.names if nm not in set(free))
     values.update({nm: table.starts[nm] for nm in held})  # an estimate from too few photons: the table's value
@@ -208,7 +208,6 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
     log.info("joint structure factors: %d amplitudes refined, %d held (fewer than %g photons on all images' fitted "
              "pixels together)", len(free), len(held), options.min_photons)
     restraint = options.restraint(table)
-    nobs, nobs_pair = observing_images(table, per_image, options.min_photons)
     return SharedAmplitudes(table, options, values, summed, free, held, restraint, nobs, nobs_pair)
 
 
@@ -265,22 +264,31 @@ def _summed_entry_photons(comm, images: Sequence[PreparedImage], n: int, grid: n
 
 
 def _estimate(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTable, iterations: int) -> dict:
-    """The EM start: each update's sums ``c`` and ``a`` over the pixels of every image (rows gathered in image
-    order, summed: the same in every process)."""
+    """The EM start: each update's sums ``c`` and ``a`` over the pixels of every image, exact
+    (:class:`~refine.many.exact_sum.ExactSum`, one image's row at a time: the same bits in every process and for
+    any number of processes, and nothing of size images x amplitudes)."""
     A = len(table.names)
     F = table.vector(table.starts, torch.float64, "cpu").detach().clone()
     for _ in range(int(iterations)):
-        local = {im.index: torch.cat(em_sums(im.objective, table, im.values, F)) for im in images}
-        rows = comm.gather(local, n, (2 * A,), torch.float64)
-        F = em_update(F, rows[:, :A].sum(0), rows[:, A:].sum(0))
+        total = ExactSum(2 * A)
+        for im in images:
+            total.add(torch.cat(em_sums(im.objective, table, im.values, F)))
+        sums = total.total(comm.layout(2 * A).reduce_sum)
+        F = em_update(F, sums[:A], sums[A:])
     return {nm: float(v) for nm, v in zip(table.names, F)}
 
 
-def _image_photons(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTable, values: dict) -> np.ndarray:
-    """(n, A) Bragg photons of each candidate on each image's fitted pixels at ``values`` (image order)."""
+def _image_photons(comm, images: Sequence[PreparedImage], table: AmplitudeTable, values: dict,
+                   min_photons: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(photons, nobs, nobs_pair)`` (A,) each: the Bragg photons of each candidate on all images' fitted pixels at
+    ``values`` and :func:`observing_images`'s counts, summed exactly one image at a time (nothing of size images x
+    amplitudes)."""
     A = len(table.names)
-    local = {}
+    total = ExactSum(3 * A)
     for im in images:
         ph = amplitude_photons(im.objective, table, {**im.values, **values})
-        local[im.index] = torch.tensor([ph[nm] for nm in table.names], dtype=torch.float64)
-    return comm.gather(local, n, (A,), torch.float64).numpy()
+        row = np.array([[ph[nm] for nm in table.names]], dtype=np.float64)
+        seen, either = observing_images(table, row, min_photons)
+        total.add(torch.from_numpy(np.concatenate([row[0], seen, either]).astype(np.float64)))
+    sums = total.total(comm.layout(3 * A).reduce_sum).numpy()
+    return sums[:A], sums[A:2 * A].round().astype(np.int64), sums[2 * A:].round().astype(np.int64)
