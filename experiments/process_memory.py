@@ -4,6 +4,9 @@ processes stood in (:class:`StandIn`), so that a set of 10^5 stills costs only t
 ::
 
     python -m experiments.process_memory --stills 10000 --hold 4 --out out/mem_10000_4.json
+    python -m experiments.process_memory --stills 10000 --hold 100 --amplitudes --out out/mem_amp.json
+
+With ``--amplitudes`` the run is a joint refinement of shared amplitudes (:func:`measure_amplitudes`).
 
 The process draws its k stills (:func:`experiments.serial_data.make_serial`'s ``keep``) and runs
 :func:`refine.many.serial.refine_serial` on them (two rounds, 1 and ``--max-steps`` steps) with
@@ -36,7 +39,7 @@ from refine.many.joint import DEFAULT_CONVERGENCE
 from refine.many.serial import refine_serial
 from refine.output.results import jsonable
 
-__all__ = ["StandIn", "measure", "main"]
+__all__ = ["StandIn", "measure", "measure_amplitudes", "main"]
 
 
 class StandIn(Comm):
@@ -83,13 +86,44 @@ def measure(n: int, hold: int, *, seed: int = 1, size: int = 16, screen_steps: i
             "wall_s": time.monotonic() - t0}
 
 
+def measure_amplitudes(n: int, hold: int, *, seed: int = 1, size: int = 96, max_steps: int = 25) -> dict:
+    """``--amplitudes``: one process holding the first ``hold`` of ``n`` stills of
+    :func:`experiments.serial_amplitudes.make_amplitude_set` (truth of one domain, no sub-pixels: the memory, not the
+    numbers, is measured) in a joint run of the shared amplitudes (``start="estimate"``, the treatment ``auto``
+    picks), the cell, and each still's scale, background and orientation, ``max_steps`` steps, no esds."""
+    from experiments.serial_amplitudes import SPACE_GROUP, SYMMETRY, make_amplitude_set  # noqa: PLC0415
+    from refine.fitting.structure_factors import AmplitudeOptions  # noqa: PLC0415
+    from refine.many.joint import refine_joint  # noqa: PLC0415
+
+    if not 1 <= hold <= n:
+        raise InputError(f"hold: expected an integer in [1, {n}], got {hold}")
+    base = _resident_mib()
+    t0 = time.monotonic()
+    ds = make_amplitude_set(n, np.random.default_rng(seed), size=size, keep=range(hold), truth_domains=1,
+                            truth_oversample=1)
+    s = ds.serial
+    result = refine_joint(s.simulators(), s.observed(), shared=("cell",),
+                          per_image=("scale", "background", "orientation"), symmetry=SYMMETRY, start=s.shared_start,
+                          image_starts=s.image_starts(), esds=False, geometry_first=False, local_images=range(hold),
+                          structure_factors=AmplitudeOptions(SPACE_GROUP, start="estimate"),
+                          convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps), comm=StandIn())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    sf = result.structure_factors
+    return {"n": n, "hold": hold, "size": size, "max_steps": max_steps, "amplitudes": sf["n_free"],
+            "information": sf.get("information"), "base_mib": base, "peak_mib": peak, "held_mib": peak - base,
+            "raw_vector_bytes": 8 * (len(result.shared_names) + hold * len(result.per_image_names)),
+            "steps": result.steps, "wall_s": time.monotonic() - t0}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stills", type=int, required=True, help="stills in the whole set")
     ap.add_argument("--hold", type=int, default=4, help="stills this process holds (default 4)")
-    ap.add_argument("--size", type=int, default=16, help="detector side (pixels; default 16)")
+    ap.add_argument("--size", type=int, help="detector side (pixels; default 16, 96 with --amplitudes)")
     ap.add_argument("--max-steps", type=int, default=25, help="round 2's step limit (default 25: the step rule's "
                                                                "20 curvature pairs filled)")
+    ap.add_argument("--amplitudes", action="store_true", help="a joint run of shared amplitudes on the stills of "
+                                                                  "experiments.serial_amplitudes (--size default 96)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True, help="JSON of the measurement")
     return ap
@@ -100,7 +134,10 @@ def _run(argv: list[str]) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if a.max_steps < 1:
         raise InputError(f"--max-steps: expected an integer >= 1, got {a.max_steps}")
-    doc = measure(a.stills, a.hold, seed=a.seed, size=a.size, max_steps=a.max_steps)
+    if a.amplitudes:
+        doc = measure_amplitudes(a.stills, a.hold, seed=a.seed, size=a.size or 96, max_steps=a.max_steps)
+    else:
+        doc = measure(a.stills, a.hold, seed=a.seed, size=a.size or 16, max_steps=a.max_steps)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(jsonable(doc), indent=1) + "\n")
     print(f"{a.stills} stills, {a.hold} held: peak {doc['peak_mib']:.0f} MiB, {doc['held_mib']:.1f} MiB above the "

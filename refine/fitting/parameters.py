@@ -84,7 +84,7 @@ from nbtorch.parameters import (
 )
 from nbtorch.rules.resolve import check_cell, check_size_matrix
 from refine.fitting.background import is_knot, parse_background
-from refine.fitting.structure_factors import AMPLITUDE_LIMIT, is_amplitude
+from refine.fitting.structure_factors import AMPLITUDE_BLOCK, AMPLITUDE_LIMIT, is_amplitude
 from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
 from nbtorch.geometry.panels import split_panel_parameter
 
@@ -504,6 +504,35 @@ class ParameterMap:
     def physical(self, raw: Tensor) -> dict[str, Tensor]:
         """Free name -> physical value (0-d tensor, differentiable in ``raw``)."""
         return {n: tr(raw[i]) for i, (n, tr) in enumerate(zip(self.names, self.transforms))}
+
+    def _amplitude_block(self):
+        """``(start, stop, references, step, limit, names)`` of the free amplitudes when they are one contiguous run
+        of :class:`Multiplicative` transforms of one step and limit (a refinement's), else None; found once."""
+        if not hasattr(self, "_block"):
+            idx = [i for i, n in enumerate(self.names) if is_amplitude(n)]
+            trs = [self.transforms[i] for i in idx]
+            ok = (len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1))
+                  and all(type(t) is Multiplicative for t in trs) and len({(t.step, t.limit) for t in trs}) == 1)
+            self._block = None if not ok else (
+                idx[0], idx[-1] + 1, torch.tensor([t.reference for t in trs], dtype=torch.float64), trs[0].step,
+                trs[0].limit, tuple(self.names[i] for i in idx))
+        return self._block
+
+    def physical_block(self, raw: Tensor) -> dict:
+        """:meth:`physical` with the free amplitudes as one vector, ``AMPLITUDE_BLOCK -> (names, (A,) tensor)``
+        (one operation for thousands of amplitudes instead of one per name; the same formula as
+        :class:`Multiplicative`): a joint run's evaluation (:meth:`refine.many.joint_images.Joint.rows`), read by
+        :meth:`refine.fitting.structure_factors.AmplitudeTable.vector`.  Without such a run of amplitudes, :meth:`physical`."""
+        block = self._amplitude_block()
+        if block is None:
+            return self.physical(raw)
+        a, b, ref, step, limit, names = block
+        out: dict = {n: tr(raw[i]) for i, (n, tr) in enumerate(zip(self.names, self.transforms)) if not a <= i < b}
+        x = step * raw[a:b]
+        if limit is not None:
+            x = limit * torch.tanh(x / limit)
+        out[AMPLITUDE_BLOCK] = (names, ref.to(dtype=raw.dtype, device=raw.device) * torch.exp(x))
+        return out
 
     def expand(self, physical: Mapping[str, Tensor | float]) -> dict[str, Tensor | float]:
         """Every base value given physical values of (some) refinable names."""

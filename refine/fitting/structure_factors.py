@@ -76,6 +76,10 @@ _CANDIDATE_FRACTION = 0.01
 _MARGIN = 4
 
 
+#: the key of a block of amplitudes in a dict of values (:meth:`AmplitudeTable.vector`)
+AMPLITUDE_BLOCK = "__amplitude_block__"
+
+
 def amplitude_name(hkl: Sequence[int]) -> str:
     """``F_h_k_l`` of reflection ``hkl`` (the name of its refinable amplitude)."""
     h, k, l = (int(x) for x in hkl)  # noqa: E741 - crystallographic name
@@ -175,7 +179,16 @@ class AmplitudeTable:
         return self._cache[key]
 
     def vector(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
-        """(n,) the free amplitudes in ``values`` (tensors keep their gradients)."""
+        """(n,) the free amplitudes in ``values`` (tensors keep their gradients); a block ``values[AMPLITUDE_BLOCK]
+        = (names, (m,) tensor)`` (:meth:`refine.fitting.parameters.ParameterMap.physical_block`) gives those names'
+        amplitudes at once, the others' come from ``values`` by name."""
+        block = values.get(AMPLITUDE_BLOCK)
+        if block is not None:
+            names, vec = block
+            where, rest = self._block_positions(names)
+            base = torch.as_tensor([float(values[self.names[i]]) for i in rest], dtype=dtype, device=device)
+            out = torch.zeros(len(self.names), dtype=dtype, device=device).index_put((rest.to(device),), base)
+            return out.index_put((where.to(device),), vec.to(dtype=dtype, device=device))
         items = [values[n] for n in self.names]
         if not any(isinstance(v, Tensor) for v in items):
             return torch.as_tensor([float(v) for v in items], dtype=dtype, device=device)
@@ -183,6 +196,17 @@ class AmplitudeTable:
         return torch.stack([v.to(dtype=dtype, device=device) if isinstance(v, Tensor)
                             else torch.tensor(float(v), dtype=dtype, device=device)
                             for v in items])
+
+    def _block_positions(self, names: tuple) -> tuple[Tensor, Tensor]:
+        """The positions in the table of a block's ``names``, and of the other amplitudes (found once per block)."""
+        key = ("block", names)
+        if key not in self._cache:
+            at = {n: i for i, n in enumerate(self.names)}
+            where = [at[n] for n in names]
+            inside = set(where)
+            self._cache[key] = (torch.tensor(where, dtype=torch.long),
+                                torch.tensor([i for i in range(len(self.names)) if i not in inside], dtype=torch.long))
+        return self._cache[key]
 
     def grid(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
         """The (nh, nk, nl) table with the free amplitudes of ``values`` put in (differentiable in them)."""

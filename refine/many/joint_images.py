@@ -173,7 +173,7 @@ class Joint:
             r = self.image_raw(raw.detach(), im.index).clone().requires_grad_(True)
             try:
                 with torch.enable_grad():
-                    loss, _ = im.objective.evaluate(im.pmap.expand(im.pmap.physical(r)))
+                    loss, _ = im.objective.evaluate(im.pmap.expand(im.pmap.physical_block(r)))
                     (g,) = torch.autograd.grad(loss, r, allow_unused=True)
                 g = torch.zeros_like(r) if g is None else g
                 # the loss on the model's device (a GPU), the gradient beside the raw values (the CPU)

@@ -171,3 +171,26 @@ def test_one_and_two_processes_give_the_same_bits_with_the_diagonal(tmp_path):
     assert one["structure_factors"]["information"] == "diagonal"
     for key in ("structure_factors", "shared", "images", "esds_by_kind", "loss_final", "steps", "history"):
         assert one[key] == two[key], key
+
+
+def test_the_amplitude_block_evaluates_the_same_loss_and_gradient(monkeypatch):
+    """Joint.rows reads the amplitudes as one vector (ParameterMap.physical_block): the same bits as one tensor per
+    amplitude name."""
+    from experiments.serial_amplitudes import SPACE_GROUP, SYMMETRY, make_amplitude_set
+    from refine.many.distributed import Comm
+    from refine.many.joint_problem import joint_problem
+
+    torch.set_num_threads(1)
+    s = make_amplitude_set(3, np.random.default_rng(1), size=48, truth_domains=1, truth_oversample=1).serial
+    prob = joint_problem(Comm(), s.simulators(), s.observed(), None, s.shared_start, s.image_starts(),
+                         shared=("cell",), per_image=("scale", "background", "orientation"), symmetry=SYMMETRY,
+                         background="constant", loss="poisson", structure_factors=AmplitudeOptions(SPACE_GROUP, start="one"),
+                         local_images=None, priors=None)
+    raw = prob.raw0 + 0.01 * torch.sin(torch.arange(prob.raw0.numel(), dtype=torch.float64))
+    assert prob.joint.images[0].pmap._amplitude_block() is not None and prob.joint.S > 20
+    block_loss, block_grad, _ = prob.joint.loss_and_grad(raw)
+    monkeypatch.setattr(ParameterMap, "physical_block", ParameterMap.physical)
+    loss, grad, _ = prob.joint.loss_and_grad(raw)
+    assert float(block_loss) == float(loss) and torch.equal(block_grad.as_subclass(torch.Tensor),
+                                                            grad.as_subclass(torch.Tensor))
+    assert float(grad.as_subclass(torch.Tensor)[1:prob.joint.S].abs().max()) > 0
