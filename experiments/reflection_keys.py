@@ -1,7 +1,8 @@
 """Which amplitude a Miller index belongs to, for the synthetic amplitude sets and the merges that measure them.
 
 A reflection ``(h k l)`` is named by its reflection in gemmi's reciprocal asymmetric unit of the space group
-(``key``), as :mod:`refine.fitting.structure_factors` names the refined amplitudes ``F_h_k_l``:
+(``key``), by the rule that names the refined amplitudes ``F_h_k_l``
+(:func:`refine.fitting.structure_factors.asu_reflection`):
 
 * **tied** (``anomalous=False``): every symmetry equivalent and Friedel mate has the key of the asymmetric-unit
   reflection;
@@ -20,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from nbtorch.errors import InputError
+from refine.fitting.structure_factors import asu_reflection
 
 __all__ = ["reflection_key", "reflection_keys", "is_centric", "is_absent", "hm_symbol"]
 
@@ -48,11 +50,8 @@ def hm_symbol(space_group: str) -> str:
 def reflection_key(space_group: str, hkl: Key, anomalous: bool) -> Key:
     """The key of one reflection (module docstring)."""
     _, ops, asu = _group(space_group)
-    key, isym = asu.to_asu(list(hkl), ops)
-    key = (int(key[0]), int(key[1]), int(key[2]))
-    if anomalous and not ops.is_reflection_centric(list(key)) and isym % 2 == 0:
-        return (-key[0], -key[1], -key[2])
-    return key
+    key, sign = asu_reflection(ops, asu, hkl, anomalous)
+    return (-key[0], -key[1], -key[2]) if sign < 0 else key
 
 
 def reflection_keys(space_group: str, hkl: np.ndarray, anomalous: bool) -> list[Key]:

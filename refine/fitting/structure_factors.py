@@ -112,6 +112,17 @@ def _gemmi_group(space_group: str):
                          f"P41212 with --symmetry)") from None
 
 
+def asu_reflection(ops, asu, hkl, anomalous: bool) -> tuple[tuple[int, int, int], int]:
+    """``(key, sign)`` of the reflection ``hkl``: ``key`` its reflection in gemmi's reciprocal asymmetric unit
+    ``asu`` of the group's operations ``ops``, ``sign`` 0 when its amplitude is tied to its Friedel mate (not
+    ``anomalous``, or centric), +1 for F(+) (reached without the Friedel flip: gemmi's ``isym`` odd), -1 for F(-)
+    (the amplitude named after ``-key``)."""
+    key, isym = asu.to_asu(list(hkl), ops)
+    key = (int(key[0]), int(key[1]), int(key[2]))
+    sign = (1 if isym % 2 else -1) if anomalous and not ops.is_reflection_centric(list(key)) else 0
+    return key, sign
+
+
 def check_space_group(space_group: str) -> str:
     """The Hermann-Mauguin symbol of ``space_group``; an unknown one (or no gemmi) is one error line."""
     return _gemmi_group(space_group)[1].hm
@@ -364,9 +375,7 @@ def table_from_photons(space_group: str, grid: np.ndarray, lo: np.ndarray, photo
     rot = rotation_parts(gemmi, group)  # once: every reflection's equivalents below
     groups: dict[tuple, float] = {}  # (asu reflection, sign) -> photons
     for e in np.argwhere(photons > 1e-3 * _CANDIDATE_FRACTION * max(min_photons, 1e-9)):  # summed per reflection
-        key, isym = asu.to_asu((e + lo).tolist(), ops)
-        key = tuple(int(x) for x in key)
-        sign = (1 if isym % 2 else -1) if anomalous and not ops.is_reflection_centric(list(key)) else 0
+        key, sign = asu_reflection(ops, asu, (e + lo).tolist(), anomalous)
         groups[key, sign] = groups.get((key, sign), 0.0) + float(photons[tuple(e)])
     index = np.full(grid.shape, -1, dtype=np.int64)
     # systematic absences: 0, never refined
