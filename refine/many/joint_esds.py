@@ -36,7 +36,7 @@ def _blocked_covariances(joint: Joint, info: Mapping[int, tuple], R: Tensor | No
     """``(fisher, sandwich, condition)`` by the Schur complement with each image's own block eliminated on the
     process that holds it: only the ``(S, S)`` sums cross processes, exactly (:mod:`refine.many.schur`); ``S``:
     the shared names of ``info``'s blocks (default all; the geometry's in :mod:`refine.many.sparse_amplitudes`)."""
-    S_all, K, n = joint.S, joint.K, joint.n
+    S_all, K = joint.S, joint.K
     S = S_all if S is None else S
     held = {(h - S_all) // K: (h - S_all) % K for h in joint.held}
     parts = {i: eliminate(F, M, S, held.get(i)) for i, (_, F, M) in info.items()}

@@ -44,3 +44,33 @@ def problem_cache(tmp_path_factory):
         return _PROBLEMS[key]
 
     return get
+
+
+@pytest.fixture
+def joint_stills_docs(tmp_path):
+    """``run(*args) -> (one, two)``: ``scripts/joint_stills.py`` with ``args`` run by one process and by two
+    (torchrun, gloo on loopback), each run's ``joint`` document (its JSON result)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1", "NBTORCH_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(*args: str) -> tuple[dict, dict]:
+        docs = []
+        for processes in (1, 2):
+            out = tmp_path / f"p{processes}.json"
+            argv = [str(root / "scripts" / "joint_stills.py"), *args, "--out", str(out)]
+            cmd = [sys.executable, *argv] if processes == 1 else [
+                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", str(29500 + (os.getpid() + len(docs) + hash(args) % 97) % 1000), *argv]
+            done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            docs.append(json.loads(out.read_text())["joint"])
+        return docs[0], docs[1]
+
+    return run

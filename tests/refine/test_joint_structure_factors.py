@@ -7,10 +7,6 @@ against two is in test_joint.py's pattern (torchrun, gloo on loopback)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +22,6 @@ from refine.fitting.structure_factors import AmplitudeOptions, amplitude_hkl, is
 
 pytest.importorskip("gemmi")
 
-ROOT = Path(__file__).resolve().parents[2]
 N, SIZE, SEED = 4, 32, 1
 #: the stills' true geometry (only the scales, backgrounds, cell and amplitudes are refined here)
 KNOWN = ("misset_x", "misset_y", "misset_z", "cell_a", "cell_b", "cell_c", "beam_x", "beam_y", "mosaic_spread",
@@ -192,23 +187,11 @@ def test_geometry_first_judges_the_amplitudes_at_the_refined_geometry(stills, tm
         _joint(two, geometry_first=True, resume=tmp_path / "nope.h5")
 
 
-def test_one_and_two_processes_share_the_same_amplitudes(tmp_path):
+def test_one_and_two_processes_share_the_same_amplitudes(joint_stills_docs):
     """torchrun --nproc-per-node 2: each process holds one of two stills; the table's range, candidates, EM start
     (its sums gathered per image), visibility and the refined amplitudes equal the one-process run's."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1", "NBTORCH_CACHE_DIR": str(tmp_path / "cache")}
-    docs = []
-    for processes in (1, 2):
-        out = tmp_path / f"p{processes}.json"
-        args = [str(ROOT / "scripts" / "joint_stills.py"), "--stills", "2", "--size", str(SIZE), "--seed", str(SEED),
-                "--space-group", "P1", "--max-steps", "6", "--out", str(out)]
-        cmd = [sys.executable, *args] if processes == 1 else [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(29500 + (os.getpid() + 11) % 1000), *args]
-        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        docs.append(json.loads(out.read_text())["joint"])
-    one, two = docs
+    one, two = joint_stills_docs("--stills", "2", "--size", str(SIZE), "--seed", str(SEED), "--space-group", "P1",
+                                 "--max-steps", "6")
     assert one["world_size"] == 1 and two["world_size"] == 2 and one["structure_factors"]["n_free"] > 10
     for key in ("structure_factors", "shared", "shared_esds", "images", "esds_by_kind", "loss_final", "steps",
                 "evaluations", "history"):

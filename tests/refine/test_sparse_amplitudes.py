@@ -5,11 +5,6 @@ sums, the joint run's optimum and esds against the dense treatment, one process 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,9 +24,6 @@ from refine.solver.precondition import physical_per_raw
 from refine.solver.stages import Stage
 
 pytest.importorskip("gemmi")
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _plan(interpolate: bool):
     p = make_problem("orthorhombic_xds", size=48, seed=3)
@@ -152,21 +144,9 @@ def test_diagonal_esds_against_the_dense_inverse(serial_runs):
     assert all(sandwich[n] >= eb[n] * (1 - 1e-12) for n in names)  # never below the Fisher esd
 
 
-def test_one_and_two_processes_give_the_same_bits_with_the_diagonal(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1", "NBTORCH_CACHE_DIR": str(tmp_path / "cache")}
-    docs = []
-    for processes in (1, 2):
-        out = tmp_path / f"p{processes}.json"
-        args = [str(ROOT / "scripts" / "joint_stills.py"), "--stills", "2", "--size", "32", "--seed", "1",
-                "--space-group", "P1", "--information", "diagonal", "--max-steps", "5", "--out", str(out)]
-        cmd = [sys.executable, *args] if processes == 1 else [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(29500 + (os.getpid() + 23) % 1000), *args]
-        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        docs.append(json.loads(out.read_text())["joint"])
-    one, two = docs
+def test_one_and_two_processes_give_the_same_bits_with_the_diagonal(joint_stills_docs):
+    one, two = joint_stills_docs("--stills", "2", "--size", "32", "--seed", "1", "--space-group", "P1",
+                                 "--information", "diagonal", "--max-steps", "5")
     assert one["world_size"] == 1 and two["world_size"] == 2 and one["structure_factors"]["n_free"] > 10
     assert one["structure_factors"]["information"] == "diagonal"
     for key in ("structure_factors", "shared", "images", "esds_by_kind", "loss_final", "steps", "history"):
