@@ -174,3 +174,33 @@ def test_the_amplitude_block_evaluates_the_same_loss_and_gradient(monkeypatch):
     assert float(block_loss) == float(loss) and torch.equal(block_grad.as_subclass(torch.Tensor),
                                                             grad.as_subclass(torch.Tensor))
     assert float(grad.as_subclass(torch.Tensor)[1:prob.joint.S].abs().max()) > 0
+
+
+def test_a_diagonal_run_resumes_to_the_same_result(tmp_path):
+    """Stopped after its checkpoint at step 4 and resumed (the preconditioner's amplitude tail read back): the
+    uninterrupted run's values, bit for bit."""
+    from experiments.serial_amplitudes import SPACE_GROUP, SYMMETRY, make_amplitude_set
+    from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
+
+    torch.set_num_threads(1)
+    s = make_amplitude_set(3, np.random.default_rng(1), size=48, truth_domains=1, truth_oversample=1).serial
+    kw = dict(shared=("cell",), per_image=("scale", "background", "orientation"), symmetry=SYMMETRY,
+              start=s.shared_start, image_starts=s.image_starts(), esds=False, geometry_first=False,
+              structure_factors=AmplitudeOptions(SPACE_GROUP, start="one", information="diagonal"),
+              convergence=DEFAULT_CONVERGENCE.replace(max_steps=8))
+    full = refine_joint(s.simulators(), s.observed(), **kw)
+
+    class Stop(Exception):
+        pass
+
+    def stop(step, path):
+        if step >= 4:
+            raise Stop()
+
+    with pytest.raises(Stop):
+        refine_joint(s.simulators(), s.observed(), checkpoint=tmp_path / "c.h5", checkpoint_every=2, on_checkpoint=stop,
+                     **kw)
+    resumed = refine_joint(s.simulators(), s.observed(), resume=tmp_path / "c.h5", **kw)
+    assert full.steps == 8 and resumed.structure_factors["information"] == "diagonal"
+    assert resumed.loss_final == full.loss_final and resumed.shared == full.shared
+    assert resumed.structure_factors == full.structure_factors
