@@ -134,6 +134,7 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
         shared_names = shared_names + amps.free
     images = [joint_image(im, space, shared_names + per_names, hold_scale=amps is not None and im.index == 0)
               for im in prepared]
+    _share_transforms(images, shared_names)
     joint = Joint(images, n, len(shared_names), len(per_names), comm, torch.float64)
     starts = {im.index: {k: float(im.start[k]) for k in BASE_NAMES} for im in images}
     extra = amps.start if amps is not None else {}
@@ -155,6 +156,19 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     return JointProblem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, map_start0, raw0,
                         amps, priors)
+
+
+def _share_transforms(images, shared_names: tuple) -> None:
+    """Every image's map holds the first image's transform objects for the shared names that start at the same
+    value (all of them: one raw value is one physical value everywhere): one object per shared name in a process,
+    not one per name and image (thousands of amplitudes)."""
+    if len(images) < 2:
+        return
+    first = images[0].pmap
+    for im in images[1:]:
+        for k, name in enumerate(shared_names):
+            if im.pmap.start_value(name) == first.start_value(name):
+                im.pmap.transforms[k] = first.transforms[k]
 
 
 def _image0_interpolates(comm: Comm, prepared: Sequence[PreparedImage]) -> bool:
