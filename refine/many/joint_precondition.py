@@ -17,7 +17,7 @@ from refine.many.exact_sum import exact_sums
 from refine.many.schur import ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner
 from refine.many.sparse_amplitudes import sparse_preconditioner
 from refine.quality.uncertainty import image_information
-from refine.solver.precondition import physical_per_raw, raw_fisher_information
+from refine.solver.precondition import diagonal_whitening, physical_per_raw, raw_fisher_information
 from refine.many.joint_images import Joint, JointImage
 
 
@@ -56,9 +56,7 @@ def _diagonal(joint: Joint, blocks: list[Tensor], raw0: Tensor, extra: Tensor | 
         shared = shared + torch.diagonal(extra).to(dt)
     diag = torch.cat([shared, diags[:, S:].reshape(-1)])
     diag[joint.held_local()] = 1.0  # a held position: one raw unit, never moved (its gradient is 0)
-    top = float(diag.as_subclass(joint.vector).max())
-    floor = 1e-12 * top if top > 0 else 1.0
-    w = 1.0 / torch.sqrt(torch.clamp(diag, min=floor))
+    w = diagonal_whitening(diag, float(diag.as_subclass(joint.vector).max()))  # the largest over every process
     return ArrowheadPreconditioner(raw0.detach().clone(), torch.diag(w[:S]),
                                    torch.diag_embed(w[S:].reshape(-1, K)), torch.zeros(len(blocks), K, S, dtype=dt))
 

@@ -47,7 +47,7 @@ from refine.fitting.parameters import ParameterMap
 from refine.many.exact_sum import ExactSum
 from refine.many.schur import ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner
 from refine.quality.uncertainty import image_information
-from refine.solver.precondition import physical_per_raw
+from refine.solver.precondition import diagonal_whitening, physical_per_raw
 
 __all__ = ["DENSE_AMPLITUDES", "INFORMATION", "AmplitudeTail", "use_diagonal", "ImageInformation",
            "image_information_sparse", "sparse_preconditioner", "summed"]
@@ -153,13 +153,6 @@ def summed(joint, rows, columns: int) -> Tensor:
     return total.total(joint.vector.layout.reduce_sum)
 
 
-def _whitening(diag: Tensor) -> Tensor:
-    """``1 / sqrt(diag)`` with the dense preconditioner's floor (1e-12 of the largest)."""
-    top = float(diag.max()) if diag.numel() else 0.0
-    floor = 1e-12 * top if top > 0 else 1.0
-    return 1.0 / torch.sqrt(torch.clamp(diag, min=floor))
-
-
 def sparse_preconditioner(kind: str | None, joint, raw0: Tensor) -> ArrowheadPreconditioner:
     """The preconditioner of the diagonal treatment (module docstring): ``full``: the geometry's arrowhead and
     the amplitudes' diagonal; ``diagonal``: every name by its diagonal; None: none."""
@@ -186,7 +179,8 @@ def sparse_preconditioner(kind: str | None, joint, raw0: Tensor) -> ArrowheadPre
         shared = summed(joint, [diags[:, :S0]], S0)
         if extra is not None:
             shared = shared + torch.diagonal(extra)
-        w = _whitening(torch.cat([shared, amp, diags[:, S0:].reshape(-1)]))
+        diag = torch.cat([shared, amp, diags[:, S0:].reshape(-1)])
+        w = diagonal_whitening(diag, float(diag.as_subclass(joint.vector).max()))  # the largest over every process
         return ArrowheadPreconditioner(raw0.detach().clone(), torch.diag(w[:S0]).to(dt),
                                        torch.diag_embed(w[S0 + tail.A:].reshape(-1, K)).to(dt),
                                        torch.zeros(len(order), K, S0, dtype=dt), w[S0:S0 + tail.A].to(dt))
@@ -197,4 +191,4 @@ def sparse_preconditioner(kind: str | None, joint, raw0: Tensor) -> ArrowheadPre
     pre = arrowhead_preconditioner(raw0, (W, G, schur.to(dt).reshape(1, S0, S0)), extra)
     log.info("joint structure factors: %d amplitudes whitened by their diagonal information (%d stills here)",
              tail.A, len(order))
-    return dataclasses.replace(pre, tail=_whitening(amp).to(dt))
+    return dataclasses.replace(pre, tail=diagonal_whitening(amp).to(dt))  # amp: the same in every process

@@ -117,6 +117,14 @@ def _blocked_raw_fisher(objective: ImageObjective, pmap: ParameterMap, raw0: Ten
     return d[:, None] * F.to(raw0.dtype) * d[None, :]
 
 
+def diagonal_whitening(diag: Tensor, top: float | None = None) -> Tensor:
+    """``1 / sqrt(diag)`` with the diagonal's floor ``1e-12 top`` (``top``: the largest diagonal element, by default
+    of ``diag``; a run split over processes passes the largest over all of them; 1 when it is not positive)."""
+    top = float(diag.max()) if top is None else float(top)
+    floor = 1e-12 * top if top > 0 else 1.0
+    return 1.0 / torch.sqrt(torch.clamp(diag, min=floor))
+
+
 def preconditioner_from_fisher(kind: str | None, F: Tensor, raw0: Tensor) -> LinearPreconditioner:
     """The preconditioner of ``kind`` at ``raw0`` for the Fisher matrix ``F`` in raw units (module docstring);
     :func:`make_preconditioner` computes ``F`` from one image, :mod:`refine.many.joint` sums it over images."""
@@ -125,12 +133,10 @@ def preconditioner_from_fisher(kind: str | None, F: Tensor, raw0: Tensor) -> Lin
     raw0 = raw0.detach().clone()
     if kind is None or raw0.numel() == 0:
         return LinearPreconditioner.identity(raw0)
-    diag = torch.diagonal(F)
-    floor = 1e-12 * float(diag.max()) if float(diag.max()) > 0 else 1.0
+    d = diagonal_whitening(torch.diagonal(F))
     if kind == "diagonal":
-        return LinearPreconditioner(raw0, torch.diag(1.0 / torch.sqrt(torch.clamp(diag, min=floor))))
+        return LinearPreconditioner(raw0, torch.diag(d))
     # unit-diagonal scaling first keeps the eigen-decomposition well conditioned
-    d = 1.0 / torch.sqrt(torch.clamp(diag, min=floor))
     Fn = d[:, None] * F * d[None, :]
     lam, V = torch.linalg.eigh(Fn)
     lam = torch.clamp(lam, min=1e-10 * float(lam.max()))
