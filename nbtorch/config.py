@@ -39,6 +39,8 @@ class SimulationConfig:
     #: -mosaic_model: gaussian or ball (even, deterministic domain sets) or random (the C's draw); None: ball in
     #: spec mode, random with -c_parity or -mosaic_seed (nbtorch.rules.resolve.mosaic_model_of)
     mosaic_model: str | None = None
+    #: -mosaic_turn: the even set turned by its K-th fixed rotation (nbtorch.physics.mosaic.mosaic_set_turn; 0/None: as built)
+    mosaic_turn: int | None = None
     #: -mosaic_abc: one spread per crystal axis (deg; spec mode only, nbtorch.physics.mosaic); None = isotropic
     mosaic_spread_abc_deg: tuple[float, float, float] | None = None
     phi_deg: float = 0.0

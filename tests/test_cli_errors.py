@@ -72,6 +72,8 @@ CASES = [
     ("-mosaic_dom -1", ["-mosaic_dom", "negative"]),
     ("-mosaic 0.2 -mosaic_model sphere", ["-mosaic_model", "unknown model 'sphere'"]),
     ("-mosaic 0.2 -mosaic_model ball -mosaic_seed 4", ["-mosaic_seed", "takes no seed"]),
+    ("-mosaic 0.2 -mosaic_turn -1", ["-mosaic_turn", "expected a turn index 0 to 1000"]),
+    ("-mosaic 0.2 -mosaic_model random -mosaic_turn 3", ["-mosaic_turn", "turns an even mosaic set"]),
     ("-mosaic 0.2 -mosaic_dom 0", ["-mosaic_dom", "1 to 100000 domains"]),
     ("-lambda 0", ["-lambda", "positive"]),
     ("-lambda -1", ["-lambda", "positive"]),

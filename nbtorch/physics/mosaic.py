@@ -118,6 +118,24 @@ def _radical_inverse_ranks(k: int) -> list[int]:
     return ranks
 
 
+def mosaic_set_turn(index: int) -> Tensor:
+    """The ``index``-th fixed turn (3, 3) (float64) of an even mosaic set (``-mosaic_turn``): the identity for 0;
+    for ``index >= 1`` the rotation by ``0.7 + 0.37 index`` rad about the unit axis of height
+    ``z = 1 - 2 frac((index - 0.5) / 16)`` and azimuth ``index`` golden angles.  A turned set is as even as the
+    set (its pairs stay ``+omega, -omega`` and its second moment the model's, being isotropic); only its orientation
+    against the crystal changes, so the spread of a refined value over a few turns measures how much that value
+    depends on where the domains happen to lie at this count."""
+    if index < 0:
+        raise ValueError(f"a mosaic set's turn is an index >= 0, got {index}")
+    if index == 0:
+        return torch.eye(3, dtype=torch.float64)
+    z = 1.0 - 2.0 * (((index - 0.5) / 16.0) % 1.0)
+    rho = math.sqrt(max(1.0 - z * z, 0.0))
+    azimuth = index * _GOLDEN_ANGLE
+    axis = torch.tensor([rho * math.cos(azimuth), rho * math.sin(azimuth), z], dtype=torch.float64)
+    return rotation_matrix_from_vector(axis * (0.7 + 0.37 * index))
+
+
 def even_mosaic_domains(count: int, model: str = "ball") -> tuple[Tensor, Tensor]:
     """An even, deterministic set of ``count`` mosaic domains: ``(axes (M, 3), fractions (M,))`` (float64, lab frame),
     domain m the rotation by ``spread * fractions[m]`` about ``axes[m]``; every domain weighs ``1 / count``.

@@ -42,7 +42,8 @@ from nbtorch.io.reflections import is_reflection_file, read_reflection_file
 from nbtorch.io.matrix import read_mosflm_matrix
 from nbtorch.parameters import PARAMETER_NAMES
 from nbtorch.physics.crystal import orientation_from_reciprocal
-from nbtorch.physics.mosaic import EVEN_MOSAIC_MODELS, MOSAIC_MODELS, even_mosaic_domains, rocking_sigma_per_spread
+from nbtorch.physics.mosaic import (EVEN_MOSAIC_MODELS, MOSAIC_MODELS, even_mosaic_domains, mosaic_set_turn,
+                                    rocking_sigma_per_spread)
 from nbtorch.physics.rotation import rotation_matrix_xyz
 from nbtorch.rules.checks import check_cell, check_positive, check_size_matrix, read_mask, validate
 from nbtorch.rules.resolved import (CrystalSetup, DetectorSetup, SamplingSetup, SensorSetup, Setup,
@@ -247,6 +248,8 @@ EVEN_MOSAIC_DOMAINS = 10
 DEFAULT_MOSAIC_MODEL = "ball"
 #: the largest even set built (its quantiles are found one pair at a time)
 MAX_EVEN_MOSAIC_DOMAINS = 100_000
+#: the largest ``-mosaic_turn`` index
+MAX_MOSAIC_TURN = 1000
 
 
 def mosaic_model_of(cfg: SimulationConfig, c_parity: bool) -> str:
@@ -255,13 +258,28 @@ def mosaic_model_of(cfg: SimulationConfig, c_parity: bool) -> str:
     :mod:`nbtorch.physics.mosaic`)."""
     model = cfg.mosaic_model
     if model is None:
-        return "random" if (c_parity or cfg.mosaic_seed is not None) else DEFAULT_MOSAIC_MODEL
+        model = "random" if (c_parity or cfg.mosaic_seed is not None) else DEFAULT_MOSAIC_MODEL
+        _check_turn(cfg, model)
+        return model
     if model not in MOSAIC_MODELS:
         raise InputError(f"-mosaic_model: unknown model {model!r} (expected {', '.join(MOSAIC_MODELS)})")
     if model in EVEN_MOSAIC_MODELS and cfg.mosaic_seed is not None:
         raise InputError(f"-mosaic_seed: the {model} mosaic set is even and deterministic and takes no seed "
                          "(a seed is for -mosaic_model random)")
+    _check_turn(cfg, model)
     return model
+
+
+def _check_turn(cfg: SimulationConfig, model: str) -> None:
+    """``-mosaic_turn``: an index 0..MAX_MOSAIC_TURN, for an even set only."""
+    turn = cfg.mosaic_turn
+    if turn is None:
+        return
+    if not 0 <= turn <= MAX_MOSAIC_TURN:
+        raise InputError(f"-mosaic_turn: expected a turn index 0 to {MAX_MOSAIC_TURN} (0: the set as built), got {turn}")
+    if model not in EVEN_MOSAIC_MODELS and turn:
+        raise InputError(f"-mosaic_turn: turns an even mosaic set ({', '.join(EVEN_MOSAIC_MODELS)}); the {model} "
+                         "draw takes -mosaic_seed instead")
 
 
 def _mosaic_domains(cfg: SimulationConfig, model: str, spread_deg: float | None) -> tuple[float, np.ndarray, np.ndarray]:
@@ -281,6 +299,8 @@ def _mosaic_domains(cfg: SimulationConfig, model: str, spread_deg: float | None)
                          f"{MAX_EVEN_MOSAIC_DOMAINS} domains (1: the unrotated crystal alone; 0, the C's 'automatic', is "
                          f"for -mosaic_model random), got {count}")
     axes_t, fractions_t = even_mosaic_domains(count, model)
+    if cfg.mosaic_turn:
+        axes_t = axes_t @ mosaic_set_turn(cfg.mosaic_turn).T
     return float(spread_deg), axes_t.numpy(), fractions_t.numpy()
 
 

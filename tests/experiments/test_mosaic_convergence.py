@@ -52,3 +52,29 @@ def test_bad_counts_are_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--counts: each count must be at least 2" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_turned_sets_are_run_apart_and_their_spread_tabulated(tmp_path):
+    sim = Simulator(config_from_args(f"{MODEL} -mosaic_dom 40".split()), compile=False)
+    image = np.random.default_rng(3).poisson(sim().detach().numpy() * 2.0 + 3.0).astype(np.float32)
+    write_smv(tmp_path / "obs.img", image, {"PIXEL_SIZE": "0.1"})
+    refine = ["--image", str(tmp_path / "obs.img"), "--model", MODEL, "--refine", "scale,background,cell",
+              "--max-steps", "2", "--no-compile"]
+    out = tmp_path / "conv"
+    assert main(["--out-dir", str(out), "--counts", "4", "--models", "ball", "--turns", "0", "2", "--",
+                 *refine]) == 0
+    flags = [json.loads((out / d / "result.json").read_text())["input"]["model"] for d in ("ball-4", "ball-4-t2")]
+    flags = [f if isinstance(f, str) else " ".join(f) for f in flags]
+    assert "-mosaic_turn" not in flags[0] and flags[1].endswith("-mosaic_dom 4 -mosaic_turn 2")
+    rows = json.loads((out / "table.json").read_text())
+    assert [(r["domains"], r["turn"]) for r in rows] == [(4, 0), (4, 2)]
+    assert rows[0]["cell_a"] != rows[1]["cell_a"]  # the turn changed the model
+    text = (out / "table.md").read_text()
+    assert "ball 4 over 2 turns: cell_a sd" in text and "| ball | 4 | 2 |" in text
+
+
+def test_negative_turns_are_refused(tmp_path, capsys):
+    assert main(["--out-dir", str(tmp_path / "o"), "--turns", "-1", "--", "--problem", "cubic_mosflm"]) == 2
+    err = capsys.readouterr().err
+    assert "--turns: each turn must be 0 or more" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

@@ -14,7 +14,7 @@ from torch.autograd import gradcheck
 from nbtorch import Simulator, config_from_args
 from nbtorch.sampling.crng import mosaic_axis_angle_draws
 from nbtorch.errors import InputError
-from nbtorch.physics.mosaic import even_mosaic_domains, rocking_sigma_per_spread
+from nbtorch.physics.mosaic import even_mosaic_domains, mosaic_set_turn, rocking_sigma_per_spread
 from nbtorch.rules.resolve import EVEN_MOSAIC_DOMAINS
 
 DT = torch.float64
@@ -48,6 +48,37 @@ def test_second_moment_is_the_models_at_every_count(model, per_axis, count):
     sigma = rocking_sigma_per_spread(model)
     assert per_axis is None or sigma == per_axis
     assert torch.allclose(omega.T @ omega / count, sigma ** 2 * torch.eye(3, dtype=DT), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("turn", [1, 2, 7, 23])
+def test_a_turned_set_keeps_its_pairs_and_moment_and_only_turns(turn):
+    """-mosaic_turn K: the set's rotation vectors turned by one fixed rotation; still +omega/-omega pairs with the
+    model's covariance, the angles unchanged, the axes moved; turn 0 is the set as built."""
+    R = mosaic_set_turn(turn)
+    assert torch.allclose(R @ R.T, torch.eye(3, dtype=DT), atol=1e-14) and float(torch.linalg.det(R)) == pytest.approx(1)
+    omega = _vectors(40, "ball")
+    turned = omega @ R.T
+    assert torch.allclose(turned[:20], -turned[20:], rtol=0, atol=1e-15)
+    sigma = rocking_sigma_per_spread("ball")
+    assert torch.allclose(turned.T @ turned / 40, sigma ** 2 * torch.eye(3, dtype=DT), rtol=0, atol=1e-13)
+    assert float((turned - omega).abs().max()) > 0.1
+    assert torch.equal(mosaic_set_turn(0), torch.eye(3, dtype=DT))
+    sampling = Simulator(config_from_args(f"{BASE} -mosaic 0.3 -mosaic_dom 40 -mosaic_turn {turn}".split()),
+                         compile=False).setup.sampling
+    axes, fractions = even_mosaic_domains(40, "ball")
+    assert np.allclose(sampling.mosaic_axes, (axes @ R.T).numpy(), atol=1e-15)
+    assert np.array_equal(sampling.mosaic_fractions, fractions.numpy())
+
+
+def test_a_turned_set_gives_another_sampling_of_the_same_image():
+    """A sharp crystal at 20 domains: the turned set's image differs from the set's (where the domains lie: 0.08 of
+    the image), and both are about as far from the 640-domain image (0.09, 0.08)."""
+    sharp = "-mosaic 0.6 -N 15"
+    limit = _image(f"{sharp} -mosaic_dom 640")
+    plain, turned = _image(f"{sharp} -mosaic_dom 20"), _image(f"{sharp} -mosaic_dom 20 -mosaic_turn 3")
+    apart = float((plain - turned).norm() / limit.norm())
+    errs = [float((img - limit).norm() / limit.norm()) for img in (plain, turned)]
+    assert apart > 0.04 and max(errs) < 1.5 * min(errs), (apart, errs)
 
 
 def test_ball_rocking_sigma_is_the_c_draws():
