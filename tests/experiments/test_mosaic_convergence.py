@@ -25,12 +25,17 @@ def test_shifts_are_from_the_largest_count_of_the_same_model():
     assert text.count("\n") == 4 and "| ball | 10 |" in text and "+2.00" in text
 
 
-def test_runs_each_pair_once_and_tabulates(tmp_path, capsys):
+def _refine_args(tmp_path, seed: int, steps: int) -> list[str]:
+    """A noisy image of MODEL at 40 domains, and the refinement's command line for it."""
     sim = Simulator(config_from_args(f"{MODEL} -mosaic_dom 40".split()), compile=False)
-    image = np.random.default_rng(2).poisson(sim().detach().numpy() * 2.0 + 3.0).astype(np.float32)
+    image = np.random.default_rng(seed).poisson(sim().detach().numpy() * 2.0 + 3.0).astype(np.float32)
     write_smv(tmp_path / "obs.img", image, {"PIXEL_SIZE": "0.1"})
-    refine = ["--image", str(tmp_path / "obs.img"), "--model", MODEL, "--refine", "scale,background,cell",
-              "--max-steps", "3", "--no-compile"]
+    return ["--image", str(tmp_path / "obs.img"), "--model", MODEL, "--refine", "scale,background,cell",
+            "--max-steps", str(steps), "--no-compile"]
+
+
+def test_runs_each_pair_once_and_tabulates(tmp_path, capsys):
+    refine = _refine_args(tmp_path, 2, 3)
     out = tmp_path / "conv"
     assert main(["--out-dir", str(out), "--counts", "2", "4", "--models", "ball", "--", *refine]) == 0
     first = {d: (out / f"ball-{d}" / "result.json").stat().st_mtime_ns for d in (2, 4)}
@@ -55,11 +60,7 @@ def test_bad_counts_are_refused(tmp_path, capsys):
 
 
 def test_turned_sets_are_run_apart_and_their_spread_tabulated(tmp_path):
-    sim = Simulator(config_from_args(f"{MODEL} -mosaic_dom 40".split()), compile=False)
-    image = np.random.default_rng(3).poisson(sim().detach().numpy() * 2.0 + 3.0).astype(np.float32)
-    write_smv(tmp_path / "obs.img", image, {"PIXEL_SIZE": "0.1"})
-    refine = ["--image", str(tmp_path / "obs.img"), "--model", MODEL, "--refine", "scale,background,cell",
-              "--max-steps", "2", "--no-compile"]
+    refine = _refine_args(tmp_path, 3, 2)
     out = tmp_path / "conv"
     assert main(["--out-dir", str(out), "--counts", "4", "--models", "ball", "--turns", "0", "2", "--",
                  *refine]) == 0
