@@ -122,9 +122,9 @@ def mosaic_set_turn(index: int) -> Tensor:
     """The ``index``-th fixed turn (3, 3) (float64) of an even mosaic set (``-mosaic_turn``): the identity for 0;
     for ``index >= 1`` the rotation by ``0.7 + 0.37 index`` rad about the unit axis of height
     ``z = 1 - 2 frac((index - 0.5) / 16)`` and azimuth ``index`` golden angles.  A turned set is as even as the
-    set (its pairs stay ``+omega, -omega`` and its second moment the model's, being isotropic); only its orientation
-    against the crystal changes, so the spread of a refined value over a few turns measures how much that value
-    depends on where the domains happen to lie at this count."""
+    set (its pairs stay ``+omega, -omega``; with 3 pairs or more its second moment stays the model's, being
+    isotropic); only its orientation against the crystal changes, so the spread of a refined value over a few turns
+    measures how much that value depends on where the domains happen to lie at this count."""
     if index < 0:
         raise ValueError(f"a mosaic set's turn is an index >= 0, got {index}")
     if index == 0:

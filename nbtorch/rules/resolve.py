@@ -259,11 +259,9 @@ def mosaic_model_of(cfg: SimulationConfig, c_parity: bool) -> str:
     model = cfg.mosaic_model
     if model is None:
         model = "random" if (c_parity or cfg.mosaic_seed is not None) else DEFAULT_MOSAIC_MODEL
-        _check_turn(cfg, model)
-        return model
-    if model not in MOSAIC_MODELS:
+    elif model not in MOSAIC_MODELS:
         raise InputError(f"-mosaic_model: unknown model {model!r} (expected {', '.join(MOSAIC_MODELS)})")
-    if model in EVEN_MOSAIC_MODELS and cfg.mosaic_seed is not None:
+    elif model in EVEN_MOSAIC_MODELS and cfg.mosaic_seed is not None:
         raise InputError(f"-mosaic_seed: the {model} mosaic set is even and deterministic and takes no seed "
                          "(a seed is for -mosaic_model random)")
     _check_turn(cfg, model)
