@@ -340,6 +340,8 @@ class Rendering:
                                          stages=kernel)
             return kernel(pixels, inp, self.options, real_first_A=first, diagnostics=diagnostics)
         except Exception as exc:  # compilation problems surface here, on first use
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise  # a CUDA graph's capture rule broken, not the compiler: the graph gives up, the kernel stays
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("torch.compile failed, falling back to eager for this simulator: %s", reason)
             self.compile_mode = "eager"

@@ -72,6 +72,13 @@ def _host_float(value) -> float:
     return float(value.detach()) if isinstance(value, Tensor) else float(value)
 
 
+def default_tile_evaluations(device: torch.device | str) -> int:
+    """A simulator's evaluations per kernel tile unless chosen: 2^20 on a CPU (tiles that stay in its caches),
+    2^25 on a GPU, where each tile costs its kernels' launches and the glue around them whatever its size, so an
+    image of up to 2^25 evaluations (heavy 1024^2: 31.5 million) is one tile (docs/performance.md)."""
+    return 1 << 25 if torch.device(device).type == "cuda" else 1 << 20
+
+
 class Simulator(Rendering, nn.Module):
     """nanoBragg as a differentiable module.
 
@@ -80,7 +87,8 @@ class Simulator(Rendering, nn.Module):
         dtype: ``torch.float64`` (default, parity) or ``torch.float32``.
         device: ``"cpu"`` or ``"cuda[:N]"``.
         max_evals_per_tile: memory bound: pixels are processed in tiles of at most
-            this many (pixel x sub-pixel x source x phi x mosaic) evaluations.
+            this many (pixel x sub-pixel x source x phi x mosaic) evaluations; default
+            :func:`default_tile_evaluations` of the device (2^20 on a CPU, 2^25 on a GPU).
         compile: ``True``/``False`` force or forbid ``torch.compile``; ``None``
             follows ``NANOBRAGG_DISABLE_COMPILE`` / ``NANOBRAG_DISABLE_COMPILE``
             (see :mod:`nbtorch.runtime.policy`).  Inside ``nbtorch.eager()`` it is always eager.
@@ -103,7 +111,7 @@ class Simulator(Rendering, nn.Module):
         config: SimulationConfig,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
-        max_evals_per_tile: int = 1 << 20,
+        max_evals_per_tile: int | None = None,
         compile: bool | None = None,
         kernel_dtype: torch.dtype | str | None = None,
     ) -> None:
@@ -123,7 +131,7 @@ class Simulator(Rendering, nn.Module):
             kernel_dtype = _DTYPES[kernel_dtype]
         self.kernel_dtype = kernel_dtype or self.dtype
         dev = torch.device(device or config.device)
-        self.max_evals_per_tile = int(max_evals_per_tile)
+        self.max_evals_per_tile = int(max_evals_per_tile or default_tile_evaluations(dev))
         for name, value in self.setup.params.items():
             self.register_buffer(name, torch.tensor(value, dtype=torch.float64, device=dev))
         for name in ORIENTATION_DELTAS:
@@ -261,7 +269,27 @@ class Simulator(Rendering, nn.Module):
         return self.cell_a.device
 
     def _t(self, value) -> Tensor:
-        return torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        """``value`` as a tensor of the simulator's dtype on its device: a tensor converted, plain data (a number,
+        an array of the set-up) through :meth:`_constant`."""
+        if isinstance(value, Tensor):
+            return torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        return self._constant(value)
+
+    def _constant(self, value) -> Tensor:
+        """Plain data (a number or an array) as a tensor of the simulator's dtype on its device, made once per
+        content, dtype and device and then reused (read-only: callers compute with it, never in place).  On a GPU
+        making it is a host-to-device copy, which an evaluation captured into a CUDA graph may not contain
+        (:mod:`nbtorch.runtime.cuda_graph`); reused, a refinement's fixed values and the set-up's axes cost
+        nothing per evaluation."""
+        data = np.asarray(value, dtype=np.float64)
+        key = (data.shape, data.tobytes(), self.dtype, self.device)  # bytes: -0.0 and 0.0 stay apart
+        held = self.__dict__.setdefault("_constants", {})
+        tensor = held.get(key)
+        if tensor is None:
+            if len(held) >= 4096:  # values that keep changing (a scan): start again rather than grow
+                held.clear()
+            tensor = held[key] = torch.as_tensor(data, dtype=self.dtype, device=self.device)
+        return tensor
 
     def parameters_dict(self, **overrides) -> dict[str, Tensor]:
         """Canonical parameters for one call (buffers, replaced by overrides), in self.dtype."""
@@ -284,7 +312,7 @@ class Simulator(Rendering, nn.Module):
                 v = v.to(device=self.device)
                 out[name] = v.to(self.dtype) if v.dtype != self.dtype else v
             else:  # a plain number straight to self.dtype (through the default float32 it would lose digits)
-                out[name] = torch.as_tensor(v, dtype=self.dtype, device=self.device)
+                out[name] = self._t(v)
         return out
 
     def _buffer_value(self, name: str) -> float:

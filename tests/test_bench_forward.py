@@ -119,7 +119,7 @@ def test_profile_prints_the_profilers_table(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--profile", "-1"], ["--iterations", "0"], ["--threads", "0"], ["--sizes", "0"],
-                                  ["--sizes", "32,x"], ["--c-bin", "/nonexistent/nanoBragg"]])
+                                  ["--sizes", "32,x"], ["--c-bin", "/nonexistent/nanoBragg"], ["--cuda-graph"]])
 def test_bad_arguments_are_one_line(capsys, argv):
     assert bench.main(TINY + argv) == 2
     err = capsys.readouterr().err.strip()
@@ -133,6 +133,20 @@ def test_every_option_has_help():
     help_text = " ".join(parser.format_help().split())
     assert "--disable-compile run eager: NANOBRAGG_DISABLE_COMPILE=1" in help_text
     assert "--profile N print the torch profiler's table" in help_text
+
+
+def test_two_sizes_give_the_fixed_cost_and_kernels_per_call(monkeypatch, tmp_path, capsys):
+    """Every record counts the operators (and a GPU's kernels) of one forward; two sizes fit a fixed cost per call
+    and a cost per evaluation, printed and in the header of the JSON."""
+    _set(monkeypatch, "1")
+    out = tmp_path / "bench.json"
+    assert bench.main(["--sizes", "16,32", "--iterations", "2", "--case", "cubic", "--grad", "--json", str(out)]) == 0
+    header, *records = json.loads(out.read_text())
+    assert all(r["operators_per_call"] > 0 and r["device_kernels_per_call"] == 0 for r in records)  # a CPU
+    fits = header["fixed_cost"]
+    assert set(fits) == {"warm_s", "grad_s"} and all(set(f) >= {"fixed_s", "ns_per_sample"} for f in fits.values())
+    assert "fixed cost per call + cost per evaluation" in capsys.readouterr().out
+    assert bench.fixed_cost_record(records[:1]) == {}  # one size: nothing to fit
 
 
 @pytest.mark.slow

@@ -190,3 +190,23 @@ def test_a_plain_number_override_keeps_every_digit_of_the_simulator_dtype():
     x = torch.tensor(50.1, dtype=torch.float64, requires_grad=True)
     y = sim.parameters_dict(cell_a=x)["cell_a"]
     assert y.requires_grad and float(y) == 50.1
+
+
+def test_plain_values_become_device_tensors_once():
+    """A plain number or set-up array reaches the device once and is reused (on a GPU each new one would be a
+    host-to-device copy, which a CUDA graph's capture may not contain); equal content, the same tensor; -0.0 and
+    0.0 apart; a refinement's fixed plain overrides give the same tensors at every evaluation."""
+    from nbtorch import Simulator, config_from_args
+
+    sim = Simulator(config_from_args("-cell 70 80 90 90 90 90 -N 5 -lambda 1 -default_F 100 -detpixels 8".split()))
+    a = sim._t(1.5)
+    assert a is sim._t(1.5) and a.dtype == sim.dtype and float(a) == 1.5
+    assert sim._t(0.0) is not sim._t(-0.0) and str(float(sim._t(-0.0))) == "-0.0"
+    axes = np.eye(3)
+    assert sim._t(axes) is sim._t(axes.copy()) and torch.equal(sim._t(axes), torch.eye(3, dtype=sim.dtype))
+    assert sim._t(np.ones(3)) is not sim._t(np.ones((1, 3)))  # shape is part of the content
+    plain = {"distance": 101.0, "beam_x": 0.4, "phi0": 0.0}
+    first, second = sim.parameters_dict(**plain), sim.parameters_dict(**plain)
+    assert all(first[n] is second[n] for n in plain) and float(first["distance"]) == 101.0
+    t = torch.tensor(2.0, dtype=torch.float64)
+    assert sim._t(t) is t  # a tensor of the simulator's dtype and device: itself

@@ -101,9 +101,9 @@ def tricubic_structure_factor(hkl, grid: Tensor, hkl_min: Tensor) -> Tensor:
     w = _lagrange_weights(hkl - base)  # (..., 3, 4)
     nh, nk, nl = grid.shape
     first = (base.detach() - hkl_min).long() - 1  # (..., 3): the stencil's first node
-    last_first = torch.tensor([max(n - 4, 0) for n in grid.shape], device=hkl.device)
-    first = torch.minimum(first.clamp(min=0), last_first)
-    start = (first * torch.tensor([nk * nl, nl, 1], device=hkl.device)).sum(-1)
+    # each axis's first node in [0, n - 4]; plain integers, no tensor made from Python data (a CUDA graph's rule)
+    fh, fk, fl = (first[..., i].clamp(min=0).clamp(max=max(n - 4, 0)) for i, n in enumerate(grid.shape))
+    start = fh * (nk * nl) + fk * nl + fl
     flat = start[..., None, None, None] + _stencil_offsets(grid.shape, hkl.device)  # (..., 4, 4, 4)
     if min(grid.shape) < 4:  # no point is safe; keep the discarded ones' lookups inside the table
         flat = flat.clamp(max=grid.numel() - 1)

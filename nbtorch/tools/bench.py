@@ -27,6 +27,13 @@ arguments (:func:`panel_args`): ``c_panels_s`` (the sum), ``speedup_vs_c_panels`
 ``--disable-compile`` runs eager: :func:`compile_env` sets ``NANOBRAGG_DISABLE_COMPILE=1`` only while a size is
 measured and then restores the caller's environment exactly (set or unset); every record says what ran
 (``compile_mode``, ``compile_reason``), so a shell that already sets the variable shows up as ``eager`` there.
+Every record has ``operators_per_call``, ``compiled_graphs_per_call`` and ``device_kernels_per_call`` (one warm
+forward under the torch profiler: :func:`nbtorch.tools.costs.operator_counts`; on a GPU the kernels launched).
+With two sizes or more the header gets ``fixed_cost``: the fixed cost of a call and the cost of each evaluation,
+fitted through the sizes' medians (:func:`nbtorch.tools.costs.fit_fixed_cost`) for the forward, the gradient
+(``--grad``) and the CUDA graph's replay.  ``--cuda-graph`` (a GPU) also times the forward replayed from a CUDA
+graph (:mod:`nbtorch.runtime.cuda_graph`): ``graph_warm_s``, ``graph_warm_min_s``, ``graph_max_abs_diff`` (against
+the plain forward's image), or ``graph_failure``.
 ``--profile N`` also runs N forward evaluations (no gradient) of each size under the torch profiler, after the
 timed ones, and prints its table (sorted by self CPU time; CUDA time too on a GPU) below that size's JSON line;
 the record gets ``profile_evaluations``.
@@ -52,6 +59,8 @@ import numpy as np
 import torch
 
 from nbtorch.runtime import policy as runtime
+from nbtorch.tools.costs import fit_fixed_cost, operator_counts
+
 CASES = {
     "cubic": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100",
     "heavy": "-cell 100 100 100 90 90 90 -N 5 -lambda 6.2 -distance 100 -pixel 0.1 -default_F 100 "
@@ -156,6 +165,45 @@ def _time_forward(sim, ns) -> tuple[float, list[float], torch.Tensor]:
     return cold, times, img
 
 
+def _forward(sim, **overrides):
+    with torch.no_grad():
+        return sim(**overrides)
+
+
+def _graph_forward(sim, ns, img: torch.Tensor) -> dict:
+    """The forward replayed from a CUDA graph (:class:`nbtorch.runtime.cuda_graph.GraphedFunction`, the distance an
+    input): ``graph_warm_s`` (median of ``--iterations``), ``graph_warm_min_s``, ``graph_max_abs_diff`` from the
+    plain image, or ``graph_failure``."""
+    from nbtorch.runtime.cuda_graph import GraphedFunction
+
+    graphed = GraphedFunction(lambda distance: (_forward(sim, distance=distance),), "forward")
+    distance = sim.distance.detach().clone()
+    out = graphed(distance)[0]
+    _sync(ns.device)
+    if not graphed.captured:
+        return {"graph_failure": graphed.failure}
+    times = []
+    for _ in range(ns.iterations):
+        t0 = time.perf_counter()
+        out = graphed(distance)[0]
+        _sync(ns.device)
+        times.append(time.perf_counter() - t0)
+    return {"graph_warm_s": statistics.median(times), "graph_warm_min_s": min(times),
+            "graph_max_abs_diff": float((out - img).abs().max())}
+
+
+def fixed_cost_record(records: list[dict]) -> dict:
+    """The fixed cost per call and the cost per evaluation (:func:`nbtorch.tools.costs.fit_fixed_cost`) of the
+    forward (``warm_s``), and of the gradient (``grad_s``) and the CUDA graph's replay (``graph_warm_s``) where
+    measured, through the sizes' medians; empty for fewer than two sizes."""
+    out = {}
+    for key in ("warm_s", "grad_s", "graph_warm_s"):
+        rows = [r for r in records if key in r]
+        if len({r["evaluations"] for r in rows}) >= 2:
+            out[key] = fit_fixed_cost([r["evaluations"] for r in rows], [r[key] for r in rows])
+    return out
+
+
 def bench_size(ns, size: int) -> dict:
     from nbtorch import Simulator, config_from_args
 
@@ -199,6 +247,10 @@ def bench_size(ns, size: int) -> dict:
             rec["grad_s"] = statistics.median(grad_times)
             rec["grad_min_s"] = min(grad_times)
             rec["grad_over_forward"] = rec["grad_s"] / rec["warm_s"]
+        counts = operator_counts(lambda: _forward(sim), ns.device)  # warm: timed above
+        rec.update({f"{key}_per_call": value for key, value in counts.items()})
+        if ns.cuda_graph:
+            rec.update(_graph_forward(sim, ns, img))
         if ns.profile:
             rec["profile_evaluations"] = ns.profile
             rec["profile"] = profile_forward(sim, ns.profile, ns.device)
@@ -236,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: torch's)")
     ap.add_argument("--panels", type=int, default=1, metavar="N",
                     help="render each size as N panels (size/N rows each) and compare with the one panel")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="on a GPU: also time the forward replayed from a CUDA graph")
     ap.add_argument("--json", default=None, help="also write every record to this file")
     return ap
 
@@ -251,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.panels < 1 or any(s % ns.panels for s in sizes):
         print(f"bench: --panels must be >= 1 and divide every size, got {ns.panels}", file=sys.stderr)
+        return 2
+    if ns.cuda_graph and not ns.device.startswith("cuda"):
+        print(f"bench: --cuda-graph needs a CUDA --device, got {ns.device!r}", file=sys.stderr)
         return 2
     if ns.iterations < 1 or ns.profile < 0 or ns.threads < 1:
         print("bench: --iterations and --threads must be >= 1, --profile >= 0", file=sys.stderr)
@@ -275,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rec), flush=True)
         if table:
             print(f"torch profiler, {ns.profile} forward evaluations, {ns.case} {size}x{size}:\n{table}", flush=True)
+    fits = fixed_cost_record(records[1:])
+    if fits:
+        header["fixed_cost"] = fits
+        print("fixed cost per call + cost per evaluation (least squares through the sizes' medians): " + ", ".join(
+            f"{key} {f['fixed_s'] * 1e3:.3f} ms + {f['ns_per_sample']:.4f} ns" for key, f in fits.items()), flush=True)
     if ns.json:
         from nbtorch.io.atomic import atomic_write
 

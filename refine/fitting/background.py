@@ -202,11 +202,22 @@ class BackgroundModel:
         return self.spec.names
 
     def _table(self, roi: tuple[int, int, int, int], used: Tensor | None, dtype, device) -> Tensor:
+        """The table (coordinates or held photons) on ``roi`` or its positions ``used``, in ``dtype`` on ``device``:
+        made once per request and kept (an evaluation asks for the same one every time; on a GPU, making it is a
+        host-to-device copy, which a CUDA graph's capture may not contain: :mod:`nbtorch.runtime.cuda_graph`)."""
+        key = (tuple(roi), str(dtype), str(device))
+        kept = self.__dict__.setdefault("_tables", {}).get(key)
+        if kept is not None and kept[0] is used:
+            return kept[1]
         x0, x1, y0, y1 = roi
         X0, _, Y0, _ = self.roi
         table = self.coordinate if self.coordinate is not None else self.held
         part = table[y0 - Y0:y1 - Y0 + 1, x0 - X0:x1 - X0 + 1].to(dtype=dtype, device=device)
-        return part if used is None else part.reshape(-1)[used.to(device)]
+        part = part if used is None else part.reshape(-1)[used.to(device)]
+        if len(self._tables) >= 8:
+            self._tables.clear()
+        self._tables[key] = (used, part)  # ``used`` kept too: the same tensor, not one at a reused address
+        return part
 
     def photons(self, values: Mapping[str, Tensor | float], roi: tuple[int, int, int, int],
                 used: Tensor | None, dtype: torch.dtype, device: torch.device) -> Tensor:

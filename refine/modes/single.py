@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from nbtorch import Simulator, eager
+from nbtorch.simulator import default_tile_evaluations
 from nbtorch.runtime import policy as runtime
 from nbtorch.cli.support import Printer
 from nbtorch.errors import InputError
@@ -114,8 +115,9 @@ def tile_evaluations(device: str | torch.device) -> int:
     pad more: the tutorial's loss and gradient (2 threads, alternating, 2026-11-26) 55.1 ms median with tiles
     of 2^19 evaluations (5 tiles) against 58.9-64.5 ms with 2^18 (10), 61.0-63.1 ms with 2^20 (3, 28 %
     padding) and 69.7-75.3 ms with 2^17 (19); on a GPU the kernels are short and the time goes to launching
-    them and to the glue, so one large tile (the tutorial: one tile instead of 19) saves most of it."""
-    return 1 << 22 if torch.device(device).type == "cuda" else 1 << 19
+    them and to the glue, so one large tile (the simulator's GPU default,
+    :func:`nbtorch.simulator.default_tile_evaluations`; the tutorial: one tile instead of 19) saves most of it."""
+    return default_tile_evaluations(device) if torch.device(device).type == "cuda" else 1 << 19
 
 
 def _simulator(args: Job, checked: Checked, inputs: Inputs) -> Simulator:

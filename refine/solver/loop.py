@@ -259,14 +259,22 @@ class _Evaluator:
             hit = None
         if hit is not None:
             return hit
-        with torch.enable_grad():
-            xi = self.x.detach().clone().requires_grad_(True)
-            loss, aux = self.fn(xi)
-            if not _finite(loss.detach()):
+        value_and_grad = getattr(self.fn, "value_and_grad", None)  # both at once (a CUDA graph: refine.solver.graphed)
+        if value_and_grad is not None:
+            xi = self.x.detach().clone()
+            loss, grad, aux = value_and_grad(xi)
+            if not _finite(loss):
                 self.nonfinite += 1
-                raise NonFiniteLoss(f"loss is {float(loss.detach())}")
-            (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
-            grad = torch.zeros_like(xi) if grad is None else grad
+                raise NonFiniteLoss(f"loss is {float(loss)}")
+        else:
+            with torch.enable_grad():
+                xi = self.x.detach().clone().requires_grad_(True)
+                loss, aux = self.fn(xi)
+                if not _finite(loss.detach()):
+                    self.nonfinite += 1
+                    raise NonFiniteLoss(f"loss is {float(loss.detach())}")
+                (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
+                grad = torch.zeros_like(xi) if grad is None else grad
         if type(grad) is not type(xi):  # autograd hands back plain tensors: the parameters' type again
             grad = grad.as_subclass(type(xi))
         if not _finite(grad):
@@ -313,7 +321,7 @@ def _start(evaluate: _Evaluator, optimizer, on_step, t_start: float) -> LoopStat
         state = LoopState(0, x.detach().clone(), math.nan, torch.zeros_like(x.detach()), optimizer.state_dict())
         return LoopResult(Status.FAILED, f"evaluating the starting point raised {type(exc).__name__}: {exc}", state)
     state = LoopState(0, x.detach().clone(), float(loss0), grad0.clone(), frozen_copy(optimizer.state_dict()),
-                      evaluations=evaluate.evaluations, aux=aux0)
+                      evaluations=evaluate.evaluations, elapsed_s=time.monotonic() - t_start, aux=aux0)
     state.history.append(_record(state, 0.0, math.nan))
     if on_step is not None:
         try:

@@ -57,6 +57,10 @@ class LinearPreconditioner:
     def z0(self) -> Tensor:
         return torch.zeros_like(self.raw0)
 
+    def to(self, device: torch.device | str) -> "LinearPreconditioner":
+        """The same map with its tensors on ``device`` (a GPU evaluation's: :mod:`refine.solver.graphed`)."""
+        return LinearPreconditioner(self.raw0.to(device), self.A.to(device))
+
     @classmethod
     def identity(cls, raw0: Tensor) -> "LinearPreconditioner":
         return cls(raw0.detach().clone(), torch.eye(raw0.numel(), dtype=raw0.dtype))

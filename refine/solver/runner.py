@@ -26,11 +26,13 @@ import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
+from nbtorch.runtime import cuda_graph
 from nbtorch.parameters import SIZE_DIAGONAL, SIZE_OFF_DIAGONAL
 from nbtorch.simulator import ORIENTATION_DELTAS, Simulator
 from refine.output.callbacks import CallbackList, ProgressCallback, RunInfo, StepState
 from refine.solver.checkpoint import RunCheckpoint, read_checkpoint, write_checkpoint
 from refine.solver.finalise import finalise
+from refine.solver.graphed import GraphedObjective
 from refine.solver.history import History
 from refine.solver.loop import LoopInterrupted, LoopResult, LoopState, Status, minimise
 from refine.fitting.objective import ImageObjective, LossFn, View, make_view
@@ -44,7 +46,7 @@ from refine.solver.strategies import AbstractStrategy
 from refine.fitting.structure_factors import AmplitudeOptions, amplitude_photons, estimate_amplitudes
 
 __all__ = ["refine", "RefinementInterrupted", "RunClock", "checkpoint_on_interrupt", "RunState", "start_run",
-           "resume_run", "run_stage", "run_stages", "stage_objective", "whole_image_objective"]
+           "resume_run", "run_stage", "run_stages", "stage_objective", "stage_function", "whole_image_objective"]
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +216,7 @@ def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index
         vals = pmap.values_at(raw)
         canon = canonical_values(vals)
         step = state.history.append(index, point.step, point.loss, point.grad_norm,
-                                    {**canon, **{n: vals[n] for n in ORIENTATION_DELTAS}})
+                                    {**canon, **{n: vals[n] for n in ORIENTATION_DELTAS}}, point.elapsed_s)
         callbacks.on_step(StepState(
             stage=stage.name, stage_index=index, step=step, stage_step=point.step, loss=point.loss,
             grad_norm=point.grad_norm, params=pmap.physical_floats(raw),
@@ -224,6 +226,21 @@ def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index
             weights=objective.weights))
 
     return on_step
+
+
+def stage_function(objective, pmap: ParameterMap, pre, device: torch.device, name: str):
+    """The loop's ``fn(z) -> (loss, model)`` of a stage; on a GPU (:func:`nbtorch.runtime.cuda_graph.enabled`) a
+    :class:`~refine.solver.graphed.GraphedObjective` that evaluates from device copies of ``z`` and the
+    preconditioner, its loss and gradient replayed from one CUDA graph -- unless the simulator's diagnostics have
+    subscribers (a replay runs no Python: they would hear nothing after the capture)."""
+    graphed = cuda_graph.enabled(device) and not len(objective.sim.diagnostics)
+    here = pre.to(device) if graphed else pre
+
+    def fn(z: Tensor) -> tuple[Tensor, Tensor]:
+        loss_value, model = objective.evaluate(pmap.expand(pmap.physical(here.to_raw(z))))
+        return loss_value, model.detach()
+
+    return GraphedObjective(fn, device, f"stage {name}'s loss and gradient") if graphed else fn
 
 
 def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackList,
@@ -250,9 +267,7 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     else:
         pre = make_preconditioner(stage.precondition, objective, pmap, pmap.raw0(plan.sim.dtype))
 
-    def fn(z: Tensor) -> tuple[Tensor, Tensor]:
-        loss_value, model = objective.evaluate(pmap.expand(pmap.physical(pre.to_raw(z))))
-        return loss_value, model.detach()
+    fn = stage_function(objective, pmap, pre, plan.sim.device, stage.name)
 
     def save(point: LoopState | None) -> Path | None:
         return save_checkpoint(checkpoint, plan, state, index, stage_values, point, names, pre)

@@ -23,12 +23,12 @@ cache loading included, is reported as ``first_s``):
 * with ``--main-job``: the README's main job (``scripts/main.sh``'s command) in a subprocess on the same
   device (``--device``), its own "in all" time and the subprocess's wall time;
 * ``operators_per_call`` of ``loss_grad``, ``loss`` and ``forward``: one warm call under the torch profiler
-  (:func:`refine.tools.costs.operator_counts`: aten operators that no other operator called, on a GPU each at least
+  (:func:`nbtorch.tools.costs.operator_counts`: aten operators that no other operator called, on a GPU each at least
   one kernel launch; ``compiled_graphs_per_call``; ``device_kernels_per_call``, the kernels that ran on a GPU);
 * with ``--fractions``: ``loss_grad`` and ``forward`` again on evenly spread fractions of the fitted pixels
   (:func:`refine.tools.costs.subset`: the simulator computes only those), and ``fixed_cost``: the least-squares
   line time = ``fixed_s`` + ``ns_per_sample`` x pixel-evaluations through their medians
-  (:func:`refine.tools.costs.fit_fixed_cost`): what a call costs whatever its size, and each pixel-evaluation.
+  (:func:`nbtorch.tools.costs.fit_fixed_cost`): what a call costs whatever its size, and each pixel-evaluation.
 
 On a GPU (``-- --device cuda ...``) every timed call ends with ``torch.cuda.synchronize()``.  Each
 evaluation's time is also given per lattice-factor evaluation: time / (pixels x evaluations per pixel).
@@ -59,7 +59,10 @@ from torch import Tensor
 from nbtorch.runtime import policy as runtime
 from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
-from refine.tools.costs import fit_fixed_cost, operator_counts, parse_fractions, subset
+from refine.solver.precondition import LinearPreconditioner
+from refine.solver.runner import stage_function
+from nbtorch.tools.costs import fit_fixed_cost, operator_counts
+from refine.tools.costs import parse_fractions, subset
 
 __all__ = ["main", "build_objective", "measure", "machine_record", "main_job_seconds", "TUTORIAL_ARGS",
            "MAIN_JOB_ARGS"]
@@ -91,19 +94,44 @@ class Bench:
         self.objective = stage_objective(self.plan, stage, names, self.plan.start)
         self.pmap = ParameterMap(self.plan.space, self.plan.start, names)
         self.raw = self.pmap.raw0(self.sim.dtype)
+        # the loop's own function (on a GPU: its loss and gradient replayed from a CUDA graph), at raw = raw0 + z
+        self.pre = LinearPreconditioner.identity(self.raw)
+        self.fn = self.stage_function()
         _, self.whole = whole_image_objective(self.plan)
         self.esd_map = ParameterMap(self.plan.space, self.plan.start, self.plan.names)
         self.pixels = int(self.objective.view.mask.sum())
         self.evaluations_per_pixel = self.sim.evaluations_per_pixel()
         self.dtype = str(self.sim.dtype).replace("torch.", "")
 
+    def stage_function(self):
+        """The loop's function of this objective (:func:`refine.solver.runner.stage_function`)."""
+        return stage_function(self.objective, self.pmap, self.pre, self.sim.device, "last")
+
     def loss_grad(self) -> tuple[Tensor, Tensor]:
-        """One loss and its gradient with respect to the raw parameters, as :mod:`refine.solver.loop` evaluates it."""
-        raw = self.raw.detach().clone().requires_grad_(True)
+        """One loss and its gradient with respect to the raw parameters, as :mod:`refine.solver.loop` evaluates it
+        (on a GPU through the stage's CUDA graph, :mod:`refine.solver.graphed`)."""
+        z = (self.raw - self.pre.raw0).detach()
+        value_and_grad = getattr(self.fn, "value_and_grad", None)
+        if value_and_grad is not None:
+            loss, grad, _ = value_and_grad(z)
+            return loss, grad
+        return self.loss_grad_plain()
+
+    def loss_grad_plain(self) -> tuple[Tensor, Tensor]:
+        """:meth:`loss_grad` without a CUDA graph: each kernel launched by the evaluation itself."""
+        raw = self.raw.detach().clone().to(self.sim.device).requires_grad_(True)
         with torch.enable_grad():
             loss, _ = self.objective.evaluate(self.pmap.expand(self.pmap.physical(raw)))
             (grad,) = torch.autograd.grad(loss, raw, allow_unused=True)
         return loss.detach(), grad
+
+    def graph_status(self) -> str:
+        """The CUDA graph of the loss and gradient: ``captured``, ``not captured: <why>``, or ``not used`` (a CPU,
+        or graphs turned off)."""
+        graphed = getattr(self.fn, "graphed", None)
+        if graphed is None:
+            return "not used"
+        return "captured" if graphed.captured else f"not captured: {graphed.failure or 'not called'}"
 
     def loss(self) -> Tensor:
         with torch.no_grad():
@@ -195,7 +223,7 @@ def table(records: dict) -> str:
     evaluations = records["pixels"] * records["evaluations_per_pixel"]
     lines = ["| measured | median ms | min ms | first ms | ns/evaluation (median) | ns/evaluation (min) | CPU ms "
              "(median, all threads) |", "|---|---|---|---|---|---|---|"]
-    for name in ("loss_grad", "loss", "forward", "esds"):
+    for name in ("loss_grad", "loss_grad_plain", "loss", "forward", "esds"):
         if name in records:
             lines.append(_row(name, records[name], evaluations))
     if "main_job" in records:
@@ -256,6 +284,9 @@ def run(ns: argparse.Namespace, refine_args: Sequence[str]) -> dict:
     device = bench.sim.device
     rec["device"] = str(device) if device.type != "cuda" else f"{device} ({torch.cuda.get_device_name(device)})"
     rec["loss_grad"] = measure(bench.loss_grad, ns.repeats, device)
+    rec["cuda_graph"] = bench.graph_status()
+    if rec["cuda_graph"] != "not used":  # the same evaluation launched kernel by kernel
+        rec["loss_grad_plain"] = measure(bench.loss_grad_plain, ns.repeats, device)
     rec["loss"] = measure(bench.loss, ns.repeats, device)
     rec["forward"] = measure(bench.forward, ns.repeats, device)
     for name, fn in (("loss_grad", bench.loss_grad), ("loss", bench.loss), ("forward", bench.forward)):
@@ -276,7 +307,7 @@ def run(ns: argparse.Namespace, refine_args: Sequence[str]) -> dict:
     if ns.main_job:  # on the bench's device
         rec["main_job"] = main_job_seconds(("--device", str(device)), threads=ns.threads)
     evaluations = bench.pixels * bench.evaluations_per_pixel
-    for name in ("loss_grad", "loss", "forward", "esds"):
+    for name in ("loss_grad", "loss_grad_plain", "loss", "forward", "esds"):
         if name in rec:
             rec[name]["ns_per_evaluation"] = rec[name]["median_s"] / evaluations * 1e9
             rec[name]["ns_per_evaluation_min"] = rec[name]["min_s"] / evaluations * 1e9
@@ -320,6 +351,7 @@ def _run(argv: list[str]) -> int:
           f"{rec['dtype']}, {rec['compile_mode']}, {rec['device']}, {len(rec['free'])} free, set-up "
           f"{rec['setup_s']:.1f} s")
     print(table(rec))
+    print(f"CUDA graph of the loss and gradient: {rec['cuda_graph']}")
     print(operators_line(rec))
     if "fractions" in rec:
         print(fractions_table(rec))

@@ -46,12 +46,15 @@ def test_main_job_time_is_parsed(monkeypatch):
 
 
 def test_the_refinement_tile_is_small_on_a_cpu_and_one_large_tile_on_a_gpu():
-    """A refinement's simulator: tiles of 2^19 evaluations on a CPU (few tiles, cache-sized), 2^22 on a GPU;
-    the tile changes no pixel's value (tests/test_simulator.py), so the choice is speed alone."""
+    """A refinement's simulator: tiles of 2^19 evaluations on a CPU (few tiles, cache-sized), 2^25 on a GPU (the
+    simulator's own GPU default); the tile changes no pixel's value (tests/test_simulator.py), so the choice is
+    speed alone."""
+    from nbtorch.simulator import default_tile_evaluations
     from refine.modes.single import tile_evaluations
 
     assert tile_evaluations("cpu") == 1 << 19
-    assert tile_evaluations("cuda") == tile_evaluations("cuda:1") == 1 << 22
+    assert tile_evaluations("cuda") == tile_evaluations("cuda:1") == default_tile_evaluations("cuda") == 1 << 25
+    assert default_tile_evaluations("cpu") == 1 << 20
     b = bench.build_objective(TINY)
     assert b.sim.max_evals_per_tile == tile_evaluations(b.sim.device)
 
@@ -93,7 +96,7 @@ def test_a_subset_fits_fewer_pixels_of_the_same_objective():
 
 
 def test_fixed_cost_fit_recovers_a_line():
-    from refine.tools.costs import fit_fixed_cost
+    from nbtorch.tools.costs import fit_fixed_cost
 
     samples = [1e5, 2e5, 4e5, 8e5]
     seconds = [2e-3 + 15e-9 * n for n in samples]
@@ -108,7 +111,7 @@ def test_fixed_cost_fit_recovers_a_line():
 @pytest.mark.parametrize("samples, seconds", [([1e5], [1e-3]), ([1e5, 1e5], [1e-3, 2e-3]), ([1e5, 2e5], [1e-3]),
                                               ([0, 1e5], [1e-3, 2e-3]), ([1e5, 2e5], [1e-3, float("nan")])])
 def test_fixed_cost_fit_refuses_bad_input(samples, seconds):
-    from refine.tools.costs import fit_fixed_cost
+    from nbtorch.tools.costs import fit_fixed_cost
 
     with pytest.raises(InputError) as err:
         fit_fixed_cost(samples, seconds)
@@ -127,7 +130,7 @@ def test_operator_counts_of_profiler_events():
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
-    from refine.tools.costs import count_events
+    from nbtorch.tools.costs import count_events
 
     def event(i, name, parent=None, device=DeviceType.CPU):
         e = FunctionEvent(i, name, thread=0, start_us=i, end_us=i + 1, device_type=device)
