@@ -44,7 +44,7 @@ The HDF5 file holds the same: attributes ``format``, ``status``, ``message``, ``
 ``structure_factors`` (attributes space_group, start, n_free, n_held (and min_photons); datasets ``hkl``,
 ``d_A``, ``F``, ``esd`` (NaN where held), ``refined``, and ``photons``, ``nobs`` of a joint run; subgroup
 ``anomalous`` of the pairs, a dataset per column); and ``result_json`` (the
-JSON document).  One image adds ``covariance``, ``history/stage``, ``history/stage_step``,
+JSON document).  One image adds ``covariance``, ``history/stage``, ``history/stage_step``, ``history/elapsed_s``,
 ``history/params/<name>`` (every base value, NaN-free) and ``images/observed``, ``images/model``,
 ``images/residuals`` (observed - model), ``images/mask`` and ``diagnostics`` (attributes: the scalars; with a
 spot profile ``diagnostics/profile/{observed,model,difference}``, with the background between spots
@@ -149,7 +149,7 @@ class RefinementResult:
         steps, evaluations: optimiser steps and loss evaluations over all stages.
         wall_s: wall time (s) of the whole run (resumed runs included).
         stages: per-stage :class:`StageSummary`.
-        history: column -> list: ``step stage stage_step loss grad_norm`` and ``params`` (name -> list).
+        history: column -> list: ``step stage stage_step loss grad_norm elapsed_s`` and ``params`` (name -> list).
         observed, model, residuals: (slow, fast) images (photons); residuals = observed - model.
         mask: (slow, fast) bool, pixels used by the final stage.
         symmetry: crystal system.
@@ -261,7 +261,7 @@ class RefinementResult:
         d = h5.create_dataset("covariance", data=np.asarray(self.covariance, dtype=np.float64))
         d.attrs["names"] = np.array([n.encode() for n in self.free])
         hist = write_history(h5, {col: self.history[col] for col in ("step", "stage", "stage_step", "loss",
-                                                                       "grad_norm")})
+                                                                       "grad_norm", "elapsed_s") if col in self.history})
         hp = hist.create_group("params")
         for name, col in self.history["params"].items():
             hp.create_dataset(name, data=np.asarray(col, dtype=np.float64))

@@ -155,5 +155,20 @@ def test_step_model_is_made_only_when_an_image_step_reads_it():
     assert made == [] and writer.images == {}  # not an image step: the model image was never made
     s = state(3)
     cb.on_step(s)
+    cb.wait()  # the images are binned and written on the callback's worker thread
     assert made == [1] and s.model.shape == (2000, 300) and made == [1]  # made once, then kept
     assert writer.images == {f"images/{k}": (500, 75) for k in ("observed", "model", "residual")}  # squares of 4
+
+
+def test_an_image_that_fails_on_the_worker_thread_is_raised_in_the_loop():
+    from refine.output.callbacks import StepState
+
+    class Failing(_ImageWriter):
+        def add_image(self, tag, image, step, dataformats):
+            raise OSError("disk full")
+
+    cb = TensorBoardCallback(writer=Failing(), every=1)
+    cb.on_step(StepState(stage="s", stage_index=0, step=1, stage_step=1, loss=1.0, grad_norm=0.0, params={}, grads={},
+                         canonical={}, model=torch.ones(4, 4), observed=torch.ones(4, 4), weights=None))
+    with pytest.raises(OSError, match="disk full"):
+        cb.wait()

@@ -35,6 +35,23 @@ def test_history_pads_late_names_and_truncates_for_checkpoints():
     assert History(d).to_dict() == d                             # the stored form reads back
 
 
+def test_history_keeps_the_loop_time_of_each_row(tmp_path):
+    """``elapsed_s``: the stage's loop time at each row (row 0 its first evaluation), in the result and its file;
+    a stored history from before the column reads back with NaN there."""
+    from refine.output.result_files import load_h5, save_h5
+
+    problem = make_problem("cubic_mosflm", size=16)
+    result = refine(problem, stages=single_stage(["scale", "background", "cell"], "lbfgs", Convergence(max_steps=3)),
+                    progress=False)
+    elapsed = result.history["elapsed_s"]
+    assert len(elapsed) == len(result.history["step"]) >= 2
+    assert all(np.isfinite(elapsed)) and elapsed[0] > 0 and all(np.diff(elapsed) >= 0)
+    save_h5(result, tmp_path / "r.h5")
+    assert np.array_equal(load_h5(tmp_path / "r.h5")["history"]["elapsed_s"], elapsed)
+    old = {k: v for k, v in History(result.history).to_dict().items() if k != "elapsed_s"}
+    assert np.isnan(History(old).to_dict()["elapsed_s"]).all()
+
+
 # ----------------------------------------------------------------------------- plan
 
 def test_plan_is_frozen_and_checked():
