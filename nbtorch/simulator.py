@@ -72,6 +72,10 @@ def _host_float(value) -> float:
     return float(value.detach()) if isinstance(value, Tensor) else float(value)
 
 
+#: plain values a simulator keeps as device tensors (:meth:`Simulator._constant`)
+MAX_CONSTANTS = 4096
+
+
 def default_tile_evaluations(device: torch.device | str) -> int:
     """A simulator's evaluations per kernel tile unless chosen: 2^20 on a CPU (tiles that stay in its caches),
     2^25 on a GPU, where each tile costs its kernels' launches and the glue around them whatever its size, so an
@@ -280,15 +284,16 @@ class Simulator(Rendering, nn.Module):
         content, dtype and device and then reused (read-only: callers compute with it, never in place).  On a GPU
         making it is a host-to-device copy, which an evaluation captured into a CUDA graph may not contain
         (:mod:`nbtorch.runtime.cuda_graph`); reused, a refinement's fixed values and the set-up's axes cost
-        nothing per evaluation."""
+        nothing per evaluation.  A kept tensor is never dropped (a captured graph may read it); past
+        :data:`MAX_CONSTANTS` values (a scan of plain values) new ones are made each time instead."""
         data = np.asarray(value, dtype=np.float64)
         key = (data.shape, data.tobytes(), self.dtype, self.device)  # bytes: -0.0 and 0.0 stay apart
         held = self.__dict__.setdefault("_constants", {})
         tensor = held.get(key)
         if tensor is None:
-            if len(held) >= 4096:  # values that keep changing (a scan): start again rather than grow
-                held.clear()
-            tensor = held[key] = torch.as_tensor(data, dtype=self.dtype, device=self.device)
+            tensor = torch.as_tensor(data, dtype=self.dtype, device=self.device)
+            if len(held) < MAX_CONSTANTS:
+                held[key] = tensor
         return tensor
 
     def parameters_dict(self, **overrides) -> dict[str, Tensor]:

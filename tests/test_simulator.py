@@ -192,7 +192,7 @@ def test_a_plain_number_override_keeps_every_digit_of_the_simulator_dtype():
     assert y.requires_grad and float(y) == 50.1
 
 
-def test_plain_values_become_device_tensors_once():
+def test_plain_values_become_device_tensors_once(monkeypatch):
     """A plain number or set-up array reaches the device once and is reused (on a GPU each new one would be a
     host-to-device copy, which a CUDA graph's capture may not contain); equal content, the same tensor; -0.0 and
     0.0 apart; a refinement's fixed plain overrides give the same tensors at every evaluation."""
@@ -210,3 +210,7 @@ def test_plain_values_become_device_tensors_once():
     assert all(first[n] is second[n] for n in plain) and float(first["distance"]) == 101.0
     t = torch.tensor(2.0, dtype=torch.float64)
     assert sim._t(t) is t  # a tensor of the simulator's dtype and device: itself
+    import nbtorch.simulator as simulator_module
+
+    monkeypatch.setattr(simulator_module, "MAX_CONSTANTS", len(sim._constants))  # full: nothing dropped, none added
+    assert sim._t(1.5) is a and sim._t(7.25) is not sim._t(7.25) and float(sim._t(7.25)) == 7.25

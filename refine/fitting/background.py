@@ -172,6 +172,11 @@ def clipped_mean(counts: np.ndarray, sigmas: float = 4.0) -> float:
 # ------------------------------------------------------------------------------------------ a run's tables
 
 
+def _keeps_tables(device) -> bool:
+    """Whether :meth:`BackgroundModel._table` keeps what it makes on ``device``: on a GPU."""
+    return torch.device(device).type == "cuda"
+
+
 @dataclass(frozen=True)
 class BackgroundModel:
     """A run's background with its per-pixel tables over ``roi`` (the simulator's, inclusive fast/slow bounds).
@@ -202,10 +207,12 @@ class BackgroundModel:
         return self.spec.names
 
     def _table(self, roi: tuple[int, int, int, int], used: Tensor | None, dtype, device) -> Tensor:
-        """The table (coordinates or held photons) on ``roi`` or its positions ``used``, in ``dtype`` on ``device``:
-        made once per request and kept (an evaluation asks for the same one every time; on a GPU, making it is a
-        host-to-device copy, which a CUDA graph's capture may not contain: :mod:`nbtorch.runtime.cuda_graph`)."""
-        key = (tuple(roi), str(dtype), str(device))
+        """The table (coordinates or held photons) on ``roi`` or its positions ``used``, in ``dtype`` on ``device``.
+        On a GPU it is made once per request and kept (an evaluation asks for the same one every time; making it
+        is a host-to-device copy, which a CUDA graph's capture may not contain: :mod:`nbtorch.runtime.cuda_graph`),
+        never dropped (a captured graph may read it), at most 8 of them; on a CPU it is made at each call (a
+        many-still run holds no second copy per still)."""
+        key = (tuple(roi), str(dtype), str(device), id(used))  # the id is safe: the entry keeps ``used`` alive
         kept = self.__dict__.setdefault("_tables", {}).get(key)
         if kept is not None and kept[0] is used:
             return kept[1]
@@ -214,9 +221,8 @@ class BackgroundModel:
         table = self.coordinate if self.coordinate is not None else self.held
         part = table[y0 - Y0:y1 - Y0 + 1, x0 - X0:x1 - X0 + 1].to(dtype=dtype, device=device)
         part = part if used is None else part.reshape(-1)[used.to(device)]
-        if len(self._tables) >= 8:
-            self._tables.clear()
-        self._tables[key] = (used, part)  # ``used`` kept too: the same tensor, not one at a reused address
+        if _keeps_tables(device) and len(self._tables) < 8:
+            self._tables[key] = (used, part)
         return part
 
     def photons(self, values: Mapping[str, Tensor | float], roi: tuple[int, int, int, int],

@@ -222,19 +222,22 @@ def test_planes_objective_gradient_of_the_flat_background_outside_the_windows(pr
     assert torch.equal(image[held], other[held]) and bool((other[~held] > image[~held]).all())
 
 
-def test_the_background_table_is_made_once_per_request():
-    """An evaluation asks for the same table every time: it is made once (on a GPU a host-to-device copy, which a
-    CUDA graph's capture may not contain) and the same tensor returned after; other positions get their own."""
+def test_the_background_table_is_made_once_per_request_on_a_gpu(monkeypatch):
+    """On a GPU an evaluation's table is made once (a host-to-device copy, which a CUDA graph's capture may not
+    contain) and the same tensor returned after, never dropped; other positions get their own; on a CPU it is made
+    at each call (no second copy per still held)."""
+    from refine.fitting import background
     from refine.fitting.background import BackgroundModel, BackgroundSpec
 
     held = torch.arange(12, dtype=F64).reshape(3, 4)
     model = BackgroundModel(spec=BackgroundSpec("planes"), roi=(0, 3, 0, 2), held=held, start={}, windows=1)
-    used = torch.tensor([0, 5, 11])
-    first = model._table((0, 3, 0, 2), used, F64, torch.device("cpu"))
-    assert first.tolist() == [0.0, 5.0, 11.0]
-    assert model._table((0, 3, 0, 2), used, F64, torch.device("cpu")) is first
+    used, cpu = torch.tensor([0, 5, 11]), torch.device("cpu")
+    first = model._table((0, 3, 0, 2), used, F64, cpu)
+    assert first.tolist() == [0.0, 5.0, 11.0] and model._table((0, 3, 0, 2), used, F64, cpu) is not first  # a CPU
+    monkeypatch.setattr(background, "_keeps_tables", lambda device: True)  # as on a GPU
+    first = model._table((0, 3, 0, 2), used, F64, cpu)
+    assert model._table((0, 3, 0, 2), used, F64, cpu) is first
     other = torch.tensor([1, 2])
-    assert model._table((0, 3, 0, 2), other, F64, torch.device("cpu")).tolist() == [1.0, 2.0]
-    assert model._table((0, 3, 0, 2), None, torch.float32, torch.device("cpu")).shape == (3, 4)
-    again = model._table((0, 3, 0, 2), used, F64, torch.device("cpu"))
-    assert torch.equal(again, first)
+    second = model._table((0, 3, 0, 2), other, F64, cpu)
+    assert second.tolist() == [1.0, 2.0] and model._table((0, 3, 0, 2), other, F64, cpu) is second
+    assert model._table((0, 3, 0, 2), used, F64, cpu) is first  # both kept: a later stage's does not drop it
