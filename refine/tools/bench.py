@@ -14,7 +14,9 @@ each the median and minimum of ``--repeats`` warm repeats after one untimed warm
 cache loading included, is reported as ``first_s``):
 
 * ``loss_grad``: one loss-and-gradient evaluation of the last stage's objective with respect to the raw
-  parameters of its free names (what the loop calls; a run with ``--refine`` has no preconditioner);
+  parameters of its free names (what the loop calls: on a GPU replayed from the stage's CUDA graph,
+  :mod:`refine.solver.graphed`; a run with ``--refine`` has no preconditioner); ``cuda_graph`` says whether the
+  graph was captured, and on a GPU ``loss_grad_plain`` is the same evaluation launched kernel by kernel;
 * ``forward``: the simulator alone on the fitted pixels (:meth:`nbtorch.Simulator.render_pixels`, no gradient);
 * ``loss``: the objective's loss without gradient;
 * ``esds``: :func:`refine.quality.uncertainty.estimate_uncertainties` on the whole fitted image as
