@@ -70,7 +70,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -464,13 +464,18 @@ class ParameterMap:
         space: the run's :class:`ParameterSpace`.
         values: the state at raw = 0: every name of :data:`BASE_NAMES` (and the space's amplitudes) -> float.
         names: the free refinable names (from :meth:`ParameterSpace.expand`).
+        share: ``(other map, names)``: those names take ``other``'s transform objects where they start at the same
+            value there (a joint run's images: one object per shared name in a process, not one per name and
+            image; each transform is a module of ~2 kB, and thousands of shared amplitudes made and dropped per
+            image left most of a held still's memory behind).
 
     ``expand(physical(raw))`` gives every base value: free ones as tensors (with
     gradients), the others as floats, the cell constraints and the isotropic
     ``N`` applied.
     """
 
-    def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str]) -> None:
+    def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str],
+                 share: tuple["ParameterMap", Collection[str]] | None = None) -> None:
         extra = space.knots + tuple(space.amplitudes) + space.group_changes + space.panel_values  # type: ignore[attr-defined]
         missing = [n for n in BASE_NAMES + extra if n not in values]
         if missing:
@@ -479,10 +484,19 @@ class ParameterMap:
         self.values = {n: float(values[n]) for n in BASE_NAMES + extra}
         self.names = tuple(names)
         self.n0 = (self.values["N_a"] * self.values["N_b"] * self.values["N_c"]) ** (1.0 / 3.0)
-        self.transforms = [space.transform(n, self.start_value(n)) for n in self.names]
+        self.transforms = self._transforms(share)
         # each panel's value less its group's change: a state's per-panel values always include the changes
         self.panel_base = {f"{n}_p{i}": (k, self.values[f"{n}_p{i}"] - self.values[f"{n}_g{k}"])
                            for k, members in enumerate(space.panel_groups) for i in members for n in GROUPS["detector"]}
+
+    def _transforms(self, share: tuple["ParameterMap", Collection[str]] | None) -> list:
+        """Each free name's transform: ``share``'s object where the rule of the class docstring allows, else new."""
+        if share is None:
+            return [self.space.transform(n, self.start_value(n)) for n in self.names]
+        other, names = share
+        theirs = dict(zip(other.names, other.transforms))
+        return [theirs[n] if n in names and n in theirs and other.start_value(n) == self.start_value(n)
+                else self.space.transform(n, self.start_value(n)) for n in self.names]
 
     def start_value(self, name: str) -> float:
         """Physical value of refinable ``name`` where the stage starts (``raw0``)."""

@@ -106,11 +106,13 @@ def share_tables(prepared: list[PreparedImage]) -> None:
             return
 
 
-def joint_image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], hold_scale: bool) -> JointImage:
+def joint_image(im: PreparedImage, space: ParameterSpace, names: tuple[str, ...], hold_scale: bool,
+                share=None) -> JointImage:
     """The image's map (its objective is the prepared image's: the shared table's, when the structure factors
     are refined); with ``hold_scale`` (image 0 next to shared structure factors) its scale keeps its start
-    (:class:`Held`)."""
-    pmap = ParameterMap(space, im.values, names)
+    (:class:`Held`); ``share``: :class:`~refine.fitting.parameters.ParameterMap`'s (another image's map and the
+    shared names, whose transform objects this map takes)."""
+    pmap = ParameterMap(space, im.values, names, share=share)
     if hold_scale and "scale" in names:
         pmap.transforms[names.index("scale")] = Held(im.values["scale"])
     return JointImage(im.index, im, pmap, im.values, im.digest)

@@ -132,9 +132,11 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
     if amps is not None:
         space = dataclasses.replace(space, amplitudes=amps.table.names)
         shared_names = shared_names + amps.free
-    images = [joint_image(im, space, shared_names + per_names, hold_scale=amps is not None and im.index == 0)
-              for im in prepared]
-    _share_transforms(images, shared_names)
+    images: list = []
+    shared_set = frozenset(shared_names)
+    for im in prepared:  # every map after the first takes its transform objects for the shared names
+        images.append(joint_image(im, space, shared_names + per_names, hold_scale=amps is not None and im.index == 0,
+                                  share=(images[0].pmap, shared_set) if images else None))
     joint = Joint(images, n, len(shared_names), len(per_names), comm, torch.float64)
     starts = {im.index: {k: float(im.start[k]) for k in BASE_NAMES} for im in images}
     extra = amps.start if amps is not None else {}
@@ -156,19 +158,6 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
     loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
     return JointProblem(comm, space, shared_names, per_names, loss_name, joint, starts, map_starts, map_start0, raw0,
                         amps, priors)
-
-
-def _share_transforms(images, shared_names: tuple) -> None:
-    """Every image's map holds the first image's transform objects for the shared names that start at the same
-    value (all of them: one raw value is one physical value everywhere): one object per shared name in a process,
-    not one per name and image (thousands of amplitudes)."""
-    if len(images) < 2:
-        return
-    first = images[0].pmap
-    for im in images[1:]:
-        for k, name in enumerate(shared_names):
-            if im.pmap.start_value(name) == first.start_value(name):
-                im.pmap.transforms[k] = first.transforms[k]
 
 
 def _image0_interpolates(comm: Comm, prepared: Sequence[PreparedImage]) -> bool:

@@ -75,6 +75,23 @@ def test_refined_tetragonal_cell_keeps_a_equal_b():
     assert raw.grad[0].item() == pytest.approx(2 * 0.5 * math.exp(0.03))  # d(2a)/draw = 2 * 50 * 0.01 * e^0.03
 
 
+def test_a_map_takes_another_maps_transforms_for_shared_names_at_the_same_start():
+    """A joint run's image maps share one transform object per shared name (each a module of ~2 kB: thousands of
+    amplitudes made per image once held most of a still's memory): where the start agrees; others are their own."""
+    space = ParameterSpace(symmetry="tetragonal")
+    names = space.expand(["cell", "scale", "distance"])
+    first = ParameterMap(space, state(), names)
+    other = ParameterMap(space, state(distance=101.0), names, share=(first, {"cell_a", "cell_c", "distance"}))
+    mine = dict(zip(names, other.transforms))
+    theirs = dict(zip(names, first.transforms))
+    assert mine["cell_a"] is theirs["cell_a"] and mine["cell_c"] is theirs["cell_c"]
+    assert mine["distance"] is not theirs["distance"]  # another start: its own
+    assert mine["scale"] is not theirs["scale"]  # not shared
+    raw = torch.tensor([1.0] * len(names), dtype=F64)
+    plain = ParameterMap(space, state(distance=101.0), names)
+    assert all(torch.equal(a, b) for a, b in zip(other.physical(raw).values(), plain.physical(raw).values()))
+
+
 def test_start_breaking_the_symmetry_is_an_error():
     with pytest.raises(ValueError, match="cell_b=51 breaks the tetragonal"):
         ParameterSpace(symmetry="tetragonal").check_start(state(cell_b=51.0))
