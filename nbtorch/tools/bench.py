@@ -149,17 +149,16 @@ def panel_simulator(args: list[str], size: int, panels: int, **kwargs):
 
 
 def _time_forward(sim, ns) -> tuple[float, list[float], torch.Tensor]:
-    """``(cold s, warm s of each iteration, image)`` of forward calls without gradient."""
+    """``(cold s, warm s of each iteration, image)`` of forward calls without gradient (``sim``: a simulator, or any
+    call that returns the image)."""
     t0 = time.perf_counter()
-    with torch.no_grad():
-        img = sim()
+    img = _forward(sim)
     _sync(ns.device)
     cold = time.perf_counter() - t0
     times = []
     for _ in range(ns.iterations):
         t0 = time.perf_counter()
-        with torch.no_grad():
-            img = sim()
+        img = _forward(sim)
         _sync(ns.device)
         times.append(time.perf_counter() - t0)
     return cold, times, img
@@ -178,16 +177,9 @@ def _graph_forward(sim, ns, img: torch.Tensor) -> dict:
 
     graphed = GraphedFunction(lambda distance: (_forward(sim, distance=distance),), "forward")
     distance = sim.distance.detach().clone()
-    out = graphed(distance)[0]
-    _sync(ns.device)
+    _, times, out = _time_forward(lambda: graphed(distance)[0], ns)  # the cold call captures
     if not graphed.captured:
         return {"graph_failure": graphed.failure}
-    times = []
-    for _ in range(ns.iterations):
-        t0 = time.perf_counter()
-        out = graphed(distance)[0]
-        _sync(ns.device)
-        times.append(time.perf_counter() - t0)
     return {"graph_warm_s": statistics.median(times), "graph_warm_min_s": min(times),
             "graph_max_abs_diff": float((out - img).abs().max())}
 

@@ -22,7 +22,18 @@ from torch import Tensor
 
 from nbtorch.runtime.cuda_graph import GraphedFunction
 
-__all__ = ["GraphedObjective"]
+__all__ = ["GraphedObjective", "loss_and_gradient"]
+
+
+def loss_and_gradient(fn: Callable[[Tensor], tuple[Tensor, Any]], x: Tensor) -> tuple[Tensor, Any]:
+    """``(loss and gradient as one (1 + P,) vector, aux)`` of ``fn`` at ``x`` by autograd, on ``x``'s device: what a
+    graph records (:class:`GraphedObjective`) and what runs launched kernel by kernel."""
+    with torch.enable_grad():
+        xi = x.detach().requires_grad_(True)
+        loss, aux = fn(xi)
+        (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
+        grad = torch.zeros_like(xi) if grad is None else grad
+    return torch.cat([loss.detach().reshape(1).to(grad.dtype), grad.detach()]), aux.detach()
 
 
 class GraphedObjective:
@@ -34,19 +45,10 @@ class GraphedObjective:
 
     def __init__(self, fn: Callable[[Tensor], tuple[Tensor, Any]], device: torch.device, name: str = "evaluation"):
         self.fn, self.device = fn, torch.device(device)
-        self.graphed = GraphedFunction(self._loss_grad, name)
+        self.graphed = GraphedFunction(lambda x: loss_and_gradient(self.fn, x), name)
 
     def __call__(self, x: Tensor) -> tuple[Tensor, Any]:
         return self.fn(x.to(self.device))
-
-    def _loss_grad(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(loss and gradient as one (1 + P,) vector, aux)`` at device ``x``: what the graph records."""
-        with torch.enable_grad():
-            xi = x.detach().requires_grad_(True)
-            loss, aux = self.fn(xi)
-            (grad,) = torch.autograd.grad(loss, xi, allow_unused=True)
-            grad = torch.zeros_like(xi) if grad is None else grad
-        return torch.cat([loss.detach().reshape(1).to(grad.dtype), grad.detach()]), aux.detach()
 
     def value_and_grad(self, x: Tensor) -> tuple[Tensor, Tensor, Any]:
         """``(loss, gradient, aux)`` at ``x`` (a CPU vector): loss and gradient on ``x``'s device, ``aux`` (the

@@ -228,11 +228,13 @@ def _step_recorder(state: RunState, callbacks: CallbackList, stage: Stage, index
     return on_step
 
 
-def stage_function(objective, pmap: ParameterMap, pre, device: torch.device, name: str):
-    """The loop's ``fn(z) -> (loss, model)`` of a stage; on a GPU (:func:`nbtorch.runtime.cuda_graph.enabled`) a
+def stage_function(objective, pmap: ParameterMap, pre, name: str):
+    """The loop's ``fn(z) -> (loss, model)`` of a stage; on a GPU (the objective's simulator's device,
+    :func:`nbtorch.runtime.cuda_graph.enabled`) a
     :class:`~refine.solver.graphed.GraphedObjective` that evaluates from device copies of ``z`` and the
     preconditioner, its loss and gradient replayed from one CUDA graph -- unless the simulator's diagnostics have
     subscribers (a replay runs no Python: they would hear nothing after the capture)."""
+    device = objective.sim.device
     graphed = cuda_graph.enabled(device) and not len(objective.sim.diagnostics)
     here = pre.to(device) if graphed else pre
 
@@ -267,7 +269,7 @@ def run_stage(plan: RunPlan, state: RunState, index: int, callbacks: CallbackLis
     else:
         pre = make_preconditioner(stage.precondition, objective, pmap, pmap.raw0(plan.sim.dtype))
 
-    fn = stage_function(objective, pmap, pre, plan.sim.device, stage.name)
+    fn = stage_function(objective, pmap, pre, stage.name)
 
     def save(point: LoopState | None) -> Path | None:
         return save_checkpoint(checkpoint, plan, state, index, stage_values, point, names, pre)

@@ -62,6 +62,7 @@ from nbtorch.runtime import policy as runtime
 from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
 from refine.solver.precondition import LinearPreconditioner
+from refine.solver.graphed import loss_and_gradient
 from refine.solver.runner import stage_function
 from nbtorch.tools.costs import fit_fixed_cost, operator_counts
 from refine.tools.costs import parse_fractions, subset
@@ -107,7 +108,7 @@ class Bench:
 
     def stage_function(self):
         """The loop's function of this objective (:func:`refine.solver.runner.stage_function`)."""
-        return stage_function(self.objective, self.pmap, self.pre, self.sim.device, "last")
+        return stage_function(self.objective, self.pmap, self.pre, "last")
 
     def loss_grad(self) -> tuple[Tensor, Tensor]:
         """One loss and its gradient with respect to the raw parameters, as :mod:`refine.solver.loop` evaluates it
@@ -120,12 +121,10 @@ class Bench:
         return self.loss_grad_plain()
 
     def loss_grad_plain(self) -> tuple[Tensor, Tensor]:
-        """:meth:`loss_grad` without a CUDA graph: each kernel launched by the evaluation itself."""
-        raw = self.raw.detach().clone().to(self.sim.device).requires_grad_(True)
-        with torch.enable_grad():
-            loss, _ = self.objective.evaluate(self.pmap.expand(self.pmap.physical(raw)))
-            (grad,) = torch.autograd.grad(loss, raw, allow_unused=True)
-        return loss.detach(), grad
+        """:meth:`loss_grad` without a CUDA graph: the stage's function, each kernel launched by itself."""
+        plain = getattr(self.fn, "fn", self.fn)  # a GraphedObjective's own function takes a device vector
+        both, _ = loss_and_gradient(plain, (self.raw - self.pre.raw0).to(self.sim.device))
+        return both[0], both[1:]
 
     def graph_status(self) -> str:
         """The CUDA graph of the loss and gradient: ``captured``, ``not captured: <why>``, or ``not used`` (a CPU,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nbtorch.runtime import cuda_graph
-from refine.solver.graphed import GraphedObjective
+from refine.solver.graphed import GraphedObjective, loss_and_gradient
 from refine.solver.loop import NonFiniteLoss, _Evaluator, minimise
 from refine.solver.strategies import LBFGS
 
@@ -29,7 +29,7 @@ class _Stub(GraphedObjective):
 
         def plain(x):
             self.calls += 1
-            return self._loss_grad(x)
+            return loss_and_gradient(self.fn, x)
 
         self.graphed = plain
 
