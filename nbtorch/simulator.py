@@ -76,6 +76,15 @@ def _host_float(value) -> float:
 MAX_CONSTANTS = 4096
 
 
+def _has_storage(t: Tensor) -> bool:
+    """Whether ``t`` is a plain tensor with its own storage (not a ``torch.func`` wrapper or a fake tensor)."""
+    try:
+        t.data_ptr()
+    except RuntimeError:
+        return False
+    return True
+
+
 def default_tile_evaluations(device: torch.device | str) -> int:
     """A simulator's evaluations per kernel tile unless chosen: 2^20 on a CPU (tiles that stay in its caches),
     2^25 on a GPU, where each tile costs its kernels' launches and the glue around them whatever its size, so an
@@ -285,14 +294,16 @@ class Simulator(Rendering, nn.Module):
         making it is a host-to-device copy, which an evaluation captured into a CUDA graph may not contain
         (:mod:`nbtorch.runtime.cuda_graph`); reused, a refinement's fixed values and the set-up's axes cost
         nothing per evaluation.  A kept tensor is never dropped (a captured graph may read it); past
-        :data:`MAX_CONSTANTS` values (a scan of plain values) new ones are made each time instead."""
+        :data:`MAX_CONSTANTS` values (a scan of plain values) new ones are made each time instead.  One made inside a
+        ``torch.func`` transform (``jacfwd``: the esds, a joint run's preconditioner) is a wrapper without storage:
+        it is not kept (a compiled kernel given it later fails, and the simulator would fall back to eager)."""
         data = np.asarray(value, dtype=np.float64)
         key = (data.shape, data.tobytes(), self.dtype, self.device)  # bytes: -0.0 and 0.0 stay apart
         held = self.__dict__.setdefault("_constants", {})
         tensor = held.get(key)
         if tensor is None:
             tensor = torch.as_tensor(data, dtype=self.dtype, device=self.device)
-            if len(held) < MAX_CONSTANTS:
+            if len(held) < MAX_CONSTANTS and _has_storage(tensor):
                 held[key] = tensor
         return tensor
 

@@ -214,3 +214,22 @@ def test_plain_values_become_device_tensors_once(monkeypatch):
 
     monkeypatch.setattr(simulator_module, "MAX_CONSTANTS", len(sim._constants))  # full: nothing dropped, none added
     assert sim._t(1.5) is a and sim._t(7.25) is not sim._t(7.25) and float(sim._t(7.25)) == 7.25
+
+
+def test_a_value_made_inside_a_forward_mode_transform_is_not_kept():
+    """A plain value first made inside ``torch.func.jacfwd`` (the esds' and a joint preconditioner's Jacobian) is a
+    wrapper without storage: it is used there but not kept, so that a later (compiled) call gets a plain tensor;
+    values kept before the transform are reused inside it."""
+    from nbtorch import Simulator, config_from_args
+
+    sim = Simulator(config_from_args("-cell 70 80 90 90 90 90 -N 5 -lambda 1 -default_F 100 -detpixels 8".split()),
+                    compile=False)
+    kept = sim._t(2.5)
+
+    def f(x):
+        return x * sim._t(3.25) + sim._t(2.5)
+
+    J = torch.func.jacfwd(f)(torch.ones(2, dtype=sim.dtype))
+    assert torch.equal(J, 3.25 * torch.eye(2, dtype=sim.dtype))
+    assert all(t.untyped_storage().data_ptr() for t in sim._constants.values())
+    assert sim._t(2.5) is kept and float(sim._t(3.25)) == 3.25 and sim._t(3.25).data_ptr()
