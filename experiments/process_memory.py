@@ -5,6 +5,8 @@ processes stood in (:class:`StandIn`), so that a set of 10^5 stills costs only t
 
     python -m experiments.process_memory --stills 10000 --hold 4 --out out/mem_10000_4.json
     python -m experiments.process_memory --stills 10000 --hold 100 --amplitudes --out out/mem_amp.json
+    python -m experiments.process_memory --stills 10000 --hold 2500 --processes 4 --amplitudes --size 128 --distance 15 \
+        --max-steps 2 --out out/mem_amp_1e4.json   # ~10^4 amplitudes
 
 With ``--amplitudes`` the run is a joint refinement of shared amplitudes (:func:`measure_amplitudes`).
 
@@ -86,11 +88,15 @@ def measure(n: int, hold: int, *, seed: int = 1, size: int = 16, screen_steps: i
             "wall_s": time.monotonic() - t0}
 
 
-def measure_amplitudes(n: int, hold: int, *, seed: int = 1, size: int = 96, max_steps: int = 25) -> dict:
-    """``--amplitudes``: one process holding the first ``hold`` of ``n`` stills of
-    :func:`experiments.serial_amplitudes.make_amplitude_set` (truth of one domain, no sub-pixels: the memory, not the
-    numbers, is measured) in a joint run of the shared amplitudes (``start="estimate"``, the treatment ``auto``
-    picks), the cell, and each still's scale, background and orientation, ``max_steps`` steps, no esds."""
+def measure_amplitudes(n: int, hold: int, *, seed: int = 1, size: int = 96, max_steps: int = 25,
+                       distance_mm: float = 40.0, processes: int = 2) -> dict:
+    """``--amplitudes``: one process (of ``processes``) holding the first ``hold`` of ``n`` stills of
+    :func:`experiments.serial_amplitudes.make_amplitude_set` (``size`` pixels a side at ``distance_mm``; truth of one
+    domain, no sub-pixels: the memory, not the numbers, is measured) in a joint run of the shared amplitudes
+    (``start="estimate"``, the treatment ``auto`` picks), the cell, and each still's scale, background and
+    orientation, ``max_steps`` steps, no esds.  Each still is kept as its fitted pixels (all of them), as a joint
+    run from image files keeps it, not as a dense image.  The candidates are those of the held stills (the stood-in ones
+    repeat the first's): hold a few thousand stills for the whole set's."""
     from experiments.serial_amplitudes import SPACE_GROUP, SYMMETRY, make_amplitude_set  # noqa: PLC0415
     from refine.fitting.structure_factors import AmplitudeOptions  # noqa: PLC0415
     from refine.many.joint import refine_joint  # noqa: PLC0415
@@ -99,17 +105,18 @@ def measure_amplitudes(n: int, hold: int, *, seed: int = 1, size: int = 96, max_
         raise InputError(f"hold: expected an integer in [1, {n}], got {hold}")
     base = _resident_mib()
     t0 = time.monotonic()
-    ds = make_amplitude_set(n, np.random.default_rng(seed), size=size, keep=range(hold), truth_domains=1,
-                            truth_oversample=1)
+    ds = make_amplitude_set(n, np.random.default_rng(seed), size=size, distance_mm=distance_mm, keep=range(hold),
+                            truth_domains=1, truth_oversample=1, as_pixels=True)
     s = ds.serial
     result = refine_joint(s.simulators(), s.observed(), shared=("cell",),
                           per_image=("scale", "background", "orientation"), symmetry=SYMMETRY, start=s.shared_start,
                           image_starts=s.image_starts(), esds=False, geometry_first=False, local_images=range(hold),
                           structure_factors=AmplitudeOptions(SPACE_GROUP, start="estimate"),
-                          convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps), comm=StandIn())
+                          convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps), comm=StandIn(processes))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     sf = result.structure_factors
-    return {"n": n, "hold": hold, "size": size, "max_steps": max_steps, "amplitudes": sf["n_free"],
+    return {"n": n, "hold": hold, "size": size, "distance_mm": distance_mm, "processes": processes,
+            "max_steps": max_steps, "amplitudes": sf["n_free"], "candidates": sf["n_free"] + sf["n_held"],
             "information": sf.get("information"), "base_mib": base, "peak_mib": peak, "held_mib": peak - base,
             "raw_vector_bytes": 8 * (len(result.shared_names) + hold * len(result.per_image_names)),
             "steps": result.steps, "wall_s": time.monotonic() - t0}
@@ -124,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "20 curvature pairs filled)")
     ap.add_argument("--amplitudes", action="store_true", help="a joint run of shared amplitudes on the stills of "
                                                                   "experiments.serial_amplitudes (--size default 96)")
+    ap.add_argument("--distance", type=float, default=40.0, help="--amplitudes: detector distance (mm; default 40)")
+    ap.add_argument("--processes", type=int, default=2, help="--amplitudes: processes of the run, this one the "
+                                                             "first (default 2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True, help="JSON of the measurement")
     return ap
@@ -134,8 +144,12 @@ def _run(argv: list[str]) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if a.max_steps < 1:
         raise InputError(f"--max-steps: expected an integer >= 1, got {a.max_steps}")
+    if not a.distance > 0 or a.processes < 1:
+        raise InputError(f"--distance, --processes: expected a distance > 0 and at least 1 process, got "
+                         f"{a.distance:g} and {a.processes}")
     if a.amplitudes:
-        doc = measure_amplitudes(a.stills, a.hold, seed=a.seed, size=a.size or 96, max_steps=a.max_steps)
+        doc = measure_amplitudes(a.stills, a.hold, seed=a.seed, size=a.size or 96, max_steps=a.max_steps,
+                                 distance_mm=a.distance, processes=a.processes)
     else:
         doc = measure(a.stills, a.hold, seed=a.seed, size=a.size or 16, max_steps=a.max_steps)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

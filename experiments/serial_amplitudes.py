@@ -29,6 +29,7 @@ shared start is the cell ``x (1 + cell_error)``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ from nbtorch.errors import InputError
 from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 from refine.inputs.problems import PEDESTAL
+from refine.many.pixel_table import FittedPixels
 
 __all__ = ["AmplitudeTruth", "AmplitudeSet", "true_amplitudes", "make_amplitude_set", "SPACE_GROUP", "CELL",
            "MEAN_F", "SYMMETRY"]
@@ -150,9 +152,12 @@ def make_amplitude_set(n: int, rng: np.random.Generator, *, size: int = 96, dist
                        n_cells: int = 6, fluence: float = 5e28, scale_spread: float = 0.3, mosaic_spread: float = 0.1,
                        background_spread: float = 0.3, orientation_error_deg: float = 0.2, cell_error: float = 0.005,
                        truth_domains: int = 40, truth_oversample: int = 2, model_domains: int = 6,
-                       anomalous_fraction: float = 0.1, anomalous_rel: float = 0.3, keep=None) -> AmplitudeSet:
+                       anomalous_fraction: float = 0.1, anomalous_rel: float = 0.3, keep=None,
+                       as_pixels: bool = False) -> AmplitudeSet:
     """``n`` stills and their true amplitudes (module docstring); ``keep``: the stills drawn (default all; the
-    others None in ``serial.images``, the same bits either way)."""
+    others None in ``serial.images``, the same bits either way); ``as_pixels``: each still's ``observed`` is kept as
+    the :class:`~refine.many.pixel_table.FittedPixels` of all its pixels (what a joint run from files holds), not
+    as a dense array."""
     if int(n) != n or n < 1:
         raise InputError(f"stills: expected an integer >= 1, got {n!r}")
     if int(size) != size or size < 16:
@@ -177,6 +182,10 @@ def make_amplitude_set(n: int, rng: np.random.Generator, *, size: int = 96, dist
             raise InputError(f"keep: still {i} is not among the {n} stills")
         images[i] = _still(i, sim, base, np.random.default_rng([seed, i]), scale_spread, mosaic_spread,
                            background_spread, orientation_error_deg)
+        if as_pixels:
+            dense = torch.from_numpy(images[i].observed)
+            images[i] = dataclasses.replace(images[i], observed=FittedPixels.from_image(
+                dense, torch.ones(dense.shape, dtype=torch.bool), f"still {i}"))
     start = {k: v * (1.0 + cell_error) if k in ("cell_a", "cell_b", "cell_c") else v for k, v in cell.items()}
     serial = SerialSet(tuple(images), tuple(model_args), SYMMETRY, start, cell, ("good",) * int(n))
     return AmplitudeSet(serial, truth, tuple(truth_args))

@@ -384,8 +384,13 @@ def test_graphed_loss_and_gradient_equal_the_plain_ones(compiled, monkeypatch):
     b = bench.build_objective(["--problem", "tetragonal_mosflm", "--size", "48", "--device", DEVICE,
                                "--compile" if compiled else "--no-compile",
                                "--refine", "scale,background,orientation,beam_centre,cell,mosaic"])
+    _replays_match_launched(b, (0.0, 0.02, -0.05, 0.0))
+
+
+def _replays_match_launched(b, shifts) -> None:
+    """At ``raw0 + shift`` for each shift: the graph captured, its loss and gradient the launched evaluation's."""
     raw0 = b.raw.clone()
-    for shift in (0.0, 0.02, -0.05, 0.0):
+    for shift in shifts:
         b.raw = raw0 + shift
         loss, grad = b.loss_grad()
         assert b.graph_status() == "captured", b.graph_status()
@@ -393,4 +398,20 @@ def test_graphed_loss_and_gradient_equal_the_plain_ones(compiled, monkeypatch):
         assert float(loss) == pytest.approx(float(plain_loss), rel=1e-12)
         np.testing.assert_allclose(grad.numpy(), plain_grad.cpu().numpy(), rtol=1e-9,
                                    atol=1e-12 * float(grad.abs().max()))
-    assert b.fn.graphed.replays >= 4
+    assert b.fn.graphed.replays >= len(shifts)
+
+
+def test_a_structure_factor_stage_is_captured_in_one_graph(monkeypatch):
+    """A stage refining 246 amplitudes with a restraint (their vector from tensors kept on the device,
+    ParameterMap.physical_block; the restraint's bins copied there once) is captured and replays the launched
+    evaluation's loss and gradient."""
+    from refine.tools import bench
+
+    if not DEVICE.startswith("cuda"):
+        pytest.skip("CUDA graphs need a CUDA device")
+    monkeypatch.delenv("NBTORCH_CUDA_GRAPHS", raising=False)
+    b = bench.build_objective(["--problem", "tetragonal_mosflm", "--size", "48", "--device", DEVICE, "--no-compile",
+                               "--structure-factors", "--space-group", "P4", "--f-start", "one", "--f-restraint", "0.5",
+                               "--refine", "scale,orientation,structure_factors"])
+    assert len(b.pmap.names) > 200 and b.pmap._amplitude_block() is not None
+    _replays_match_launched(b, (0.0, 0.03, 0.0))

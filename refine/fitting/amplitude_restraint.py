@@ -48,18 +48,27 @@ class AmplitudeRestraint:
         bins[np.argsort(-table.d_A, kind="stable")] = np.arange(n) * self.n_bins // max(n, 1)
         self.bins = torch.as_tensor(bins)
         self.counts = torch.bincount(self.bins, minlength=self.n_bins).to(torch.float64)
+        self._on: dict = {}
+
+    def _index_tensors(self, F: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(bins, counts, plus, minus)`` on ``F``'s device (counts in its dtype), copied there once: an
+        evaluation on a GPU copies nothing from the host (a CUDA graph's capture forbids it)."""
+        key = (str(F.device), F.dtype)
+        if key not in self._on:
+            self._on[key] = (self.bins.to(F.device), self.counts.to(F), self.plus.to(F.device), self.minus.to(F.device))
+        return self._on[key]
 
     def residuals(self, F: Tensor) -> Tensor:
         """``(F - <F>_bin) / (sigma <F>_bin)`` (n,) of the amplitude vector ``F``, then each anomalous pair's
         ``(F+ - F-) / (anomalous_sigma (F+ + F-) / 2)``."""
         parts = []
+        bins, counts, plus, minus = self._index_tensors(F)
         if self.sigma is not None:
-            bins = self.bins.to(F.device)
             sums = F.new_zeros(self.n_bins).index_add(0, bins, F)
-            mean = (sums / self.counts.to(F))[bins]
+            mean = (sums / counts)[bins]
             parts.append((F - mean) / (self.sigma * mean))
         if self.anomalous_sigma is not None:
-            fp, fm = F[self.plus.to(F.device)], F[self.minus.to(F.device)]
+            fp, fm = F[plus], F[minus]
             parts.append((fp - fm) / (self.anomalous_sigma * 0.5 * (fp + fm)))
         return torch.cat(parts)
 

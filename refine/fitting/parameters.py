@@ -69,8 +69,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, MutableMapping, Sequence
 
 import torch
 from torch import Tensor
@@ -83,9 +84,10 @@ from nbtorch.parameters import (
     SIZE_OFF_DIAGONAL, TABLE, Parameter, names_in_group,
 )
 from nbtorch.rules.resolve import check_cell, check_size_matrix
+from refine.fitting.amplitude_values import AmplitudeBlock, AmplitudeValues, shared_layer
 from refine.fitting.background import is_knot, parse_background
 from refine.fitting.structure_factors import AMPLITUDE_BLOCK, AMPLITUDE_LIMIT, is_amplitude
-from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, Transform
+from refine.fitting.transforms import Bounded, Identity, Multiplicative, Positive, SharedHead, Transform
 from nbtorch.geometry.panels import split_panel_parameter
 
 
@@ -462,7 +464,9 @@ class ParameterMap:
 
     Arguments:
         space: the run's :class:`ParameterSpace`.
-        values: the state at raw = 0: every name of :data:`BASE_NAMES` (and the space's amplitudes) -> float.
+        values: the state at raw = 0: every name of :data:`BASE_NAMES` (and the space's amplitudes) -> float;
+            values :func:`~refine.fitting.amplitude_values.layered` on a process's shared starting amplitudes are
+            read from that one copy (``self.values`` is then a ``ChainMap``), other amplitudes are copied.
         names: the free refinable names (from :meth:`ParameterSpace.expand`).
         share: ``(other map, names)``: those names take ``other``'s transform objects where they start at the same
             value there (a joint run's images: one object per shared name in a process, not one per name and
@@ -476,12 +480,17 @@ class ParameterMap:
 
     def __init__(self, space: ParameterSpace, values: Mapping[str, float], names: Sequence[str],
                  share: tuple["ParameterMap", Collection[str]] | None = None) -> None:
-        extra = space.knots + tuple(space.amplitudes) + space.group_changes + space.panel_values  # type: ignore[attr-defined]
-        missing = [n for n in BASE_NAMES + extra if n not in values]
+        extra = space.knots + space.group_changes + space.panel_values  # type: ignore[attr-defined]
+        amplitudes = tuple(space.amplitudes)
+        missing = [n for n in BASE_NAMES + extra + amplitudes if n not in values]
         if missing:
             raise InputError(f"values: missing {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
         self.space = space
-        self.values = {n: float(values[n]) for n in BASE_NAMES + extra}
+        own = {n: float(values[n]) for n in BASE_NAMES + extra}
+        # the amplitudes' starts: the process's one shared layer when the values are layered on it, else a copy
+        self._amplitudes = None if not amplitudes else (
+            shared_layer(values, amplitudes) or AmplitudeValues({n: float(values[n]) for n in amplitudes}))
+        self.values = own if self._amplitudes is None else ChainMap(own, self._amplitudes)
         self.names = tuple(names)
         self.n0 = (self.values["N_a"] * self.values["N_b"] * self.values["N_c"]) ** (1.0 / 3.0)
         self.transforms = self._transforms(share)
@@ -489,14 +498,17 @@ class ParameterMap:
         self.panel_base = {f"{n}_p{i}": (k, self.values[f"{n}_p{i}"] - self.values[f"{n}_g{k}"])
                            for k, members in enumerate(space.panel_groups) for i in members for n in GROUPS["detector"]}
 
-    def _transforms(self, share: tuple["ParameterMap", Collection[str]] | None) -> list:
-        """Each free name's transform: ``share``'s object where the rule of the class docstring allows, else new."""
+    def _transforms(self, share: tuple["ParameterMap", Collection[str]] | None) -> Sequence[Transform]:
+        """Each free name's transform: ``share``'s object where the rule of the class docstring allows, else new.
+        When the leading names all take ``share``'s objects at the same places (a joint run's shared names), the
+        list itself is shared too (:class:`SharedHead`: 8 bytes a name and map less, 10^4 amplitudes)."""
         if share is None:
             return [self.space.transform(n, self.start_value(n)) for n in self.names]
         other, names = share
         theirs = dict(zip(other.names, other.transforms))
-        return [theirs[n] if n in names and n in theirs and other.start_value(n) == self.start_value(n)
+        mine = [theirs[n] if n in names and n in theirs and other.start_value(n) == self.start_value(n)
                 else self.space.transform(n, self.start_value(n)) for n in self.names]
+        return SharedHead.over(other.transforms, mine)
 
     def start_value(self, name: str) -> float:
         """Physical value of refinable ``name`` where the stage starts (``raw0``)."""
@@ -519,38 +531,52 @@ class ParameterMap:
         """Free name -> physical value (0-d tensor, differentiable in ``raw``)."""
         return {n: tr(raw[i]) for i, (n, tr) in enumerate(zip(self.names, self.transforms))}
 
-    def _amplitude_block(self):
-        """``(start, stop, references, step, limit, names)`` of the free amplitudes when they are one contiguous run
-        of :class:`Multiplicative` transforms of one step and limit (a refinement's), else None; found once."""
+    def _amplitude_block(self) -> AmplitudeBlock | None:
+        """The free amplitudes as one :class:`~refine.fitting.amplitude_values.AmplitudeBlock` when they are one
+        contiguous run of :class:`Multiplicative` transforms of one step and limit (a refinement's), else None;
+        found once."""
         if not hasattr(self, "_block"):
             idx = [i for i, n in enumerate(self.names) if is_amplitude(n)]
             trs = [self.transforms[i] for i in idx]
-            ok = (len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1))
+            ok = (self._amplitudes is not None and len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1))
                   and all(type(t) is Multiplicative for t in trs) and len({(t.step, t.limit) for t in trs}) == 1)
-            self._block = None if not ok else (
-                idx[0], idx[-1] + 1, torch.tensor([t.reference for t in trs], dtype=torch.float64), trs[0].step,
-                trs[0].limit, tuple(self.names[i] for i in idx))
+            self._block = None if not ok else AmplitudeBlock(
+                self.names, idx[0], idx[-1] + 1, trs[0].step, trs[0].limit, tuple(self.space.amplitudes),
+                self._amplitudes)
         return self._block
 
+    def physical_vector(self, raw: Tensor) -> Tensor:
+        """(P,) every free name's physical value in ``raw``'s order, differentiable (the amplitudes' run as one
+        operation: :func:`refine.solver.precondition.physical_per_raw` of thousands of amplitudes)."""
+        block = self._amplitude_block()
+        if block is None:
+            return torch.stack(list(self.physical(raw).values())) if self.names else raw.new_zeros(0)
+        a, b = block.start, block.stop
+        before = [self.transforms[i](raw[i]).reshape(1) for i in range(a)]
+        after = [self.transforms[i](raw[i]).reshape(1) for i in range(b, len(self.names))]
+        return torch.cat(before + [block.free(raw)] + after)
+
     def physical_block(self, raw: Tensor) -> dict:
-        """:meth:`physical` with the free amplitudes as one vector, ``AMPLITUDE_BLOCK -> (names, (A,) tensor)``
-        (one operation for thousands of amplitudes instead of one per name; the same formula as
-        :class:`Multiplicative`): a joint run's evaluation (:meth:`refine.many.joint_images.Joint.rows`), read by
-        :meth:`refine.fitting.structure_factors.AmplitudeTable.vector`.  Without such a run of amplitudes, :meth:`physical`."""
+        """:meth:`physical` with the amplitudes as one vector, ``AMPLITUDE_BLOCK -> (names, (A,) tensor)`` of every
+        amplitude of the space in the table's order, the free ones from ``raw`` (one operation for thousands of
+        amplitudes instead of one per name; the same formula as :class:`Multiplicative`), the held ones at their
+        starts: an evaluation (a joint run's :meth:`refine.many.joint_images.Joint.rows`, a stage's
+        :func:`refine.solver.runner.stage_function`), read by
+        :meth:`refine.fitting.structure_factors.AmplitudeTable.vector`.  Without such a run of amplitudes,
+        :meth:`physical`."""
         block = self._amplitude_block()
         if block is None:
             return self.physical(raw)
-        a, b, ref, step, limit, names = block
-        out: dict = {n: tr(raw[i]) for i, (n, tr) in enumerate(zip(self.names, self.transforms)) if not a <= i < b}
-        x = step * raw[a:b]
-        if limit is not None:
-            x = limit * torch.tanh(x / limit)
-        out[AMPLITUDE_BLOCK] = (names, ref.to(dtype=raw.dtype, device=raw.device) * torch.exp(x))
+        a, b = block.start, block.stop
+        out: dict = {self.names[i]: self.transforms[i](raw[i]) for i in (*range(a), *range(b, len(self.names)))}
+        out[AMPLITUDE_BLOCK] = (block.names, block.every(raw))
         return out
 
-    def expand(self, physical: Mapping[str, Tensor | float]) -> dict[str, Tensor | float]:
-        """Every base value given physical values of (some) refinable names."""
-        out: dict[str, Tensor | float] = dict(self.values)
+    def expand(self, physical: Mapping[str, Tensor | float]) -> MutableMapping[str, Tensor | float]:
+        """Every base value given physical values of (some) refinable names (with amplitudes in the space: a
+        :class:`~collections.ChainMap` over the shared starts, :mod:`refine.fitting.amplitude_values`)."""
+        out: MutableMapping[str, Tensor | float] = (
+            dict(self.values) if self._amplitudes is None else ChainMap(dict(self.values.maps[0]), self._amplitudes))
         for n, v in physical.items():
             if n == "N":  # the whole size matrix, but off-diagonal terms refined themselves
                 factor = v / self.n0

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -56,7 +57,7 @@ from nbtorch.io.hkl import MAX_GRID_ELEMENTS
 from nbtorch.io.reflections import rotation_parts
 from refine.fitting.amplitude_restraint import AmplitudeRestraint  # noqa: F401 - named here too
 
-__all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_name", "is_amplitude", "amplitude_hkl",
+__all__ = ["AmplitudeTable", "AmplitudeRestraint", "AmplitudeOptions", "amplitude_photons", "amplitude_photon_vector", "amplitude_name", "is_amplitude", "amplitude_hkl",
            "amplitude_table", "estimate_amplitudes", "check_space_group", "AMPLITUDE_STARTS", "DEFAULT_MIN_PHOTONS",
            "touched_range", "start_grid", "entry_photons", "table_from_photons", "em_sums", "em_update", "AMPLITUDE_LIMIT",
            "check_table_size"]
@@ -193,10 +194,13 @@ class AmplitudeTable:
     def vector(self, values: Mapping[str, Tensor | float], dtype: torch.dtype, device) -> Tensor:
         """(n,) the free amplitudes in ``values`` (tensors keep their gradients); a block ``values[AMPLITUDE_BLOCK]
         = (names, (m,) tensor)`` (:meth:`refine.fitting.parameters.ParameterMap.physical_block`) gives those names'
-        amplitudes at once, the others' come from ``values`` by name."""
+        amplitudes at once (all of them in the table's order: the block's vector itself), the others' come from
+        ``values`` by name."""
         block = values.get(AMPLITUDE_BLOCK)
         if block is not None:
             names, vec = block
+            if names is self.names or names == self.names:  # every amplitude, in the table's order
+                return vec.to(dtype=dtype, device=device)
             where, rest = self._block_positions(names)
             base = torch.as_tensor([float(values[self.names[i]]) for i in rest], dtype=dtype, device=device)
             out = torch.zeros(len(self.names), dtype=dtype, device=device).index_put((rest.to(device),), base)
@@ -458,20 +462,24 @@ def amplitude_photons(objective, table: AmplitudeTable, values: Mapping[str, Ten
                       names: Sequence[str] | None = None) -> dict[str, float]:
     """Bragg photons (``scale x`` simulated) each amplitude of ``names`` (default all) puts on the objective's
     pixels at ``values``: ``F / 2 x d(sum of the model) / dF`` (the model is a sum of ``F^2`` terms)."""
-    dtype, dev = objective.dtype, objective.device
-    F = table.vector(values, dtype, dev).detach()
-    c = _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
-    photons = 0.5 * F * c
+    photons = amplitude_photon_vector(objective, table, values)
     wanted = set(table.names if names is None else names)
     return {n: float(p) for n, p in zip(table.names, photons) if n in wanted}
+
+
+def amplitude_photon_vector(objective, table: AmplitudeTable, values: Mapping[str, Tensor | float]) -> Tensor:
+    """(A,) :func:`amplitude_photons` of every amplitude in the table's order, as one tensor (no number per name:
+    a joint run's pass over 10^4 stills makes no 10^4-entry dict per still)."""
+    F = table.vector(values, objective.dtype, objective.device).detach()
+    return 0.5 * F * _weighted_gradient(objective, table, values, F, lambda mu, y, w: w)
 
 
 def _weighted_gradient(objective, table: AmplitudeTable, values: Mapping, F: Tensor, factor) -> Tensor:
     """``sum_p factor(mu, y, w)_p d mu_p / d F`` at amplitudes ``F`` (one forward and one backward: a compiled
     backward may run only once per graph)."""
     leaf = F.clone().requires_grad_(True)
-    vals = dict(values)
-    vals.update({n: leaf[i] for i, n in enumerate(table.names)})
+    # the amplitudes as one block (AmplitudeTable.vector reads it as it is): no tensor per name, no copy of values
+    vals = ChainMap({AMPLITUDE_BLOCK: (table.names, leaf)}, values)
     with torch.enable_grad():
         model, observed, weights = objective.pixels(vals)
         f = factor(model.detach(), observed, weights)

@@ -75,6 +75,7 @@ gradient.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -83,7 +84,7 @@ from nbtorch.errors import InputError
 
 __all__ = [
     "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative", "Held",
-    "default_transform", "TRANSFORM_NAMES",
+    "default_transform", "TRANSFORM_NAMES", "SharedHead",
 ]
 
 
@@ -325,3 +326,45 @@ def default_transform(name: str, value: float | Tensor) -> Transform:
             raise InputError(f"value (polarization): Kahn factor must be inside (-1, 1), got {value!r}")
         return Bounded(-1.0, 1.0)
     return Identity(max(abs(v), 1.0), v)  # default_F
+
+
+class SharedHead(Sequence):
+    """A map's transforms: the first ``n`` of another map's (``head``, shared and never replaced), then its own
+    (a list; ``seq[i] = t`` replaces one of them).  Index, slice, iterate and ``len`` as a list."""
+
+    #: shorter runs of shared transforms are copied into a plain list
+    WORTH = 16
+    __slots__ = ("head", "n", "own")
+
+    def __init__(self, head: Sequence[Transform], n: int, own: list) -> None:
+        self.head, self.n, self.own = head, int(n), own
+
+    @classmethod
+    def over(cls, head: Sequence[Transform], mine: list) -> "SharedHead | list":
+        """``mine`` over the run of its leading objects that are ``head``'s at the same places, when that run is
+        at least :attr:`WORTH` long; else ``mine``."""
+        n = 0
+        while n < min(len(mine), len(head)) and mine[n] is head[n]:
+            n += 1
+        return cls(head, n, mine[n:]) if n >= cls.WORTH else mine
+
+    def __len__(self) -> int:
+        return self.n + len(self.own)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        j = i + len(self) if i < 0 else i
+        if not 0 <= j < len(self):
+            raise IndexError(f"transform {i} of {len(self)}")
+        return self.head[j] if j < self.n else self.own[j - self.n]
+
+    def __setitem__(self, i: int, value: Transform) -> None:
+        j = i + len(self) if i < 0 else i
+        if not self.n <= j < len(self):
+            raise IndexError(f"transform {i}: only a map's own transforms ({self.n}..{len(self) - 1}) are replaced")
+        self.own[j - self.n] = value
+
+    def __iter__(self):
+        yield from (self.head[j] for j in range(self.n))
+        yield from self.own

@@ -9,7 +9,8 @@ All images are stills of one crystal form, so one amplitude ``F_h_k_l`` per symm
   simulator holds the same table (:meth:`~nbtorch.simulator.Simulator.with_structure_factors`), so every
   kernel sees the shared amplitudes of each evaluation;
 * **candidates**: the reflections to which the starting models of all images together give at least 1 % of
-  ``min_photons`` Bragg photons (each image's photons per table entry, summed over the images in image order);
+  ``min_photons`` Bragg photons (each image's photons per table entry, summed exactly over the images: the same
+  bits for any split over processes, nothing of size images x entries held);
 * **the start** ``estimate``: the EM updates of :func:`~refine.fitting.structure_factors.estimate_amplitudes` with
   the sums ``c`` and ``a`` over the pixels of every image (each image's rows gathered in image order and
   added up, as the loss and gradient of :mod:`refine.many.joint`: the same bits for any number of processes);
@@ -33,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import ChainMap
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,13 +44,16 @@ from torch import Tensor
 
 from nbtorch.errors import InputError
 from refine.fitting.objective import ImageObjective, LossFn, make_view
+from refine.fitting.amplitude_values import AmplitudeValues, layered
 from refine.fitting.parameters import ParameterMap
 from refine.many.exact_sum import ExactSum
+from refine.many.memory import released
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.output.results import amplitude_rows
 from refine.quality.uncertainty import restraint_curvature
 from refine.solver.precondition import physical_per_raw
-from refine.fitting.structure_factors import (AmplitudeOptions, AmplitudeRestraint, AmplitudeTable, amplitude_photons,
+from refine.fitting.structure_factors import (AMPLITUDE_BLOCK, AmplitudeOptions, AmplitudeRestraint, AmplitudeTable,
+                                      amplitude_photon_vector,
                                       check_space_group, check_table_size, em_sums, em_update, entry_photons,
                                       start_grid, table_from_photons, touched_range)
 
@@ -107,7 +112,8 @@ class SharedAmplitudes:
         table: the :class:`~refine.fitting.structure_factors.AmplitudeTable` (candidates; ``table.photons`` summed
             over the images at the start).
         options: the :class:`~refine.fitting.structure_factors.AmplitudeOptions`.
-        start: name -> starting amplitude (after the estimate) of every candidate.
+        start: name -> starting amplitude (after the estimate) of every candidate (the process's one
+            :class:`~refine.fitting.amplitude_values.AmplitudeValues`, under every image's values).
         photons: (A,) Bragg photons of each candidate on all images' fitted pixels at the loop's start.
         free: the refined (visible) names, in the table's order; ``held``: the others.
         restraint: the :class:`~refine.fitting.structure_factors.AmplitudeRestraint`, or None.
@@ -189,9 +195,10 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
     photons = _summed_entry_photons(comm, images, n, grid, lo)
     table, grid = table_from_photons(options.space_group, grid, lo, photons, base, start=start,
                                      min_photons=options.min_photons, anomalous=options.anomalous)
+    starts = AmplitudeValues({nm: float(v) for nm, v in table.starts.items()})  # one copy for every image
     for im in images:
         im.set_amplitudes(im.sim.with_structure_factors(grid, lo), table)
-        im.values.update(table.starts)
+        im.values = layered(im.values, starts)
     values = dict(table.starts)
     if table.start_mode == "estimate" and table.names:
         values = _estimate(comm, images, n, table, options.iterations)
@@ -203,8 +210,9 @@ def shared_amplitudes(comm, images: Sequence[PreparedImage], n: int, options: Am
     free = tuple(nm for nm, p in zip(table.names, summed) if p >= options.min_photons)
     held = tuple(nm for nm in table.names if nm not in set(free))
     values.update({nm: table.starts[nm] for nm in held})  # an estimate from too few photons: the table's value
+    values = AmplitudeValues({nm: float(values[nm]) for nm in table.names})
     for im in images:
-        im.values.update(values)
+        im.values = layered(im.values, values)
     log.info("joint structure factors: %d amplitudes refined, %d held (fewer than %g photons on all images' fitted "
              "pixels together)", len(free), len(held), options.min_photons)
     restraint = options.restraint(table)
@@ -250,17 +258,28 @@ def _image0_grid(comm, images: Sequence[PreparedImage], lo: np.ndarray, hi: np.n
 
 def _summed_entry_photons(comm, images: Sequence[PreparedImage], n: int, grid: np.ndarray,
                           lo: np.ndarray) -> np.ndarray:
-    """(nh, nk, nl) Bragg photons of each table entry on all images' fitted pixels at their starts: each image's
-    non-zero entries gathered (a sparse list per image) and added up in image order."""
-    local = {}
-    for im in images:
+    """(nh, nk, nl) Bragg photons of each table entry on all images' fitted pixels at their starts, summed exactly
+    (:class:`~refine.many.exact_sum.ExactSum`: the same bits for any split over processes) over the entries some
+    image touches: a first pass marks them (a 0/1 grid, its maximum over the processes), a second adds each image's
+    photons on them, one image at a time.  Nothing of size images x entries is held or gathered (10^4 stills each
+    touching ~10^4 entries: 1.6 GB in every process as per-image lists)."""
+    touched = torch.zeros(grid.size, dtype=torch.float64)
+    for im in released(images):
         ph = entry_photons(im.sim, im.values, im.valid(), grid, lo).reshape(-1)
-        where = np.nonzero(ph > 0)[0]
-        local[im.index] = (where, ph[where])
-    total = np.zeros(grid.size, dtype=np.float64)
-    for where, ph in comm.gather_objects(local, n):
-        total[where] += ph
-    return total.reshape(grid.shape)
+        touched[torch.from_numpy(np.nonzero(ph > 0)[0])] = 1.0
+    reduce_max = comm.layout(grid.size).reduce_max
+    if reduce_max is not None:
+        reduce_max(touched)
+    where = torch.nonzero(touched > 0).reshape(-1)
+    if where.numel() == 0:
+        return np.zeros(grid.shape, dtype=np.float64)
+    total = ExactSum(int(where.numel()))
+    for im in released(images):
+        ph = torch.from_numpy(entry_photons(im.sim, im.values, im.valid(), grid, lo).reshape(-1))
+        total.add(ph[where].to(torch.float64).reshape(1, -1))
+    out = np.zeros(grid.size, dtype=np.float64)
+    out[where.numpy()] = total.total(comm.layout(int(where.numel())).reduce_sum).numpy()
+    return out.reshape(grid.shape)
 
 
 def _estimate(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTable, iterations: int) -> dict:
@@ -271,7 +290,7 @@ def _estimate(comm, images: Sequence[PreparedImage], n: int, table: AmplitudeTab
     F = table.vector(table.starts, torch.float64, "cpu").detach().clone()
     for _ in range(int(iterations)):
         total = ExactSum(2 * A)
-        for im in images:
+        for im in released(images):
             total.add(torch.cat(em_sums(im.objective, table, im.values, F)))
         sums = total.total(comm.layout(2 * A).reduce_sum)
         F = em_update(F, sums[:A], sums[A:])
@@ -285,9 +304,10 @@ def _image_photons(comm, images: Sequence[PreparedImage], table: AmplitudeTable,
     amplitudes)."""
     A = len(table.names)
     total = ExactSum(3 * A)
-    for im in images:
-        ph = amplitude_photons(im.objective, table, {**im.values, **values})
-        row = np.array([[ph[nm] for nm in table.names]], dtype=np.float64)
+    # the amplitudes as one vector over each image's values (no dict of every amplitude per image)
+    block = {AMPLITUDE_BLOCK: (table.names, table.vector(values, torch.float64, "cpu"))}
+    for im in released(images):
+        row = amplitude_photon_vector(im.objective, table, ChainMap(block, im.values)).cpu().numpy()[None, :]
         seen, either = observing_images(table, row, min_photons)
         total.add(torch.from_numpy(np.concatenate([row[0], seen, either]).astype(np.float64)))
     sums = total.total(comm.layout(3 * A).reduce_sum).numpy()

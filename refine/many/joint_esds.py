@@ -18,13 +18,14 @@ from refine.fitting.structure_factors import is_amplitude
 import refine.many.esds as esds_module
 from refine.many.esds import JointCovariances, joint_covariances, shared_covariance
 from refine.many.exact_sum import exact_sums
+from refine.many.memory import released
 from refine.many.schur import eliminate, own_covariances
 from refine.quality.domain_count import (CELL_NAMES, CountProbe, DomainCountCheck, check_names, reduced_terms,
                                          secant_factor, shared_shift)
 from refine.quality.uncertainty import correlation_matrix, image_information, mark_blind, named_esds
 from refine.solver.loop import LoopAborted
 from refine.many.joint_images import ROW_CHUNK, Joint
-from refine.many.sparse_amplitudes import image_information_sparse, summed
+from refine.many.sparse_amplitudes import amplitudes_at, image_information_sparse, summed
 from refine.many.value_rows import gather_value_rows
 
 
@@ -107,22 +108,34 @@ def _sparse_esds(joint: Joint, raw: Tensor, space: ParameterSpace, shared_names,
     tail = joint.tail
     S0, S, A = tail.S0, joint.S, tail.A
     order = sorted(joint.slots)
-    infos = {im.index: image_information_sparse(joint, im, raw) for im in joint.images}
-    R = tail.geometry_curvature(raw[:S0], False).to(torch.float64) if tail.geometry_curvature is not None else None
-    fisher, sandwich, cond = _blocked_covariances(joint, {i: (v.theta, v.F, v.B) for i, v in infos.items()}, R, S0)
-    theta0 = joint.comm.gather({0: infos[0].theta[:S0].to(torch.float64)} if 0 in infos else {}, 1, (S0,),
-                               torch.float64)[0]
-    out = _named(joint, {"sandwich": sandwich, "fisher": fisher}, {i: v.theta for i, v in infos.items()}, theta0,
-                 ParameterMap(space, start0, shared_names[:S0]), starts, space, per_names, S0)
+    by_index = {im.index: im for im in joint.images}
+    at = amplitudes_at(joint, raw)
+    infos: dict = {}  # each still's geometry blocks (theta, F, B); its amplitude diagonal is summed as it is made
+    d_amp: list = []  # the amplitudes' d physical / d raw: the same for every still (shared transforms), kept once
+
+    def amplitude_rows():
+        for i in released(order):
+            v = image_information_sparse(joint, by_index[i], raw, at)
+            infos[i] = (v.theta, v.F, v.B)
+            if not d_amp:
+                d_amp.append(v.d[S0:S].to(torch.float64))
+            yield v.amplitudes
+
     restraint = tail.restraint_diagonal(raw.as_subclass(Tensor)[:S], False)
-    info = summed(joint, (infos[i].amplitudes for i in order), A) + restraint
+    info = summed(joint, amplitude_rows(), A) + restraint
+    R = tail.geometry_curvature(raw[:S0], False).to(torch.float64) if tail.geometry_curvature is not None else None
+    fisher, sandwich, cond = _blocked_covariances(joint, infos, R, S0)
+    theta0 = joint.comm.gather({0: infos[0][0][:S0].to(torch.float64)} if 0 in infos else {}, 1, (S0,),
+                               torch.float64)[0]
+    out = _named(joint, {"sandwich": sandwich, "fisher": fisher}, {i: v[0] for i, v in infos.items()}, theta0,
+                 ParameterMap(space, start0, shared_names[:S0]), starts, space, per_names, S0)
     by_slot = [im for im in sorted(joint.images, key=lambda im: joint.slots[im.index])]
 
     def scores():  # each still's score in the amplitudes (physical units), a chunk of stills at a time
         for c in range(0, len(by_slot), ROW_CHUNK):
             chunk = by_slot[c:c + ROW_CHUNK]
             rows = joint.rows(raw, chunk)[:, 1 + S0:1 + S].to(torch.float64)
-            d = torch.stack([infos[im.index].d[S0:S].to(torch.float64) for im in chunk])
+            d = d_amp[0].expand(len(chunk), -1)
             yield (rows / torch.where(d != 0, d, torch.ones_like(d))) ** 2
 
     # the sandwich's meat clustered by still (a reflection's spots in different stills are its independent

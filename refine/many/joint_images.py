@@ -22,6 +22,7 @@ from refine.fitting.transforms import Held
 from refine.many.amplitudes import PreparedImage
 from refine.many.distributed import Comm
 from refine.many.exact_sum import ExactSum
+from refine.many.memory import released
 from refine.many.sharded import sharded_type
 from refine.many.pixel_table import FittedPixels, StoredPixels
 from refine.solver.plan import observed_pixels, starting_values
@@ -192,7 +193,7 @@ class Joint:
         images = sorted(self.images, key=lambda im: self.slots[im.index])
         summed, own = ExactSum(1 + self.S), torch.zeros(len(images), self.K, dtype=self.dtype)
         losses = torch.zeros(len(images), dtype=self.dtype)
-        for c in range(0, len(images), ROW_CHUNK):
+        for c in released(range(0, len(images), ROW_CHUNK), every=1):  # the heap trimmed after each chunk
             rows = self.rows(raw, images[c:c + ROW_CHUNK])
             summed.add(rows[:, :1 + self.S])
             own[c:c + rows.shape[0]], losses[c:c + rows.shape[0]] = rows[:, 1 + self.S:], rows[:, 0]

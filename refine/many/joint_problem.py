@@ -17,6 +17,7 @@ from nbtorch.sampling.beam_sources import WIDTH_NAMES
 from nbtorch.errors import InputError
 from nbtorch.simulator import Simulator
 from refine.fitting.objective import resolve_loss
+from refine.fitting.amplitude_values import layered
 from refine.fitting.parameters import BASE_NAMES, CELL, ParameterMap, ParameterSpace
 from refine.fitting.structure_factors import AmplitudeOptions, is_amplitude
 from refine.many.amplitudes import PreparedImage, SharedAmplitudes, check_options, shared_amplitudes
@@ -133,15 +134,16 @@ def joint_problem(comm: Comm, simulators, observed_images, masks, start, image_s
         space = dataclasses.replace(space, amplitudes=amps.table.names)
         shared_names = shared_names + amps.free
     images: list = []
-    shared_set = frozenset(shared_names)
+    shared_set, names = frozenset(shared_names), shared_names + per_names  # one tuple of names for every map
     for im in prepared:  # every map after the first takes its transform objects for the shared names
-        images.append(joint_image(im, space, shared_names + per_names, hold_scale=amps is not None and im.index == 0,
+        images.append(joint_image(im, space, names, hold_scale=amps is not None and im.index == 0,
                                   share=(images[0].pmap, shared_set) if images else None))
     joint = Joint(images, n, len(shared_names), len(per_names), comm, torch.float64)
     starts = {im.index: {k: float(im.start[k]) for k in BASE_NAMES} for im in images}
-    extra = amps.start if amps is not None else {}
-    map_starts = {i: {**s, **extra} for i, s in starts.items()}
-    map_start0 = {**image_values(comm, starts, 0), **extra}
+    # the maps' starts read the amplitudes from the process's one shared copy (refine.fitting.amplitude_values)
+    extra = amps.start if amps is not None else None
+    map_starts = {i: s if extra is None else layered(s, extra) for i, s in starts.items()}
+    map_start0 = image_values(comm, starts, 0) if extra is None else layered(image_values(comm, starts, 0), extra)
     own = {i: ParameterMap(space, s, per_names).raw0(torch.float64) for i, s in map_starts.items()}
     raw0 = joint.local(ParameterMap(space, map_start0, shared_names).raw0(torch.float64), own)
     if amps is not None:

@@ -35,22 +35,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import ChainMap
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
 
 from nbtorch.errors import InputError
 from refine.fitting.amplitude_information import amplitude_information
+from refine.fitting.amplitude_values import AmplitudeValues, layered
 from refine.fitting.parameters import ParameterMap
+from refine.fitting.structure_factors import AMPLITUDE_BLOCK
 from refine.many.exact_sum import ExactSum
+from refine.many.memory import released
 from refine.many.schur import ArrowheadPreconditioner, arrowhead_factors, arrowhead_preconditioner
 from refine.quality.uncertainty import image_information
 from refine.solver.precondition import diagonal_whitening, physical_per_raw
 
 __all__ = ["DENSE_AMPLITUDES", "INFORMATION", "AmplitudeTail", "use_diagonal", "ImageInformation",
-           "image_information_sparse", "sparse_preconditioner", "summed"]
+           "image_information_sparse", "amplitudes_at", "sparse_preconditioner", "summed"]
 
 log = logging.getLogger(__name__)
 
@@ -122,24 +126,51 @@ class ImageInformation:
         return d[:, None] * self.F.to(torch.float64) * d[None, :]
 
 
-def _geometry_map(pmap: ParameterMap, keep: list[int], values: dict) -> ParameterMap:
+def amplitudes_at(joint, raw: Tensor) -> tuple[AmplitudeValues, Tensor] | None:
+    """Every amplitude (the table's order) at ``raw``'s shared part, as a mapping and as a vector: the same for all
+    of this process's stills (their maps share the amplitudes' transforms), so made once for a pass over them and
+    not as ~10^4 numbers per still.  None without a still here or without the amplitudes as one block."""
+    for im in joint.images:
+        r = joint.image_raw(raw.detach(), im.index).to(torch.float64)
+        with torch.no_grad():
+            block = im.pmap.physical_block(r).get(AMPLITUDE_BLOCK)
+        if block is None:
+            return None
+        names, vec = block
+        return AmplitudeValues(zip(names, vec.tolist())), vec.detach()
+    return None
+
+
+def _geometry_map(pmap: ParameterMap, keep: list[int], amplitudes: Mapping[str, float]) -> ParameterMap:
     """``pmap`` over the names at ``keep`` only (the same transforms, so the same raw values), every other name
-    (the amplitudes) at ``values``."""
-    sub = ParameterMap(pmap.space, pmap.values, [pmap.names[i] for i in keep])
+    (the amplitudes) at ``amplitudes`` (read from it, not copied, when it is one :class:`AmplitudeValues`)."""
+    if isinstance(amplitudes, AmplitudeValues):
+        sub = ParameterMap(pmap.space, layered(pmap.values, amplitudes), [pmap.names[i] for i in keep])
+    else:
+        sub = ParameterMap(pmap.space, pmap.values, [pmap.names[i] for i in keep])
+        sub.values.update({n: float(amplitudes[n]) for n in pmap.names if n not in sub.names and n in sub.values})
     sub.transforms = [pmap.transforms[i] for i in keep]
-    sub.values.update({n: float(values[n]) for n in pmap.names if n not in sub.names and n in sub.values})
     return sub
 
 
-def image_information_sparse(joint, im, raw: Tensor) -> ImageInformation:
-    """One still's :class:`ImageInformation` at this process's raw vector ``raw``."""
+def image_information_sparse(joint, im, raw: Tensor, at: tuple[AmplitudeValues, Tensor] | None = None
+                             ) -> ImageInformation:
+    """One still's :class:`ImageInformation` at this process's raw vector ``raw``; ``at``: the amplitudes there
+    (:func:`amplitudes_at`, made once for a pass over the stills; None: from this still's map)."""
     tail: AmplitudeTail = joint.tail
     S0, S, K = tail.S0, joint.S, joint.K
     r = joint.image_raw(raw.detach(), im.index).to(torch.float64)
-    values = im.pmap.values_at(r)
     keep = list(range(S0)) + list(range(S, S + K))
-    theta, F, B = image_information(im.objective, _geometry_map(im.pmap, keep, values), r[keep])
     table = tail.amps.table
+    if at is None and im.pmap._amplitude_block() is None:  # amplitudes by name: every value as a float
+        values = im.pmap.values_at(r)
+        geometry = _geometry_map(im.pmap, keep, values)
+    else:
+        layer, vec = at if at is not None else amplitudes_at(joint, raw)
+        geometry = _geometry_map(im.pmap, keep, layer)
+        with torch.no_grad():  # the geometry at r, the amplitudes as one vector: nothing of size A per still
+            values = ChainMap({AMPLITUDE_BLOCK: (table.names, vec)}, geometry.expand(geometry.physical(r[keep])))
+    theta, F, B = image_information(im.objective, geometry, r[keep])
     amp = amplitude_information(im.objective, table, values)[tail.columns]
     return ImageInformation(theta, F, B, amp, physical_per_raw(im.pmap, r))
 
@@ -163,10 +194,18 @@ def sparse_preconditioner(kind: str | None, joint, raw0: Tensor) -> ArrowheadPre
         return ArrowheadPreconditioner(raw0.detach().clone(), torch.eye(S0, dtype=dt),
                                        torch.eye(K, dtype=dt).expand(len(order), K, K).clone(),
                                        torch.zeros(len(order), K, S0, dtype=dt), torch.ones(tail.A, dtype=dt))
-    infos = {im.index: image_information_sparse(joint, im, raw0) for im in joint.images}
-    amp = summed(joint, (infos[i].amplitudes * infos[i].d[S0:S].to(torch.float64) ** 2 for i in order), tail.A)
+    by_index = {im.index: im for im in joint.images}
+    blocks: dict = {}
+    at = amplitudes_at(joint, raw0)
+
+    def amplitude_rows():  # one still's information at a time: nothing of size stills x amplitudes is held
+        for i in released(order):
+            info = image_information_sparse(joint, by_index[i], raw0, at)
+            blocks[i] = info.geometry_raw(S0, S)
+            yield info.amplitudes * info.d[S0:S].to(torch.float64) ** 2
+
+    amp = summed(joint, amplitude_rows(), tail.A)
     amp = amp + tail.restraint_diagonal(raw0.as_subclass(Tensor)[:S], True)
-    blocks = {i: v.geometry_raw(S0, S) for i, v in infos.items()}
     extra = (tail.geometry_curvature(raw0.as_subclass(Tensor)[:S0], True).to(torch.float64)
              if tail.geometry_curvature is not None else None)
     held = {(h - S) // K: (h - S) % K for h in joint.held}

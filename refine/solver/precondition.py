@@ -107,7 +107,7 @@ def physical_per_raw(pmap: ParameterMap, raw: Tensor) -> Tensor:
     # (not the (P, P) matrix: thousands of amplitudes)
     if raw.numel() == 0:
         return raw.new_zeros(0)
-    _, d = torch.func.jvp(lambda r: torch.stack(list(pmap.physical(r).values())), (raw,), (torch.ones_like(raw),))
+    _, d = torch.func.jvp(pmap.physical_vector, (raw,), (torch.ones_like(raw),))
     return d
 
 

@@ -239,7 +239,8 @@ def stage_function(objective, pmap: ParameterMap, pre, name: str):
     here = pre.to(device) if graphed else pre
 
     def fn(z: Tensor) -> tuple[Tensor, Tensor]:
-        loss_value, model = objective.evaluate(pmap.expand(pmap.physical(here.to_raw(z))))
+        # the amplitudes (if refined) as one vector made from tensors kept on the device (ParameterMap.physical_block)
+        loss_value, model = objective.evaluate(pmap.expand(pmap.physical_block(here.to_raw(z))))
         return loss_value, model.detach()
 
     return GraphedObjective(fn, device, f"stage {name}'s loss and gradient") if graphed else fn

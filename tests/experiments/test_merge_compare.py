@@ -90,7 +90,9 @@ def test_refined_amplitudes_beat_both_merges_with_anomalous_pairs(stills):
     refine.many.sparse_amplitudes), F(+) and F(-) apart, against both merges at the refined geometry: R against the
     truth at least 30 % below the plain mean's and below the partiality-corrected merge's, on the reflections every
     table holds, and the anomalous differences correlated with the truth's.  100 stills: about an hour on 2 cores
-    (docs/log.md, "many amplitudes by their own diagonal"); 1000: about ten times that, not yet run."""
+    (docs/log.md, "many amplitudes by their own diagonal"); 1000: some 3 hours on one core (drawing the truth
+    images and the merges alone took over 30 minutes), not yet run to the end (docs/log.md, "ten thousand
+    amplitudes in a process")."""
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     doc = measure(stills, 1, anomalous=True)
     rows = {(r["method"], r["geometry"]): r for r in doc["rows"]}
