@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from refine.fitting.structure_factors import is_amplitude
+from refine.fitting.transforms import multiplicative
 
 __all__ = ["AmplitudeValues", "AmplitudeBlock", "layered", "shared_layer"]
 
@@ -102,10 +103,8 @@ class AmplitudeBlock:
 
     def free(self, raw: Tensor) -> Tensor:
         """(stop - start,) the free amplitudes at ``raw`` (:class:`Multiplicative`'s formula on the run)."""
-        x = self.step * raw[self.start:self.stop]
-        if self.limit is not None:
-            x = self.limit * torch.tanh(x / self.limit)
-        return self.tensor("reference", raw.dtype, raw.device) * torch.exp(x)
+        return multiplicative(raw[self.start:self.stop], self.tensor("reference", raw.dtype, raw.device), self.step,
+                              self.limit)
 
     def every(self, raw: Tensor) -> Tensor:
         """(len(names),) every amplitude at ``raw``: the free ones from it, the held ones at their starts."""

@@ -84,7 +84,7 @@ from nbtorch.errors import InputError
 
 __all__ = [
     "Transform", "Identity", "Positive", "LogPositive", "Bounded", "Multiplicative", "Held",
-    "default_transform", "TRANSFORM_NAMES", "SharedHead",
+    "default_transform", "TRANSFORM_NAMES", "SharedHead", "multiplicative",
 ]
 
 
@@ -217,6 +217,16 @@ class Bounded(Transform):
         return f"low={self.low}, high={self.high}"
 
 
+def multiplicative(raw: Tensor, reference: float | Tensor, step: float, limit: float | None) -> Tensor:
+    """:class:`Multiplicative`'s value ``reference * exp(limit * tanh(step * raw / limit))`` (without ``limit``:
+    ``reference * exp(step * raw)``); ``reference`` a number, or a tensor of ``raw``'s shape (a run of amplitudes
+    at once, :class:`~refine.fitting.amplitude_values.AmplitudeBlock`)."""
+    x = step * raw
+    if limit is not None:
+        x = limit * torch.tanh(x / limit)
+    return reference * torch.exp(x)
+
+
 class Multiplicative(Transform):
     """``value = reference * exp(step * raw)`` (> 0); ``raw = log(value / reference) / step``.
 
@@ -236,10 +246,7 @@ class Multiplicative(Transform):
         self.scale = self.reference * self.step
 
     def forward(self, raw: Tensor) -> Tensor:
-        x = self.step * _floating("raw", raw)
-        if self.limit is not None:
-            x = self.limit * torch.tanh(x / self.limit)
-        return self.reference * torch.exp(x)
+        return multiplicative(_floating("raw", raw), self.reference, self.step, self.limit)
 
     def inverse(self, value: Tensor) -> Tensor:
         value = _floating("value", value)
