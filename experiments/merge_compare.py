@@ -21,7 +21,9 @@ Then (unless ``--no-amplitudes``) the joint amplitude refinement from the refine
 model holding the refined geometry's partiality-corrected merge as its start (``--no-reference``: the ``estimate``
 start from one F), with its wall time and the process's peak resident memory.
 
-Each table is compared with the truth (:mod:`experiments.amplitude_metrics`): R and CC after one overall scale,
+The refinements' kernels are compiled when a refinement of all the stills would compile them
+(:func:`nbtorch.runtime.policy.compile_policy`, the stills' evaluations together: they share the kernels;
+``--no-compile``: eager).  Each table is compared with the truth (:mod:`experiments.amplitude_metrics`): R and CC after one overall scale,
 and the correlation of the anomalous differences.  ``--out`` (JSON, written once at the end) holds every row, the
 geometry's errors, the observations per reflection, wall times and memory; one line per row is printed.
 """
@@ -46,6 +48,7 @@ from experiments.merging import amplitudes, counts, merge_partiality, merge_plai
 from experiments.reflection_keys import reflection_keys
 from experiments.serial_amplitudes import MEAN_F, SPACE_GROUP, SYMMETRY, AmplitudeSet, make_amplitude_set
 from experiments.spot_integration import integrate, pixel_indices, predict_spots, unit_image
+from nbtorch.runtime import policy
 from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
 from refine.fitting.structure_factors import AmplitudeOptions
@@ -54,6 +57,8 @@ from refine.many.joint import DEFAULT_CONVERGENCE, refine_joint
 from refine.output.results import jsonable
 
 __all__ = ["main", "measure", "merge_rows", "integrate_set"]
+
+_log = logging.getLogger(__name__)
 
 #: a spot is predicted when its reflection at the mean amplitude puts this many photons on the detector
 MIN_SPOT_PHOTONS = 10.0
@@ -67,7 +72,9 @@ def _peak_mib() -> float:
 def integrate_set(ds: AmplitudeSet, values: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(hkl (n, 3), intensity (n,), model (n,))`` of every still's integrated spots at its ``values``."""
     hkl, inten, model = [], [], []
-    for im, sim, v in zip(ds.serial.images, ds.serial.simulators(), values):
+    for i, (im, sim, v) in enumerate(zip(ds.serial.images, ds.serial.simulators(), values)):
+        if i and i % 100 == 0:
+            _log.info("integrated %d of %d stills", i, len(values))
         px = pixel_indices(sim, v)
         unit = unit_image(sim, v)
         got = integrate(im.observed, predict_spots(px, unit, MIN_SPOT_PHOTONS / MEAN_F ** 2), px, unit,
@@ -113,13 +120,19 @@ def _on_common_reflections(rows: list, ds: AmplitudeSet) -> list:
     return out
 
 
-def _simulators(ds: AmplitudeSet, reference: dict | None) -> list:
-    """The refinement's model of every still, holding ``reference`` (tied amplitudes; ``MEAN_F`` elsewhere) if given."""
+def _simulators(ds: AmplitudeSet, reference: dict | None, compile: bool | None = None) -> list:
+    """The refinement's model of every still, holding ``reference`` (tied amplitudes; ``MEAN_F`` elsewhere) if
+    given; compiled or not by ``compile`` (None: :func:`nbtorch.runtime.policy.compile_policy` for a refinement
+    whose model evaluation is every still's: the stills share their compiled kernels)."""
     sims = ds.serial.simulators()
-    if reference is None:
-        return sims
-    grid, lo = reference_grid(reference, ds.space_group, (ds.truth.grid.shape[0] - 1) // 2, MEAN_F)
-    return [s.with_structure_factors(grid, lo) for s in sims]
+    if reference is not None:
+        grid, lo = reference_grid(reference, ds.space_group, (ds.truth.grid.shape[0] - 1) // 2, MEAN_F)
+        sims = [s.with_structure_factors(grid, lo) for s in sims]
+    per_image = math.prod(sims[0].shape) * sims[0].evaluations_per_pixel()
+    decision = policy.compile_policy("refinement", len(sims) * per_image, explicit=compile)
+    for s in sims:
+        s.set_compile(*decision)
+    return sims
 
 
 def _geometry_errors(ds: AmplitudeSet, values: list[dict]) -> dict:
@@ -168,8 +181,10 @@ def _refine_amplitudes(ds: AmplitudeSet, sims: list, shared: dict, refined: list
 
 
 def measure(n: int, seed: int, *, size: int = 96, refine_amplitudes: bool = True, anomalous: bool = False,
-            reference: bool = True, max_steps: int = 100, amplitude_steps: int = 100, truth_domains: int = 40) -> dict:
-    """One comparison (module docstring): the JSON document."""
+            reference: bool = True, max_steps: int = 100, amplitude_steps: int = 100, truth_domains: int = 40,
+            compile: bool | None = None) -> dict:
+    """One comparison (module docstring): the JSON document; ``compile``: the refinements' kernels compiled or not
+    (None: as a refinement of all the stills would choose)."""
     t0 = time.monotonic()
     ds = make_amplitude_set(n, np.random.default_rng(seed), size=size, truth_domains=truth_domains)
     t1 = time.monotonic()
@@ -177,7 +192,8 @@ def measure(n: int, seed: int, *, size: int = 96, refine_amplitudes: bool = True
     start = [{**ds.serial.shared_start, **im.start} for im in ds.serial.images]
     start_rows, first = merge_rows(ds, "start", *integrate_set(ds, start))
     t2 = time.monotonic()
-    geo = refine_joint(_simulators(ds, first if reference else None), ds.serial.observed(), shared=("cell",),
+    sims = _simulators(ds, first if reference else None, compile)
+    geo = refine_joint(sims, ds.serial.observed(), shared=("cell",),
                        per_image=PER_IMAGE, symmetry=SYMMETRY, start=ds.serial.shared_start,
                        image_starts=ds.serial.image_starts(), esds=False,
                        convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps))
@@ -191,9 +207,10 @@ def measure(n: int, seed: int, *, size: int = 96, refine_amplitudes: bool = True
            "generate_s": t1 - t0, "merge_s": t2 - t1, "geometry_s": t3 - t2,
            "geometry": {"status": geo.message, "steps": geo.steps, "start": _geometry_errors(ds, start),
                         **_geometry_errors(ds, refined)},
-           "threads": torch.get_num_threads(), "peak_mib_before_amplitudes": _peak_mib()}
+           "threads": torch.get_num_threads(), "kernel": f"{sims[0].compile_mode} ({sims[0].compile_reason})",
+           "peak_mib_before_amplitudes": _peak_mib()}
     if refine_amplitudes:
-        rows.append(_refine_amplitudes(ds, _simulators(ds, best if reference else None), geo.shared, refined,
+        rows.append(_refine_amplitudes(ds, _simulators(ds, best if reference else None, compile), geo.shared, refined,
                                        anomalous, "file" if reference else "estimate", amplitude_steps))
     doc["rows"] = _on_common_reflections(rows, ds)
     doc["wall_s"] = time.monotonic() - t0
@@ -212,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--anomalous", action="store_true", help="refine F(+) and F(-) apart")
     ap.add_argument("--no-reference", action="store_true", help="refine the geometry with one F for every reflection "
                                                                 "(default: the partiality-corrected merge at the start)")
+    ap.add_argument("--no-compile", action="store_true", help="eager kernels (default: compiled when a refinement of "
+                                                              "all the stills would compile)")
     ap.add_argument("--log", action="store_true", help="the refinements' log lines on stderr, with times")
     ap.add_argument("--truth-domains", type=int, default=40, help="mosaic domains of the truth images (default 40)")
     return ap
@@ -231,7 +250,8 @@ def _run(argv: list[str]) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     doc = measure(a.stills, a.seed, size=a.size, refine_amplitudes=not a.no_amplitudes, anomalous=a.anomalous,
                   reference=not a.no_reference,
-                  max_steps=a.max_steps, amplitude_steps=a.amplitude_steps, truth_domains=a.truth_domains)
+                  max_steps=a.max_steps, amplitude_steps=a.amplitude_steps, truth_domains=a.truth_domains,
+                  compile=False if a.no_compile else None)
     out.write_text(json.dumps(jsonable(doc), indent=1) + "\n")
     for r in doc["rows"]:
         print(f"{r['method']:>22} ({r['geometry']:>7} geometry): n {r['n']:5d}  R {r['R']:.4f}  CC {r['CC']:.4f}  "

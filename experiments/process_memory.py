@@ -7,6 +7,7 @@ processes stood in (:class:`StandIn`), so that a set of 10^5 stills costs only t
     python -m experiments.process_memory --stills 10000 --hold 100 --amplitudes --out out/mem_amp.json
     python -m experiments.process_memory --stills 10000 --hold 2500 --processes 4 --amplitudes --size 128 --distance 15 \
         --max-steps 2 --out out/mem_amp_1e4.json   # ~10^4 amplitudes
+    torchrun --nproc-per-node 4 -m experiments.process_memory --stills 400 --amplitudes --out out/mem_amp_4p.json
 
 With ``--amplitudes`` the run is a joint refinement of shared amplitudes (:func:`measure_amplitudes`).
 
@@ -36,7 +37,7 @@ import torch
 from experiments.serial_data import make_serial
 from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
-from refine.many.distributed import Comm
+from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE
 from refine.many.serial import refine_serial
 from refine.output.results import jsonable
@@ -96,36 +97,51 @@ def measure_amplitudes(n: int, hold: int, *, seed: int = 1, size: int = 96, max_
     (``start="estimate"``, the treatment ``auto`` picks), the cell, and each still's scale, background and
     orientation, ``max_steps`` steps, no esds.  Each still is kept as its fitted pixels (all of them), as a joint
     run from image files keeps it, not as a dense image.  The candidates are those of the held stills (the stood-in ones
-    repeat the first's): hold a few thousand stills for the whole set's."""
+    repeat the first's): hold a few thousand stills for the whole set's.
+
+    Under torchrun (``WORLD_SIZE`` > 1) nothing is stood in: each process draws and holds its own block of the
+    stills (:func:`refine.many.distributed.image_shard`; ``hold`` and ``processes`` are then the run's), and every
+    process's peak and wall are in ``per_process`` (``peak_mib``, ``held_mib``, ``wall_s``: the largest)."""
     from experiments.serial_amplitudes import SPACE_GROUP, SYMMETRY, make_amplitude_set  # noqa: PLC0415
     from refine.fitting.structure_factors import AmplitudeOptions  # noqa: PLC0415
     from refine.many.joint import refine_joint  # noqa: PLC0415
 
-    if not 1 <= hold <= n:
-        raise InputError(f"hold: expected an integer in [1, {n}], got {hold}")
+    comm = Comm()
+    if comm.world > 1:
+        local, processes = image_shard(n, comm.rank, comm.world), comm.world
+    else:
+        if not 1 <= hold <= n:
+            raise InputError(f"hold: expected an integer in [1, {n}], got {hold}")
+        local, comm = range(hold), StandIn(processes)
     base = _resident_mib()
     t0 = time.monotonic()
-    ds = make_amplitude_set(n, np.random.default_rng(seed), size=size, distance_mm=distance_mm, keep=range(hold),
+    ds = make_amplitude_set(n, np.random.default_rng(seed), size=size, distance_mm=distance_mm, keep=local,
                             truth_domains=1, truth_oversample=1, as_pixels=True)
     s = ds.serial
     result = refine_joint(s.simulators(), s.observed(), shared=("cell",),
                           per_image=("scale", "background", "orientation"), symmetry=SYMMETRY, start=s.shared_start,
-                          image_starts=s.image_starts(), esds=False, geometry_first=False, local_images=range(hold),
+                          image_starts=s.image_starts(), esds=False, geometry_first=False, local_images=local,
                           structure_factors=AmplitudeOptions(SPACE_GROUP, start="estimate"),
-                          convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps), comm=StandIn(processes))
+                          convergence=DEFAULT_CONVERGENCE.replace(max_steps=max_steps), comm=comm)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    own = {"rank": comm.rank, "hold": len(local), "base_mib": base, "peak_mib": peak, "held_mib": peak - base,
+           "wall_s": time.monotonic() - t0}
+    per_process = comm.gather_objects({comm.rank: own}, comm.world) if comm.dist is not None else [own]
     sf = result.structure_factors
-    return {"n": n, "hold": hold, "size": size, "distance_mm": distance_mm, "processes": processes,
-            "max_steps": max_steps, "amplitudes": sf["n_free"], "candidates": sf["n_free"] + sf["n_held"],
-            "information": sf.get("information"), "base_mib": base, "peak_mib": peak, "held_mib": peak - base,
-            "raw_vector_bytes": 8 * (len(result.shared_names) + hold * len(result.per_image_names)),
-            "steps": result.steps, "wall_s": time.monotonic() - t0}
+    return {"n": n, "hold": len(local), "size": size, "distance_mm": distance_mm, "processes": processes,
+            "stood_in": comm.dist is None and processes > 1, "max_steps": max_steps, "amplitudes": sf["n_free"],
+            "candidates": sf["n_free"] + sf["n_held"], "information": sf.get("information"), "base_mib": base,
+            "peak_mib": max(p["peak_mib"] for p in per_process), "held_mib": max(p["held_mib"] for p in per_process),
+            "raw_vector_bytes": 8 * (len(result.shared_names) + len(local) * len(result.per_image_names)),
+            "steps": result.steps, "loss_final": result.loss_final, "wall_s": max(p["wall_s"] for p in per_process),
+            "per_process": per_process}
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stills", type=int, required=True, help="stills in the whole set")
-    ap.add_argument("--hold", type=int, default=4, help="stills this process holds (default 4)")
+    ap.add_argument("--hold", type=int, default=4, help="stills this process holds (default 4; under torchrun: its "
+                                                        "block of the stills)")
     ap.add_argument("--size", type=int, help="detector side (pixels; default 16, 96 with --amplitudes)")
     ap.add_argument("--max-steps", type=int, default=25, help="round 2's step limit (default 25: the step rule's "
                                                                "20 curvature pairs filled)")
@@ -147,15 +163,25 @@ def _run(argv: list[str]) -> int:
     if not a.distance > 0 or a.processes < 1:
         raise InputError(f"--distance, --processes: expected a distance > 0 and at least 1 process, got "
                          f"{a.distance:g} and {a.processes}")
+    torchrun = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    if torchrun and not a.amplitudes:
+        raise InputError("torchrun: only --amplitudes runs as several real processes (the serial run stands them in)")
     if a.amplitudes:
         doc = measure_amplitudes(a.stills, a.hold, seed=a.seed, size=a.size or 96, max_steps=a.max_steps,
                                  distance_mm=a.distance, processes=a.processes)
     else:
         doc = measure(a.stills, a.hold, seed=a.seed, size=a.size or 16, max_steps=a.max_steps)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(jsonable(doc), indent=1) + "\n")
-    print(f"{a.stills} stills, {a.hold} held: peak {doc['peak_mib']:.0f} MiB, {doc['held_mib']:.1f} MiB above the "
-          f"start, {doc['wall_s']:.0f} s")
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(jsonable(doc), indent=1) + "\n")
+        of = f" ({doc['processes']} processes)" if "processes" in doc else ""
+        print(f"{a.stills} stills, {doc['hold']} held{of}: peak {doc['peak_mib']:.0f} MiB, {doc['held_mib']:.1f} MiB "
+              f"above the start, {doc['wall_s']:.0f} s")
+    if torchrun:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 

@@ -30,6 +30,7 @@ shared start is the cell ``x (1 + cell_error)``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -44,6 +45,8 @@ from nbtorch.parameters import ORIENTATION_DELTAS, PARAMETER_NAMES
 from nbtorch.simulator import Simulator
 from refine.inputs.problems import PEDESTAL
 from refine.many.pixel_table import FittedPixels
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["AmplitudeTruth", "AmplitudeSet", "true_amplitudes", "make_amplitude_set", "SPACE_GROUP", "CELL",
            "MEAN_F", "SYMMETRY"]
@@ -186,6 +189,8 @@ def make_amplitude_set(n: int, rng: np.random.Generator, *, size: int = 96, dist
             dense = torch.from_numpy(images[i].observed)
             images[i] = dataclasses.replace(images[i], observed=FittedPixels.from_image(
                 dense, torch.ones(dense.shape, dtype=torch.bool), f"still {i}"))
+        if (i + 1) % 100 == 0:
+            _log.info("drew still %d of %d", i + 1, n)
     start = {k: v * (1.0 + cell_error) if k in ("cell_a", "cell_b", "cell_c") else v for k, v in cell.items()}
     serial = SerialSet(tuple(images), tuple(model_args), SYMMETRY, start, cell, ("good",) * int(n))
     return AmplitudeSet(serial, truth, tuple(truth_args))

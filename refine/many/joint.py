@@ -109,6 +109,8 @@ log = logging.getLogger(__name__)
 
 #: the default stopping rules (those of the default schedule's final stage, more steps)
 DEFAULT_CONVERGENCE = Convergence(max_steps=300, ftol=1e-4, xtol=1e-4)
+#: the loop logs its step, loss and time every this many steps (logger ``refine.many.joint``, INFO)
+PROGRESS_EVERY = 10
 
 
 def refine_joint(
@@ -269,8 +271,16 @@ def _run_loop(joint: Joint, pre: LinearPreconditioner, strategy: AbstractStrateg
         value = JointLoss.apply(pre.to_raw(z), joint, losses_seen)
         return value, losses_seen[-1]
 
+    t0 = time.monotonic()
+
+    def progress(state) -> None:
+        if state.step and state.step % PROGRESS_EVERY == 0:
+            log.info("joint: step %d, loss %.10g, %d evaluations, %.0f s in this loop", state.step, state.loss,
+                     state.evaluations, time.monotonic() - t0)
+
     with checkpoint_on_interrupt(lambda state: saver.save(state, wait=False)):
-        res = minimise(fn, pre.z0(), strategy, conv, on_checkpoint=saver.save if saver.path is not None else None,
+        res = minimise(fn, pre.z0(), strategy, conv, on_step=progress,
+                       on_checkpoint=saver.save if saver.path is not None else None,
                        checkpoint_every=saver.every if saver.path is not None else 0,
                        resume=None if resumed is None else resumed.loop_state())
     saver.save(res.state, res.status, res.message)

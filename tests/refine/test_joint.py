@@ -196,6 +196,20 @@ def test_stopped_joint_run_resumes_to_the_uninterrupted_result(stills, joint, tm
     _same_result(again, joint)
 
 
+def test_the_loop_logs_its_progress(stills, monkeypatch, caplog):
+    """Long runs show progress: every PROGRESS_EVERY steps one INFO line with the step, loss and time."""
+    import logging
+
+    import refine.many.joint as joint_module
+
+    monkeypatch.setattr(joint_module, "PROGRESS_EVERY", 2)
+    with caplog.at_level(logging.INFO, logger="refine.many.joint"):
+        result = _joint(stills, convergence=DEFAULT_CONVERGENCE.replace(max_steps=5), esds=False)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("joint: step")]
+    assert result.steps == 5 and [line.split(",")[0] for line in lines] == ["joint: step 2", "joint: step 4"]
+    assert "evaluations" in lines[0] and lines[0].endswith("s in this loop")
+
+
 def test_joint_resume_refuses_another_problem(stills, tmp_path):
     path = tmp_path / "joint.ckpt.h5"
     _joint(stills[:2], convergence=DEFAULT_CONVERGENCE.replace(max_steps=1), checkpoint=path, esds=False)

@@ -104,3 +104,32 @@ def test_the_generator_draws_only_the_kept_stills():
     per_still = ((end - mid) - (mid - base)) / (20000 - 40)
     assert per_still < 40, per_still
     assert sum(im is not None for im in large.images) == K and len(large) == 20000 and len(small) == 40
+
+
+def test_the_amplitude_harness_under_torchrun_holds_each_process_block(tmp_path):
+    """``experiments.process_memory --amplitudes`` under torchrun: two real processes, each holding its block of
+    the stills, end on the bits of one process holding them all, and report each process's peak and wall."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "NANOBRAGG_DISABLE_COMPILE": "1", "OMP_NUM_THREADS": "1", "NBTORCH_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["-m", "experiments.process_memory", "--stills", "4", "--size", "32", "--amplitudes", "--max-steps", "3"]
+    one = subprocess.run([sys.executable, *args, "--hold", "4", "--processes", "1", "--out", str(tmp_path / "p1.json")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", str(29500 + os.getpid() % 997), *args,
+                          "--out", str(tmp_path / "p2.json")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = (json.loads((tmp_path / f"p{p}.json").read_text()) for p in (1, 2))
+    assert a["processes"] == 1 and b["processes"] == 2 and not b["stood_in"]
+    assert [p["hold"] for p in b["per_process"]] == [2, 2] and a["per_process"][0]["hold"] == 4
+    assert a["amplitudes"] == b["amplitudes"] > 5 and a["steps"] == b["steps"]
+    assert a["loss_final"] == b["loss_final"]
+    assert b["peak_mib"] == max(p["peak_mib"] for p in b["per_process"]) > 0
