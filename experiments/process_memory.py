@@ -37,6 +37,7 @@ import torch
 from experiments.serial_data import make_serial
 from nbtorch.cli.support import run_main
 from nbtorch.errors import InputError
+from refine.many.batch import end_process_group
 from refine.many.distributed import Comm, image_shard
 from refine.many.joint import DEFAULT_CONVERGENCE
 from refine.many.serial import refine_serial
@@ -177,11 +178,7 @@ def _run(argv: list[str]) -> int:
         of = f" ({doc['processes']} processes)" if "processes" in doc else ""
         print(f"{a.stills} stills, {doc['hold']} held{of}: peak {doc['peak_mib']:.0f} MiB, {doc['held_mib']:.1f} MiB "
               f"above the start, {doc['wall_s']:.0f} s")
-    if torchrun:
-        import torch.distributed as dist  # noqa: PLC0415
-
-        dist.barrier()
-        dist.destroy_process_group()
+    end_process_group()  # under torchrun: after a barrier (a no-op for one process)
     return 0
 
 
